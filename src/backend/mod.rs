@@ -1,0 +1,303 @@
+//! Which database a connection talks to, and the one place where dibs branches on it.
+//!
+//! Every operation that differs per backend is a trait with one implementation per backend,
+//! in a file named after the backend beside the code that uses it (here: [`Dialect`] for the
+//! foundation; the lease and job modules have their own). The only `match` on the backend is
+//! [`dispatch!`], which hands the concrete diesel connection to that implementation.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use diesel::connection::{AnsiTransactionManager, Connection};
+use diesel::result::QueryResult;
+
+use crate::pool::SessionSetup;
+use crate::{Error, Result};
+
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+#[cfg(feature = "mysql")]
+use diesel::mysql::MysqlConnection;
+#[cfg(feature = "postgres")]
+use diesel::pg::PgConnection;
+#[cfg(feature = "sqlite")]
+use diesel::sqlite::SqliteConnection;
+
+#[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+compile_error!("dibs needs at least one backend: enable the `sqlite`, `postgres` or `mysql` feature");
+
+/// The three databases dibs supports. Always has all three variants, whichever features are
+/// enabled, so that errors and URLs can name a backend that is not compiled in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// SQLite (bundled), feature `sqlite`.
+    Sqlite,
+    /// PostgreSQL, feature `postgres`.
+    Postgres,
+    /// MySQL or MariaDB, feature `mysql`.
+    Mysql,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Sqlite => "SQLite",
+            Backend::Postgres => "PostgreSQL",
+            Backend::Mysql => "MySQL/MariaDB",
+        })
+    }
+}
+
+impl Backend {
+    /// Chooses the backend from a URL's scheme and returns the string diesel's connection of
+    /// that backend expects.
+    ///
+    /// `postgres://` and `postgresql://` are PostgreSQL; `mysql://` and `mariadb://` are
+    /// MySQL/MariaDB; `sqlite://PATH`, `file:...` (an SQLite URI), `:memory:` and anything
+    /// without a scheme are SQLite. Any other scheme is [`Error::UnsupportedUrl`].
+    ///
+    /// ```
+    /// use dibs::Backend;
+    /// assert_eq!(Backend::from_url("postgres://u@host/db").unwrap().0, Backend::Postgres);
+    /// assert_eq!(Backend::from_url("mariadb://u@host/db").unwrap().1, "mysql://u@host/db");
+    /// assert_eq!(Backend::from_url("sqlite://jobs.db").unwrap(), (Backend::Sqlite, "jobs.db".to_string()));
+    /// assert!(Backend::from_url("redis://host").is_err());
+    /// ```
+    pub fn from_url(url: &str) -> Result<(Backend, String)> {
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Ok((Backend::Sqlite, url.to_string()));
+        };
+        match scheme.to_ascii_lowercase().as_str() {
+            "postgres" | "postgresql" => Ok((Backend::Postgres, url.to_string())),
+            "mysql" => Ok((Backend::Mysql, url.to_string())),
+            "mariadb" => Ok((Backend::Mysql, format!("mysql://{rest}"))),
+            "sqlite" => Ok((Backend::Sqlite, rest.to_string())),
+            // "file:" URIs have no "//" after the colon in the common case, but may.
+            "file" => Ok((Backend::Sqlite, url.to_string())),
+            _ => Err(Error::UnsupportedUrl {
+                scheme: scheme.to_string(),
+            }),
+        }
+    }
+
+    fn not_enabled(self) -> Error {
+        let (backend, feature) = match self {
+            Backend::Sqlite => ("SQLite", "sqlite"),
+            Backend::Postgres => ("PostgreSQL", "postgres"),
+            Backend::Mysql => ("MySQL/MariaDB", "mysql"),
+        };
+        Error::BackendNotEnabled { backend, feature }
+    }
+}
+
+/// The concrete diesel connection behind any [`DibsConnection`].
+#[non_exhaustive]
+pub enum BackendConnection<'a> {
+    /// An SQLite connection.
+    #[cfg(feature = "sqlite")]
+    Sqlite(&'a mut SqliteConnection),
+    /// A PostgreSQL connection.
+    #[cfg(feature = "postgres")]
+    Postgres(&'a mut PgConnection),
+    /// A MySQL/MariaDB connection.
+    #[cfg(feature = "mysql")]
+    Mysql(&'a mut MysqlConnection),
+}
+
+impl BackendConnection<'_> {
+    /// Which backend this is.
+    pub fn backend(&self) -> Backend {
+        match self {
+            #[cfg(feature = "sqlite")]
+            BackendConnection::Sqlite(_) => Backend::Sqlite,
+            #[cfg(feature = "postgres")]
+            BackendConnection::Postgres(_) => Backend::Postgres,
+            #[cfg(feature = "mysql")]
+            BackendConnection::Mysql(_) => Backend::Mysql,
+        }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A connection dibs can work on: diesel's `SqliteConnection`, `PgConnection`,
+/// `MysqlConnection`, dibs's [`AnyConnection`] (backend chosen at run time), and an r2d2
+/// pooled connection of any of them.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use dibs::DibsConnection;
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// assert_eq!(conn.backend(), dibs::Backend::Sqlite);
+/// # Ok(()) }
+/// ```
+pub trait DibsConnection: sealed::Sealed + Send {
+    /// The concrete diesel connection, for the one `match` that picks the backend's SQL.
+    fn backend_connection(&mut self) -> BackendConnection<'_>;
+
+    /// Which backend this connection talks to.
+    fn backend(&mut self) -> Backend {
+        self.backend_connection().backend()
+    }
+}
+
+/// Runs `$body` with `$c` bound to the concrete connection behind `$conn`. `$body` is written
+/// once and compiled per backend, so it calls a trait that each backend implements.
+macro_rules! dispatch {
+    ($conn:expr, $c:ident => $body:expr) => {
+        match $crate::DibsConnection::backend_connection($conn) {
+            #[cfg(feature = "sqlite")]
+            $crate::BackendConnection::Sqlite($c) => $body,
+            #[cfg(feature = "postgres")]
+            $crate::BackendConnection::Postgres($c) => $body,
+            #[cfg(feature = "mysql")]
+            $crate::BackendConnection::Mysql($c) => $body,
+        }
+    };
+}
+pub(crate) use dispatch;
+
+macro_rules! concrete_connection {
+    ($feature:literal, $ty:ty, $variant:ident) => {
+        #[cfg(feature = $feature)]
+        impl sealed::Sealed for $ty {}
+        #[cfg(feature = $feature)]
+        impl DibsConnection for $ty {
+            fn backend_connection(&mut self) -> BackendConnection<'_> {
+                BackendConnection::$variant(self)
+            }
+        }
+    };
+}
+concrete_connection!("sqlite", SqliteConnection, Sqlite);
+concrete_connection!("postgres", PgConnection, Postgres);
+concrete_connection!("mysql", MysqlConnection, Mysql);
+
+impl<M> sealed::Sealed for r2d2::PooledConnection<M>
+where
+    M: r2d2::ManageConnection,
+    M::Connection: DibsConnection,
+{
+}
+impl<M> DibsConnection for r2d2::PooledConnection<M>
+where
+    M: r2d2::ManageConnection,
+    M::Connection: DibsConnection,
+{
+    fn backend_connection(&mut self) -> BackendConnection<'_> {
+        (**self).backend_connection()
+    }
+}
+
+// `#[derive(MultiConnection)]` ignores `#[cfg]` on variants, so the enum is written once per
+// feature set by this macro.
+macro_rules! any_connection {
+    ($($variant:ident($ty:ident)),+) => {
+        /// A diesel connection whose backend is chosen at run time from the URL (see
+        /// [`AnyConnection::connect`]). It is a diesel connection: queries common to the
+        /// enabled backends run on it, and `match` on it reaches the concrete connection.
+        ///
+        /// ```
+        /// # fn main() -> Result<(), dibs::Error> {
+        /// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+        /// dibs::run_migrations(&mut conn)?;
+        /// # Ok(()) }
+        /// ```
+        #[derive(diesel::MultiConnection)]
+        pub enum AnyConnection {
+            $(
+                #[allow(missing_docs)]
+                $variant($ty),
+            )+
+        }
+
+        impl sealed::Sealed for AnyConnection {}
+        impl DibsConnection for AnyConnection {
+            fn backend_connection(&mut self) -> BackendConnection<'_> {
+                match self {
+                    $(AnyConnection::$variant(c) => BackendConnection::$variant(c),)+
+                }
+            }
+        }
+    };
+}
+
+#[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+any_connection!(
+    Sqlite(SqliteConnection),
+    Postgres(PgConnection),
+    Mysql(MysqlConnection)
+);
+#[cfg(all(feature = "sqlite", feature = "postgres", not(feature = "mysql")))]
+any_connection!(Sqlite(SqliteConnection), Postgres(PgConnection));
+#[cfg(all(feature = "sqlite", not(feature = "postgres"), feature = "mysql"))]
+any_connection!(Sqlite(SqliteConnection), Mysql(MysqlConnection));
+#[cfg(all(not(feature = "sqlite"), feature = "postgres", feature = "mysql"))]
+any_connection!(Postgres(PgConnection), Mysql(MysqlConnection));
+#[cfg(all(feature = "sqlite", not(feature = "postgres"), not(feature = "mysql")))]
+any_connection!(Sqlite(SqliteConnection));
+#[cfg(all(not(feature = "sqlite"), feature = "postgres", not(feature = "mysql")))]
+any_connection!(Postgres(PgConnection));
+#[cfg(all(not(feature = "sqlite"), not(feature = "postgres"), feature = "mysql"))]
+any_connection!(Mysql(MysqlConnection));
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+impl AnyConnection {
+    /// Connects to the database a URL names (see [`Backend::from_url`] for the schemes).
+    ///
+    /// Unlike diesel's `establish` on a derived multi-connection, which tries every backend
+    /// and reports only "invalid connection url", this picks the backend from the scheme and
+    /// returns that backend's own error as [`Error::Connect`]. The URL is never part of an
+    /// error, since it may hold a password. It applies no session settings: see
+    /// [`SessionSetup::apply`] (a [`Pool`](crate::Pool) applies them itself).
+    ///
+    /// ```
+    /// let err = dibs::AnyConnection::connect("ftp://example").unwrap_err();
+    /// assert!(matches!(err, dibs::Error::UnsupportedUrl { .. }));
+    /// ```
+    pub fn connect(url: &str) -> Result<Self> {
+        let (backend, target) = Backend::from_url(url)?;
+        let connect_error = |source| Error::Connect { backend, source };
+        match backend {
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite => SqliteConnection::establish(&target)
+                .map(AnyConnection::Sqlite)
+                .map_err(connect_error),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => PgConnection::establish(&target)
+                .map(AnyConnection::Postgres)
+                .map_err(connect_error),
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => MysqlConnection::establish(&target)
+                .map(AnyConnection::Mysql)
+                .map_err(connect_error),
+            #[allow(unreachable_patterns)]
+            other => Err(other.not_enabled()),
+        }
+    }
+}
+
+/// The foundation's per-backend SQL: session settings, the transaction dibs's writes run in,
+/// the database clock, and migrations under a lock. One implementation per backend file.
+pub(crate) trait Dialect: Connection<TransactionManager = AnsiTransactionManager> {
+    /// Per-connection settings (SQLite pragmas, MySQL time zone and SQL mode).
+    fn setup_session(&mut self, setup: &SessionSetup) -> QueryResult<()>;
+
+    /// Begins the transaction dibs's own writes need (SQLite IMMEDIATE, MySQL READ COMMITTED,
+    /// PostgreSQL READ COMMITTED). Fails with `AlreadyInTransaction` inside a caller's
+    /// transaction, before sending anything.
+    fn begin_write(&mut self) -> QueryResult<()>;
+
+    /// The database's clock, in UTC.
+    fn database_now(&mut self) -> QueryResult<DateTime<Utc>>;
+
+    /// Runs dibs's pending migrations, serialized against other processes doing the same.
+    fn migrate(&mut self) -> Result<Vec<String>>;
+}

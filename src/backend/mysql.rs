@@ -1,0 +1,94 @@
+//! MySQL/MariaDB: the foundation's SQL and type mappings.
+
+use chrono::{DateTime, NaiveDateTime, Utc};
+use diesel::connection::{AnsiTransactionManager, SimpleConnection};
+use diesel::deserialize::{self, FromSql};
+use diesel::dsl::sql;
+use diesel::mysql::{Mysql, MysqlConnection, MysqlValue};
+use diesel::serialize::{self, Output, ToSql};
+use diesel::sql_types::{Binary, Datetime, Nullable, Integer};
+use diesel::{QueryResult, RunQueryDsl};
+
+use super::Dialect;
+use crate::pool::SessionSetup;
+use crate::sql_types::{Instant, Token, token_from_bytes};
+use crate::transaction::require_bare;
+use crate::{Error, Result, migrate};
+
+/// The database clock in UTC with microseconds, whatever the session's time zone.
+pub(crate) const NOW: &str = "UTC_TIMESTAMP(6)";
+
+/// How long a migrator waits for another one to finish, in seconds.
+const MIGRATION_LOCK_WAIT_SECONDS: i32 = 300;
+
+impl Dialect for MysqlConnection {
+    fn setup_session(&mut self, _setup: &SessionSetup) -> QueryResult<()> {
+        // UTC so that any NOW() a user writes beside dibs agrees with dibs's UTC_TIMESTAMP(6);
+        // strict mode so that an over-long value is an error, never silently truncated.
+        self.batch_execute(
+            "SET time_zone = '+00:00'; \
+             SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_ALL_TABLES')",
+        )
+    }
+
+    fn begin_write(&mut self) -> QueryResult<()> {
+        // The level must be set before BEGIN (it applies to the next transaction only); diesel
+        // checks that no transaction is open before sending either.
+        AnsiTransactionManager::begin_transaction_sql(
+            self,
+            "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; BEGIN",
+        )
+    }
+
+    fn database_now(&mut self) -> QueryResult<DateTime<Utc>> {
+        diesel::select(sql::<Instant>(NOW)).get_result(self)
+    }
+
+    fn migrate(&mut self) -> Result<Vec<String>> {
+        // DDL commits implicitly, so no transaction can hold the set together: each migration
+        // is one DDL statement, and a named lock (per database) serializes migrators.
+        require_bare(self, "run_migrations")?;
+        let got: Option<i32> = diesel::select(sql::<Nullable<Integer>>(&format!(
+            "GET_LOCK(CONCAT('dibs.migrate.', DATABASE()), {MIGRATION_LOCK_WAIT_SECONDS})"
+        )))
+        .get_result(self)?;
+        if got != Some(1) {
+            return Err(Error::Timeout {
+                what: "the migration lock (another process is running dibs's migrations)",
+            });
+        }
+        let outcome = migrate::run_harness(self, migrate::MYSQL);
+        let released = diesel::select(sql::<Nullable<Integer>>(
+            "RELEASE_LOCK(CONCAT('dibs.migrate.', DATABASE()))",
+        ))
+        .get_result::<Option<i32>>(self);
+        let applied = outcome?;
+        released?;
+        Ok(applied)
+    }
+}
+
+impl FromSql<Instant, Mysql> for DateTime<Utc> {
+    fn from_sql(value: MysqlValue<'_>) -> deserialize::Result<Self> {
+        Ok(<NaiveDateTime as FromSql<Datetime, Mysql>>::from_sql(value)?.and_utc())
+    }
+}
+
+impl ToSql<Instant, Mysql> for DateTime<Utc> {
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Mysql>) -> serialize::Result {
+        let naive = self.naive_utc();
+        <NaiveDateTime as ToSql<Datetime, Mysql>>::to_sql(&naive, &mut out.reborrow())
+    }
+}
+
+impl FromSql<Token, Mysql> for uuid::Uuid {
+    fn from_sql(value: MysqlValue<'_>) -> deserialize::Result<Self> {
+        token_from_bytes(&<Vec<u8> as FromSql<Binary, Mysql>>::from_sql(value)?)
+    }
+}
+
+impl ToSql<Token, Mysql> for uuid::Uuid {
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Mysql>) -> serialize::Result {
+        <[u8] as ToSql<Binary, Mysql>>::to_sql(self.as_bytes().as_slice(), out)
+    }
+}

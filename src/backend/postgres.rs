@@ -1,0 +1,79 @@
+//! PostgreSQL: the foundation's SQL and type mappings.
+
+use std::io::Write;
+
+use chrono::{DateTime, Utc};
+use diesel::connection::AnsiTransactionManager;
+use diesel::deserialize::{self, FromSql};
+use diesel::dsl::sql;
+use diesel::pg::{Pg, PgConnection, PgValue};
+use diesel::serialize::{self, IsNull, Output, ToSql};
+use diesel::sql_types::{Binary, Timestamptz};
+use diesel::{QueryResult, RunQueryDsl};
+
+use super::Dialect;
+use crate::pool::SessionSetup;
+use crate::sql_types::{Instant, Token, token_from_bytes};
+use crate::transaction::bare_write_transaction;
+use crate::{Result, migrate};
+
+/// The database clock. `now()` is frozen at the start of the transaction, which would make a
+/// lease taken late in a long transaction expire early; `clock_timestamp()` is volatile and
+/// would keep indexes from serving comparisons. `statement_timestamp()` is neither.
+pub(crate) const NOW: &str = "statement_timestamp()";
+
+/// Key of the transaction-level advisory lock that serializes dibs's migrations (advisory
+/// locks are per database). The bytes spell "dibsmigr".
+const MIGRATION_LOCK_KEY: i64 = 0x6469_6273_6d69_6772;
+
+impl Dialect for PgConnection {
+    fn setup_session(&mut self, _setup: &SessionSetup) -> QueryResult<()> {
+        // Nothing to set: timestamptz is an instant whatever the session's time zone, and dibs
+        // chooses the isolation of each of its transactions itself.
+        Ok(())
+    }
+
+    fn begin_write(&mut self) -> QueryResult<()> {
+        AnsiTransactionManager::begin_transaction_sql(self, "BEGIN ISOLATION LEVEL READ COMMITTED")
+    }
+
+    fn database_now(&mut self) -> QueryResult<DateTime<Utc>> {
+        diesel::select(sql::<Instant>(NOW)).get_result(self)
+    }
+
+    fn migrate(&mut self) -> Result<Vec<String>> {
+        // DDL is transactional here: the whole set commits or nothing does, and the lock is
+        // released by the commit.
+        bare_write_transaction(self, "run_migrations", |conn| {
+            diesel::sql_query(format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"))
+                .execute(conn)?;
+            migrate::run_harness(conn, migrate::POSTGRES)
+        })
+    }
+}
+
+impl FromSql<Instant, Pg> for DateTime<Utc> {
+    fn from_sql(value: PgValue<'_>) -> deserialize::Result<Self> {
+        <DateTime<Utc> as FromSql<Timestamptz, Pg>>::from_sql(value)
+    }
+}
+
+impl ToSql<Instant, Pg> for DateTime<Utc> {
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Pg>) -> serialize::Result {
+        <DateTime<Utc> as ToSql<Timestamptz, Pg>>::to_sql(self, out)
+    }
+}
+
+impl FromSql<Token, Pg> for uuid::Uuid {
+    fn from_sql(value: PgValue<'_>) -> deserialize::Result<Self> {
+        // A uuid's binary form is its 16 bytes.
+        token_from_bytes(&<Vec<u8> as FromSql<Binary, Pg>>::from_sql(value)?)
+    }
+}
+
+impl ToSql<Token, Pg> for uuid::Uuid {
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Pg>) -> serialize::Result {
+        out.write_all(self.as_bytes())?;
+        Ok(IsNull::No)
+    }
+}

@@ -1,0 +1,80 @@
+//! SQLite: the foundation's SQL and type mappings.
+
+use chrono::{DateTime, NaiveDateTime, Utc};
+use diesel::connection::{AnsiTransactionManager, SimpleConnection};
+use diesel::deserialize::{self, FromSql};
+use diesel::dsl::sql;
+use diesel::serialize::{self, IsNull, Output, ToSql};
+use diesel::sql_types::{Binary, Text};
+use diesel::sqlite::{Sqlite, SqliteConnection, SqliteValue};
+use diesel::{QueryResult, RunQueryDsl};
+
+use super::Dialect;
+use crate::pool::{SessionSetup, Synchronous};
+use crate::sql_types::{Instant, SQLITE_INSTANT_FORMAT, Token, token_from_bytes};
+use crate::transaction::bare_write_transaction;
+use crate::{Result, migrate};
+
+/// The database clock, in the one text layout of [`Instant`].
+pub(crate) const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f','now')";
+
+impl Dialect for SqliteConnection {
+    fn setup_session(&mut self, setup: &SessionSetup) -> QueryResult<()> {
+        let synchronous = match setup.synchronous {
+            Synchronous::Full => "FULL",
+            Synchronous::Normal => "NORMAL",
+        };
+        // busy_timeout comes first: switching to WAL takes a lock that another connection
+        // may hold at that moment.
+        self.batch_execute(&format!(
+            "PRAGMA busy_timeout = {}; PRAGMA journal_mode = WAL; PRAGMA synchronous = {}; \
+             PRAGMA foreign_keys = ON;",
+            setup.busy_timeout.as_millis(),
+            synchronous
+        ))
+    }
+
+    fn begin_write(&mut self) -> QueryResult<()> {
+        AnsiTransactionManager::begin_transaction_sql(self, "BEGIN IMMEDIATE")
+    }
+
+    fn database_now(&mut self) -> QueryResult<DateTime<Utc>> {
+        diesel::select(sql::<Instant>(NOW)).get_result(self)
+    }
+
+    fn migrate(&mut self) -> Result<Vec<String>> {
+        // The IMMEDIATE transaction is the lock: a second migrator waits for the first to
+        // commit, then finds nothing pending.
+        bare_write_transaction(self, "run_migrations", |conn| {
+            migrate::run_harness(conn, migrate::SQLITE)
+        })
+    }
+}
+
+impl FromSql<Instant, Sqlite> for DateTime<Utc> {
+    fn from_sql(value: SqliteValue<'_, '_, '_>) -> deserialize::Result<Self> {
+        let text = <String as FromSql<Text, Sqlite>>::from_sql(value)?;
+        let naive = NaiveDateTime::parse_from_str(&text, "%Y-%m-%d %H:%M:%S%.f")
+            .map_err(|e| format!("instant {text:?} is not in dibs's layout: {e}"))?;
+        Ok(naive.and_utc())
+    }
+}
+
+impl ToSql<Instant, Sqlite> for DateTime<Utc> {
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Sqlite>) -> serialize::Result {
+        out.set_value(self.format(SQLITE_INSTANT_FORMAT).to_string());
+        Ok(IsNull::No)
+    }
+}
+
+impl FromSql<Token, Sqlite> for uuid::Uuid {
+    fn from_sql(value: SqliteValue<'_, '_, '_>) -> deserialize::Result<Self> {
+        token_from_bytes(&<Vec<u8> as FromSql<Binary, Sqlite>>::from_sql(value)?)
+    }
+}
+
+impl ToSql<Token, Sqlite> for uuid::Uuid {
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Sqlite>) -> serialize::Result {
+        <[u8] as ToSql<Binary, Sqlite>>::to_sql(self.as_bytes().as_slice(), out)
+    }
+}

@@ -1,0 +1,94 @@
+//! # dibs: leases and a job queue in the database you already run
+//!
+//! dibs gives synchronous, thread-based Rust programs named, time-limited leases ("one at a
+//! time" across threads, processes and hosts) and a job queue, on SQLite, PostgreSQL or
+//! MySQL/MariaDB through diesel. No async runtime. The same API and the same guarantees on
+//! every backend, each with the SQL that is right for it; SQLite is the default and needs no
+//! server.
+//!
+//! This release holds the foundation: connections chosen from a URL, a pool with the right
+//! per-connection settings, migrations, the database clock, transactions of the right kind,
+//! and an error type that says what a caller can do. Leases and jobs build on it.
+//!
+//! ## Guarantees
+//!
+//! - **The database's clock decides.** Every instant that decides expiry or due-ness is read
+//!   from the database, in UTC: `statement_timestamp()` on PostgreSQL (not `now()`, which is
+//!   frozen at transaction start), `UTC_TIMESTAMP(6)` into `DATETIME(6)` on MySQL/MariaDB (not
+//!   `TIMESTAMP`, which follows the session time zone and ends in 2038), and
+//!   `strftime('%Y-%m-%d %H:%M:%f','now')` on SQLite. A session in another time zone sees the
+//!   same instants. On SQLite "the database's clock" is the clock of the host that runs the
+//!   statement, with millisecond resolution; processes sharing an SQLite file share a host.
+//!   See [`database_now`].
+//! - **Names are bytes.** Lease, queue and kind names compare byte for byte on every backend:
+//!   `"Job"`, `"job"` and `"job "` are three names, also on MySQL, whose default collations
+//!   would fold them together. Names are checked in Rust (non-empty, at most
+//!   [`MAX_NAME_BYTES`] bytes, no NUL) before any statement, so nothing is ever truncated.
+//! - **Bad input changes nothing.** It is an [`Error::InvalidInput`] before any statement.
+//! - **Errors are never "nothing there".** A database error is returned as an error, and
+//!   [`Error::is_retryable`] / [`Error::is_outcome_unknown`] say whether to repeat the call or
+//!   to check first.
+//!
+//! ## Connections
+//!
+//! Every operation takes `&mut C` where `C: `[`DibsConnection`]: diesel's `SqliteConnection`,
+//! `PgConnection`, `MysqlConnection`, dibs's [`AnyConnection`] (backend chosen at run time by
+//! [`AnyConnection::connect`]) or a connection from an r2d2 pool of any of them. [`Pool`]
+//! opens a pool from a URL with [`SessionSetup`] applied to each connection (SQLite: WAL, a busy
+//! timeout, `synchronous=FULL`; MySQL: UTC, strict mode).
+//!
+//! ## Caller's transactions
+//!
+//! Some operations join the caller's open transaction, so their writes commit or roll back
+//! with the caller's own: enqueueing a job, completing a job together with the handler's
+//! writes, and verifying that a lease is still held. Use [`transaction()`] to open the right
+//! kind of transaction for them (IMMEDIATE on SQLite).
+//!
+//! Others need a bare connection and open the transaction they need themselves: taking a
+//! lease, claiming jobs, rescuing stalled jobs, pruning, and [`run_migrations`]. Inside a
+//! caller's transaction they return [`Error::InTransaction`] and send nothing, because:
+//!
+//! - MySQL/MariaDB cannot change the isolation level inside an open transaction, and these
+//!   operations need READ COMMITTED (under REPEATABLE READ, `FOR UPDATE SKIP LOCKED` also
+//!   locks the gaps between index entries, and concurrent claimers deadlock);
+//! - SQLite needs `BEGIN IMMEDIATE`, so that the write lock is held from the start and the
+//!   read that decides cannot be overtaken by another writer;
+//! - a lease or a claim must be visible to others the moment it is granted, not when the
+//!   caller's unrelated transaction commits (and must not vanish if it rolls back);
+//! - MySQL commits DDL implicitly, which would commit the caller's transaction half-way.
+//!
+//! ## Tested on
+//!
+//! MariaDB 10.11, PostgreSQL 15 and the bundled SQLite (3.5x). Other versions (MySQL 8,
+//! newer PostgreSQL) are expected to work but are best-effort until tested.
+#![deny(missing_docs)]
+
+mod backend;
+mod error;
+mod migrate;
+mod pool;
+pub mod sql_types;
+mod transaction;
+mod validate;
+
+pub use backend::{AnyConnection, Backend, BackendConnection, DibsConnection};
+pub use error::{Error, Result};
+pub use migrate::{VERSION_PREFIX, run_migrations, schema_version};
+pub use pool::{ConnectionManager, Pool, PoolOptions, PooledConnection, SessionSetup, Synchronous};
+pub use transaction::transaction;
+pub use validate::MAX_NAME_BYTES;
+
+use backend::{Dialect, dispatch};
+
+/// The database's clock, in UTC: the instant every expiry and due time is measured against.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// let now = dibs::database_now(&mut conn)?;
+/// assert!((chrono::Utc::now() - now).num_seconds().abs() < 5);
+/// # Ok(()) }
+/// ```
+pub fn database_now<C: DibsConnection>(conn: &mut C) -> Result<chrono::DateTime<chrono::Utc>> {
+    Ok(dispatch!(conn, c => c.database_now())?)
+}

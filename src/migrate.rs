@@ -1,0 +1,86 @@
+//! dibs's schema: embedded migrations per backend, run under a lock.
+
+use diesel::backend::Backend as DieselBackend;
+use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
+
+use crate::backend::{Dialect, dispatch};
+use crate::{DibsConnection, Error, Result};
+
+#[cfg(feature = "sqlite")]
+pub(crate) const SQLITE: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
+#[cfg(feature = "postgres")]
+pub(crate) const POSTGRES: EmbeddedMigrations = embed_migrations!("migrations/postgres");
+#[cfg(feature = "mysql")]
+pub(crate) const MYSQL: EmbeddedMigrations = embed_migrations!("migrations/mysql");
+
+/// Every version dibs records in `__diesel_schema_migrations` starts with this, so it cannot
+/// collide with a user's own versions (diesel's are timestamps or numbers).
+pub const VERSION_PREFIX: &str = "dibs";
+
+/// Runs dibs's pending migrations on any backend and returns the versions it applied (empty
+/// when the schema is current).
+///
+/// It shares diesel's `__diesel_schema_migrations` table with your own migrations: dibs's
+/// versions all start with `dibs`, and each set only runs its own. Several processes may run
+/// it at once: PostgreSQL serializes them with an advisory lock (and applies the whole set in
+/// one transaction), MySQL/MariaDB with `GET_LOCK` (one DDL statement per step, since DDL
+/// commits implicitly there), SQLite with an IMMEDIATE transaction.
+///
+/// Needs a connection outside any transaction ([`Error::InTransaction`] otherwise).
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// assert!(!dibs::run_migrations(&mut conn)?.is_empty());
+/// assert!(dibs::run_migrations(&mut conn)?.is_empty());
+/// # Ok(()) }
+/// ```
+pub fn run_migrations<C: DibsConnection>(conn: &mut C) -> Result<Vec<String>> {
+    dispatch!(conn, c => c.migrate())
+}
+
+/// The newest dibs migration applied to this database, or `None` before the first
+/// [`run_migrations`].
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// assert_eq!(dibs::schema_version(&mut conn)?, None);
+/// dibs::run_migrations(&mut conn)?;
+/// assert!(dibs::schema_version(&mut conn)?.unwrap().starts_with("dibs"));
+/// # Ok(()) }
+/// ```
+pub fn schema_version<C: DibsConnection>(conn: &mut C) -> Result<Option<String>> {
+    dispatch!(conn, c => newest_applied(c))
+}
+
+fn newest_applied<DB, C>(conn: &mut C) -> Result<Option<String>>
+where
+    DB: DieselBackend,
+    C: MigrationHarness<DB>,
+{
+    // diesel's harness creates its table on first use, so asking works on an empty database.
+    let applied = conn
+        .applied_migrations()
+        .map_err(|e| Error::Migration(e.to_string()))?;
+    Ok(applied
+        .into_iter()
+        .map(|v| v.to_string())
+        .filter(|v| v.starts_with(VERSION_PREFIX))
+        .max())
+}
+
+/// Runs the pending migrations of `source`; the caller holds the backend's migration lock.
+pub(crate) fn run_harness<DB, C>(conn: &mut C, source: EmbeddedMigrations) -> Result<Vec<String>>
+where
+    DB: DieselBackend,
+    C: MigrationHarness<DB> + Dialect,
+{
+    let applied = conn
+        .run_pending_migrations(source)
+        .map_err(|e| match e.downcast::<diesel::result::Error>() {
+            Ok(db_error) => Error::Database(*db_error),
+            Err(other) => Error::Migration(other.to_string()),
+        })?;
+    Ok(applied.into_iter().map(|v| v.to_string()).collect())
+}

@@ -1,0 +1,263 @@
+//! A connection pool opened from a URL, with each backend's per-connection settings.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::backend::{Dialect, dispatch};
+use crate::{AnyConnection, Backend, DibsConnection, Error, Result};
+
+/// How SQLite flushes commits to disk (`PRAGMA synchronous`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// Every commit is on disk before it returns: a committed claim or completion survives a
+    /// power cut. dibs's default.
+    #[default]
+    Full,
+    /// With WAL, a commit survives a crash of the process but the last commits may be lost on
+    /// a power cut or OS crash. Faster; the database stays consistent either way.
+    Normal,
+}
+
+/// The settings dibs applies to every connection it opens, and that you can apply to your own
+/// (with [`SessionSetup::apply`], or as an r2d2 connection customizer on your own pool).
+///
+/// - SQLite: `busy_timeout` (set first), `journal_mode = WAL`, `synchronous` (FULL by
+///   default), `foreign_keys = ON`.
+/// - MySQL/MariaDB: session time zone UTC and strict SQL mode (over-long values are errors,
+///   never truncated).
+/// - PostgreSQL: nothing is needed.
+///
+/// dibs's operations are correct without these settings (they never depend on the session
+/// time zone, and choose their own isolation), but SQLite without a busy timeout turns every
+/// concurrent write into an immediate `SQLITE_BUSY` error.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// dibs::SessionSetup::default().apply(&mut conn)?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SessionSetup {
+    pub(crate) busy_timeout: Duration,
+    pub(crate) synchronous: Synchronous,
+}
+
+impl Default for SessionSetup {
+    fn default() -> Self {
+        SessionSetup {
+            busy_timeout: Duration::from_secs(5),
+            synchronous: Synchronous::Full,
+        }
+    }
+}
+
+impl SessionSetup {
+    /// How long an SQLite connection waits for another one's write lock before `SQLITE_BUSY`
+    /// (default 5 s).
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// SQLite's durability (default [`Synchronous::Full`]).
+    pub fn synchronous(mut self, synchronous: Synchronous) -> Self {
+        self.synchronous = synchronous;
+        self
+    }
+
+    /// Applies the settings to one connection.
+    pub fn apply<C: DibsConnection>(&self, conn: &mut C) -> Result<()> {
+        Ok(dispatch!(conn, c => c.setup_session(self))?)
+    }
+}
+
+impl<C: DibsConnection + 'static> r2d2::CustomizeConnection<C, Error> for SessionSetup {
+    fn on_acquire(&self, conn: &mut C) -> Result<()> {
+        self.apply(conn)
+    }
+}
+
+/// For pools built on diesel's own `r2d2::ConnectionManager`.
+impl<C: DibsConnection + 'static> r2d2::CustomizeConnection<C, diesel::r2d2::Error>
+    for SessionSetup
+{
+    fn on_acquire(&self, conn: &mut C) -> std::result::Result<(), diesel::r2d2::Error> {
+        dispatch!(conn, c => c.setup_session(self)).map_err(diesel::r2d2::Error::QueryError)
+    }
+}
+
+/// The r2d2 connection manager behind [`Pool`]: it connects with [`AnyConnection::connect`],
+/// so a failure carries the server's own error. Its `Debug` never shows the URL.
+pub struct ConnectionManager {
+    url: String,
+}
+
+impl fmt::Debug for ConnectionManager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectionManager").finish_non_exhaustive()
+    }
+}
+
+impl r2d2::ManageConnection for ConnectionManager {
+    type Connection = AnyConnection;
+    type Error = Error;
+
+    fn connect(&self) -> Result<AnyConnection> {
+        AnyConnection::connect(&self.url)
+    }
+
+    fn is_valid(&self, conn: &mut AnyConnection) -> Result<()> {
+        Ok(diesel::r2d2::R2D2Connection::ping(conn)?)
+    }
+
+    fn has_broken(&self, conn: &mut AnyConnection) -> bool {
+        diesel::r2d2::R2D2Connection::is_broken(conn)
+    }
+}
+
+/// A connection checked out of a [`Pool`]. It derefs to [`AnyConnection`] and is itself a
+/// [`DibsConnection`].
+pub type PooledConnection = r2d2::PooledConnection<ConnectionManager>;
+
+/// An r2d2 pool of [`AnyConnection`]s with dibs's [`SessionSetup`] on each.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let url = dir.path().join("app.db").display().to_string();
+/// let pool = dibs::Pool::open(&url)?;
+/// let mut conn = pool.get()?;
+/// dibs::run_migrations(&mut conn)?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Pool {
+    inner: r2d2::Pool<ConnectionManager>,
+    backend: Backend,
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("backend", &self.backend)
+            .field("state", &self.inner.state())
+            .finish()
+    }
+}
+
+impl Pool {
+    /// Opens a pool with default options (see [`PoolOptions`]).
+    pub fn open(url: &str) -> Result<Pool> {
+        PoolOptions::default().open(url)
+    }
+
+    /// Options for a pool.
+    pub fn options() -> PoolOptions {
+        PoolOptions::default()
+    }
+
+    /// Checks out a connection, waiting up to the pool's connection timeout.
+    pub fn get(&self) -> Result<PooledConnection> {
+        Ok(self.inner.get()?)
+    }
+
+    /// The backend this pool connects to.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The largest number of connections the pool opens.
+    pub fn max_size(&self) -> u32 {
+        self.inner.max_size()
+    }
+
+    /// The r2d2 pool itself, for its statistics and settings.
+    pub fn r2d2(&self) -> &r2d2::Pool<ConnectionManager> {
+        &self.inner
+    }
+}
+
+/// How to open a [`Pool`].
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let url = format!("sqlite://{}", dir.path().join("app.db").display());
+/// use std::time::Duration;
+/// let pool = dibs::Pool::options()
+///     .max_size(4)
+///     .connection_timeout(Duration::from_secs(10))
+///     .session(dibs::SessionSetup::default().synchronous(dibs::Synchronous::Normal))
+///     .open(&url)?;
+/// assert_eq!(pool.max_size(), 4);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    max_size: u32,
+    connection_timeout: Duration,
+    session: SessionSetup,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            max_size: 10,
+            connection_timeout: Duration::from_secs(30),
+            session: SessionSetup::default(),
+        }
+    }
+}
+
+impl PoolOptions {
+    /// The largest number of connections (default 10).
+    pub fn max_size(mut self, max_size: u32) -> Self {
+        self.max_size = max_size;
+        self
+    }
+
+    /// How long [`Pool::get`] waits for a free connection (default 30 s).
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// The per-connection settings (default [`SessionSetup::default`]).
+    pub fn session(mut self, session: SessionSetup) -> Self {
+        self.session = session;
+        self
+    }
+
+    /// Opens the pool. It connects once directly first, so an unreachable server or a
+    /// rejected login is a prompt [`Error::Connect`] with the server's message, not r2d2's
+    /// timeout with the cause flattened into a string.
+    ///
+    /// `:memory:` is refused: every pooled connection would have its own empty database.
+    pub fn open(self, url: &str) -> Result<Pool> {
+        if self.max_size == 0 {
+            return Err(Error::invalid("max_size", "a pool needs at least one connection"));
+        }
+        let (backend, target) = Backend::from_url(url)?;
+        if backend == Backend::Sqlite && (target == ":memory:" || target.contains("mode=memory"))
+        {
+            return Err(Error::invalid(
+                "database url",
+                "an in-memory SQLite database cannot be pooled (each connection would get its \
+                 own empty database); use a file",
+            ));
+        }
+        let mut probe = AnyConnection::connect(url)?;
+        self.session.apply(&mut probe)?;
+        drop(probe);
+        let inner = r2d2::Pool::builder()
+            .max_size(self.max_size)
+            .min_idle(Some(0))
+            .connection_timeout(self.connection_timeout)
+            .connection_customizer(Box::new(self.session))
+            .build(ConnectionManager {
+                url: url.to_string(),
+            })?;
+        Ok(Pool { inner, backend })
+    }
+}

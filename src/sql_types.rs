@@ -1,0 +1,39 @@
+//! SQL types that mean the same thing on every backend, stored the way each backend needs.
+//!
+//! Their `FromSql`/`ToSql` implementations live in the backend files (`src/backend/*.rs`).
+
+use diesel::query_builder::QueryId;
+use diesel::sql_types::SqlType;
+
+/// An instant in UTC, with microseconds where the database keeps them.
+///
+/// - PostgreSQL: `timestamptz`.
+/// - MySQL/MariaDB: `DATETIME(6)`, holding UTC (not `TIMESTAMP`, which follows the session
+///   time zone and ends in 2038).
+/// - SQLite: `TEXT` in the one layout `YYYY-MM-DD HH:MM:SS.SSS`, the layout of
+///   `strftime('%Y-%m-%d %H:%M:%f','now')`, so that comparing texts compares instants. SQLite's
+///   clock has millisecond resolution.
+///
+/// Maps to `chrono::DateTime<Utc>`.
+#[derive(Debug, Clone, Copy, Default, SqlType, QueryId)]
+#[cfg_attr(feature = "postgres", diesel(postgres_type(oid = 1184, array_oid = 1185)))]
+#[cfg_attr(feature = "mysql", diesel(mysql_type(name = "DateTime")))]
+#[cfg_attr(feature = "sqlite", diesel(sqlite_type(name = "Text")))]
+pub struct Instant;
+
+/// A random 128-bit token (a fencing or claim token): `uuid` on PostgreSQL, `BINARY(16)` on
+/// MySQL/MariaDB, a 16-byte `BLOB` on SQLite. Maps to `uuid::Uuid`.
+#[derive(Debug, Clone, Copy, Default, SqlType, QueryId)]
+#[cfg_attr(feature = "postgres", diesel(postgres_type(oid = 2950, array_oid = 2951)))]
+#[cfg_attr(feature = "mysql", diesel(mysql_type(name = "Blob")))]
+#[cfg_attr(feature = "sqlite", diesel(sqlite_type(name = "Binary")))]
+pub struct Token;
+
+/// The layout of [`Instant`] on SQLite.
+#[cfg(feature = "sqlite")]
+pub(crate) const SQLITE_INSTANT_FORMAT: &str = "%Y-%m-%d %H:%M:%S%.3f";
+
+/// Reads a 16-byte token, whatever the backend handed over.
+pub(crate) fn token_from_bytes(bytes: &[u8]) -> diesel::deserialize::Result<uuid::Uuid> {
+    uuid::Uuid::from_slice(bytes).map_err(|e| format!("token is not 16 bytes: {e}").into())
+}

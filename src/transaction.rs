@@ -1,0 +1,104 @@
+//! Transactions of the right kind per backend, and the guard for operations that need a bare
+//! connection.
+
+use diesel::connection::{Connection, TransactionManager};
+use diesel::result::Error as DieselError;
+
+use crate::backend::{Dialect, dispatch};
+use crate::{DibsConnection, Error, Result};
+
+/// Runs `f` in a transaction of the kind dibs's writes need on this backend, and commits it if
+/// `f` returns `Ok` (rolls back otherwise).
+///
+/// - SQLite: `BEGIN IMMEDIATE`, so the transaction holds the write lock from its start and
+///   cannot fail half-way with `SQLITE_BUSY` when it first writes (a deferred transaction can).
+/// - PostgreSQL: `BEGIN ISOLATION LEVEL READ COMMITTED`, whatever the session's default.
+/// - MySQL/MariaDB: READ COMMITTED for this one transaction, which locks only the rows a
+///   statement touches (REPEATABLE READ also locks gaps between index entries and deadlocks
+///   concurrent claimers; see the crate docs).
+///
+/// Inside a transaction that is already open, `f` runs in a savepoint of it instead.
+///
+/// Use it for your own writes that go with dibs calls which accept a caller's transaction
+/// (enqueue, complete-in-transaction, verifying a lease).
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use diesel::RunQueryDsl;
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// let n = dibs::transaction(&mut conn, |conn| {
+///     diesel::sql_query("CREATE TABLE t (x INTEGER)").execute(conn)?;
+///     diesel::sql_query("INSERT INTO t VALUES (1)").execute(conn)
+/// })?;
+/// assert_eq!(n, 1);
+/// # Ok(()) }
+/// ```
+pub fn transaction<C, T, E, F>(conn: &mut C, f: F) -> std::result::Result<T, E>
+where
+    C: DibsConnection + Connection,
+    E: From<DieselError>,
+    F: FnOnce(&mut C) -> std::result::Result<T, E>,
+{
+    match dispatch!(conn, c => c.begin_write()) {
+        Ok(()) => {}
+        Err(DieselError::AlreadyInTransaction) => return conn.transaction(f),
+        Err(e) => return Err(e.into()),
+    }
+    let outcome = f(conn);
+    finish(conn, outcome)
+}
+
+/// Commits after `Ok` and rolls back after `Err`, like diesel's own `transaction`, for a
+/// transaction that dibs began with its own `BEGIN`.
+fn finish<C, T, E>(conn: &mut C, outcome: std::result::Result<T, E>) -> std::result::Result<T, E>
+where
+    C: Connection,
+    E: From<DieselError>,
+{
+    match outcome {
+        Ok(value) => {
+            C::TransactionManager::commit_transaction(conn)?;
+            Ok(value)
+        }
+        Err(err) => match C::TransactionManager::rollback_transaction(conn) {
+            Ok(()) | Err(DieselError::BrokenTransactionManager) => Err(err),
+            Err(rollback_error) => Err(rollback_error.into()),
+        },
+    }
+}
+
+/// Runs `f` in a write transaction of dibs's kind on a connection that must not be inside a
+/// caller's transaction (the operations that need a bare connection use this).
+pub(crate) fn bare_write_transaction<D, T, F>(
+    conn: &mut D,
+    operation: &'static str,
+    f: F,
+) -> Result<T>
+where
+    D: Dialect,
+    F: FnOnce(&mut D) -> Result<T>,
+{
+    begin_bare(conn, operation)?;
+    let outcome = f(conn);
+    finish(conn, outcome)
+}
+
+/// Begins dibs's write transaction, or says [`Error::InTransaction`] if the caller has one open.
+pub(crate) fn begin_bare<D: Dialect>(conn: &mut D, operation: &'static str) -> Result<()> {
+    match conn.begin_write() {
+        Ok(()) => Ok(()),
+        Err(DieselError::AlreadyInTransaction) => Err(Error::InTransaction { operation }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Fails with [`Error::InTransaction`] if the caller has a transaction open on `conn`, for the
+/// operations that cannot run inside one and do not open one themselves either (migrations on
+/// MySQL, whose DDL commits implicitly). Costs an empty transaction.
+pub(crate) fn require_bare<D: Dialect>(conn: &mut D, operation: &'static str) -> Result<()> {
+    match diesel::connection::AnsiTransactionManager::begin_transaction_sql(conn, "BEGIN") {
+        Ok(()) => Ok(D::TransactionManager::commit_transaction(conn)?),
+        Err(DieselError::AlreadyInTransaction) => Err(Error::InTransaction { operation }),
+        Err(e) => Err(e.into()),
+    }
+}

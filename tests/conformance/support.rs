@@ -1,0 +1,223 @@
+//! The test harness: a fresh database per test on each backend, and the macro that
+//! instantiates every conformance test once per backend.
+
+use std::sync::{Arc, Barrier};
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use dibs::{AnyConnection, Backend, DibsConnection, Pool, SessionSetup};
+
+const DEFAULT_POSTGRES_URL: &str = "postgres://root@127.0.0.1:5432/test";
+const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
+
+/// Instantiates each listed test, a `fn(Backend)` of the enclosing module, once per backend
+/// whose feature is on: `<module>::sqlite::<test>`, `<module>::postgres::<test>`,
+/// `<module>::mysql::<test>`.
+macro_rules! conformance {
+    ($($test:ident),+ $(,)?) => {
+        #[cfg(feature = "sqlite")]
+        mod sqlite {
+            $(#[test] fn $test() { super::$test(dibs::Backend::Sqlite) })+
+        }
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            $(#[test] fn $test() { super::$test(dibs::Backend::Postgres) })+
+        }
+        #[cfg(feature = "mysql")]
+        mod mysql {
+            $(#[test] fn $test() { super::$test(dibs::Backend::Mysql) })+
+        }
+    };
+}
+pub(crate) use conformance;
+
+/// Runs `$body` with `$c` bound to the concrete diesel connection behind `$conn`, for SQL that
+/// uses dibs's SQL types (which diesel's multi-connection backend does not know).
+macro_rules! concrete {
+    ($conn:expr, $c:ident => $body:expr) => {
+        match dibs::DibsConnection::backend_connection($conn) {
+            #[cfg(feature = "sqlite")]
+            dibs::BackendConnection::Sqlite($c) => $body,
+            #[cfg(feature = "postgres")]
+            dibs::BackendConnection::Postgres($c) => $body,
+            #[cfg(feature = "mysql")]
+            dibs::BackendConnection::Mysql($c) => $body,
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("a backend this build does not have"),
+        }
+    };
+}
+pub(crate) use concrete;
+
+/// The server URL a backend's tests use (from the environment, or the local default).
+pub fn server_url(backend: Backend) -> String {
+    match backend {
+        Backend::Postgres => std::env::var("DIBS_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| DEFAULT_POSTGRES_URL.to_string()),
+        Backend::Mysql => {
+            std::env::var("DIBS_TEST_MYSQL_URL").unwrap_or_else(|_| DEFAULT_MYSQL_URL.to_string())
+        }
+        Backend::Sqlite => unreachable!("SQLite has no server"),
+    }
+}
+
+/// A database of its own for one test, dropped afterwards: `dibs_t_<random>` on a server, a
+/// file in a temporary directory on SQLite (not `:memory:`, which gives each connection its
+/// own database).
+pub struct TestDb {
+    pub backend: Backend,
+    url: String,
+    server: Option<(String, String)>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestDb {
+    /// An empty database. Panics, naming the server and the variable to set, when the
+    /// backend's server cannot be reached: a backend is never skipped silently.
+    pub fn empty(backend: Backend) -> TestDb {
+        if backend == Backend::Sqlite {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let url = dir.path().join("dibs-test.db").display().to_string();
+            return TestDb {
+                backend,
+                url,
+                server: None,
+                _dir: Some(dir),
+            };
+        }
+        let server = server_url(backend);
+        let name = format!("dibs_t_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = AnyConnection::connect(&server).unwrap_or_else(|e| {
+            let var = if backend == Backend::Postgres {
+                "DIBS_TEST_POSTGRES_URL"
+            } else {
+                "DIBS_TEST_MYSQL_URL"
+            };
+            panic!(
+                "the {backend} test server is unreachable ({e}). Start it (see README.md) or \
+                 point {var} at one; tests never skip a backend."
+            )
+        });
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .expect("create the test database");
+        let mut url = url::Url::parse(&server).expect("a valid server URL");
+        url.set_path(&name);
+        TestDb {
+            backend,
+            url: url.to_string(),
+            server: Some((server, name)),
+            _dir: None,
+        }
+    }
+
+    /// A database with dibs's migrations applied.
+    pub fn migrated(backend: Backend) -> TestDb {
+        let db = TestDb::empty(backend);
+        let mut conn = db.connect();
+        dibs::run_migrations(&mut conn).expect("dibs's migrations");
+        db
+    }
+
+    #[allow(dead_code)]
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A new connection with dibs's session settings.
+    pub fn connect(&self) -> AnyConnection {
+        let mut conn = AnyConnection::connect(&self.url).expect("connect to the test database");
+        SessionSetup::default()
+            .apply(&mut conn)
+            .expect("session settings");
+        conn
+    }
+
+    /// A new connection without any session settings, as a user's own connection may be.
+    pub fn connect_raw(&self) -> AnyConnection {
+        AnyConnection::connect(&self.url).expect("connect to the test database")
+    }
+
+    pub fn pool(&self, max_size: u32) -> Pool {
+        Pool::options()
+            .max_size(max_size)
+            .open(&self.url)
+            .expect("open a pool on the test database")
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some((server, name)) = &self.server {
+            let sql = match self.backend {
+                Backend::Postgres => format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+                _ => format!("DROP DATABASE IF EXISTS {name}"),
+            };
+            match AnyConnection::connect(server) {
+                Ok(mut admin) => {
+                    if let Err(e) = admin.batch_execute(&sql) {
+                        eprintln!("could not drop test database {name}: {e}");
+                    }
+                }
+                Err(e) => eprintln!("could not drop test database {name}: {e}"),
+            }
+        }
+    }
+}
+
+/// Runs `f` on `n` threads released together by a barrier, each with its own connection, and
+/// returns their results in thread order.
+pub fn race<T: Send + 'static>(
+    db: &TestDb,
+    n: usize,
+    f: impl Fn(usize, &mut AnyConnection) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let f = Arc::new(f);
+    let barrier = Arc::new(Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let mut conn = db.connect();
+            let (f, barrier) = (f.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                f(i, &mut conn)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("a racing thread panicked"))
+        .collect()
+}
+
+/// Counts rows with a query returning one BIGINT column named `n`.
+pub fn count(conn: &mut AnyConnection, sql: &str) -> i64 {
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    diesel::sql_query(sql)
+        .get_result::<N>(conn)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .n
+}
+
+/// The SQL column type of `dibs::sql_types::Instant` on a backend.
+pub fn instant_column(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => "TEXT",
+        Backend::Postgres => "timestamptz",
+        Backend::Mysql => "DATETIME(6)",
+    }
+}
+
+/// The SQL column type of `dibs::sql_types::Token` on a backend.
+pub fn token_column(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => "BLOB",
+        Backend::Postgres => "uuid",
+        Backend::Mysql => "BINARY(16)",
+    }
+}
+
