@@ -95,6 +95,7 @@ pub(crate) fn begin_bare<D: Dialect>(conn: &mut D, operation: &'static str) -> R
 /// Fails with [`Error::InTransaction`] if the caller has a transaction open on `conn`, for the
 /// operations that cannot run inside one and do not open one themselves either (migrations on
 /// MySQL, whose DDL commits implicitly). Costs an empty transaction.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) fn require_bare<D: Dialect>(conn: &mut D, operation: &'static str) -> Result<()> {
     match diesel::connection::AnsiTransactionManager::begin_transaction_sql(conn, "BEGIN") {
         Ok(()) => Ok(D::TransactionManager::commit_transaction(conn)?),
