@@ -218,6 +218,14 @@ macro_rules! any_connection {
             )+
         }
 
+        impl fmt::Debug for AnyConnection {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self {
+                    $(AnyConnection::$variant(_) => f.write_str(concat!("AnyConnection::", stringify!($variant))),)+
+                }
+            }
+        }
+
         impl sealed::Sealed for AnyConnection {}
         impl DibsConnection for AnyConnection {
             fn backend_connection(&mut self) -> BackendConnection<'_> {
