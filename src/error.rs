@@ -73,6 +73,15 @@ pub enum Error {
         operation: &'static str,
     },
 
+    /// The lease is no longer held by this token: it lapsed (whether or not someone else took
+    /// it since), was released, or was taken over. Work under it must stop; once lost, a
+    /// lease stays lost.
+    #[error("lease {name:?} is lost: it lapsed, was released or was taken over")]
+    LeaseLost {
+        /// The lease's name.
+        name: String,
+    },
+
     /// An error from the database, unchanged.
     #[error("database error: {0}")]
     Database(#[from] DieselError),
@@ -137,6 +146,11 @@ impl Error {
         }
     }
 
+    /// True when a lease this caller held is lost ([`Error::LeaseLost`]).
+    pub fn is_lease_lost(&self) -> bool {
+        matches!(self, Error::LeaseLost { .. })
+    }
+
     /// True when the arguments were rejected before anything was sent to the database.
     pub fn is_invalid_input(&self) -> bool {
         matches!(self, Error::InvalidInput { .. })
@@ -146,25 +160,25 @@ impl Error {
 /// Messages of the transient errors diesel does not give a kind for (see `is_retryable`).
 fn is_transient_message(message: &str) -> bool {
     const TRANSIENT: &[&str] = &[
-        "deadlock detected",                // PostgreSQL 40P01
-        "could not obtain lock",            // PostgreSQL 55P03 (NOWAIT)
+        "deadlock detected",                       // PostgreSQL 40P01
+        "could not obtain lock",                   // PostgreSQL 55P03 (NOWAIT)
         "canceling statement due to lock timeout", // PostgreSQL 55P03 (lock_timeout)
-        "Deadlock found",                   // MySQL/MariaDB 1213
-        "Lock wait timeout exceeded",       // MySQL/MariaDB 1205
-        "Record has changed since last read", // MariaDB 1020
-        "database is locked",               // SQLITE_BUSY
-        "database table is locked",         // SQLITE_LOCKED (shared cache)
+        "Deadlock found",                          // MySQL/MariaDB 1213
+        "Lock wait timeout exceeded",              // MySQL/MariaDB 1205
+        "Record has changed since last read",      // MariaDB 1020
+        "database is locked",                      // SQLITE_BUSY
+        "database table is locked",                // SQLITE_LOCKED (shared cache)
     ];
     TRANSIENT.iter().any(|t| message.contains(t))
 }
 
 fn is_lost_connection_message(message: &str) -> bool {
     const LOST: &[&str] = &[
-        "server has gone away",                   // MySQL 2006
-        "Lost connection to",                     // MySQL 2013
+        "server has gone away",                      // MySQL 2006
+        "Lost connection to",                        // MySQL 2013
         "server closed the connection unexpectedly", // libpq
-        "terminating connection",                 // PostgreSQL 57P01 and friends
-        "no connection to the server",            // libpq
+        "terminating connection",                    // PostgreSQL 57P01 and friends
+        "no connection to the server",               // libpq
     ];
     LOST.iter().any(|t| message.contains(t))
 }

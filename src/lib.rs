@@ -65,6 +65,7 @@
 
 mod backend;
 mod error;
+pub mod lease;
 mod migrate;
 mod pool;
 pub mod sql_types;
@@ -73,6 +74,7 @@ mod validate;
 
 pub use backend::{AnyConnection, Backend, BackendConnection, DibsConnection};
 pub use error::{Error, Result};
+pub use lease::LeaseGuard;
 pub use migrate::{VERSION_PREFIX, run_migrations, schema_version};
 pub use pool::{ConnectionManager, Pool, PoolOptions, PooledConnection, SessionSetup, Synchronous};
 pub use transaction::transaction;

@@ -76,11 +76,11 @@ where
     DB: DieselBackend,
     C: MigrationHarness<DB> + Dialect,
 {
-    let applied = conn
-        .run_pending_migrations(source)
-        .map_err(|e| match e.downcast::<diesel::result::Error>() {
+    let applied = conn.run_pending_migrations(source).map_err(|e| {
+        match e.downcast::<diesel::result::Error>() {
             Ok(db_error) => Error::Database(*db_error),
             Err(other) => Error::Migration(other.to_string()),
-        })?;
+        }
+    })?;
     Ok(applied.into_iter().map(|v| v.to_string()).collect())
 }

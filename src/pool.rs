@@ -236,11 +236,13 @@ impl PoolOptions {
     /// `:memory:` is refused: every pooled connection would have its own empty database.
     pub fn open(self, url: &str) -> Result<Pool> {
         if self.max_size == 0 {
-            return Err(Error::invalid("max_size", "a pool needs at least one connection"));
+            return Err(Error::invalid(
+                "max_size",
+                "a pool needs at least one connection",
+            ));
         }
         let (backend, target) = Backend::from_url(url)?;
-        if backend == Backend::Sqlite && (target == ":memory:" || target.contains("mode=memory"))
-        {
+        if backend == Backend::Sqlite && (target == ":memory:" || target.contains("mode=memory")) {
             return Err(Error::invalid(
                 "database url",
                 "an in-memory SQLite database cannot be pooled (each connection would get its \

@@ -16,7 +16,10 @@ use diesel::sql_types::SqlType;
 ///
 /// Maps to `chrono::DateTime<Utc>`.
 #[derive(Debug, Clone, Copy, Default, SqlType, QueryId)]
-#[cfg_attr(feature = "postgres", diesel(postgres_type(oid = 1184, array_oid = 1185)))]
+#[cfg_attr(
+    feature = "postgres",
+    diesel(postgres_type(oid = 1184, array_oid = 1185))
+)]
 #[cfg_attr(feature = "mysql", diesel(mysql_type(name = "DateTime")))]
 #[cfg_attr(feature = "sqlite", diesel(sqlite_type(name = "Text")))]
 pub struct Instant;
@@ -24,7 +27,10 @@ pub struct Instant;
 /// A random 128-bit token (a fencing or claim token): `uuid` on PostgreSQL, `BINARY(16)` on
 /// MySQL/MariaDB, a 16-byte `BLOB` on SQLite. Maps to `uuid::Uuid`.
 #[derive(Debug, Clone, Copy, Default, SqlType, QueryId)]
-#[cfg_attr(feature = "postgres", diesel(postgres_type(oid = 2950, array_oid = 2951)))]
+#[cfg_attr(
+    feature = "postgres",
+    diesel(postgres_type(oid = 2950, array_oid = 2951))
+)]
 #[cfg_attr(feature = "mysql", diesel(mysql_type(name = "Blob")))]
 #[cfg_attr(feature = "sqlite", diesel(sqlite_type(name = "Binary")))]
 pub struct Token;

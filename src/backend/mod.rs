@@ -29,7 +29,9 @@ use diesel::pg::PgConnection;
 use diesel::sqlite::SqliteConnection;
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
-compile_error!("dibs needs at least one backend: enable the `sqlite`, `postgres` or `mysql` feature");
+compile_error!(
+    "dibs needs at least one backend: enable the `sqlite`, `postgres` or `mysql` feature"
+);
 
 /// The three databases dibs supports. Always has all three variants, whichever features are
 /// enabled, so that errors and URLs can name a backend that is not compiled in.
@@ -292,9 +294,60 @@ impl AnyConnection {
     }
 }
 
+/// How an upsert that may leave an existing row alone is spelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Upsert {
+    /// `INSERT ... ON CONFLICT (key) DO UPDATE SET ... WHERE ...` (PostgreSQL, SQLite).
+    OnConflictWhere,
+    /// `INSERT ... ON DUPLICATE KEY UPDATE col = IF(...)` (MySQL/MariaDB: no WHERE there).
+    OnDuplicateKey,
+}
+
+/// The fragments of SQL that differ per backend. Statements are written once as templates
+/// with `?` parameters, `{now}` (the database clock) and `{now+ttl}` (the clock plus a
+/// parameter in microseconds), and rendered per backend by [`Syntax::render`].
+#[derive(Debug)]
+pub(crate) struct Syntax {
+    /// The database clock, an [`Instant`](crate::sql_types::Instant).
+    pub now: &'static str,
+    /// The clock plus `?` microseconds (a BIGINT parameter).
+    pub now_plus_micros: &'static str,
+    /// PostgreSQL numbers its parameters (`$1`); the others use `?`.
+    pub numbered_params: bool,
+    /// How conditional upserts are written.
+    pub upsert: Upsert,
+}
+
+impl Syntax {
+    /// Renders a statement template for this backend.
+    pub fn render(&self, template: &str) -> String {
+        let sql = template
+            .replace("{now+ttl}", self.now_plus_micros)
+            .replace("{now}", self.now);
+        if !self.numbered_params {
+            return sql;
+        }
+        let mut out = String::with_capacity(sql.len() + 8);
+        let mut n = 0;
+        for ch in sql.chars() {
+            if ch == '?' {
+                n += 1;
+                out.push('$');
+                out.push_str(&n.to_string());
+            } else {
+                out.push(ch);
+            }
+        }
+        out
+    }
+}
+
 /// The foundation's per-backend SQL: session settings, the transaction dibs's writes run in,
 /// the database clock, and migrations under a lock. One implementation per backend file.
 pub(crate) trait Dialect: Connection<TransactionManager = AnsiTransactionManager> {
+    /// The backend's SQL fragments.
+    fn syntax(&self) -> &'static Syntax;
+
     /// Per-connection settings (SQLite pragmas, MySQL time zone and SQL mode).
     fn setup_session(&mut self, setup: &SessionSetup) -> QueryResult<()>;
 

@@ -6,10 +6,10 @@ use diesel::deserialize::{self, FromSql};
 use diesel::dsl::sql;
 use diesel::mysql::{Mysql, MysqlConnection, MysqlValue};
 use diesel::serialize::{self, Output, ToSql};
-use diesel::sql_types::{Binary, Datetime, Nullable, Integer};
+use diesel::sql_types::{Binary, Datetime, Integer, Nullable};
 use diesel::{QueryResult, RunQueryDsl};
 
-use super::Dialect;
+use super::{Dialect, Syntax, Upsert};
 use crate::pool::SessionSetup;
 use crate::sql_types::{Instant, Token, token_from_bytes};
 use crate::transaction::require_bare;
@@ -21,7 +21,18 @@ pub(crate) const NOW: &str = "UTC_TIMESTAMP(6)";
 /// How long a migrator waits for another one to finish, in seconds.
 const MIGRATION_LOCK_WAIT_SECONDS: i32 = 300;
 
+static SYNTAX: Syntax = Syntax {
+    now: NOW,
+    now_plus_micros: "(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)",
+    numbered_params: false,
+    upsert: Upsert::OnDuplicateKey,
+};
+
 impl Dialect for MysqlConnection {
+    fn syntax(&self) -> &'static Syntax {
+        &SYNTAX
+    }
+
     fn setup_session(&mut self, _setup: &SessionSetup) -> QueryResult<()> {
         // UTC so that any NOW() a user writes beside dibs agrees with dibs's UTC_TIMESTAMP(6);
         // strict mode so that an over-long value is an error, never silently truncated.

@@ -11,7 +11,7 @@ use diesel::serialize::{self, IsNull, Output, ToSql};
 use diesel::sql_types::{Binary, Timestamptz};
 use diesel::{QueryResult, RunQueryDsl};
 
-use super::Dialect;
+use super::{Dialect, Syntax, Upsert};
 use crate::pool::SessionSetup;
 use crate::sql_types::{Instant, Token, token_from_bytes};
 use crate::transaction::bare_write_transaction;
@@ -26,7 +26,18 @@ pub(crate) const NOW: &str = "statement_timestamp()";
 /// locks are per database). The bytes spell "dibsmigr".
 const MIGRATION_LOCK_KEY: i64 = 0x6469_6273_6d69_6772;
 
+static SYNTAX: Syntax = Syntax {
+    now: NOW,
+    now_plus_micros: "(statement_timestamp() + ? * interval '1 microsecond')",
+    numbered_params: true,
+    upsert: Upsert::OnConflictWhere,
+};
+
 impl Dialect for PgConnection {
+    fn syntax(&self) -> &'static Syntax {
+        &SYNTAX
+    }
+
     fn setup_session(&mut self, _setup: &SessionSetup) -> QueryResult<()> {
         // Nothing to set: timestamptz is an instant whatever the session's time zone, and dibs
         // chooses the isolation of each of its transactions itself.
@@ -45,8 +56,10 @@ impl Dialect for PgConnection {
         // DDL is transactional here: the whole set commits or nothing does, and the lock is
         // released by the commit.
         bare_write_transaction(self, "run_migrations", |conn| {
-            diesel::sql_query(format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"))
-                .execute(conn)?;
+            diesel::sql_query(format!(
+                "SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"
+            ))
+            .execute(conn)?;
             migrate::run_harness(conn, migrate::POSTGRES)
         })
     }

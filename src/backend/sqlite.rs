@@ -9,7 +9,7 @@ use diesel::sql_types::{Binary, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection, SqliteValue};
 use diesel::{QueryResult, RunQueryDsl};
 
-use super::Dialect;
+use super::{Dialect, Syntax, Upsert};
 use crate::pool::{SessionSetup, Synchronous};
 use crate::sql_types::{Instant, SQLITE_INSTANT_FORMAT, Token, token_from_bytes};
 use crate::transaction::bare_write_transaction;
@@ -18,7 +18,18 @@ use crate::{Result, migrate};
 /// The database clock, in the one text layout of [`Instant`].
 pub(crate) const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f','now')";
 
+static SYNTAX: Syntax = Syntax {
+    now: NOW,
+    now_plus_micros: "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ? / 1000000.0))",
+    numbered_params: false,
+    upsert: Upsert::OnConflictWhere,
+};
+
 impl Dialect for SqliteConnection {
+    fn syntax(&self) -> &'static Syntax {
+        &SYNTAX
+    }
+
     fn setup_session(&mut self, setup: &SessionSetup) -> QueryResult<()> {
         let synchronous = match setup.synchronous {
             Synchronous::Full => "FULL",

@@ -3,11 +3,11 @@
 use std::time::{Duration, Instant as Clock};
 
 use chrono::{DateTime, Utc};
+use dibs::{AnyConnection, Backend, BackendConnection, DibsConnection, Error};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
-use dibs::{AnyConnection, Backend, BackendConnection, DibsConnection, Error};
 
 use crate::support::{TestDb, concrete, conformance, count, instant_column, race, token_column};
 
@@ -74,7 +74,10 @@ fn migrations_apply_once_and_are_idempotent(backend: Backend) {
     let applied = dibs::run_migrations(&mut conn).unwrap();
     assert!(!applied.is_empty());
     assert!(applied.iter().all(|v| v.starts_with(dibs::VERSION_PREFIX)));
-    assert_eq!(dibs::run_migrations(&mut conn).unwrap(), Vec::<String>::new());
+    assert_eq!(
+        dibs::run_migrations(&mut conn).unwrap(),
+        Vec::<String>::new()
+    );
     assert_eq!(
         dibs::schema_version(&mut conn).unwrap().as_ref(),
         applied.last()
@@ -120,13 +123,18 @@ fn migrations_refuse_an_open_transaction(backend: Backend) {
     let db = TestDb::empty(backend);
     let mut conn = db.connect();
     let err = conn
-        .transaction(|c| dibs::run_migrations(c))
+        .transaction(dibs::run_migrations)
         .expect_err("migrations inside a transaction");
     assert!(
-        matches!(err, Error::InTransaction { operation: "run_migrations" }),
+        matches!(
+            err,
+            Error::InTransaction {
+                operation: "run_migrations"
+            }
+        ),
         "{err:?}"
     );
-    let err = dibs::transaction(&mut conn, |c| dibs::run_migrations(c)).unwrap_err();
+    let err = dibs::transaction(&mut conn, dibs::run_migrations).unwrap_err();
     assert!(matches!(err, Error::InTransaction { .. }), "{err:?}");
     // Nothing was applied, and the connection is usable afterwards.
     assert_eq!(dibs::schema_version(&mut conn).unwrap(), None);
@@ -230,7 +238,10 @@ fn clock_is_utc_in_a_non_utc_session(backend: Backend) {
             Ok::<_, Error>((a, b))
         })
         .unwrap();
-    assert!(in_tx.1 - in_tx.0 >= chrono::Duration::milliseconds(40), "{in_tx:?}");
+    assert!(
+        in_tx.1 - in_tx.0 >= chrono::Duration::milliseconds(40),
+        "{in_tx:?}"
+    );
 }
 
 fn instants_and_tokens_round_trip(backend: Backend) {
@@ -246,7 +257,10 @@ fn instants_and_tokens_round_trip(backend: Backend) {
     .unwrap();
     let precise: DateTime<Utc> = "2031-07-04T23:59:58.123456Z".parse().unwrap();
     let token = uuid::Uuid::new_v4();
-    let sql = format!("INSERT INTO rt (id, at, token) VALUES ({})", placeholders(backend, 3));
+    let sql = format!(
+        "INSERT INTO rt (id, at, token) VALUES ({})",
+        placeholders(backend, 3)
+    );
     concrete!(&mut other, c => diesel::sql_query(sql)
         .bind::<diesel::sql_types::Integer, _>(1)
         .bind::<dibs::sql_types::Instant, _>(precise)
@@ -267,17 +281,25 @@ fn instants_and_tokens_round_trip(backend: Backend) {
         _ => precise,
     };
     for conn in [&mut utc, &mut other] {
-        let row: Row = concrete!(conn, c => diesel::sql_query("SELECT at, token FROM rt WHERE id = 1")
+        let row: Row =
+            concrete!(conn, c => diesel::sql_query("SELECT at, token FROM rt WHERE id = 1")
             .get_result(c))
-        .unwrap();
-        assert_eq!(row, Row { at: expected_at, token });
+            .unwrap();
+        assert_eq!(
+            row,
+            Row {
+                at: expected_at,
+                token
+            }
+        );
     }
 }
 
 fn transaction_helper_opens_the_right_kind(backend: Backend) {
     let db = TestDb::empty(backend);
     let mut a = db.connect();
-    a.batch_execute("CREATE TABLE tk (id INTEGER PRIMARY KEY)").unwrap();
+    a.batch_execute("CREATE TABLE tk (id INTEGER PRIMARY KEY)")
+        .unwrap();
     match backend {
         Backend::Sqlite => {
             // IMMEDIATE: the write lock is taken at BEGIN, before any write, so a second
@@ -310,7 +332,8 @@ fn transaction_helper_opens_the_right_kind(backend: Backend) {
 fn transaction_helper_nests_as_a_savepoint(backend: Backend) {
     let db = TestDb::empty(backend);
     let mut conn = db.connect();
-    conn.batch_execute("CREATE TABLE tn (id INTEGER PRIMARY KEY)").unwrap();
+    conn.batch_execute("CREATE TABLE tn (id INTEGER PRIMARY KEY)")
+        .unwrap();
     let outer: Result<(), Error> = dibs::transaction(&mut conn, |c| {
         c.batch_execute("INSERT INTO tn (id) VALUES (1)")?;
         let inner: Result<(), Error> = dibs::transaction(c, |c| {
@@ -421,7 +444,10 @@ fn other_errors_are_not_retryable(backend: Backend) {
     .into();
     assert!(!dup.is_retryable() && !dup.is_outcome_unknown(), "{dup:?}");
     let syntax: Error = conn.batch_execute("SELEC 1").unwrap_err().into();
-    assert!(!syntax.is_retryable() && !syntax.is_outcome_unknown(), "{syntax:?}");
+    assert!(
+        !syntax.is_retryable() && !syntax.is_outcome_unknown(),
+        "{syntax:?}"
+    );
 }
 
 fn unreachable_server_is_a_fast_typed_error(backend: Backend) {
@@ -468,13 +494,28 @@ fn pool_applies_session_settings(backend: Backend) {
         s: String,
     }
     let get = |conn: &mut dibs::PooledConnection, sql: &str| -> String {
-        diesel::sql_query(sql).get_result::<S>(&mut **conn).unwrap().s
+        diesel::sql_query(sql)
+            .get_result::<S>(&mut **conn)
+            .unwrap()
+            .s
     };
     match backend {
         Backend::Sqlite => {
-            assert_eq!(get(&mut conn, "SELECT journal_mode AS s FROM pragma_journal_mode"), "wal");
-            assert_eq!(count(&mut conn, "SELECT synchronous AS n FROM pragma_synchronous"), 2);
-            assert_eq!(count(&mut conn, "SELECT timeout AS n FROM pragma_busy_timeout"), 5000);
+            assert_eq!(
+                get(
+                    &mut conn,
+                    "SELECT journal_mode AS s FROM pragma_journal_mode"
+                ),
+                "wal"
+            );
+            assert_eq!(
+                count(&mut conn, "SELECT synchronous AS n FROM pragma_synchronous"),
+                2
+            );
+            assert_eq!(
+                count(&mut conn, "SELECT timeout AS n FROM pragma_busy_timeout"),
+                5000
+            );
             let err = dibs::Pool::open(":memory:").unwrap_err();
             assert!(err.is_invalid_input(), "{err:?}");
         }

@@ -3,9 +3,9 @@
 
 use std::sync::{Arc, Barrier};
 
+use dibs::{AnyConnection, Backend, Pool, SessionSetup};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use dibs::{AnyConnection, Backend, DibsConnection, Pool, SessionSetup};
 
 const DEFAULT_POSTGRES_URL: &str = "postgres://root@127.0.0.1:5432/test";
 const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
@@ -220,4 +220,3 @@ pub fn token_column(backend: Backend) -> &'static str {
         Backend::Mysql => "BINARY(16)",
     }
 }
-

@@ -1,0 +1,283 @@
+//! A lease held for as long as a value lives: renewed from a background thread, released on
+//! drop.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant as Clock};
+
+use super::{Lease, Wait, take_timed, try_take};
+use crate::{DibsConnection, Result, validate};
+
+/// Holds a lease for as long as it lives.
+///
+/// It takes the lease on a connection of its own (never inside a caller's transaction),
+/// renews it from a background thread every ttl/3, and releases it on drop. Meanwhile
+/// [`LeaseGuard::is_held`] says whether the work may go on, and [`LeaseGuard::wait_lost`]
+/// blocks until it may not.
+///
+/// The guard treats the lease as lost at a local, monotonic deadline: the time the last
+/// successful take or renewal was *sent*, plus the ttl, minus a margin of ttl/10. So it says
+/// "lost" no later than the database would, even when the database cannot be reached and a
+/// renewal hangs. Once lost or released it never renews again.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let url = dir.path().join("app.db").display().to_string();
+/// use std::time::Duration;
+/// let pool = dibs::Pool::open(&url)?;
+/// dibs::run_migrations(&mut pool.get()?)?;
+///
+/// if let Some(guard) = dibs::LeaseGuard::try_take(pool.get()?, "nightly-report", Duration::from_secs(30), "host-a")? {
+///     for _chunk in 0..3 {
+///         if !guard.is_held() { break; } // lost: stop working
+///         // ... one chunk of the work, tagged with guard.fence() ...
+///     }
+/// } // dropped: renewals stop and the lease is released
+/// # Ok(()) }
+/// ```
+pub struct LeaseGuard {
+    lease: Lease,
+    shared: Arc<Shared>,
+    renewer: Option<JoinHandle<Result<bool>>>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+struct State {
+    /// Local monotonic instant after which the lease counts as lost.
+    deadline: Clock,
+    lost: bool,
+    stop: bool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic elsewhere while holding the lock leaves plain data; keep going.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl State {
+    /// Marks the lease lost once the deadline has passed; loss is sticky.
+    fn check_deadline(&mut self, now: Clock) -> bool {
+        if now >= self.deadline {
+            self.lost = true;
+        }
+        self.lost
+    }
+}
+
+impl std::fmt::Debug for LeaseGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseGuard")
+            .field("name", &self.lease.name)
+            .field("fence", &self.lease.fence)
+            .field("held", &self.is_held())
+            .finish()
+    }
+}
+
+impl LeaseGuard {
+    /// Takes the lease on `conn` (which the guard keeps, for its renewals) if it is free; see
+    /// [`super::try_take`]. `Ok(None)` if someone holds it.
+    pub fn try_take<C>(mut conn: C, name: &str, ttl: Duration, holder: &str) -> Result<Option<Self>>
+    where
+        C: DibsConnection + 'static,
+    {
+        validate::ttl(ttl)?;
+        let sent = Clock::now();
+        Ok(
+            try_take(&mut conn, name, ttl, holder)?
+                .map(|lease| Self::start(conn, lease, ttl, sent)),
+        )
+    }
+
+    /// Like [`LeaseGuard::try_take`], waiting for the lease as [`super::take`] does.
+    pub fn take<C>(
+        mut conn: C,
+        name: &str,
+        ttl: Duration,
+        holder: &str,
+        wait: Wait,
+    ) -> Result<Option<Self>>
+    where
+        C: DibsConnection + 'static,
+    {
+        validate::ttl(ttl)?;
+        Ok(take_timed(&mut conn, name, ttl, holder, wait)?
+            .map(|(lease, sent)| Self::start(conn, lease, ttl, sent)))
+    }
+
+    fn start<C>(conn: C, lease: Lease, ttl: Duration, sent: Clock) -> Self
+    where
+        C: DibsConnection + 'static,
+    {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                deadline: sent + ttl - margin(ttl),
+                lost: false,
+                stop: false,
+            }),
+            changed: Condvar::new(),
+        });
+        let renewer = {
+            let (lease, shared) = (lease.clone(), shared.clone());
+            std::thread::Builder::new()
+                .name(format!("dibs-lease-{}", lease.fence))
+                .spawn(move || renew_until_stopped(conn, lease, ttl, &shared))
+        };
+        match renewer {
+            Ok(handle) => LeaseGuard {
+                lease,
+                shared,
+                renewer: Some(handle),
+            },
+            // No thread, no renewals: the guard holds the lease until its first deadline
+            // and then reports it lost; the row expires on its own.
+            Err(e) => {
+                tracing::warn!(lease = %lease.name, error = %e, "could not start the renewal thread");
+                LeaseGuard {
+                    lease,
+                    shared,
+                    renewer: None,
+                }
+            }
+        }
+    }
+
+    /// The grant: name, fence and token.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// The fence of this grant (see [`Lease::fence`]).
+    pub fn fence(&self) -> i64 {
+        self.lease.fence
+    }
+
+    /// Whether the lease is still held: not reported lost by the database, and the local
+    /// deadline has not passed.
+    pub fn is_held(&self) -> bool {
+        !self.shared.lock().check_deadline(Clock::now())
+    }
+
+    /// Blocks until the lease is lost or `timeout` passes; returns whether it was lost.
+    pub fn wait_lost(&self, timeout: Duration) -> bool {
+        let until = Clock::now() + timeout;
+        let mut state = self.shared.lock();
+        loop {
+            let now = Clock::now();
+            if state.check_deadline(now) {
+                return true;
+            }
+            if now >= until {
+                return false;
+            }
+            let wake = state.deadline.min(until) - now;
+            state = self
+                .shared
+                .changed
+                .wait_timeout(state, wake)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Stops renewing and releases the lease; returns whether it was still this guard's to
+    /// release. Dropping the guard does the same and ignores the outcome.
+    pub fn release(mut self) -> Result<bool> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<bool> {
+        {
+            let mut state = self.shared.lock();
+            state.stop = true;
+            state.lost = true;
+        }
+        self.shared.changed.notify_all();
+        match self.renewer.take() {
+            Some(handle) => handle.join().unwrap_or(Ok(false)),
+            None => Ok(false),
+        }
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if self.renewer.is_some()
+            && let Err(e) = self.stop()
+        {
+            tracing::warn!(lease = %self.lease.name, error = %e, "releasing a lease on drop failed; it will expire");
+        }
+    }
+}
+
+/// The safety margin under the ttl for the local deadline.
+fn margin(ttl: Duration) -> Duration {
+    ttl / 10
+}
+
+/// The renewal thread: renews every ttl/3 until stopped or lost, then releases (after the
+/// last renewal, never before).
+fn renew_until_stopped<C: DibsConnection>(
+    mut conn: C,
+    mut lease: Lease,
+    ttl: Duration,
+    shared: &Shared,
+) -> Result<bool> {
+    let period = ttl / 3;
+    let mut next = Clock::now() + period;
+    loop {
+        {
+            let mut state = shared.lock();
+            loop {
+                if state.stop {
+                    drop(state);
+                    return lease.release(&mut conn);
+                }
+                let now = Clock::now();
+                let lost = state.check_deadline(now);
+                if !lost && now >= next {
+                    break;
+                }
+                // Lost: renew no more, just wait to be stopped.
+                let wake = if lost {
+                    Duration::from_secs(3600)
+                } else {
+                    next.min(state.deadline) - now
+                };
+                state = shared
+                    .changed
+                    .wait_timeout(state, wake)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+        }
+        shared.changed.notify_all();
+        let sent = Clock::now();
+        let outcome = lease.renew(&mut conn, ttl);
+        let mut state = shared.lock();
+        match outcome {
+            Ok(()) if !state.lost => {
+                state.deadline = sent + ttl - margin(ttl);
+                next = sent + period;
+            }
+            Ok(()) => {}
+            Err(e) if e.is_lease_lost() => {
+                state.lost = true;
+            }
+            Err(e) => {
+                // Unreachable or busy: try again soon; the deadline stands.
+                tracing::warn!(lease = %lease.name, error = %e, "renewing a lease failed; retrying");
+                next = Clock::now() + (period / 4).max(Duration::from_millis(1));
+            }
+        }
+        drop(state);
+        shared.changed.notify_all();
+    }
+}
