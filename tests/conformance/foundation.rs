@@ -9,7 +9,9 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
-use crate::support::{TestDb, concrete, conformance, count, instant_column, race, token_column};
+use crate::support::{
+    TestDb, concrete, conformance, count, instant_column, placeholders, race, token_column,
+};
 
 conformance!(
     migrations_apply_once_and_are_idempotent,
@@ -154,16 +156,6 @@ fn names_are_byte_exact(backend: Backend) {
         assert_eq!(fences, vec![i as i64], "lookup of {name:?}");
     }
     assert!(fences_named(&mut conn, "jo").is_empty());
-}
-
-fn placeholders(backend: Backend, n: usize) -> String {
-    (1..=n)
-        .map(|i| match backend {
-            Backend::Postgres => format!("${i}"),
-            _ => "?".to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 fn insert_lease_row(conn: &mut AnyConnection, name: &str, fence: i64, at: DateTime<Utc>) {

@@ -220,3 +220,73 @@ pub fn token_column(backend: Backend) -> &'static str {
         Backend::Mysql => "BINARY(16)",
     }
 }
+
+/// `n` bind placeholders for a backend: `$1, $2` on PostgreSQL, `?, ?` elsewhere.
+pub fn placeholders(backend: Backend, n: usize) -> String {
+    (1..=n)
+        .map(|i| match backend {
+            Backend::Postgres => format!("${i}"),
+            _ => "?".to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Runs `rounds` rounds of a contest between `n` threads, each on its own connection kept
+/// across rounds. In each round the threads are released together by a barrier and call
+/// `attempt(round, thread)`; then `judge` runs alone, with every thread's result, before the
+/// next round starts.
+pub fn contest<T: Send + 'static>(
+    db: &TestDb,
+    n: usize,
+    rounds: usize,
+    attempt: impl Fn(usize, usize, &mut AnyConnection) -> T + Send + Sync + 'static,
+    mut judge: impl FnMut(usize, Vec<T>),
+) {
+    let attempt = Arc::new(attempt);
+    let start = Arc::new(Barrier::new(n + 1));
+    let (sender, results) = std::sync::mpsc::channel::<(usize, T)>();
+    let threads: Vec<_> = (0..n)
+        .map(|i| {
+            let mut conn = db.connect();
+            let (attempt, start, sender) = (attempt.clone(), start.clone(), sender.clone());
+            std::thread::spawn(move || {
+                for round in 0..rounds {
+                    start.wait();
+                    let outcome = attempt(round, i, &mut conn);
+                    if sender.send((i, outcome)).is_err() {
+                        return;
+                    }
+                }
+            })
+        })
+        .collect();
+    drop(sender);
+    for round in 0..rounds {
+        start.wait();
+        let mut outcomes: Vec<Option<T>> = (0..n).map(|_| None).collect();
+        for _ in 0..n {
+            let (i, outcome) = results.recv().expect("a contender died");
+            outcomes[i] = Some(outcome);
+        }
+        judge(
+            round,
+            outcomes
+                .into_iter()
+                .map(|o| o.expect("one result per thread"))
+                .collect(),
+        );
+    }
+    for thread in threads {
+        thread.join().expect("a contender panicked");
+    }
+}
+
+/// The database clock as SQL, for tests that write their own statements.
+pub fn now_sql(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f','now')",
+        Backend::Postgres => "statement_timestamp()",
+        Backend::Mysql => "UTC_TIMESTAMP(6)",
+    }
+}
