@@ -6,9 +6,10 @@
 //! every backend, each with the SQL that is right for it; SQLite is the default and needs no
 //! server.
 //!
-//! This release holds the foundation: connections chosen from a URL, a pool with the right
+//! This release holds the foundation (connections chosen from a URL, a pool with the right
 //! per-connection settings, migrations, the database clock, transactions of the right kind,
-//! and an error type that says what a caller can do. Leases and jobs build on it.
+//! an error type that says what a caller can do) and [leases](lease): named locks with
+//! fencing tokens, and a [`LeaseGuard`] that renews them. The job queue builds on both.
 //!
 //! ## Guarantees
 //!
@@ -24,6 +25,11 @@
 //!   `"Job"`, `"job"` and `"job "` are three names, also on MySQL, whose default collations
 //!   would fold them together. Names are checked in Rust (non-empty, at most
 //!   [`MAX_NAME_BYTES`] bytes, no NUL) before any statement, so nothing is ever truncated.
+//! - **A lease has one holder.** Taking a lease is one atomic statement per backend: of any
+//!   number of concurrent callers exactly one wins, and none gets an error. Each grant gets a
+//!   fresh random token and a fence greater than every earlier one, renewals and releases
+//!   act only for the current token, and work can be committed only while the lease is held
+//!   ([`lease::Lease::verify`]).
 //! - **Bad input changes nothing.** It is an [`Error::InvalidInput`] before any statement.
 //! - **Errors are never "nothing there".** A database error is returned as an error, and
 //!   [`Error::is_retryable`] / [`Error::is_outcome_unknown`] say whether to repeat the call or

@@ -298,8 +298,10 @@ impl AnyConnection {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Upsert {
     /// `INSERT ... ON CONFLICT (key) DO UPDATE SET ... WHERE ...` (PostgreSQL, SQLite).
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     OnConflictWhere,
     /// `INSERT ... ON DUPLICATE KEY UPDATE col = IF(...)` (MySQL/MariaDB: no WHERE there).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     OnDuplicateKey,
 }
 
