@@ -559,6 +559,11 @@ fn guard_keeps_the_lease_across_several_ttls(backend: Backend) {
     let guard = LeaseGuard::try_take(db.pool(1).get().unwrap(), "guarded", ttl, "guard")
         .unwrap()
         .expect("free");
+    // The new thread names itself when it starts: give it a moment.
+    let named = Clock::now() + Duration::from_secs(2);
+    while renewer_threads() == 0 && Clock::now() < named {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert_eq!(renewer_threads(), 1);
     let mut rival = db.connect();
     let until = Clock::now() + ttl * 5;
