@@ -71,6 +71,7 @@
 
 mod backend;
 mod error;
+pub mod jobs;
 pub mod lease;
 mod migrate;
 mod pool;

@@ -71,6 +71,17 @@ pub(crate) fn ttl(ttl: Duration) -> Result<i64> {
     i64::try_from(ttl.as_micros()).map_err(|_| Error::invalid("ttl", "out of range"))
 }
 
+/// A delay (before a retry), in microseconds: at most [`MAX_TTL`].
+pub(crate) fn delay_micros(delay: Duration) -> Result<i64> {
+    if delay > MAX_TTL {
+        return Err(Error::invalid(
+            "delay",
+            format!("{delay:?} is longer than {} days", MAX_TTL.as_secs() / 86400),
+        ));
+    }
+    i64::try_from(delay.as_micros()).map_err(|_| Error::invalid("delay", "out of range"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

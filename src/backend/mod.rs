@@ -318,6 +318,15 @@ pub(crate) struct Syntax {
     pub numbered_params: bool,
     /// How conditional upserts are written.
     pub upsert: Upsert,
+    /// Whether `INSERT`/`UPDATE ... RETURNING` exists (not on MySQL/MariaDB).
+    pub returning: bool,
+    /// Appended to a SELECT that locks the rows it reads: `{for_update}` ("" on SQLite, where
+    /// the IMMEDIATE transaction already holds the database's write lock).
+    pub for_update: &'static str,
+    /// `{skip_locked}`: like `for_update`, skipping rows other transactions have locked.
+    pub skip_locked: &'static str,
+    /// `{random_token}`: 16 random bytes made by the database, for tokens made in bulk.
+    pub random_token: &'static str,
 }
 
 impl Syntax {
@@ -325,7 +334,10 @@ impl Syntax {
     pub fn render(&self, template: &str) -> String {
         let sql = template
             .replace("{now+ttl}", self.now_plus_micros)
-            .replace("{now}", self.now);
+            .replace("{now}", self.now)
+            .replace("{for_update}", self.for_update)
+            .replace("{skip_locked}", self.skip_locked)
+            .replace("{random_token}", self.random_token);
         if !self.numbered_params {
             return sql;
         }

@@ -26,6 +26,10 @@ static SYNTAX: Syntax = Syntax {
     now_plus_micros: "(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)",
     numbered_params: false,
     upsert: Upsert::OnDuplicateKey,
+    returning: false,
+    for_update: " FOR UPDATE",
+    skip_locked: " FOR UPDATE SKIP LOCKED",
+    random_token: "RANDOM_BYTES(16)",
 };
 
 impl Dialect for MysqlConnection {

@@ -31,6 +31,10 @@ static SYNTAX: Syntax = Syntax {
     now_plus_micros: "(statement_timestamp() + ? * interval '1 microsecond')",
     numbered_params: true,
     upsert: Upsert::OnConflictWhere,
+    returning: true,
+    for_update: " FOR UPDATE",
+    skip_locked: " FOR UPDATE SKIP LOCKED",
+    random_token: "gen_random_uuid()",
 };
 
 impl Dialect for PgConnection {

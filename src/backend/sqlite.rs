@@ -23,6 +23,10 @@ static SYNTAX: Syntax = Syntax {
     now_plus_micros: "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ? / 1000000.0))",
     numbered_params: false,
     upsert: Upsert::OnConflictWhere,
+    returning: true,
+    for_update: "",
+    skip_locked: "",
+    random_token: "randomblob(16)",
 };
 
 impl Dialect for SqliteConnection {

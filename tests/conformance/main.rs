@@ -4,4 +4,5 @@
 mod support;
 
 mod foundation;
+mod jobs;
 mod leases;

@@ -1,0 +1,516 @@
+//! The job queue: enqueue, claim, and finish jobs (`dibs_jobs`).
+//!
+//! A job is *waiting* (due now or later, retries included), *running* (claimed by a worker
+//! for a limited time, under a fresh random claim token), *completed* or *dead* (failed for
+//! good). Delayed jobs are plain waiting rows with a future due time: there is no promotion
+//! pass.
+//!
+//! | operation | connection | notes |
+//! |---|---|---|
+//! | [`enqueue`], [`enqueue_many`] | any, joins the caller's transaction | a rolled-back transaction leaves no job |
+//! | [`claim`] | bare | atomic: no job is ever held by two claimers |
+//! | [`complete`], [`fail`], [`renew`], [`give_back`] | any; inside the caller's transaction they commit with it | fenced by the claim token, one [`Outcome`] per job |
+//! | [`rescue`] | bare | returns stalled jobs (claim lapsed) to the queue, or marks them dead |
+//! | [`get`] | any | a job's state |
+//!
+//! Handlers run at least once. The only exactly-once there is: the handler's own writes and
+//! [`complete`] in one transaction ([`crate::transaction`]), which commits only if the claim
+//! is still this worker's.
+//!
+//! ```
+//! # fn main() -> Result<(), dibs::Error> {
+//! use std::time::Duration;
+//! use dibs::jobs::{self, NewJob, Outcome};
+//! let mut conn = dibs::AnyConnection::connect(":memory:")?;
+//! dibs::run_migrations(&mut conn)?;
+//!
+//! let id = jobs::enqueue(&mut conn, &NewJob::new("mail", "welcome", b"ada@example.com".to_vec()))?;
+//! let claimed = jobs::claim(&mut conn, "mail", 10, Duration::from_secs(60))?;
+//! assert_eq!(claimed[0].id, id);
+//! assert_eq!(jobs::complete(&mut conn, &[claimed[0].claim()])?, vec![Outcome::Done]);
+//! # Ok(()) }
+//! ```
+
+mod model;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
+
+use crate::backend::{Dialect, dispatch};
+use crate::sql_types::Instant;
+use crate::transaction::bare_write_transaction;
+use crate::{DibsConnection, Error, Result, transaction, validate};
+
+pub use model::{
+    Backoff, ClaimedJob, Due, Job, JobClaim, JobState, NewJob, Outcome, Rescued, Retry,
+};
+use model::{IdRow, IdStateRow, JobRow, StateRow};
+
+const JOB_COLUMNS: &str = "id, queue, kind, payload, priority, state, attempt, max_attempts, \
+    due_at, created_at, claim_token, claim_expires_at, finished_at, last_error";
+
+/// One statement for both kinds of due time: an instant, or NULL and a delay.
+const INSERT: &str = "\
+    INSERT INTO dibs_jobs \
+        (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at) \
+    VALUES (?, ?, ?, ?, 'waiting', 0, ?, COALESCE(?, {now+ttl}), {now})";
+
+/// PostgreSQL and SQLite: one statement. The CTE is MATERIALIZED so the LIMIT subquery runs
+/// once (PostgreSQL could otherwise re-run it and lock other rows); on PostgreSQL it skips
+/// rows other claimers hold, on SQLite the IMMEDIATE transaction serializes claimers. The
+/// outer WHERE re-checks the state. Each job gets its own random token.
+const CLAIM_RETURNING: &str = "\
+    WITH picked AS MATERIALIZED ( \
+        SELECT id FROM dibs_jobs \
+        WHERE queue = ? AND state = 'waiting' AND due_at <= {now} \
+        ORDER BY priority, due_at, id LIMIT ?{skip_locked}) \
+    UPDATE dibs_jobs SET state = 'running', attempt = attempt + 1, \
+        claim_token = {random_token}, claimed_at = {now}, claim_expires_at = {now+ttl} \
+    WHERE id IN (SELECT id FROM picked) AND state = 'waiting' \
+    RETURNING id, queue, kind, payload, priority, state, attempt, max_attempts, \
+        due_at, created_at, claim_token, claim_expires_at, finished_at, last_error";
+
+/// MySQL/MariaDB, step 1 of 3 (READ COMMITTED): lock the ids to claim, skipping rows other
+/// claimers hold. The index `(queue, state, priority, due_at, id)` serves filter and order,
+/// so InnoDB reads (and locks) only the rows it returns. MySQL rejects LIMIT in an
+/// `IN (subquery)`, hence separate statements.
+const CLAIM_PICK: &str = "\
+    SELECT id FROM dibs_jobs \
+    WHERE queue = ? AND state = 'waiting' AND due_at <= {now} \
+    ORDER BY priority, due_at, id LIMIT ?{skip_locked}";
+
+/// MySQL/MariaDB, step 2 of 3: claim exactly the locked ids (listed inline: they are our own
+/// integers). Step 3 reads them back.
+const CLAIM_MARK: &str = "\
+    UPDATE dibs_jobs SET state = 'running', attempt = attempt + 1, \
+        claim_token = {random_token}, claimed_at = {now}, claim_expires_at = {now+ttl} \
+    WHERE state = 'waiting' AND id IN ";
+
+/// Returns lapsed claims to the queue, or marks them dead when they used their last attempt
+/// (so a job that stalls its worker every time ends up dead). A compare-and-set on state and
+/// expiry, on rows this transaction has locked: a job completed or renewed meanwhile is left
+/// alone.
+const RESCUE_SET: &str = "\
+    UPDATE dibs_jobs SET \
+        state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'waiting' END, \
+        finished_at = CASE WHEN attempt >= max_attempts THEN {now} ELSE NULL END, \
+        last_error = 'the claim lapsed: the worker stalled or died', \
+        claim_token = NULL, claim_expires_at = NULL, due_at = {now} \
+    WHERE state = 'running' AND claim_expires_at <= {now} AND id IN ";
+
+const RESCUE_PICK: &str = "\
+    SELECT id FROM dibs_jobs WHERE state = 'running' AND claim_expires_at <= {now} \
+    ORDER BY claim_expires_at LIMIT ?{skip_locked}";
+
+/// Finishing calls lock the rows they are about, then decide per job.
+const LOCK_STATES: &str = "\
+    SELECT id, state, claim_token, attempt, max_attempts FROM dibs_jobs WHERE id IN ";
+
+const COMPLETE: &str = "\
+    UPDATE dibs_jobs SET state = 'completed', finished_at = {now}, claim_expires_at = NULL \
+    WHERE id IN ";
+
+const RENEW: &str = "UPDATE dibs_jobs SET claim_expires_at = {now+ttl} WHERE id IN ";
+
+/// Give back: due again at once, and the run does not count.
+const GIVE_BACK: &str = "\
+    UPDATE dibs_jobs SET state = 'waiting', attempt = attempt - 1, due_at = {now}, \
+        claim_expires_at = NULL \
+    WHERE id IN ";
+
+const FAIL_RETRY: &str = "\
+    UPDATE dibs_jobs SET state = 'waiting', due_at = COALESCE(?, {now+ttl}), last_error = ?, \
+        claim_expires_at = NULL \
+    WHERE id = ?";
+
+const FAIL_DEAD: &str = "\
+    UPDATE dibs_jobs SET state = 'dead', finished_at = {now}, last_error = ?, \
+        claim_expires_at = NULL \
+    WHERE id = ?";
+
+/// The largest payload, in bytes (MariaDB's default `max_allowed_packet` is 16 MiB).
+pub const MAX_PAYLOAD_BYTES: usize = 8 * 1024 * 1024;
+/// The most attempts a job may have.
+pub const MAX_ATTEMPTS: u32 = 1000;
+/// The most jobs one claim or one batch call handles.
+pub const MAX_BATCH: usize = 1000;
+/// Longer error messages are cut to this many bytes (at a character boundary).
+pub const MAX_ERROR_BYTES: usize = 4096;
+
+fn id_list(ids: impl IntoIterator<Item = i64>) -> String {
+    let list: Vec<String> = ids.into_iter().map(|id| id.to_string()).collect();
+    format!("({})", list.join(", "))
+}
+
+/// Inserts one validated job on a concrete connection and evaluates to its id: from
+/// RETURNING, or on MySQL from `LAST_INSERT_ID()`, which is exact for a single-row insert on
+/// this connection (never `LAST_INSERT_ID() + i` for a multi-row one: MySQL may interleave
+/// auto-increment values).
+macro_rules! insert_one {
+    ($c:ident, $job:expr) => {{
+        let job: &NewJob = $job;
+        let syntax = $c.syntax();
+        let (at, delay) = job.due_params();
+        let mut sql = syntax.render(INSERT);
+        if syntax.returning {
+            sql.push_str(" RETURNING id");
+        }
+        let insert = diesel::sql_query(sql)
+            .bind::<Text, _>(&job.queue)
+            .bind::<Text, _>(&job.kind)
+            .bind::<Binary, _>(&job.payload)
+            .bind::<Integer, _>(job.priority)
+            .bind::<Integer, _>(job.max_attempts as i32)
+            .bind::<Nullable<Instant>, _>(at)
+            .bind::<BigInt, _>(delay);
+        if syntax.returning {
+            insert.get_result::<IdRow>($c).map(|row| row.id)
+        } else {
+            insert.execute($c).and_then(|_| {
+                diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
+                    .get_result::<IdRow>($c)
+                    .map(|row| row.id)
+            })
+        }
+    }};
+}
+
+/// Enqueues one job on `conn`, inside the caller's transaction if there is one (so a
+/// rolled-back transaction leaves no job). Returns its id.
+pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<i64> {
+    job.validate()?;
+    Ok(dispatch!(conn, c => insert_one!(c, job))?)
+}
+
+/// Enqueues several jobs in one transaction (the caller's, if one is open: then in a
+/// savepoint of it) and returns their ids in the order given, each read back for its own
+/// row. Nothing is written if any job is invalid.
+pub fn enqueue_many<C>(conn: &mut C, jobs: &[NewJob]) -> Result<Vec<i64>>
+where
+    C: DibsConnection + diesel::Connection,
+{
+    if jobs.is_empty() {
+        return Err(Error::invalid("jobs", "an empty batch"));
+    }
+    for job in jobs {
+        job.validate()?;
+    }
+    transaction(conn, |conn| {
+        let mut ids = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            ids.push(dispatch!(conn, c => insert_one!(c, job))?);
+        }
+        Ok(ids)
+    })
+}
+
+/// Claims up to `limit` due jobs of `queue` for `ttl`, by priority, then due time, then id.
+/// Atomic: no job is ever held by two claimers. Each job comes with its attempt number
+/// (counting this run) and a fresh claim token. Needs a bare connection.
+///
+/// - PostgreSQL: one statement, `FOR UPDATE SKIP LOCKED`, READ COMMITTED.
+/// - MySQL/MariaDB: in one READ COMMITTED transaction, `SELECT ... FOR UPDATE SKIP LOCKED`
+///   of the ids, `UPDATE` by that id list, and a read back.
+/// - SQLite: one `UPDATE ... RETURNING` in an IMMEDIATE transaction.
+pub fn claim<C: DibsConnection>(
+    conn: &mut C,
+    queue: &str,
+    limit: usize,
+    ttl: Duration,
+) -> Result<Vec<ClaimedJob>> {
+    validate::name("queue", queue)?;
+    if limit == 0 || limit > MAX_BATCH {
+        return Err(Error::invalid("limit", format!("{limit} is not between 1 and {MAX_BATCH}")));
+    }
+    let micros = validate::ttl(ttl)?;
+    let limit = limit as i64;
+    let rows: Vec<JobRow> = dispatch!(conn, c => {
+        bare_write_transaction(c, "claiming jobs", |c| {
+            let syntax = c.syntax();
+            if syntax.returning {
+                return Ok(diesel::sql_query(syntax.render(CLAIM_RETURNING))
+                    .bind::<Text, _>(queue)
+                    .bind::<BigInt, _>(limit)
+                    .bind::<BigInt, _>(micros)
+                    .load::<JobRow>(c)?);
+            }
+            let ids: Vec<i64> = diesel::sql_query(syntax.render(CLAIM_PICK))
+                .bind::<Text, _>(queue)
+                .bind::<BigInt, _>(limit)
+                .load::<IdRow>(c)?
+                .into_iter()
+                .map(|row| row.id)
+                .collect();
+            if ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            let list = id_list(ids);
+            diesel::sql_query(format!("{}{list}", syntax.render(CLAIM_MARK)))
+                .bind::<BigInt, _>(micros)
+                .execute(c)?;
+            Ok(diesel::sql_query(format!("SELECT {JOB_COLUMNS} FROM dibs_jobs WHERE id IN {list}"))
+                .load::<JobRow>(c)?)
+        })
+    })?;
+    let mut claimed = rows
+        .into_iter()
+        .map(ClaimedJob::from_row)
+        .collect::<Result<Vec<_>>>()?;
+    // The order the claim took them in (RETURNING has none).
+    claimed.sort_by_key(|job| (job.priority, job.due_at, job.id));
+    Ok(claimed)
+}
+
+/// Returns stalled jobs (running, claim lapsed by the database's clock) to the queue, due at
+/// once, or marks them dead if that was their last attempt: up to `limit` per call. A stalled
+/// run counts as an attempt. Needs a bare connection.
+pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
+    if limit == 0 || limit > MAX_BATCH {
+        return Err(Error::invalid("limit", format!("{limit} is not between 1 and {MAX_BATCH}")));
+    }
+    let limit = limit as i64;
+    let rows: Vec<IdStateRow> = dispatch!(conn, c => {
+        bare_write_transaction(c, "rescuing stalled jobs", |c| {
+            let syntax = c.syntax();
+            let ids: Vec<i64> = diesel::sql_query(syntax.render(RESCUE_PICK))
+                .bind::<BigInt, _>(limit)
+                .load::<IdRow>(c)?
+                .into_iter()
+                .map(|row| row.id)
+                .collect();
+            if ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            let list = id_list(ids);
+            diesel::sql_query(format!("{}{list}", syntax.render(RESCUE_SET))).execute(c)?;
+            Ok(diesel::sql_query(format!("SELECT id, state FROM dibs_jobs WHERE id IN {list}"))
+                .load::<IdStateRow>(c)?)
+        })
+    })?;
+    let mut rescued = Rescued::default();
+    for row in rows {
+        match JobState::parse(&row.state)? {
+            JobState::Waiting => rescued.requeued.push(row.id),
+            JobState::Dead => rescued.dead.push(row.id),
+            // Completed or renewed between the pick and the update: left alone.
+            JobState::Running | JobState::Completed => {}
+        }
+    }
+    rescued.requeued.sort_unstable();
+    rescued.dead.sort_unstable();
+    Ok(rescued)
+}
+
+/// What a finishing call does to the jobs it may act on.
+enum Finish<'a> {
+    Complete,
+    Renew(i64),
+    GiveBack,
+    Fail { error: &'a str, retry: Retry },
+}
+
+impl Finish<'_> {
+    /// The state this call leaves a job in with the same token, to recognise a repeat.
+    fn already_done(&self, state: JobState) -> bool {
+        match self {
+            Finish::Complete => state == JobState::Completed,
+            Finish::GiveBack => state == JobState::Waiting,
+            Finish::Fail { .. } => matches!(state, JobState::Waiting | JobState::Dead),
+            Finish::Renew(_) => false,
+        }
+    }
+}
+
+fn check_claims(claims: &[JobClaim]) -> Result<()> {
+    if claims.is_empty() {
+        return Err(Error::invalid("claims", "an empty batch"));
+    }
+    if claims.len() > MAX_BATCH {
+        return Err(Error::invalid("claims", format!("more than {MAX_BATCH} in one call")));
+    }
+    let mut seen = HashSet::new();
+    if let Some(dup) = claims.iter().find(|c| !seen.insert(c.id)) {
+        return Err(Error::invalid("claims", format!("job {} is listed twice", dup.id)));
+    }
+    Ok(())
+}
+
+/// Locks the claimed rows, decides per job (Done if this token still holds it running,
+/// AlreadyDone if this call was applied before, Lost otherwise), and applies `finish` to the
+/// Done ones, in one transaction: the caller's (in a savepoint) or one of dibs's kind.
+fn finish<C>(conn: &mut C, claims: &[JobClaim], finish: Finish<'_>) -> Result<Vec<Outcome>>
+where
+    C: DibsConnection + diesel::Connection,
+{
+    check_claims(claims)?;
+    transaction(conn, |conn| {
+        let states: Vec<StateRow> = dispatch!(conn, c => {
+            let sql = format!(
+                "{LOCK_STATES}{}{}",
+                id_list(claims.iter().map(|claim| claim.id)),
+                c.syntax().for_update
+            );
+            diesel::sql_query(sql).load::<StateRow>(c)
+        })?;
+        let by_id: HashMap<i64, &StateRow> = states.iter().map(|row| (row.id, row)).collect();
+        let mut outcomes = Vec::with_capacity(claims.len());
+        let mut apply: Vec<&StateRow> = Vec::new();
+        for claim in claims {
+            let outcome = match by_id.get(&claim.id) {
+                Some(row) if row.claim_token == Some(claim.token) => {
+                    let state = JobState::parse(&row.state)?;
+                    if state == JobState::Running {
+                        apply.push(row);
+                        Outcome::Done
+                    } else if finish.already_done(state) {
+                        Outcome::AlreadyDone
+                    } else {
+                        Outcome::Lost
+                    }
+                }
+                _ => Outcome::Lost,
+            };
+            outcomes.push(outcome);
+        }
+        if !apply.is_empty() {
+            apply_finish(conn, &apply, &finish)?;
+        }
+        Ok(outcomes)
+    })
+}
+
+fn apply_finish<C: DibsConnection>(conn: &mut C, rows: &[&StateRow], finish: &Finish<'_>) -> Result<()> {
+    let list = id_list(rows.iter().map(|row| row.id));
+    match finish {
+        Finish::Complete | Finish::GiveBack | Finish::Renew(_) => {
+            let (template, micros) = match finish {
+                Finish::Complete => (COMPLETE, None),
+                Finish::GiveBack => (GIVE_BACK, None),
+                Finish::Renew(micros) => (RENEW, Some(*micros)),
+                Finish::Fail { .. } => unreachable!("handled below"),
+            };
+            dispatch!(conn, c => {
+                let sql = format!("{}{list}", c.syntax().render(template));
+                match micros {
+                    Some(micros) => diesel::sql_query(sql).bind::<BigInt, _>(micros).execute(c),
+                    None => diesel::sql_query(sql).execute(c),
+                }
+            })?;
+        }
+        Finish::Fail { error, retry } => {
+            let error = truncate(error, MAX_ERROR_BYTES);
+            for row in rows {
+                let attempt = u32::try_from(row.attempt).unwrap_or(0);
+                let exhausted = row.attempt >= row.max_attempts;
+                let retry_at: Option<(Option<DateTime<Utc>>, i64)> = match retry {
+                    _ if exhausted => None,
+                    Retry::Never => None,
+                    Retry::At(at) => Some((Some(*at), 0)),
+                    Retry::After(delay) => Some((None, validate::delay_micros(*delay)?)),
+                    Retry::Backoff(backoff) => {
+                        Some((None, validate::delay_micros(backoff.jittered(attempt))?))
+                    }
+                };
+                dispatch!(conn, c => {
+                    let syntax = c.syntax();
+                    match retry_at {
+                        Some((at, micros)) => diesel::sql_query(syntax.render(FAIL_RETRY))
+                            .bind::<Nullable<Instant>, _>(at)
+                            .bind::<BigInt, _>(micros)
+                            .bind::<Text, _>(error)
+                            .bind::<BigInt, _>(row.id)
+                            .execute(c),
+                        None => diesel::sql_query(syntax.render(FAIL_DEAD))
+                            .bind::<Text, _>(error)
+                            .bind::<BigInt, _>(row.id)
+                            .execute(c),
+                    }
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Cuts `text` to at most `max` bytes at a character boundary.
+fn truncate(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Marks claimed jobs completed. Inside the caller's transaction it commits (or rolls back)
+/// with the handler's own writes: the exactly-once way to finish a job.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// # use std::time::Duration;
+/// # use dibs::jobs::{self, NewJob, Outcome};
+/// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// # dibs::run_migrations(&mut conn)?;
+/// # jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]))?;
+/// let job = jobs::claim(&mut conn, "q", 1, Duration::from_secs(60))?.remove(0);
+/// let outcome = dibs::transaction(&mut conn, |conn| {
+///     // ... the handler's own writes on `conn` ...
+///     jobs::complete(conn, &[job.claim()])
+/// })?;
+/// assert_eq!(outcome, vec![Outcome::Done]);
+/// # Ok(()) }
+/// ```
+pub fn complete<C>(conn: &mut C, claims: &[JobClaim]) -> Result<Vec<Outcome>>
+where
+    C: DibsConnection + diesel::Connection,
+{
+    finish(conn, claims, Finish::Complete)
+}
+
+/// Extends claims to the database's now + `ttl` (a heartbeat). `Lost` for a claim that was
+/// rescued or taken over: the worker should stop.
+pub fn renew<C>(conn: &mut C, claims: &[JobClaim], ttl: Duration) -> Result<Vec<Outcome>>
+where
+    C: DibsConnection + diesel::Connection,
+{
+    let micros = validate::ttl(ttl)?;
+    finish(conn, claims, Finish::Renew(micros))
+}
+
+/// Puts claimed jobs back, due at once; the run does not count as an attempt.
+pub fn give_back<C>(conn: &mut C, claims: &[JobClaim]) -> Result<Vec<Outcome>>
+where
+    C: DibsConnection + diesel::Connection,
+{
+    finish(conn, claims, Finish::GiveBack)
+}
+
+/// Records a failed run: with attempts left and a `retry` other than [`Retry::Never`], the
+/// job waits for its retry; otherwise it is dead. The error (cut to
+/// [`MAX_ERROR_BYTES`]) is kept with the job.
+pub fn fail<C>(conn: &mut C, claim: JobClaim, error: &str, retry: Retry) -> Result<Outcome>
+where
+    C: DibsConnection + diesel::Connection,
+{
+    if let Retry::After(delay) = retry {
+        validate::delay_micros(delay)?;
+    }
+    let outcomes = finish(conn, &[claim], Finish::Fail { error, retry })?;
+    Ok(outcomes.into_iter().next().unwrap_or(Outcome::Lost))
+}
+
+/// A job as stored, or `None` if there is no job with this id.
+pub fn get<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Option<Job>> {
+    let row = dispatch!(conn, c => {
+        diesel::sql_query(format!("SELECT {JOB_COLUMNS} FROM dibs_jobs WHERE id = {id}"))
+            .get_result::<JobRow>(c)
+            .optional()
+    })?;
+    row.map(Job::from_row).transpose()
+}

@@ -1,0 +1,418 @@
+//! The queue's values: what is enqueued, what a claim hands out, what a call reports.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::QueryableByName;
+use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
+use uuid::Uuid;
+
+use super::{MAX_ATTEMPTS, MAX_PAYLOAD_BYTES};
+use crate::sql_types::{Instant, Token};
+use crate::{Error, Result, validate};
+
+/// When a new job becomes due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// This long after the database's now (zero: at once).
+    After(Duration),
+    /// At this instant (in the past: at once).
+    At(DateTime<Utc>),
+}
+
+/// A job to enqueue.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use std::time::Duration;
+/// use dibs::jobs::NewJob;
+/// let job = NewJob::json("mail", "welcome", &serde_json::json!({"to": "ada@example.com"}))?
+///     .priority(-1)
+///     .delay(Duration::from_secs(30))
+///     .max_attempts(5);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewJob {
+    pub(crate) queue: String,
+    pub(crate) kind: String,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) priority: i32,
+    pub(crate) due: Due,
+    pub(crate) max_attempts: u32,
+}
+
+impl NewJob {
+    /// A job of `kind` on `queue` with a payload of bytes, due at once, priority 0, at most 25
+    /// attempts.
+    pub fn new(queue: impl Into<String>, kind: impl Into<String>, payload: impl Into<Vec<u8>>) -> Self {
+        NewJob {
+            queue: queue.into(),
+            kind: kind.into(),
+            payload: payload.into(),
+            priority: 0,
+            due: Due::After(Duration::ZERO),
+            max_attempts: 25,
+        }
+    }
+
+    /// A job whose payload is `value` as JSON.
+    pub fn json<T: serde::Serialize + ?Sized>(
+        queue: impl Into<String>,
+        kind: impl Into<String>,
+        value: &T,
+    ) -> Result<Self> {
+        let payload = serde_json::to_vec(value)
+            .map_err(|e| Error::invalid("payload", format!("cannot be written as JSON: {e}")))?;
+        Ok(NewJob::new(queue, kind, payload))
+    }
+
+    /// Lower runs first (default 0). Within a queue, claims take jobs by priority, then due
+    /// time, then id.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Due this long after the database's now.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.due = Due::After(delay);
+        self
+    }
+
+    /// Due at this instant.
+    pub fn at(mut self, at: DateTime<Utc>) -> Self {
+        self.due = Due::At(at);
+        self
+    }
+
+    /// How many runs the job may have before it is dead (1 to 1000; default 25).
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        validate::name("queue", &self.queue)?;
+        validate::name("kind", &self.kind)?;
+        if self.payload.len() > MAX_PAYLOAD_BYTES {
+            return Err(Error::invalid(
+                "payload",
+                format!("is {} bytes, the limit is {MAX_PAYLOAD_BYTES}", self.payload.len()),
+            ));
+        }
+        if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS {
+            return Err(Error::invalid(
+                "max_attempts",
+                format!("{} is not between 1 and {MAX_ATTEMPTS}", self.max_attempts),
+            ));
+        }
+        if let Due::After(delay) = self.due
+            && delay > validate::MAX_TTL
+        {
+            return Err(Error::invalid("delay", format!("{delay:?} is longer than 366 days")));
+        }
+        Ok(())
+    }
+
+    /// The due time as SQL parameters: an instant, or a delay in microseconds.
+    pub(crate) fn due_params(&self) -> (Option<DateTime<Utc>>, i64) {
+        match self.due {
+            Due::At(at) => (Some(at), 0),
+            // Bounded by validate(): at most 366 days.
+            Due::After(delay) => (None, i64::try_from(delay.as_micros()).unwrap_or(i64::MAX)),
+        }
+    }
+}
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum JobState {
+    /// Waiting to be claimed, now or at its due time (retries included).
+    Waiting,
+    /// Claimed by a worker, until its claim expires.
+    Running,
+    /// Done.
+    Completed,
+    /// Failed for good: no attempts left, or a handler said not to retry.
+    Dead,
+}
+
+impl JobState {
+    /// The state as stored: `waiting`, `running`, `completed` or `dead`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Waiting => "waiting",
+            JobState::Running => "running",
+            JobState::Completed => "completed",
+            JobState::Dead => "dead",
+        }
+    }
+
+    pub(crate) fn parse(text: &str) -> Result<JobState> {
+        match text {
+            "waiting" => Ok(JobState::Waiting),
+            "running" => Ok(JobState::Running),
+            "completed" => Ok(JobState::Completed),
+            "dead" => Ok(JobState::Dead),
+            other => Err(Error::Database(diesel::result::Error::DeserializationError(
+                format!("unknown job state {other:?}").into(),
+            ))),
+        }
+    }
+}
+
+/// What identifies one claim of a job: its id and the claim's token. Every call that
+/// finishes or extends a claim is fenced by both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct JobClaim {
+    /// The job's id.
+    pub id: i64,
+    /// The token of this claim.
+    pub token: Uuid,
+}
+
+/// A job handed out by [`super::claim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimedJob {
+    /// The job's id.
+    pub id: i64,
+    /// Its queue.
+    pub queue: String,
+    /// Its kind (which handler runs it).
+    pub kind: String,
+    /// Its payload, byte for byte.
+    pub payload: Vec<u8>,
+    /// Its priority.
+    pub priority: i32,
+    /// Which run this is: 1 for the first.
+    pub attempt: u32,
+    /// How many runs it may have.
+    pub max_attempts: u32,
+    /// The token of this claim.
+    pub token: Uuid,
+    /// When it was due.
+    pub due_at: DateTime<Utc>,
+    /// When the claim lapses unless renewed (database clock).
+    pub claim_expires_at: DateTime<Utc>,
+}
+
+impl ClaimedJob {
+    /// The id and token that fence calls about this claim.
+    pub fn claim(&self) -> JobClaim {
+        JobClaim {
+            id: self.id,
+            token: self.token,
+        }
+    }
+
+    /// The payload read as JSON.
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        serde_json::from_slice(&self.payload)
+            .map_err(|e| Error::invalid("payload", format!("is not the JSON expected: {e}")))
+    }
+
+    pub(crate) fn from_row(row: JobRow) -> Result<ClaimedJob> {
+        let broken = |what: &str| {
+            Error::Database(diesel::result::Error::DeserializationError(
+                format!("a claimed job without {what}").into(),
+            ))
+        };
+        Ok(ClaimedJob {
+            token: row.claim_token.ok_or_else(|| broken("a claim token"))?,
+            claim_expires_at: row.claim_expires_at.ok_or_else(|| broken("a claim expiry"))?,
+            id: row.id,
+            queue: row.queue,
+            kind: row.kind,
+            payload: row.payload,
+            priority: row.priority,
+            attempt: u32::try_from(row.attempt).unwrap_or(0),
+            max_attempts: u32::try_from(row.max_attempts).unwrap_or(0),
+            due_at: row.due_at,
+        })
+    }
+}
+
+/// A job as stored, from [`super::get`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    /// Its id.
+    pub id: i64,
+    /// Its queue.
+    pub queue: String,
+    /// Its kind.
+    pub kind: String,
+    /// Its payload.
+    pub payload: Vec<u8>,
+    /// Its priority.
+    pub priority: i32,
+    /// Its state.
+    pub state: JobState,
+    /// Runs started so far.
+    pub attempt: u32,
+    /// Runs allowed.
+    pub max_attempts: u32,
+    /// When it is (or was) due.
+    pub due_at: DateTime<Utc>,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// When the current claim lapses, while running.
+    pub claim_expires_at: Option<DateTime<Utc>>,
+    /// When it completed or died.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The error of the last failed run.
+    pub last_error: Option<String>,
+}
+
+impl Job {
+    pub(crate) fn from_row(row: JobRow) -> Result<Job> {
+        Ok(Job {
+            state: JobState::parse(&row.state)?,
+            id: row.id,
+            queue: row.queue,
+            kind: row.kind,
+            payload: row.payload,
+            priority: row.priority,
+            attempt: u32::try_from(row.attempt).unwrap_or(0),
+            max_attempts: u32::try_from(row.max_attempts).unwrap_or(0),
+            due_at: row.due_at,
+            created_at: row.created_at,
+            claim_expires_at: row.claim_expires_at,
+            finished_at: row.finished_at,
+            last_error: row.last_error,
+        })
+    }
+}
+
+/// What a call about one claimed job did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Done now.
+    Done,
+    /// This same call with this same token was already applied (a retried call after a lost
+    /// reply): nothing changed now.
+    AlreadyDone,
+    /// The claim is no longer this token's (it lapsed and was rescued, or another worker
+    /// holds the job now, or the job is gone): nothing changed. Stop working on it.
+    Lost,
+}
+
+/// What to do with a failed run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Retry {
+    /// Retry after an exponential backoff with jitter, until the job's attempts run out.
+    Backoff(Backoff),
+    /// Retry after this long (attempts permitting).
+    After(Duration),
+    /// Retry at this instant (attempts permitting).
+    At(DateTime<Utc>),
+    /// Do not retry: the job is dead now.
+    Never,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry::Backoff(Backoff::default())
+    }
+}
+
+/// Exponential backoff: `base * 2^(attempt - 1)`, at most `max`, then a random jitter that
+/// keeps between half and all of it (so failed jobs do not all come back at once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The delay after the first failed run (default 1 s).
+    pub base: Duration,
+    /// The longest delay (default 1 hour).
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay after failed run number `attempt` (1-based), before jitter.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let factor = 2u32.saturating_pow(attempt.saturating_sub(1).min(30));
+        self.base.saturating_mul(factor).min(self.max)
+    }
+
+    pub(crate) fn jittered(&self, attempt: u32) -> Duration {
+        self.delay(attempt).mul_f64(rand::random_range(0.5..=1.0))
+    }
+}
+
+/// What [`super::rescue`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rescued {
+    /// Jobs whose claim lapsed, back in the queue and due at once.
+    pub requeued: Vec<i64>,
+    /// Jobs whose claim lapsed on their last attempt: dead.
+    pub dead: Vec<i64>,
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct JobRow {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub queue: String,
+    #[diesel(sql_type = Text)]
+    pub kind: String,
+    #[diesel(sql_type = Binary)]
+    pub payload: Vec<u8>,
+    #[diesel(sql_type = Integer)]
+    pub priority: i32,
+    #[diesel(sql_type = Text)]
+    pub state: String,
+    #[diesel(sql_type = Integer)]
+    pub attempt: i32,
+    #[diesel(sql_type = Integer)]
+    pub max_attempts: i32,
+    #[diesel(sql_type = Instant)]
+    pub due_at: DateTime<Utc>,
+    #[diesel(sql_type = Instant)]
+    pub created_at: DateTime<Utc>,
+    #[diesel(sql_type = Nullable<Token>)]
+    pub claim_token: Option<Uuid>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub claim_expires_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub finished_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub last_error: Option<String>,
+}
+
+/// What finishing calls read (and lock) before deciding.
+#[derive(QueryableByName)]
+pub(crate) struct StateRow {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub state: String,
+    #[diesel(sql_type = Nullable<Token>)]
+    pub claim_token: Option<Uuid>,
+    #[diesel(sql_type = Integer)]
+    pub attempt: i32,
+    #[diesel(sql_type = Integer)]
+    pub max_attempts: i32,
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct IdRow {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct IdStateRow {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub state: String,
+}

@@ -1,0 +1,565 @@
+//! The job queue core: enqueue, claim, finish, retries, rescue, on every backend.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant as Clock};
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel::sql_types::Text;
+use dibs::jobs::{self, Backoff, JobClaim, JobState, NewJob, Outcome, Retry};
+use dibs::{AnyConnection, Backend, DibsConnection, Error};
+
+use crate::support::{TestDb, conformance, count, now_sql};
+
+conformance!(
+    enqueue_while_claiming_completes_every_job_once,
+    eight_claimers_never_share_a_job,
+    a_lapsed_worker_is_refused_after_a_rescue,
+    heartbeats_and_rescues_race_without_errors,
+    failed_runs_retry_then_die,
+    backoff_delays_a_retry,
+    give_back_keeps_the_attempt_and_stalls_use_one,
+    delays_priorities_and_queues,
+    complete_in_a_rolled_back_transaction_changes_nothing,
+    enqueue_in_a_rolled_back_transaction_leaves_no_job,
+    bad_input_is_refused_and_writes_nothing,
+    payloads_round_trip_byte_for_byte,
+    claim_is_served_by_an_index_with_many_finished_jobs,
+);
+
+const TTL: Duration = Duration::from_secs(60);
+
+fn claims(jobs: &[jobs::ClaimedJob]) -> Vec<JobClaim> {
+    jobs.iter().map(|j| j.claim()).collect()
+}
+
+fn state_of(conn: &mut AnyConnection, id: i64) -> JobState {
+    jobs::get(conn, id).unwrap().expect("the job exists").state
+}
+
+/// The reference report's test: 6 threads enqueue 400 jobs each (every other one delayed a
+/// few ms) while 4 threads claim and complete. No error of any kind; every job has exactly one
+/// successful completion.
+fn enqueue_while_claiming_completes_every_job_once(backend: Backend) {
+    const ENQUEUERS: usize = 6;
+    const PER_ENQUEUER: usize = 400;
+    const CLAIMERS: usize = 4;
+    const TOTAL: usize = ENQUEUERS * PER_ENQUEUER;
+    let db = TestDb::migrated(backend);
+    let done = Arc::new(AtomicUsize::new(0));
+    let completions: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
+    let started = Clock::now();
+    let enqueuers: Vec<_> = (0..ENQUEUERS)
+        .map(|e| {
+            let mut conn = db.connect();
+            std::thread::spawn(move || {
+                (0..PER_ENQUEUER)
+                    .map(|i| {
+                        let mut job = NewJob::new("ref", "work", format!("{e}/{i}").into_bytes());
+                        if i % 2 == 1 {
+                            job = job.delay(Duration::from_millis(5));
+                        }
+                        jobs::enqueue(&mut conn, &job).expect("enqueue must not fail")
+                    })
+                    .collect::<Vec<i64>>()
+            })
+        })
+        .collect();
+    let claimers: Vec<_> = (0..CLAIMERS)
+        .map(|_| {
+            let mut conn = db.connect();
+            let (done, completions) = (done.clone(), completions.clone());
+            std::thread::spawn(move || {
+                let give_up = Clock::now() + Duration::from_secs(45);
+                while done.load(Ordering::SeqCst) < TOTAL && Clock::now() < give_up {
+                    let batch = jobs::claim(&mut conn, "ref", 10, TTL).expect("claim must not fail");
+                    if batch.is_empty() {
+                        std::thread::sleep(Duration::from_millis(2));
+                        continue;
+                    }
+                    let outcomes = jobs::complete(&mut conn, &claims(&batch)).expect("complete must not fail");
+                    let mut map = completions.lock().unwrap();
+                    for (job, outcome) in batch.iter().zip(outcomes) {
+                        if outcome == Outcome::Done {
+                            *map.entry(job.id).or_default() += 1;
+                            done.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut enqueued: Vec<i64> = Vec::new();
+    for t in enqueuers {
+        enqueued.extend(t.join().expect("an enqueuer panicked"));
+    }
+    for t in claimers {
+        t.join().expect("a claimer panicked");
+    }
+    let map = completions.lock().unwrap();
+    assert_eq!(enqueued.len(), TOTAL);
+    assert_eq!(enqueued.iter().collect::<HashSet<_>>().len(), TOTAL, "ids are unique");
+    for id in &enqueued {
+        assert_eq!(map.get(id), Some(&1), "job {id} completions");
+    }
+    assert_eq!(map.len(), TOTAL);
+    let mut conn = db.connect();
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'completed'"), TOTAL as i64);
+    println!(
+        "{backend} reference test: {ENQUEUERS} enqueuers x {PER_ENQUEUER} jobs, {CLAIMERS} claimers: \
+         {TOTAL} jobs, each completed exactly once, 0 errors, {:?}",
+        started.elapsed()
+    );
+}
+
+fn eight_claimers_never_share_a_job(backend: Backend) {
+    const JOBS: usize = 2000;
+    const CLAIMERS: usize = 8;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let batch: Vec<NewJob> = (0..JOBS).map(|i| NewJob::new("share", "k", i.to_string().into_bytes())).collect();
+    let ids = jobs::enqueue_many(&mut conn, &batch).unwrap();
+    assert_eq!(ids.len(), JOBS);
+    let claimed_total = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..CLAIMERS)
+        .map(|_| {
+            let mut conn = db.connect();
+            let claimed_total = claimed_total.clone();
+            std::thread::spawn(move || {
+                let mut mine = Vec::new();
+                let give_up = Clock::now() + Duration::from_secs(45);
+                while claimed_total.load(Ordering::SeqCst) < JOBS && Clock::now() < give_up {
+                    let batch = jobs::claim(&mut conn, "share", 25, TTL).expect("claim");
+                    claimed_total.fetch_add(batch.len(), Ordering::SeqCst);
+                    mine.extend(batch.into_iter().map(|j| (j.id, j.payload)));
+                }
+                mine
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in threads {
+        all.extend(t.join().unwrap());
+    }
+    let unique: HashSet<i64> = all.iter().map(|(id, _)| *id).collect();
+    assert_eq!(all.len(), JOBS, "claims handed out {} jobs for {JOBS}", all.len());
+    assert_eq!(unique.len(), JOBS, "a job was handed out twice");
+    // enqueue_many's ids map to the right rows.
+    for (id, payload) in &all {
+        let i = ids.iter().position(|x| x == id).expect("a claimed id was enqueued");
+        assert_eq!(payload, &i.to_string().into_bytes());
+    }
+    println!("{backend} {CLAIMERS} claimers over {JOBS} jobs in batches of 25: {} claimed, {} distinct", all.len(), unique.len());
+}
+
+fn a_lapsed_worker_is_refused_after_a_rescue(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut a = db.connect();
+    let mut b = db.connect();
+    let id = jobs::enqueue(&mut a, &NewJob::new("f", "k", vec![1])).unwrap();
+    let first = jobs::claim(&mut a, "f", 1, Duration::from_millis(200)).unwrap().remove(0);
+    assert_eq!((first.id, first.attempt), (id, 1));
+    assert!(jobs::rescue(&mut b, 100).unwrap().requeued.is_empty(), "not lapsed yet");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(jobs::rescue(&mut b, 100).unwrap().requeued, vec![id]);
+    let second = jobs::claim(&mut b, "f", 1, TTL).unwrap().remove(0);
+    assert_eq!((second.id, second.attempt), (id, 2));
+    assert_ne!(second.token, first.token);
+
+    let stale = first.claim();
+    assert_eq!(jobs::complete(&mut a, &[stale]).unwrap(), vec![Outcome::Lost]);
+    assert_eq!(jobs::fail(&mut a, stale, "late", Retry::Never).unwrap(), Outcome::Lost);
+    assert_eq!(jobs::renew(&mut a, &[stale], TTL).unwrap(), vec![Outcome::Lost]);
+    assert_eq!(jobs::give_back(&mut a, &[stale]).unwrap(), vec![Outcome::Lost]);
+    let job = jobs::get(&mut a, id).unwrap().unwrap();
+    assert_eq!((job.state, job.attempt), (JobState::Running, 2));
+
+    assert_eq!(jobs::complete(&mut b, &[second.claim()]).unwrap(), vec![Outcome::Done]);
+    // The same call again (a lost reply, retried) is "already done", not "lost".
+    assert_eq!(jobs::complete(&mut b, &[second.claim()]).unwrap(), vec![Outcome::AlreadyDone]);
+    assert_eq!(jobs::complete(&mut a, &[stale]).unwrap(), vec![Outcome::Lost]);
+    assert_eq!(state_of(&mut a, id), JobState::Completed);
+}
+
+/// Workers heartbeat their claims, sometimes stop (stalling), while rescuers run: no error
+/// (no deadlock) and no job lost.
+fn heartbeats_and_rescues_race_without_errors(backend: Backend) {
+    const JOBS: usize = 200;
+    const RUN: Duration = Duration::from_secs(10);
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let batch: Vec<NewJob> = (0..JOBS).map(|_| NewJob::new("hb", "k", vec![]).max_attempts(1000)).collect();
+    let ids = jobs::enqueue_many(&mut conn, &batch).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let counters = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)]);
+    let short = Duration::from_millis(150);
+    let mut threads = Vec::new();
+    for w in 0..4 {
+        let mut conn = db.connect();
+        let (stop, counters) = (stop.clone(), counters.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut held: Vec<JobClaim> = Vec::new();
+            let mut tick = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                tick += 1;
+                if held.len() < 20 {
+                    let got = jobs::claim(&mut conn, "hb", 10, short).expect("claim");
+                    held.extend(got.iter().map(|j| j.claim()));
+                }
+                if held.is_empty() {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                }
+                let outcomes = jobs::renew(&mut conn, &held, short).expect("heartbeat");
+                counters[0].fetch_add(outcomes.len(), Ordering::Relaxed);
+                held = held.into_iter().zip(outcomes).filter(|(_, o)| *o == Outcome::Done).map(|(c, _)| c).collect();
+                // Every few ticks one worker drops its claims on the floor: they stall.
+                if (tick + w) % 7 == 0 {
+                    held.clear();
+                }
+                std::thread::sleep(Duration::from_millis(20 + 10 * w));
+            }
+            if !held.is_empty() {
+                jobs::give_back(&mut conn, &held).expect("give back");
+            }
+        }));
+    }
+    for _ in 0..2 {
+        let mut conn = db.connect();
+        let (stop, counters) = (stop.clone(), counters.clone());
+        threads.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let rescued = jobs::rescue(&mut conn, 50).expect("rescue");
+                counters[1].fetch_add(rescued.requeued.len(), Ordering::Relaxed);
+                counters[2].fetch_add(rescued.dead.len(), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(3));
+            }
+        }));
+    }
+    std::thread::sleep(RUN);
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().expect("a worker or rescuer failed");
+    }
+    // Drain: after the last claims lapse, every job is rescued or waiting, and completes once.
+    std::thread::sleep(short * 2);
+    jobs::rescue(&mut conn, 1000).unwrap();
+    let mut completed = HashSet::new();
+    loop {
+        let batch = jobs::claim(&mut conn, "hb", 100, TTL).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        for (job, outcome) in batch.iter().zip(jobs::complete(&mut conn, &claims(&batch)).unwrap()) {
+            assert_eq!(outcome, Outcome::Done);
+            assert!(completed.insert(job.id));
+        }
+    }
+    assert_eq!(completed, ids.into_iter().collect::<HashSet<_>>(), "every job is still there");
+    println!(
+        "{backend} heartbeat/rescue race for {RUN:?}: {} renewals, {} rescued, {} dead, 0 errors, {JOBS} jobs all completed after",
+        counters[0].load(Ordering::Relaxed),
+        counters[1].load(Ordering::Relaxed),
+        counters[2].load(Ordering::Relaxed)
+    );
+}
+
+fn failed_runs_retry_then_die(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let id = jobs::enqueue(&mut conn, &NewJob::new("r", "k", vec![]).max_attempts(3)).unwrap();
+    for attempt in 1..=3 {
+        let job = jobs::claim(&mut conn, "r", 1, TTL).unwrap().remove(0);
+        assert_eq!(job.attempt, attempt);
+        let outcome = jobs::fail(&mut conn, job.claim(), &format!("boom {attempt}"), Retry::After(Duration::ZERO)).unwrap();
+        assert_eq!(outcome, Outcome::Done);
+        // Repeating the call is recognised.
+        assert_eq!(jobs::fail(&mut conn, job.claim(), "again", Retry::Never).unwrap(), Outcome::AlreadyDone);
+    }
+    let job = jobs::get(&mut conn, id).unwrap().unwrap();
+    assert_eq!((job.state, job.attempt), (JobState::Dead, 3));
+    assert_eq!(job.last_error.as_deref(), Some("boom 3"));
+    assert!(job.finished_at.is_some());
+    assert!(jobs::claim(&mut conn, "r", 1, TTL).unwrap().is_empty());
+
+    // A handler can ask for no retry: dead at once, attempts left or not.
+    let id = jobs::enqueue(&mut conn, &NewJob::new("r", "k", vec![])).unwrap();
+    let job = jobs::claim(&mut conn, "r", 1, TTL).unwrap().remove(0);
+    let long_error = "é".repeat(5000);
+    jobs::fail(&mut conn, job.claim(), &long_error, Retry::Never).unwrap();
+    let job = jobs::get(&mut conn, id).unwrap().unwrap();
+    assert_eq!(job.state, JobState::Dead);
+    let kept = job.last_error.unwrap();
+    assert!(kept.len() <= jobs::MAX_ERROR_BYTES && long_error.starts_with(&kept));
+
+    // Or for a retry at a given time.
+    let id = jobs::enqueue(&mut conn, &NewJob::new("r", "k", vec![])).unwrap();
+    let job = jobs::claim(&mut conn, "r", 1, TTL).unwrap().remove(0);
+    let at = dibs::database_now(&mut conn).unwrap() + chrono::Duration::milliseconds(300);
+    jobs::fail(&mut conn, job.claim(), "later", Retry::At(at)).unwrap();
+    assert!(jobs::claim(&mut conn, "r", 1, TTL).unwrap().is_empty());
+    std::thread::sleep(Duration::from_millis(400));
+    let again = jobs::claim(&mut conn, "r", 1, TTL).unwrap();
+    assert_eq!(again.first().map(|j| (j.id, j.attempt)), Some((id, 2)));
+}
+
+fn backoff_delays_a_retry(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let id = jobs::enqueue(&mut conn, &NewJob::new("b", "k", vec![])).unwrap();
+    let backoff = Backoff { base: Duration::from_secs(2), max: Duration::from_secs(60) };
+    assert_eq!(backoff.delay(1), Duration::from_secs(2));
+    assert_eq!(backoff.delay(3), Duration::from_secs(8));
+    assert_eq!(backoff.delay(30), Duration::from_secs(60));
+    for attempt in 1..=2u32 {
+        let job = jobs::claim(&mut conn, "b", 1, TTL).unwrap().remove(0);
+        let before = dibs::database_now(&mut conn).unwrap();
+        jobs::fail(&mut conn, job.claim(), "x", Retry::Backoff(backoff)).unwrap();
+        let after = dibs::database_now(&mut conn).unwrap();
+        let due = jobs::get(&mut conn, id).unwrap().unwrap().due_at;
+        let full = chrono::Duration::from_std(backoff.delay(attempt)).unwrap();
+        // Jitter keeps between half and all of the delay.
+        assert!(due >= before + full / 2 - chrono::Duration::milliseconds(2), "attempt {attempt}: {due} vs {before}");
+        assert!(due <= after + full, "attempt {attempt}: {due} vs {after}");
+        assert!(jobs::claim(&mut conn, "b", 1, TTL).unwrap().is_empty());
+        // Make it due now to go on.
+        diesel::sql_query(format!("UPDATE dibs_jobs SET due_at = {} WHERE id = {id}", now_sql(backend))).execute(&mut conn).unwrap();
+    }
+}
+
+fn give_back_keeps_the_attempt_and_stalls_use_one(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let id = jobs::enqueue(&mut conn, &NewJob::new("g", "k", vec![]).max_attempts(2)).unwrap();
+    let job = jobs::claim(&mut conn, "g", 1, TTL).unwrap().remove(0);
+    assert_eq!(jobs::give_back(&mut conn, &[job.claim()]).unwrap(), vec![Outcome::Done]);
+    assert_eq!(jobs::give_back(&mut conn, &[job.claim()]).unwrap(), vec![Outcome::AlreadyDone]);
+    let job = jobs::claim(&mut conn, "g", 1, TTL).unwrap().remove(0);
+    assert_eq!(job.attempt, 1, "give back does not use an attempt");
+    jobs::give_back(&mut conn, &[job.claim()]).unwrap();
+
+    // A job that stalls its worker every time: each stall uses an attempt, then it is dead.
+    let ttl = Duration::from_millis(100);
+    let first = jobs::claim(&mut conn, "g", 1, ttl).unwrap().remove(0);
+    assert_eq!(first.attempt, 1);
+    std::thread::sleep(ttl * 2);
+    assert_eq!(jobs::rescue(&mut conn, 10).unwrap().requeued, vec![id]);
+    let second = jobs::claim(&mut conn, "g", 1, ttl).unwrap().remove(0);
+    assert_eq!(second.attempt, 2);
+    std::thread::sleep(ttl * 2);
+    let rescued = jobs::rescue(&mut conn, 10).unwrap();
+    assert_eq!((rescued.requeued.len(), rescued.dead), (0, vec![id]));
+    let job = jobs::get(&mut conn, id).unwrap().unwrap();
+    assert_eq!(job.state, JobState::Dead);
+    assert!(job.last_error.unwrap().contains("lapsed"));
+    // A rescue never overwrites a finished job.
+    assert!(jobs::rescue(&mut conn, 10).unwrap().dead.is_empty());
+}
+
+fn delays_priorities_and_queues(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let late = jobs::enqueue(&mut conn, &NewJob::new("d", "k", vec![]).delay(Duration::from_millis(400))).unwrap();
+    assert!(jobs::claim(&mut conn, "d", 10, TTL).unwrap().is_empty(), "claimed before its due time");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(jobs::claim(&mut conn, "d", 10, TTL).unwrap()[0].id, late);
+
+    let low = jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![]).priority(5)).unwrap();
+    let high = jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![]).priority(-1)).unwrap();
+    let mid1 = jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![])).unwrap();
+    let mid2 = jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![])).unwrap();
+    let other = jobs::enqueue(&mut conn, &NewJob::new("other", "k", vec![]).priority(-100)).unwrap();
+    assert_eq!(jobs::claim(&mut conn, "p", 1, TTL).unwrap()[0].id, high);
+    let rest: Vec<i64> = jobs::claim(&mut conn, "p", 10, TTL).unwrap().iter().map(|j| j.id).collect();
+    assert_eq!(rest, vec![mid1, mid2, low]);
+    assert!(jobs::claim(&mut conn, "P", 10, TTL).unwrap().is_empty(), "queue names are byte-exact");
+    assert_eq!(jobs::claim(&mut conn, "other", 10, TTL).unwrap()[0].id, other);
+}
+
+fn complete_in_a_rolled_back_transaction_changes_nothing(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    conn.batch_execute("CREATE TABLE effects (id INTEGER PRIMARY KEY)").unwrap();
+    let id = jobs::enqueue(&mut conn, &NewJob::new("t", "k", vec![])).unwrap();
+    let job = jobs::claim(&mut conn, "t", 1, TTL).unwrap().remove(0);
+    let rolled_back: Result<(), Error> = dibs::transaction(&mut conn, |c| {
+        c.batch_execute("INSERT INTO effects (id) VALUES (1)")?;
+        assert_eq!(jobs::complete(c, &[job.claim()])?, vec![Outcome::Done]);
+        Err(Error::Timeout { what: "the handler's own failure" })
+    });
+    assert!(rolled_back.is_err());
+    assert_eq!(state_of(&mut conn, id), JobState::Running, "still claimed");
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM effects"), 0, "the writes are gone");
+    let committed = dibs::transaction(&mut conn, |c| {
+        c.batch_execute("INSERT INTO effects (id) VALUES (1)")?;
+        jobs::complete(c, &[job.claim()])
+    })
+    .unwrap();
+    assert_eq!(committed, vec![Outcome::Done]);
+    assert_eq!(state_of(&mut conn, id), JobState::Completed);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM effects"), 1);
+}
+
+fn enqueue_in_a_rolled_back_transaction_leaves_no_job(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let outcome: Result<(), Error> = conn.transaction(|c| {
+        jobs::enqueue(c, &NewJob::new("tx", "k", vec![]))?;
+        jobs::enqueue_many(c, &[NewJob::new("tx", "k", vec![]), NewJob::new("tx", "k", vec![])])?;
+        Err(Error::Timeout { what: "a rollback" })
+    });
+    assert!(outcome.is_err());
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 0);
+    conn.transaction(|c| jobs::enqueue(c, &NewJob::new("tx", "k", vec![]))).unwrap();
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 1);
+}
+
+fn bad_input_is_refused_and_writes_nothing(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let bad = vec![
+        ("empty queue", NewJob::new("", "k", vec![])),
+        ("long queue", NewJob::new("q".repeat(256), "k", vec![])),
+        ("empty kind", NewJob::new("q", "", vec![])),
+        ("NUL in kind", NewJob::new("q", "k\0", vec![])),
+        ("zero attempts", NewJob::new("q", "k", vec![]).max_attempts(0)),
+        ("huge attempts", NewJob::new("q", "k", vec![]).max_attempts(1001)),
+        ("oversize payload", NewJob::new("q", "k", vec![0u8; jobs::MAX_PAYLOAD_BYTES + 1])),
+        ("absurd delay", NewJob::new("q", "k", vec![]).delay(Duration::from_secs(400 * 86400))),
+    ];
+    for (what, job) in &bad {
+        assert!(jobs::enqueue(&mut conn, job).unwrap_err().is_invalid_input(), "{what}");
+        let mixed = vec![NewJob::new("q", "k", vec![]), job.clone()];
+        assert!(jobs::enqueue_many(&mut conn, &mixed).unwrap_err().is_invalid_input(), "{what} in a batch");
+    }
+    assert!(jobs::enqueue_many(&mut conn, &[]).unwrap_err().is_invalid_input());
+    assert!(jobs::claim(&mut conn, "q", 0, TTL).unwrap_err().is_invalid_input());
+    assert!(jobs::claim(&mut conn, "q", 1001, TTL).unwrap_err().is_invalid_input());
+    assert!(jobs::claim(&mut conn, "q", 1, Duration::ZERO).unwrap_err().is_invalid_input());
+    assert!(jobs::claim(&mut conn, "", 1, TTL).unwrap_err().is_invalid_input());
+    assert!(jobs::complete(&mut conn, &[]).unwrap_err().is_invalid_input());
+    let claim = JobClaim { id: 1, token: uuid::Uuid::new_v4() };
+    assert!(jobs::complete(&mut conn, &[claim, claim]).unwrap_err().is_invalid_input());
+    assert!(jobs::renew(&mut conn, &[claim], Duration::ZERO).unwrap_err().is_invalid_input());
+    assert!(jobs::rescue(&mut conn, 0).unwrap_err().is_invalid_input());
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 0);
+    // Claiming needs a bare connection.
+    let refused = conn.transaction(|c| jobs::claim(c, "q", 1, TTL)).unwrap_err();
+    assert!(matches!(refused, Error::InTransaction { .. }), "{refused:?}");
+}
+
+fn payloads_round_trip_byte_for_byte(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let mut big = vec![0u8; 1 << 20];
+    for (i, b) in big.iter_mut().enumerate() {
+        *b = (i * 7919 % 251) as u8;
+    }
+    let payloads: Vec<Vec<u8>> = vec![
+        vec![],
+        b"\0\0nul\0".to_vec(),
+        b"it's \"quoted\" \\ ; DROP TABLE dibs_jobs; --".to_vec(),
+        vec![0xff, 0xfe, 0x80, 0xc3, 0x28],
+        big,
+    ];
+    for payload in &payloads {
+        jobs::enqueue(&mut conn, &NewJob::new("bytes", "k", payload.clone())).unwrap();
+    }
+    let claimed = jobs::claim(&mut conn, "bytes", 10, TTL).unwrap();
+    let got: Vec<Vec<u8>> = claimed.iter().map(|j| j.payload.clone()).collect();
+    assert_eq!(got, payloads);
+    let typed = NewJob::json("bytes", "json", &serde_json::json!({"n": 1, "s": "ü"})).unwrap();
+    let id = jobs::enqueue(&mut conn, &typed).unwrap();
+    let job = jobs::claim(&mut conn, "bytes", 1, TTL).unwrap().remove(0);
+    assert_eq!(job.id, id);
+    let value: serde_json::Value = job.json().unwrap();
+    assert_eq!(value["s"], "ü");
+    assert!(job.json::<Vec<u8>>().unwrap_err().is_invalid_input());
+}
+
+/// With 100,000 finished jobs in the table, the claim's plan still reads an index (and, on
+/// MySQL, in order: no filesort, so InnoDB locks only what it returns).
+fn claim_is_served_by_an_index_with_many_finished_jobs(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+        UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+        UNION ALL SELECT 8 UNION ALL SELECT 9)";
+    let now = now_sql(backend);
+    let payload = match backend {
+        Backend::Postgres => "'\\x00'::bytea",
+        _ => "x'00'",
+    };
+    conn.batch_execute(&format!(
+        "INSERT INTO dibs_jobs (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, finished_at) \
+         SELECT 'plan', 'k', {payload}, 0, 'completed', 1, 1, {now}, {now}, {now} \
+         FROM {digits} a, {digits} b, {digits} c, {digits} d, {digits} e"
+    ))
+    .unwrap();
+    for _ in 0..20 {
+        jobs::enqueue(&mut conn, &NewJob::new("plan", "k", vec![])).unwrap();
+    }
+    conn.batch_execute(match backend {
+        Backend::Postgres => "ANALYZE dibs_jobs",
+        Backend::Mysql => "ANALYZE TABLE dibs_jobs",
+        Backend::Sqlite => "ANALYZE",
+    })
+    .unwrap();
+    // The statement the claim runs to pick its jobs (CLAIM_PICK; the same SELECT is the
+    // CTE of the one-statement claim on PostgreSQL and SQLite).
+    let skip_locked = if backend == Backend::Sqlite { "" } else { " FOR UPDATE SKIP LOCKED" };
+    let pick = format!(
+        "SELECT id FROM dibs_jobs WHERE queue = 'plan' AND state = 'waiting' AND due_at <= {now} \
+         ORDER BY priority, due_at, id LIMIT 10{skip_locked}"
+    );
+    let plan = explain(&mut conn, &pick);
+    println!("{backend} claim plan with 100,000 finished jobs:\n{plan}");
+    match backend {
+        Backend::Postgres => {
+            assert!(plan.contains("dibs_jobs_claim"), "{plan}");
+            assert!(!plan.contains("Seq Scan"), "{plan}");
+        }
+        Backend::Mysql => {
+            assert!(plan.contains("\"key\": \"dibs_jobs_claim\""), "{plan}");
+            assert!(!plan.contains("filesort"), "{plan}");
+        }
+        Backend::Sqlite => {
+            assert!(plan.contains("INDEX dibs_jobs_claim"), "{plan}");
+            assert!(!plan.contains("TEMP B-TREE"), "{plan}");
+        }
+    }
+    assert_eq!(jobs::claim(&mut conn, "plan", 100, TTL).unwrap().len(), 20);
+}
+
+fn explain(conn: &mut AnyConnection, sql: &str) -> String {
+    #[derive(QueryableByName)]
+    struct PgPlan {
+        #[diesel(sql_type = Text, column_name = "QUERY PLAN")]
+        line: String,
+    }
+    #[derive(QueryableByName)]
+    struct MysqlPlan {
+        #[diesel(sql_type = Text, column_name = "EXPLAIN")]
+        line: String,
+    }
+    #[derive(QueryableByName)]
+    struct SqlitePlan {
+        #[diesel(sql_type = Text)]
+        detail: String,
+    }
+    let lines: Vec<String> = match conn.backend() {
+        Backend::Postgres => diesel::sql_query(format!("EXPLAIN {sql}"))
+            .load::<PgPlan>(conn)
+            .map(|rows| rows.into_iter().map(|r| r.line).collect()),
+        Backend::Mysql => diesel::sql_query(format!("EXPLAIN FORMAT=JSON {sql}"))
+            .load::<MysqlPlan>(conn)
+            .map(|rows| rows.into_iter().map(|r| r.line).collect()),
+        Backend::Sqlite => diesel::sql_query(format!("EXPLAIN QUERY PLAN {sql}"))
+            .load::<SqlitePlan>(conn)
+            .map(|rows| rows.into_iter().map(|r| r.detail).collect()),
+    }
+    .expect("explain the claim");
+    lines.join("\n")
+}
