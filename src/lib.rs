@@ -8,8 +8,8 @@
 //!
 //! This release holds the foundation (connections chosen from a URL, a pool with the right
 //! per-connection settings, migrations, the database clock, transactions of the right kind,
-//! an error type that says what a caller can do) and [leases](lease): named locks with
-//! fencing tokens, and a [`LeaseGuard`] that renews them. The job queue builds on both.
+//! an error type that says what a caller can do), [leases](lease) (named locks with fencing
+//! tokens, and a [`LeaseGuard`] that renews them) and the core of the [job queue](jobs).
 //!
 //! ## Guarantees
 //!
@@ -30,6 +30,11 @@
 //!   fresh random token and a fence greater than every earlier one, renewals and releases
 //!   act only for the current token, and work can be committed only while the lease is held
 //!   ([`lease::Lease::verify`]).
+//! - **A job has one worker at a time.** A claim hands each job to one claimer, under a fresh
+//!   token; completing, failing, renewing or giving it back is fenced by that token, so a
+//!   worker whose claim lapsed and was rescued changes nothing. Handlers run at least once;
+//!   completing inside the transaction of the handler's own writes makes those writes happen
+//!   exactly once.
 //! - **Bad input changes nothing.** It is an [`Error::InvalidInput`] before any statement.
 //! - **Errors are never "nothing there".** A database error is returned as an error, and
 //!   [`Error::is_retryable`] / [`Error::is_outcome_unknown`] say whether to repeat the call or

@@ -76,7 +76,10 @@ pub(crate) fn delay_micros(delay: Duration) -> Result<i64> {
     if delay > MAX_TTL {
         return Err(Error::invalid(
             "delay",
-            format!("{delay:?} is longer than {} days", MAX_TTL.as_secs() / 86400),
+            format!(
+                "{delay:?} is longer than {} days",
+                MAX_TTL.as_secs() / 86400
+            ),
         ));
     }
     i64::try_from(delay.as_micros()).map_err(|_| Error::invalid("delay", "out of range"))

@@ -224,7 +224,10 @@ pub fn claim<C: DibsConnection>(
 ) -> Result<Vec<ClaimedJob>> {
     validate::name("queue", queue)?;
     if limit == 0 || limit > MAX_BATCH {
-        return Err(Error::invalid("limit", format!("{limit} is not between 1 and {MAX_BATCH}")));
+        return Err(Error::invalid(
+            "limit",
+            format!("{limit} is not between 1 and {MAX_BATCH}"),
+        ));
     }
     let micros = validate::ttl(ttl)?;
     let limit = limit as i64;
@@ -270,7 +273,10 @@ pub fn claim<C: DibsConnection>(
 /// run counts as an attempt. Needs a bare connection.
 pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
     if limit == 0 || limit > MAX_BATCH {
-        return Err(Error::invalid("limit", format!("{limit} is not between 1 and {MAX_BATCH}")));
+        return Err(Error::invalid(
+            "limit",
+            format!("{limit} is not between 1 and {MAX_BATCH}"),
+        ));
     }
     let limit = limit as i64;
     let rows: Vec<IdStateRow> = dispatch!(conn, c => {
@@ -330,11 +336,17 @@ fn check_claims(claims: &[JobClaim]) -> Result<()> {
         return Err(Error::invalid("claims", "an empty batch"));
     }
     if claims.len() > MAX_BATCH {
-        return Err(Error::invalid("claims", format!("more than {MAX_BATCH} in one call")));
+        return Err(Error::invalid(
+            "claims",
+            format!("more than {MAX_BATCH} in one call"),
+        ));
     }
     let mut seen = HashSet::new();
     if let Some(dup) = claims.iter().find(|c| !seen.insert(c.id)) {
-        return Err(Error::invalid("claims", format!("job {} is listed twice", dup.id)));
+        return Err(Error::invalid(
+            "claims",
+            format!("job {} is listed twice", dup.id),
+        ));
     }
     Ok(())
 }
@@ -383,7 +395,11 @@ where
     })
 }
 
-fn apply_finish<C: DibsConnection>(conn: &mut C, rows: &[&StateRow], finish: &Finish<'_>) -> Result<()> {
+fn apply_finish<C: DibsConnection>(
+    conn: &mut C,
+    rows: &[&StateRow],
+    finish: &Finish<'_>,
+) -> Result<()> {
     let list = id_list(rows.iter().map(|row| row.id));
     match finish {
         Finish::Complete | Finish::GiveBack | Finish::Renew(_) => {

@@ -45,7 +45,11 @@ pub struct NewJob {
 impl NewJob {
     /// A job of `kind` on `queue` with a payload of bytes, due at once, priority 0, at most 25
     /// attempts.
-    pub fn new(queue: impl Into<String>, kind: impl Into<String>, payload: impl Into<Vec<u8>>) -> Self {
+    pub fn new(
+        queue: impl Into<String>,
+        kind: impl Into<String>,
+        payload: impl Into<Vec<u8>>,
+    ) -> Self {
         NewJob {
             queue: queue.into(),
             kind: kind.into(),
@@ -98,7 +102,10 @@ impl NewJob {
         if self.payload.len() > MAX_PAYLOAD_BYTES {
             return Err(Error::invalid(
                 "payload",
-                format!("is {} bytes, the limit is {MAX_PAYLOAD_BYTES}", self.payload.len()),
+                format!(
+                    "is {} bytes, the limit is {MAX_PAYLOAD_BYTES}",
+                    self.payload.len()
+                ),
             ));
         }
         if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS {
@@ -110,7 +117,10 @@ impl NewJob {
         if let Due::After(delay) = self.due
             && delay > validate::MAX_TTL
         {
-            return Err(Error::invalid("delay", format!("{delay:?} is longer than 366 days")));
+            return Err(Error::invalid(
+                "delay",
+                format!("{delay:?} is longer than 366 days"),
+            ));
         }
         Ok(())
     }
@@ -155,9 +165,11 @@ impl JobState {
             "running" => Ok(JobState::Running),
             "completed" => Ok(JobState::Completed),
             "dead" => Ok(JobState::Dead),
-            other => Err(Error::Database(diesel::result::Error::DeserializationError(
-                format!("unknown job state {other:?}").into(),
-            ))),
+            other => Err(Error::Database(
+                diesel::result::Error::DeserializationError(
+                    format!("unknown job state {other:?}").into(),
+                ),
+            )),
         }
     }
 }
@@ -220,7 +232,9 @@ impl ClaimedJob {
         };
         Ok(ClaimedJob {
             token: row.claim_token.ok_or_else(|| broken("a claim token"))?,
-            claim_expires_at: row.claim_expires_at.ok_or_else(|| broken("a claim expiry"))?,
+            claim_expires_at: row
+                .claim_expires_at
+                .ok_or_else(|| broken("a claim expiry"))?,
             id: row.id,
             queue: row.queue,
             kind: row.kind,

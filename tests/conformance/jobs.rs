@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant as Clock};
 
+use dibs::jobs::{self, Backoff, JobClaim, JobState, NewJob, Outcome, Retry};
+use dibs::{AnyConnection, Backend, DibsConnection, Error};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::Text;
-use dibs::jobs::{self, Backoff, JobClaim, JobState, NewJob, Outcome, Retry};
-use dibs::{AnyConnection, Backend, DibsConnection, Error};
 
 use crate::support::{TestDb, conformance, count, now_sql};
 
@@ -74,12 +74,14 @@ fn enqueue_while_claiming_completes_every_job_once(backend: Backend) {
             std::thread::spawn(move || {
                 let give_up = Clock::now() + Duration::from_secs(45);
                 while done.load(Ordering::SeqCst) < TOTAL && Clock::now() < give_up {
-                    let batch = jobs::claim(&mut conn, "ref", 10, TTL).expect("claim must not fail");
+                    let batch =
+                        jobs::claim(&mut conn, "ref", 10, TTL).expect("claim must not fail");
                     if batch.is_empty() {
                         std::thread::sleep(Duration::from_millis(2));
                         continue;
                     }
-                    let outcomes = jobs::complete(&mut conn, &claims(&batch)).expect("complete must not fail");
+                    let outcomes =
+                        jobs::complete(&mut conn, &claims(&batch)).expect("complete must not fail");
                     let mut map = completions.lock().unwrap();
                     for (job, outcome) in batch.iter().zip(outcomes) {
                         if outcome == Outcome::Done {
@@ -100,13 +102,23 @@ fn enqueue_while_claiming_completes_every_job_once(backend: Backend) {
     }
     let map = completions.lock().unwrap();
     assert_eq!(enqueued.len(), TOTAL);
-    assert_eq!(enqueued.iter().collect::<HashSet<_>>().len(), TOTAL, "ids are unique");
+    assert_eq!(
+        enqueued.iter().collect::<HashSet<_>>().len(),
+        TOTAL,
+        "ids are unique"
+    );
     for id in &enqueued {
         assert_eq!(map.get(id), Some(&1), "job {id} completions");
     }
     assert_eq!(map.len(), TOTAL);
     let mut conn = db.connect();
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'completed'"), TOTAL as i64);
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'completed'"
+        ),
+        TOTAL as i64
+    );
     println!(
         "{backend} reference test: {ENQUEUERS} enqueuers x {PER_ENQUEUER} jobs, {CLAIMERS} claimers: \
          {TOTAL} jobs, each completed exactly once, 0 errors, {:?}",
@@ -119,7 +131,9 @@ fn eight_claimers_never_share_a_job(backend: Backend) {
     const CLAIMERS: usize = 8;
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    let batch: Vec<NewJob> = (0..JOBS).map(|i| NewJob::new("share", "k", i.to_string().into_bytes())).collect();
+    let batch: Vec<NewJob> = (0..JOBS)
+        .map(|i| NewJob::new("share", "k", i.to_string().into_bytes()))
+        .collect();
     let ids = jobs::enqueue_many(&mut conn, &batch).unwrap();
     assert_eq!(ids.len(), JOBS);
     let claimed_total = Arc::new(AtomicUsize::new(0));
@@ -144,14 +158,26 @@ fn eight_claimers_never_share_a_job(backend: Backend) {
         all.extend(t.join().unwrap());
     }
     let unique: HashSet<i64> = all.iter().map(|(id, _)| *id).collect();
-    assert_eq!(all.len(), JOBS, "claims handed out {} jobs for {JOBS}", all.len());
+    assert_eq!(
+        all.len(),
+        JOBS,
+        "claims handed out {} jobs for {JOBS}",
+        all.len()
+    );
     assert_eq!(unique.len(), JOBS, "a job was handed out twice");
     // enqueue_many's ids map to the right rows.
     for (id, payload) in &all {
-        let i = ids.iter().position(|x| x == id).expect("a claimed id was enqueued");
+        let i = ids
+            .iter()
+            .position(|x| x == id)
+            .expect("a claimed id was enqueued");
         assert_eq!(payload, &i.to_string().into_bytes());
     }
-    println!("{backend} {CLAIMERS} claimers over {JOBS} jobs in batches of 25: {} claimed, {} distinct", all.len(), unique.len());
+    println!(
+        "{backend} {CLAIMERS} claimers over {JOBS} jobs in batches of 25: {} claimed, {} distinct",
+        all.len(),
+        unique.len()
+    );
 }
 
 fn a_lapsed_worker_is_refused_after_a_rescue(backend: Backend) {
@@ -159,9 +185,14 @@ fn a_lapsed_worker_is_refused_after_a_rescue(backend: Backend) {
     let mut a = db.connect();
     let mut b = db.connect();
     let id = jobs::enqueue(&mut a, &NewJob::new("f", "k", vec![1])).unwrap();
-    let first = jobs::claim(&mut a, "f", 1, Duration::from_millis(200)).unwrap().remove(0);
+    let first = jobs::claim(&mut a, "f", 1, Duration::from_millis(200))
+        .unwrap()
+        .remove(0);
     assert_eq!((first.id, first.attempt), (id, 1));
-    assert!(jobs::rescue(&mut b, 100).unwrap().requeued.is_empty(), "not lapsed yet");
+    assert!(
+        jobs::rescue(&mut b, 100).unwrap().requeued.is_empty(),
+        "not lapsed yet"
+    );
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(jobs::rescue(&mut b, 100).unwrap().requeued, vec![id]);
     let second = jobs::claim(&mut b, "f", 1, TTL).unwrap().remove(0);
@@ -169,17 +200,38 @@ fn a_lapsed_worker_is_refused_after_a_rescue(backend: Backend) {
     assert_ne!(second.token, first.token);
 
     let stale = first.claim();
-    assert_eq!(jobs::complete(&mut a, &[stale]).unwrap(), vec![Outcome::Lost]);
-    assert_eq!(jobs::fail(&mut a, stale, "late", Retry::Never).unwrap(), Outcome::Lost);
-    assert_eq!(jobs::renew(&mut a, &[stale], TTL).unwrap(), vec![Outcome::Lost]);
-    assert_eq!(jobs::give_back(&mut a, &[stale]).unwrap(), vec![Outcome::Lost]);
+    assert_eq!(
+        jobs::complete(&mut a, &[stale]).unwrap(),
+        vec![Outcome::Lost]
+    );
+    assert_eq!(
+        jobs::fail(&mut a, stale, "late", Retry::Never).unwrap(),
+        Outcome::Lost
+    );
+    assert_eq!(
+        jobs::renew(&mut a, &[stale], TTL).unwrap(),
+        vec![Outcome::Lost]
+    );
+    assert_eq!(
+        jobs::give_back(&mut a, &[stale]).unwrap(),
+        vec![Outcome::Lost]
+    );
     let job = jobs::get(&mut a, id).unwrap().unwrap();
     assert_eq!((job.state, job.attempt), (JobState::Running, 2));
 
-    assert_eq!(jobs::complete(&mut b, &[second.claim()]).unwrap(), vec![Outcome::Done]);
+    assert_eq!(
+        jobs::complete(&mut b, &[second.claim()]).unwrap(),
+        vec![Outcome::Done]
+    );
     // The same call again (a lost reply, retried) is "already done", not "lost".
-    assert_eq!(jobs::complete(&mut b, &[second.claim()]).unwrap(), vec![Outcome::AlreadyDone]);
-    assert_eq!(jobs::complete(&mut a, &[stale]).unwrap(), vec![Outcome::Lost]);
+    assert_eq!(
+        jobs::complete(&mut b, &[second.claim()]).unwrap(),
+        vec![Outcome::AlreadyDone]
+    );
+    assert_eq!(
+        jobs::complete(&mut a, &[stale]).unwrap(),
+        vec![Outcome::Lost]
+    );
     assert_eq!(state_of(&mut a, id), JobState::Completed);
 }
 
@@ -190,10 +242,16 @@ fn heartbeats_and_rescues_race_without_errors(backend: Backend) {
     const RUN: Duration = Duration::from_secs(10);
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    let batch: Vec<NewJob> = (0..JOBS).map(|_| NewJob::new("hb", "k", vec![]).max_attempts(1000)).collect();
+    let batch: Vec<NewJob> = (0..JOBS)
+        .map(|_| NewJob::new("hb", "k", vec![]).max_attempts(1000))
+        .collect();
     let ids = jobs::enqueue_many(&mut conn, &batch).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let counters = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)]);
+    let counters = Arc::new([
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+    ]);
     let short = Duration::from_millis(150);
     let mut threads = Vec::new();
     for w in 0..4 {
@@ -214,7 +272,12 @@ fn heartbeats_and_rescues_race_without_errors(backend: Backend) {
                 }
                 let outcomes = jobs::renew(&mut conn, &held, short).expect("heartbeat");
                 counters[0].fetch_add(outcomes.len(), Ordering::Relaxed);
-                held = held.into_iter().zip(outcomes).filter(|(_, o)| *o == Outcome::Done).map(|(c, _)| c).collect();
+                held = held
+                    .into_iter()
+                    .zip(outcomes)
+                    .filter(|(_, o)| *o == Outcome::Done)
+                    .map(|(c, _)| c)
+                    .collect();
                 // Every few ticks one worker drops its claims on the floor: they stall.
                 if (tick + w) % 7 == 0 {
                     held.clear();
@@ -252,12 +315,19 @@ fn heartbeats_and_rescues_race_without_errors(backend: Backend) {
         if batch.is_empty() {
             break;
         }
-        for (job, outcome) in batch.iter().zip(jobs::complete(&mut conn, &claims(&batch)).unwrap()) {
+        for (job, outcome) in batch
+            .iter()
+            .zip(jobs::complete(&mut conn, &claims(&batch)).unwrap())
+        {
             assert_eq!(outcome, Outcome::Done);
             assert!(completed.insert(job.id));
         }
     }
-    assert_eq!(completed, ids.into_iter().collect::<HashSet<_>>(), "every job is still there");
+    assert_eq!(
+        completed,
+        ids.into_iter().collect::<HashSet<_>>(),
+        "every job is still there"
+    );
     println!(
         "{backend} heartbeat/rescue race for {RUN:?}: {} renewals, {} rescued, {} dead, 0 errors, {JOBS} jobs all completed after",
         counters[0].load(Ordering::Relaxed),
@@ -273,10 +343,19 @@ fn failed_runs_retry_then_die(backend: Backend) {
     for attempt in 1..=3 {
         let job = jobs::claim(&mut conn, "r", 1, TTL).unwrap().remove(0);
         assert_eq!(job.attempt, attempt);
-        let outcome = jobs::fail(&mut conn, job.claim(), &format!("boom {attempt}"), Retry::After(Duration::ZERO)).unwrap();
+        let outcome = jobs::fail(
+            &mut conn,
+            job.claim(),
+            &format!("boom {attempt}"),
+            Retry::After(Duration::ZERO),
+        )
+        .unwrap();
         assert_eq!(outcome, Outcome::Done);
         // Repeating the call is recognised.
-        assert_eq!(jobs::fail(&mut conn, job.claim(), "again", Retry::Never).unwrap(), Outcome::AlreadyDone);
+        assert_eq!(
+            jobs::fail(&mut conn, job.claim(), "again", Retry::Never).unwrap(),
+            Outcome::AlreadyDone
+        );
     }
     let job = jobs::get(&mut conn, id).unwrap().unwrap();
     assert_eq!((job.state, job.attempt), (JobState::Dead, 3));
@@ -309,7 +388,10 @@ fn backoff_delays_a_retry(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let id = jobs::enqueue(&mut conn, &NewJob::new("b", "k", vec![])).unwrap();
-    let backoff = Backoff { base: Duration::from_secs(2), max: Duration::from_secs(60) };
+    let backoff = Backoff {
+        base: Duration::from_secs(2),
+        max: Duration::from_secs(60),
+    };
     assert_eq!(backoff.delay(1), Duration::from_secs(2));
     assert_eq!(backoff.delay(3), Duration::from_secs(8));
     assert_eq!(backoff.delay(30), Duration::from_secs(60));
@@ -321,11 +403,19 @@ fn backoff_delays_a_retry(backend: Backend) {
         let due = jobs::get(&mut conn, id).unwrap().unwrap().due_at;
         let full = chrono::Duration::from_std(backoff.delay(attempt)).unwrap();
         // Jitter keeps between half and all of the delay.
-        assert!(due >= before + full / 2 - chrono::Duration::milliseconds(2), "attempt {attempt}: {due} vs {before}");
+        assert!(
+            due >= before + full / 2 - chrono::Duration::milliseconds(2),
+            "attempt {attempt}: {due} vs {before}"
+        );
         assert!(due <= after + full, "attempt {attempt}: {due} vs {after}");
         assert!(jobs::claim(&mut conn, "b", 1, TTL).unwrap().is_empty());
         // Make it due now to go on.
-        diesel::sql_query(format!("UPDATE dibs_jobs SET due_at = {} WHERE id = {id}", now_sql(backend))).execute(&mut conn).unwrap();
+        diesel::sql_query(format!(
+            "UPDATE dibs_jobs SET due_at = {} WHERE id = {id}",
+            now_sql(backend)
+        ))
+        .execute(&mut conn)
+        .unwrap();
     }
 }
 
@@ -334,8 +424,14 @@ fn give_back_keeps_the_attempt_and_stalls_use_one(backend: Backend) {
     let mut conn = db.connect();
     let id = jobs::enqueue(&mut conn, &NewJob::new("g", "k", vec![]).max_attempts(2)).unwrap();
     let job = jobs::claim(&mut conn, "g", 1, TTL).unwrap().remove(0);
-    assert_eq!(jobs::give_back(&mut conn, &[job.claim()]).unwrap(), vec![Outcome::Done]);
-    assert_eq!(jobs::give_back(&mut conn, &[job.claim()]).unwrap(), vec![Outcome::AlreadyDone]);
+    assert_eq!(
+        jobs::give_back(&mut conn, &[job.claim()]).unwrap(),
+        vec![Outcome::Done]
+    );
+    assert_eq!(
+        jobs::give_back(&mut conn, &[job.claim()]).unwrap(),
+        vec![Outcome::AlreadyDone]
+    );
     let job = jobs::claim(&mut conn, "g", 1, TTL).unwrap().remove(0);
     assert_eq!(job.attempt, 1, "give back does not use an attempt");
     jobs::give_back(&mut conn, &[job.claim()]).unwrap();
@@ -361,8 +457,15 @@ fn give_back_keeps_the_attempt_and_stalls_use_one(backend: Backend) {
 fn delays_priorities_and_queues(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    let late = jobs::enqueue(&mut conn, &NewJob::new("d", "k", vec![]).delay(Duration::from_millis(400))).unwrap();
-    assert!(jobs::claim(&mut conn, "d", 10, TTL).unwrap().is_empty(), "claimed before its due time");
+    let late = jobs::enqueue(
+        &mut conn,
+        &NewJob::new("d", "k", vec![]).delay(Duration::from_millis(400)),
+    )
+    .unwrap();
+    assert!(
+        jobs::claim(&mut conn, "d", 10, TTL).unwrap().is_empty(),
+        "claimed before its due time"
+    );
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(jobs::claim(&mut conn, "d", 10, TTL).unwrap()[0].id, late);
 
@@ -370,28 +473,46 @@ fn delays_priorities_and_queues(backend: Backend) {
     let high = jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![]).priority(-1)).unwrap();
     let mid1 = jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![])).unwrap();
     let mid2 = jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![])).unwrap();
-    let other = jobs::enqueue(&mut conn, &NewJob::new("other", "k", vec![]).priority(-100)).unwrap();
+    let other =
+        jobs::enqueue(&mut conn, &NewJob::new("other", "k", vec![]).priority(-100)).unwrap();
     assert_eq!(jobs::claim(&mut conn, "p", 1, TTL).unwrap()[0].id, high);
-    let rest: Vec<i64> = jobs::claim(&mut conn, "p", 10, TTL).unwrap().iter().map(|j| j.id).collect();
+    let rest: Vec<i64> = jobs::claim(&mut conn, "p", 10, TTL)
+        .unwrap()
+        .iter()
+        .map(|j| j.id)
+        .collect();
     assert_eq!(rest, vec![mid1, mid2, low]);
-    assert!(jobs::claim(&mut conn, "P", 10, TTL).unwrap().is_empty(), "queue names are byte-exact");
-    assert_eq!(jobs::claim(&mut conn, "other", 10, TTL).unwrap()[0].id, other);
+    assert!(
+        jobs::claim(&mut conn, "P", 10, TTL).unwrap().is_empty(),
+        "queue names are byte-exact"
+    );
+    assert_eq!(
+        jobs::claim(&mut conn, "other", 10, TTL).unwrap()[0].id,
+        other
+    );
 }
 
 fn complete_in_a_rolled_back_transaction_changes_nothing(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    conn.batch_execute("CREATE TABLE effects (id INTEGER PRIMARY KEY)").unwrap();
+    conn.batch_execute("CREATE TABLE effects (id INTEGER PRIMARY KEY)")
+        .unwrap();
     let id = jobs::enqueue(&mut conn, &NewJob::new("t", "k", vec![])).unwrap();
     let job = jobs::claim(&mut conn, "t", 1, TTL).unwrap().remove(0);
     let rolled_back: Result<(), Error> = dibs::transaction(&mut conn, |c| {
         c.batch_execute("INSERT INTO effects (id) VALUES (1)")?;
         assert_eq!(jobs::complete(c, &[job.claim()])?, vec![Outcome::Done]);
-        Err(Error::Timeout { what: "the handler's own failure" })
+        Err(Error::Timeout {
+            what: "the handler's own failure",
+        })
     });
     assert!(rolled_back.is_err());
     assert_eq!(state_of(&mut conn, id), JobState::Running, "still claimed");
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM effects"), 0, "the writes are gone");
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM effects"),
+        0,
+        "the writes are gone"
+    );
     let committed = dibs::transaction(&mut conn, |c| {
         c.batch_execute("INSERT INTO effects (id) VALUES (1)")?;
         jobs::complete(c, &[job.claim()])
@@ -407,12 +528,19 @@ fn enqueue_in_a_rolled_back_transaction_leaves_no_job(backend: Backend) {
     let mut conn = db.connect();
     let outcome: Result<(), Error> = conn.transaction(|c| {
         jobs::enqueue(c, &NewJob::new("tx", "k", vec![]))?;
-        jobs::enqueue_many(c, &[NewJob::new("tx", "k", vec![]), NewJob::new("tx", "k", vec![])])?;
+        jobs::enqueue_many(
+            c,
+            &[
+                NewJob::new("tx", "k", vec![]),
+                NewJob::new("tx", "k", vec![]),
+            ],
+        )?;
         Err(Error::Timeout { what: "a rollback" })
     });
     assert!(outcome.is_err());
     assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 0);
-    conn.transaction(|c| jobs::enqueue(c, &NewJob::new("tx", "k", vec![]))).unwrap();
+    conn.transaction(|c| jobs::enqueue(c, &NewJob::new("tx", "k", vec![])))
+        .unwrap();
     assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 1);
 }
 
@@ -424,30 +552,92 @@ fn bad_input_is_refused_and_writes_nothing(backend: Backend) {
         ("long queue", NewJob::new("q".repeat(256), "k", vec![])),
         ("empty kind", NewJob::new("q", "", vec![])),
         ("NUL in kind", NewJob::new("q", "k\0", vec![])),
-        ("zero attempts", NewJob::new("q", "k", vec![]).max_attempts(0)),
-        ("huge attempts", NewJob::new("q", "k", vec![]).max_attempts(1001)),
-        ("oversize payload", NewJob::new("q", "k", vec![0u8; jobs::MAX_PAYLOAD_BYTES + 1])),
-        ("absurd delay", NewJob::new("q", "k", vec![]).delay(Duration::from_secs(400 * 86400))),
+        (
+            "zero attempts",
+            NewJob::new("q", "k", vec![]).max_attempts(0),
+        ),
+        (
+            "huge attempts",
+            NewJob::new("q", "k", vec![]).max_attempts(1001),
+        ),
+        (
+            "oversize payload",
+            NewJob::new("q", "k", vec![0u8; jobs::MAX_PAYLOAD_BYTES + 1]),
+        ),
+        (
+            "absurd delay",
+            NewJob::new("q", "k", vec![]).delay(Duration::from_secs(400 * 86400)),
+        ),
     ];
     for (what, job) in &bad {
-        assert!(jobs::enqueue(&mut conn, job).unwrap_err().is_invalid_input(), "{what}");
+        assert!(
+            jobs::enqueue(&mut conn, job)
+                .unwrap_err()
+                .is_invalid_input(),
+            "{what}"
+        );
         let mixed = vec![NewJob::new("q", "k", vec![]), job.clone()];
-        assert!(jobs::enqueue_many(&mut conn, &mixed).unwrap_err().is_invalid_input(), "{what} in a batch");
+        assert!(
+            jobs::enqueue_many(&mut conn, &mixed)
+                .unwrap_err()
+                .is_invalid_input(),
+            "{what} in a batch"
+        );
     }
-    assert!(jobs::enqueue_many(&mut conn, &[]).unwrap_err().is_invalid_input());
-    assert!(jobs::claim(&mut conn, "q", 0, TTL).unwrap_err().is_invalid_input());
-    assert!(jobs::claim(&mut conn, "q", 1001, TTL).unwrap_err().is_invalid_input());
-    assert!(jobs::claim(&mut conn, "q", 1, Duration::ZERO).unwrap_err().is_invalid_input());
-    assert!(jobs::claim(&mut conn, "", 1, TTL).unwrap_err().is_invalid_input());
-    assert!(jobs::complete(&mut conn, &[]).unwrap_err().is_invalid_input());
-    let claim = JobClaim { id: 1, token: uuid::Uuid::new_v4() };
-    assert!(jobs::complete(&mut conn, &[claim, claim]).unwrap_err().is_invalid_input());
-    assert!(jobs::renew(&mut conn, &[claim], Duration::ZERO).unwrap_err().is_invalid_input());
+    assert!(
+        jobs::enqueue_many(&mut conn, &[])
+            .unwrap_err()
+            .is_invalid_input()
+    );
+    assert!(
+        jobs::claim(&mut conn, "q", 0, TTL)
+            .unwrap_err()
+            .is_invalid_input()
+    );
+    assert!(
+        jobs::claim(&mut conn, "q", 1001, TTL)
+            .unwrap_err()
+            .is_invalid_input()
+    );
+    assert!(
+        jobs::claim(&mut conn, "q", 1, Duration::ZERO)
+            .unwrap_err()
+            .is_invalid_input()
+    );
+    assert!(
+        jobs::claim(&mut conn, "", 1, TTL)
+            .unwrap_err()
+            .is_invalid_input()
+    );
+    assert!(
+        jobs::complete(&mut conn, &[])
+            .unwrap_err()
+            .is_invalid_input()
+    );
+    let claim = JobClaim {
+        id: 1,
+        token: uuid::Uuid::new_v4(),
+    };
+    assert!(
+        jobs::complete(&mut conn, &[claim, claim])
+            .unwrap_err()
+            .is_invalid_input()
+    );
+    assert!(
+        jobs::renew(&mut conn, &[claim], Duration::ZERO)
+            .unwrap_err()
+            .is_invalid_input()
+    );
     assert!(jobs::rescue(&mut conn, 0).unwrap_err().is_invalid_input());
     assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 0);
     // Claiming needs a bare connection.
-    let refused = conn.transaction(|c| jobs::claim(c, "q", 1, TTL)).unwrap_err();
-    assert!(matches!(refused, Error::InTransaction { .. }), "{refused:?}");
+    let refused = conn
+        .transaction(|c| jobs::claim(c, "q", 1, TTL))
+        .unwrap_err();
+    assert!(
+        matches!(refused, Error::InTransaction { .. }),
+        "{refused:?}"
+    );
 }
 
 fn payloads_round_trip_byte_for_byte(backend: Backend) {
@@ -509,7 +699,11 @@ fn claim_is_served_by_an_index_with_many_finished_jobs(backend: Backend) {
     .unwrap();
     // The statement the claim runs to pick its jobs (CLAIM_PICK; the same SELECT is the
     // CTE of the one-statement claim on PostgreSQL and SQLite).
-    let skip_locked = if backend == Backend::Sqlite { "" } else { " FOR UPDATE SKIP LOCKED" };
+    let skip_locked = if backend == Backend::Sqlite {
+        ""
+    } else {
+        " FOR UPDATE SKIP LOCKED"
+    };
     let pick = format!(
         "SELECT id FROM dibs_jobs WHERE queue = 'plan' AND state = 'waiting' AND due_at <= {now} \
          ORDER BY priority, due_at, id LIMIT 10{skip_locked}"
