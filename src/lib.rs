@@ -106,3 +106,8 @@ use backend::{Dialect, dispatch};
 pub fn database_now<C: DibsConnection>(conn: &mut C) -> Result<chrono::DateTime<chrono::Utc>> {
     Ok(dispatch!(conn, c => c.database_now())?)
 }
+
+/// The README's Rust examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

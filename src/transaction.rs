@@ -1,7 +1,7 @@
 //! Transactions of the right kind per backend, and the guard for operations that need a bare
 //! connection.
 
-use diesel::connection::{Connection, TransactionManager};
+use diesel::connection::TransactionManager;
 use diesel::result::Error as DieselError;
 
 use crate::backend::{Dialect, dispatch};
@@ -35,32 +35,50 @@ use crate::{DibsConnection, Error, Result};
 /// ```
 pub fn transaction<C, T, E, F>(conn: &mut C, f: F) -> std::result::Result<T, E>
 where
-    C: DibsConnection + Connection,
+    C: DibsConnection,
     E: From<DieselError>,
     F: FnOnce(&mut C) -> std::result::Result<T, E>,
 {
     match dispatch!(conn, c => c.begin_write()) {
         Ok(()) => {}
-        Err(DieselError::AlreadyInTransaction) => return conn.transaction(f),
+        // Inside the caller's transaction: a savepoint.
+        Err(DieselError::AlreadyInTransaction) => dispatch!(conn, c => begin_nested(c))?,
         Err(e) => return Err(e.into()),
     }
     let outcome = f(conn);
-    finish(conn, outcome)
+    finish_any(conn, outcome)
+}
+
+fn begin_nested<D: Dialect>(conn: &mut D) -> diesel::QueryResult<()> {
+    D::TransactionManager::begin_transaction(conn)
+}
+
+/// [`finish`] through the concrete connection, so any [`DibsConnection`] (a pooled one too)
+/// can hold the transaction.
+fn finish_any<C, T, E>(
+    conn: &mut C,
+    outcome: std::result::Result<T, E>,
+) -> std::result::Result<T, E>
+where
+    C: DibsConnection,
+    E: From<DieselError>,
+{
+    dispatch!(conn, c => finish(c, outcome))
 }
 
 /// Commits after `Ok` and rolls back after `Err`, like diesel's own `transaction`, for a
-/// transaction that dibs began with its own `BEGIN`.
-fn finish<C, T, E>(conn: &mut C, outcome: std::result::Result<T, E>) -> std::result::Result<T, E>
+/// transaction (or savepoint) that dibs began.
+fn finish<D, T, E>(conn: &mut D, outcome: std::result::Result<T, E>) -> std::result::Result<T, E>
 where
-    C: Connection,
+    D: Dialect,
     E: From<DieselError>,
 {
     match outcome {
         Ok(value) => {
-            C::TransactionManager::commit_transaction(conn)?;
+            D::TransactionManager::commit_transaction(conn)?;
             Ok(value)
         }
-        Err(err) => match C::TransactionManager::rollback_transaction(conn) {
+        Err(err) => match D::TransactionManager::rollback_transaction(conn) {
             Ok(()) | Err(DieselError::BrokenTransactionManager) => Err(err),
             Err(rollback_error) => Err(rollback_error.into()),
         },

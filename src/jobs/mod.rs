@@ -102,9 +102,18 @@ const RESCUE_SET: &str = "\
         claim_token = NULL, claim_expires_at = NULL, due_at = {now} \
     WHERE state = 'running' AND claim_expires_at <= {now} AND id IN ";
 
-const RESCUE_PICK: &str = "\
+/// Rescue, step 1: candidates, by a plain read of the stalled-claims index. Not a locking
+/// read: on MariaDB 10.11 a `FOR UPDATE SKIP LOCKED` scan of this secondary index waits for
+/// (instead of skipping) entries a concurrent heartbeat is rewriting, while the heartbeat
+/// waits for entries the scan locked: a deadlock (seen in the heartbeat/rescue race test).
+const RESCUE_CANDIDATES: &str = "\
     SELECT id FROM dibs_jobs WHERE state = 'running' AND claim_expires_at <= {now} \
-    ORDER BY claim_expires_at LIMIT ?{skip_locked}";
+    ORDER BY claim_expires_at LIMIT ?";
+
+/// Rescue, step 2: lock the candidates by primary key, skipping rows a heartbeat or a
+/// finisher holds, and re-check them on the locked rows.
+const RESCUE_LOCK: &str = "\
+    SELECT id FROM dibs_jobs WHERE state = 'running' AND claim_expires_at <= {now} AND id IN ";
 
 /// Finishing calls lock the rows they are about, then decide per job.
 const LOCK_STATES: &str = "\
@@ -189,10 +198,7 @@ pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<i64> {
 /// Enqueues several jobs in one transaction (the caller's, if one is open: then in a
 /// savepoint of it) and returns their ids in the order given, each read back for its own
 /// row. Nothing is written if any job is invalid.
-pub fn enqueue_many<C>(conn: &mut C, jobs: &[NewJob]) -> Result<Vec<i64>>
-where
-    C: DibsConnection + diesel::Connection,
-{
+pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<Vec<i64>> {
     if jobs.is_empty() {
         return Err(Error::invalid("jobs", "an empty batch"));
     }
@@ -282,8 +288,22 @@ pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> 
     let rows: Vec<IdStateRow> = dispatch!(conn, c => {
         bare_write_transaction(c, "rescuing stalled jobs", |c| {
             let syntax = c.syntax();
-            let ids: Vec<i64> = diesel::sql_query(syntax.render(RESCUE_PICK))
+            let candidates: Vec<i64> = diesel::sql_query(syntax.render(RESCUE_CANDIDATES))
                 .bind::<BigInt, _>(limit)
+                .load::<IdRow>(c)?
+                .into_iter()
+                .map(|row| row.id)
+                .collect();
+            if candidates.is_empty() {
+                return Ok(Vec::new());
+            }
+            let lock = format!(
+                "{}{}{}",
+                syntax.render(RESCUE_LOCK),
+                id_list(candidates),
+                syntax.skip_locked
+            );
+            let ids: Vec<i64> = diesel::sql_query(lock)
                 .load::<IdRow>(c)?
                 .into_iter()
                 .map(|row| row.id)
@@ -354,10 +374,11 @@ fn check_claims(claims: &[JobClaim]) -> Result<()> {
 /// Locks the claimed rows, decides per job (Done if this token still holds it running,
 /// AlreadyDone if this call was applied before, Lost otherwise), and applies `finish` to the
 /// Done ones, in one transaction: the caller's (in a savepoint) or one of dibs's kind.
-fn finish<C>(conn: &mut C, claims: &[JobClaim], finish: Finish<'_>) -> Result<Vec<Outcome>>
-where
-    C: DibsConnection + diesel::Connection,
-{
+fn finish<C: DibsConnection>(
+    conn: &mut C,
+    claims: &[JobClaim],
+    finish: Finish<'_>,
+) -> Result<Vec<Outcome>> {
     check_claims(claims)?;
     transaction(conn, |conn| {
         let states: Vec<StateRow> = dispatch!(conn, c => {
@@ -482,38 +503,35 @@ fn truncate(text: &str, max: usize) -> &str {
 /// assert_eq!(outcome, vec![Outcome::Done]);
 /// # Ok(()) }
 /// ```
-pub fn complete<C>(conn: &mut C, claims: &[JobClaim]) -> Result<Vec<Outcome>>
-where
-    C: DibsConnection + diesel::Connection,
-{
+pub fn complete<C: DibsConnection>(conn: &mut C, claims: &[JobClaim]) -> Result<Vec<Outcome>> {
     finish(conn, claims, Finish::Complete)
 }
 
 /// Extends claims to the database's now + `ttl` (a heartbeat). `Lost` for a claim that was
 /// rescued or taken over: the worker should stop.
-pub fn renew<C>(conn: &mut C, claims: &[JobClaim], ttl: Duration) -> Result<Vec<Outcome>>
-where
-    C: DibsConnection + diesel::Connection,
-{
+pub fn renew<C: DibsConnection>(
+    conn: &mut C,
+    claims: &[JobClaim],
+    ttl: Duration,
+) -> Result<Vec<Outcome>> {
     let micros = validate::ttl(ttl)?;
     finish(conn, claims, Finish::Renew(micros))
 }
 
 /// Puts claimed jobs back, due at once; the run does not count as an attempt.
-pub fn give_back<C>(conn: &mut C, claims: &[JobClaim]) -> Result<Vec<Outcome>>
-where
-    C: DibsConnection + diesel::Connection,
-{
+pub fn give_back<C: DibsConnection>(conn: &mut C, claims: &[JobClaim]) -> Result<Vec<Outcome>> {
     finish(conn, claims, Finish::GiveBack)
 }
 
 /// Records a failed run: with attempts left and a `retry` other than [`Retry::Never`], the
 /// job waits for its retry; otherwise it is dead. The error (cut to
 /// [`MAX_ERROR_BYTES`]) is kept with the job.
-pub fn fail<C>(conn: &mut C, claim: JobClaim, error: &str, retry: Retry) -> Result<Outcome>
-where
-    C: DibsConnection + diesel::Connection,
-{
+pub fn fail<C: DibsConnection>(
+    conn: &mut C,
+    claim: JobClaim,
+    error: &str,
+    retry: Retry,
+) -> Result<Outcome> {
     if let Retry::After(delay) = retry {
         validate::delay_micros(delay)?;
     }

@@ -517,7 +517,9 @@ fn pool_applies_session_settings(backend: Backend) {
         }
         Backend::Postgres => {}
     }
-    // The pooled connection is a DibsConnection itself.
+    // The pooled connection is a DibsConnection itself, and holds dibs's transactions.
     dibs::run_migrations(&mut conn).unwrap();
+    let now = dibs::transaction(&mut conn, dibs::database_now).unwrap();
+    assert!((Utc::now() - now).num_seconds().abs() < 5);
     assert!(dibs::schema_version(&mut conn).unwrap().is_some());
 }
