@@ -53,11 +53,11 @@ use model::{IdRow, IdStateRow, JobRow, StateRow};
 const JOB_COLUMNS: &str = "id, queue, kind, payload, priority, state, attempt, max_attempts, \
     due_at, created_at, claim_token, claim_expires_at, finished_at, last_error";
 
-/// One statement for both kinds of due time: an instant, or NULL and a delay.
-const INSERT: &str = "\
-    INSERT INTO dibs_jobs \
-        (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at) \
-    VALUES (?, ?, ?, ?, 'waiting', 0, ?, COALESCE(?, {now+ttl}), {now})";
+const INSERT_HEAD: &str = "INSERT INTO dibs_jobs \
+    (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at) VALUES";
+
+/// One row; one shape for both kinds of due time: an instant, or NULL and a delay.
+const INSERT_ROW: &str = "(?, ?, ?, ?, 'waiting', 0, ?, COALESCE(?, {now+ttl}), {now})";
 
 /// PostgreSQL and SQLite: one statement. The CTE is MATERIALIZED so the LIMIT subquery runs
 /// once (PostgreSQL could otherwise re-run it and lock other rows); on PostgreSQL it skips
@@ -164,7 +164,7 @@ macro_rules! insert_one {
         let job: &NewJob = $job;
         let syntax = $c.syntax();
         let (at, delay) = job.due_params();
-        let mut sql = syntax.render(INSERT);
+        let mut sql = syntax.render(&format!("{INSERT_HEAD} {INSERT_ROW}"));
         if syntax.returning {
             sql.push_str(" RETURNING id");
         }
@@ -196,8 +196,15 @@ pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<i64> {
 }
 
 /// Enqueues several jobs in one transaction (the caller's, if one is open: then in a
-/// savepoint of it) and returns their ids in the order given, each read back for its own
-/// row. Nothing is written if any job is invalid.
+/// savepoint of it) and returns their ids in the order given. Nothing is written if any job
+/// is invalid.
+///
+/// PostgreSQL and SQLite insert in multi-row statements of up to [`INSERT_CHUNK_ROWS`] rows
+/// (and about [`INSERT_CHUNK_BYTES`] of payload) with `RETURNING id`: within one statement
+/// rows are inserted in order and ids only grow, so the ascending ids are the jobs in order.
+/// MySQL/MariaDB has no RETURNING, and the ids of a multi-row insert are not always
+/// consecutive, so there each job is its own insert (in the one transaction) and reads its id
+/// back with `LAST_INSERT_ID()`.
 pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<Vec<i64>> {
     if jobs.is_empty() {
         return Err(Error::invalid("jobs", "an empty batch"));
@@ -206,12 +213,68 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
         job.validate()?;
     }
     transaction(conn, |conn| {
-        let mut ids = Vec::with_capacity(jobs.len());
-        for job in jobs {
-            ids.push(dispatch!(conn, c => insert_one!(c, job))?);
-        }
-        Ok(ids)
+        dispatch!(conn, c => {
+            let syntax = c.syntax();
+            let mut ids = Vec::with_capacity(jobs.len());
+            if !syntax.returning {
+                for job in jobs {
+                    ids.push(insert_one!(c, job)?);
+                }
+                return Ok(ids);
+            }
+            for chunk in chunks(jobs) {
+                // Rendered once as a whole, so PostgreSQL's parameters are numbered through.
+                let rows = vec![INSERT_ROW; chunk.len()].join(", ");
+                let sql = syntax.render(&format!("{INSERT_HEAD} {rows} RETURNING id"));
+                let mut insert = diesel::sql_query(sql).into_boxed();
+                for job in chunk {
+                    let (at, delay) = job.due_params();
+                    insert = insert
+                        .bind::<Text, _>(job.queue.as_str())
+                        .bind::<Text, _>(job.kind.as_str())
+                        .bind::<Binary, _>(job.payload.as_slice())
+                        .bind::<Integer, _>(job.priority)
+                        .bind::<Integer, _>(job.max_attempts as i32)
+                        .bind::<Nullable<Instant>, _>(at)
+                        .bind::<BigInt, _>(delay);
+                }
+                let mut chunk_ids: Vec<i64> =
+                    insert.load::<IdRow>(c)?.into_iter().map(|row| row.id).collect();
+                if chunk_ids.len() != chunk.len() {
+                    return Err(Error::Database(diesel::result::Error::DeserializationError(
+                        format!("{} ids for {} inserted jobs", chunk_ids.len(), chunk.len()).into(),
+                    )));
+                }
+                chunk_ids.sort_unstable();
+                ids.extend(chunk_ids);
+            }
+            Ok(ids)
+        })
     })
+}
+
+/// Rows per multi-row insert: 7 parameters a row stays well under SQLite's 32,766 and
+/// PostgreSQL's 65,535 parameters per statement.
+pub const INSERT_CHUNK_ROWS: usize = 1000;
+/// Payload bytes per multi-row insert, past which a new statement starts.
+pub const INSERT_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+
+/// Splits a batch into statements of at most [`INSERT_CHUNK_ROWS`] rows and about
+/// [`INSERT_CHUNK_BYTES`] of payload (one larger job goes alone).
+fn chunks(jobs: &[NewJob]) -> Vec<&[NewJob]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, job) in jobs.iter().enumerate() {
+        let full = i - start >= INSERT_CHUNK_ROWS || bytes + job.payload.len() > INSERT_CHUNK_BYTES;
+        if full && i > start {
+            out.push(&jobs[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += job.payload.len();
+    }
+    out.push(&jobs[start..]);
+    out
 }
 
 /// Claims up to `limit` due jobs of `queue` for `ttl`, by priority, then due time, then id.
@@ -547,4 +610,25 @@ pub fn get<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Option<Job>> {
             .optional()
     })?;
     row.map(Job::from_row).transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_are_cut_by_rows_and_bytes() {
+        let small = |n: usize| vec![NewJob::new("q", "k", vec![0u8; 10]); n];
+        let sizes = |jobs: &[NewJob]| chunks(jobs).iter().map(|c| c.len()).collect::<Vec<_>>();
+        assert_eq!(sizes(&small(1)), vec![1]);
+        assert_eq!(sizes(&small(INSERT_CHUNK_ROWS)), vec![INSERT_CHUNK_ROWS]);
+        assert_eq!(
+            sizes(&small(INSERT_CHUNK_ROWS + 1)),
+            vec![INSERT_CHUNK_ROWS, 1]
+        );
+        let big = NewJob::new("q", "k", vec![0u8; INSERT_CHUNK_BYTES / 2 + 1]);
+        assert_eq!(sizes(&[big.clone(), big.clone(), big]), vec![1, 1, 1]);
+        let huge = NewJob::new("q", "k", vec![0u8; INSERT_CHUNK_BYTES + 1]);
+        assert_eq!(sizes(&[huge.clone(), huge]), vec![1, 1]);
+    }
 }

@@ -468,6 +468,27 @@ fn delays_priorities_and_queues(backend: Backend) {
     );
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(jobs::claim(&mut conn, "d", 10, TTL).unwrap()[0].id, late);
+    // The same in one batch: each job keeps its own due time.
+    let at = dibs::database_now(&mut conn).unwrap() + chrono::Duration::milliseconds(400);
+    let batch = [
+        NewJob::new("d", "k", b"later".to_vec()).at(at),
+        NewJob::new("d", "k", b"now".to_vec()),
+        NewJob::new("d", "k", b"delayed".to_vec()).delay(Duration::from_millis(400)),
+    ];
+    let ids = jobs::enqueue_many(&mut conn, &batch).unwrap();
+    let now: Vec<i64> = jobs::claim(&mut conn, "d", 10, TTL)
+        .unwrap()
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(now, vec![ids[1]]);
+    std::thread::sleep(Duration::from_millis(500));
+    let later: Vec<Vec<u8>> = jobs::claim(&mut conn, "d", 10, TTL)
+        .unwrap()
+        .into_iter()
+        .map(|j| j.payload)
+        .collect();
+    assert_eq!(later, vec![b"later".to_vec(), b"delayed".to_vec()]);
 
     let low = jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![]).priority(5)).unwrap();
     let high = jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![]).priority(-1)).unwrap();
