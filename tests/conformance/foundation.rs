@@ -523,3 +523,51 @@ fn pool_applies_session_settings(backend: Backend) {
     assert!((Utc::now() - now).num_seconds().abs() < 5);
     assert!(dibs::schema_version(&mut conn).unwrap().is_some());
 }
+
+/// A connection the server drops mid-session: the next call's error says "outcome unknown"
+/// (SQLite runs in-process and has no connection to lose).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn lost_connection_is_outcome_unknown(backend: Backend) {
+    #[derive(QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
+    }
+    let db = TestDb::empty(backend);
+    let mut victim = db.connect();
+    let mut admin = db.connect();
+    let (who, kill) = match backend {
+        Backend::Postgres => (
+            "SELECT CAST(pg_backend_pid() AS BIGINT) AS id",
+            "SELECT pg_terminate_backend({})",
+        ),
+        _ => ("SELECT CAST(CONNECTION_ID() AS SIGNED) AS id", "KILL {}"),
+    };
+    let id = diesel::sql_query(who)
+        .get_result::<Id>(&mut victim)
+        .unwrap()
+        .id;
+    admin
+        .batch_execute(&kill.replace("{}", &id.to_string()))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let err: Error = victim.batch_execute("SELECT 1").unwrap_err().into();
+    assert!(err.is_outcome_unknown(), "{err:?}");
+    assert!(!err.is_retryable(), "{err:?}");
+}
+
+#[cfg(feature = "postgres")]
+mod postgres_only {
+    #[test]
+    fn lost_connection_is_outcome_unknown() {
+        super::lost_connection_is_outcome_unknown(dibs::Backend::Postgres)
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql_only {
+    #[test]
+    fn lost_connection_is_outcome_unknown() {
+        super::lost_connection_is_outcome_unknown(dibs::Backend::Mysql)
+    }
+}
