@@ -150,6 +150,15 @@ pub const MAX_BATCH: usize = 1000;
 /// Longer error messages are cut to this many bytes (at a character boundary).
 pub const MAX_ERROR_BYTES: usize = 4096;
 
+fn ids_of(rows: Vec<IdRow>) -> Vec<i64> {
+    rows.into_iter().map(|row| row.id).collect()
+}
+
+/// How many jobs one call may claim or rescue: 1 to [`MAX_BATCH`].
+fn check_limit(limit: usize) -> Result<i64> {
+    Ok(limit as i64)
+}
+
 fn id_list(ids: impl IntoIterator<Item = i64>) -> String {
     let list: Vec<String> = ids.into_iter().map(|id| id.to_string()).collect();
     format!("({})", list.join(", "))
@@ -292,14 +301,8 @@ pub fn claim<C: DibsConnection>(
     ttl: Duration,
 ) -> Result<Vec<ClaimedJob>> {
     validate::name("queue", queue)?;
-    if limit == 0 || limit > MAX_BATCH {
-        return Err(Error::invalid(
-            "limit",
-            format!("{limit} is not between 1 and {MAX_BATCH}"),
-        ));
-    }
     let micros = validate::ttl(ttl)?;
-    let limit = limit as i64;
+    let limit = check_limit(limit)?;
     let rows: Vec<JobRow> = dispatch!(conn, c => {
         bare_write_transaction(c, "claiming jobs", |c| {
             let syntax = c.syntax();
@@ -313,10 +316,8 @@ pub fn claim<C: DibsConnection>(
             let ids: Vec<i64> = diesel::sql_query(syntax.render(CLAIM_PICK))
                 .bind::<Text, _>(queue)
                 .bind::<BigInt, _>(limit)
-                .load::<IdRow>(c)?
-                .into_iter()
-                .map(|row| row.id)
-                .collect();
+                .load::<IdRow>(c)
+                .map(ids_of)?;
             if ids.is_empty() {
                 return Ok(Vec::new());
             }
@@ -341,22 +342,14 @@ pub fn claim<C: DibsConnection>(
 /// once, or marks them dead if that was their last attempt: up to `limit` per call. A stalled
 /// run counts as an attempt. Needs a bare connection.
 pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
-    if limit == 0 || limit > MAX_BATCH {
-        return Err(Error::invalid(
-            "limit",
-            format!("{limit} is not between 1 and {MAX_BATCH}"),
-        ));
-    }
-    let limit = limit as i64;
+    let limit = check_limit(limit)?;
     let rows: Vec<IdStateRow> = dispatch!(conn, c => {
         bare_write_transaction(c, "rescuing stalled jobs", |c| {
             let syntax = c.syntax();
             let candidates: Vec<i64> = diesel::sql_query(syntax.render(RESCUE_CANDIDATES))
                 .bind::<BigInt, _>(limit)
-                .load::<IdRow>(c)?
-                .into_iter()
-                .map(|row| row.id)
-                .collect();
+                .load::<IdRow>(c)
+                .map(ids_of)?;
             if candidates.is_empty() {
                 return Ok(Vec::new());
             }
@@ -367,10 +360,8 @@ pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> 
                 syntax.skip_locked
             );
             let ids: Vec<i64> = diesel::sql_query(lock)
-                .load::<IdRow>(c)?
-                .into_iter()
-                .map(|row| row.id)
-                .collect();
+                .load::<IdRow>(c)
+                .map(ids_of)?;
             if ids.is_empty() {
                 return Ok(Vec::new());
             }
