@@ -156,6 +156,12 @@ fn ids_of(rows: Vec<IdRow>) -> Vec<i64> {
 
 /// How many jobs one call may claim or rescue: 1 to [`MAX_BATCH`].
 fn check_limit(limit: usize) -> Result<i64> {
+    if limit == 0 || limit > MAX_BATCH {
+        return Err(Error::invalid(
+            "limit",
+            format!("{limit} is not between 1 and {MAX_BATCH}"),
+        ));
+    }
     Ok(limit as i64)
 }
 
