@@ -83,6 +83,7 @@ mod pool;
 pub mod sql_types;
 mod transaction;
 mod validate;
+pub mod worker;
 
 pub use backend::{AnyConnection, Backend, BackendConnection, DibsConnection};
 pub use error::{Error, Result};

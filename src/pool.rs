@@ -135,6 +135,9 @@ pub type PooledConnection = r2d2::PooledConnection<ConnectionManager>;
 pub struct Pool {
     inner: r2d2::Pool<ConnectionManager>,
     backend: Backend,
+    /// For connections that must not come from the pool (a LISTEN connection). Never shown.
+    url: std::sync::Arc<str>,
+    session: SessionSetup,
 }
 
 impl fmt::Debug for Pool {
@@ -170,6 +173,14 @@ impl Pool {
     /// The largest number of connections the pool opens.
     pub fn max_size(&self) -> u32 {
         self.inner.max_size()
+    }
+
+    /// A new connection to the same database with the same settings, outside the pool (for
+    /// a connection held for good, like a PostgreSQL LISTEN connection).
+    pub fn dedicated_connection(&self) -> Result<AnyConnection> {
+        let mut conn = AnyConnection::connect(&self.url)?;
+        self.session.apply(&mut conn)?;
+        Ok(conn)
     }
 
     /// The r2d2 pool itself, for its statistics and settings.
@@ -249,6 +260,7 @@ impl PoolOptions {
                  own empty database); use a file",
             ));
         }
+        let session_for_dedicated = self.session.clone();
         let mut probe = AnyConnection::connect(url)?;
         self.session.apply(&mut probe)?;
         drop(probe);
@@ -256,10 +268,15 @@ impl PoolOptions {
             .max_size(self.max_size)
             .min_idle(Some(0))
             .connection_timeout(self.connection_timeout)
-            .connection_customizer(Box::new(self.session))
+            .connection_customizer(Box::new(self.session.clone()))
             .build(ConnectionManager {
                 url: url.to_string(),
             })?;
-        Ok(Pool { inner, backend })
+        Ok(Pool {
+            inner,
+            backend,
+            url: url.into(),
+            session: session_for_dedicated,
+        })
     }
 }

@@ -327,7 +327,13 @@ pub(crate) struct Syntax {
     pub skip_locked: &'static str,
     /// `{random_token}`: 16 random bytes made by the database, for tokens made in bulk.
     pub random_token: &'static str,
+    /// A statement that wakes idle workers of the queue bound to it (PostgreSQL NOTIFY; sent
+    /// at commit, so a rolled-back enqueue wakes nobody).
+    pub notify_queue: Option<&'static str>,
 }
+
+/// The PostgreSQL channel that enqueues notify and idle workers listen to.
+pub(crate) const NOTIFY_CHANNEL: &str = "dibs_jobs";
 
 impl Syntax {
     /// Renders a statement template for this backend.

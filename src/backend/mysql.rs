@@ -30,6 +30,7 @@ static SYNTAX: Syntax = Syntax {
     for_update: " FOR UPDATE",
     skip_locked: " FOR UPDATE SKIP LOCKED",
     random_token: "RANDOM_BYTES(16)",
+    notify_queue: None,
 };
 
 impl Dialect for MysqlConnection {

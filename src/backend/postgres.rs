@@ -35,6 +35,7 @@ static SYNTAX: Syntax = Syntax {
     for_update: " FOR UPDATE",
     skip_locked: " FOR UPDATE SKIP LOCKED",
     random_token: "gen_random_uuid()",
+    notify_queue: Some("SELECT pg_notify('dibs_jobs', ?)"),
 };
 
 impl Dialect for PgConnection {

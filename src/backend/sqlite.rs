@@ -27,6 +27,7 @@ static SYNTAX: Syntax = Syntax {
     for_update: "",
     skip_locked: "",
     random_token: "randomblob(16)",
+    notify_queue: None,
 };
 
 impl Dialect for SqliteConnection {

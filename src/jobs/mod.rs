@@ -207,7 +207,26 @@ macro_rules! insert_one {
 /// rolled-back transaction leaves no job). Returns its id.
 pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<i64> {
     job.validate()?;
-    Ok(dispatch!(conn, c => insert_one!(c, job))?)
+    let id = dispatch!(conn, c => insert_one!(c, job))?;
+    notify(conn, [job.queue.as_str()])?;
+    Ok(id)
+}
+
+/// Wakes idle workers of these queues where the backend can (PostgreSQL NOTIFY, delivered
+/// when the enqueueing transaction commits).
+fn notify<'q, C: DibsConnection>(
+    conn: &mut C,
+    queues: impl IntoIterator<Item = &'q str>,
+) -> Result<()> {
+    let queues: HashSet<&str> = queues.into_iter().collect();
+    dispatch!(conn, c => {
+        if let Some(sql) = c.syntax().notify_queue {
+            for queue in queues {
+                diesel::sql_query(c.syntax().render(sql)).bind::<Text, _>(queue).execute(c)?;
+            }
+        }
+        Ok::<(), Error>(())
+    })
 }
 
 /// Enqueues several jobs in one transaction (the caller's, if one is open: then in a
@@ -227,7 +246,7 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
     for job in jobs {
         job.validate()?;
     }
-    transaction(conn, |conn| {
+    let ids = transaction(conn, |conn| {
         dispatch!(conn, c => {
             let syntax = c.syntax();
             let mut ids = Vec::with_capacity(jobs.len());
@@ -263,9 +282,11 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                 chunk_ids.sort_unstable();
                 ids.extend(chunk_ids);
             }
-            Ok(ids)
+            Ok::<Vec<i64>, Error>(ids)
         })
-    })
+    })?;
+    notify(conn, jobs.iter().map(|job| job.queue.as_str()))?;
+    Ok(ids)
 }
 
 /// Rows per multi-row insert: 7 parameters a row stays well under SQLite's 32,766 and

@@ -1,0 +1,365 @@
+//! Workers on plain threads: claim jobs, run their handlers, heartbeat their claims, finish
+//! them, and shut down gracefully.
+//!
+//! A worker process uses `threads + 2` pooled connections at most (one per handler thread
+//! while it finishes a job, one for claiming and rescuing, one for heartbeats), plus on
+//! PostgreSQL one dedicated connection outside the pool that LISTENs for new jobs. The
+//! builder refuses a pool smaller than `threads + 2`.
+//!
+//! ```
+//! # fn main() -> Result<(), dibs::Error> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let url = dir.path().join("app.db").display().to_string();
+//! use std::time::Duration;
+//! use dibs::jobs::{self, NewJob};
+//! use dibs::worker::{JobContext, JobError, Worker};
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Welcome { to: String }
+//!
+//! let pool = dibs::Pool::open(&url)?;
+//! dibs::run_migrations(&mut pool.get()?)?;
+//! jobs::enqueue(&mut pool.get()?, &NewJob::json("mail", "welcome", &serde_json::json!({"to": "ada"}))?)?;
+//!
+//! let worker = Worker::builder(pool.clone())
+//!     .queue("mail")
+//!     .threads(2)
+//!     .handler("welcome", |_ctx: &JobContext, job: Welcome| {
+//!         if job.to.is_empty() {
+//!             return Err(JobError::fail("no recipient"));
+//!         }
+//!         Ok(()) // send it
+//!     })
+//!     .start()?;
+//! # std::thread::sleep(Duration::from_millis(300));
+//! let report = worker.shutdown(Duration::from_secs(5));
+//! # assert_eq!(report.completed, 1);
+//! # Ok(()) }
+//! ```
+
+mod run;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::jobs::{Backoff, JobClaim};
+use crate::{Error, Pool, Result, validate};
+
+pub use run::{Report, WorkerHandle};
+
+/// Why a handler's run did not succeed, and what to do about it. Any `std::error::Error`
+/// converts into a retry (so `?` works in handlers).
+pub struct JobError {
+    message: String,
+    action: Action,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Action {
+    /// Retry per the kind's policy.
+    Retry,
+    /// Retry at this instant.
+    RetryAt(DateTime<Utc>),
+    /// Dead now.
+    Fail,
+}
+
+impl JobError {
+    /// Retry per the kind's retry policy (attempts permitting).
+    pub fn retry(message: impl Into<String>) -> Self {
+        JobError {
+            message: message.into(),
+            action: Action::Retry,
+        }
+    }
+
+    /// Retry at `at` (attempts permitting).
+    pub fn retry_at(message: impl Into<String>, at: DateTime<Utc>) -> Self {
+        JobError {
+            message: message.into(),
+            action: Action::RetryAt(at),
+        }
+    }
+
+    /// Fail for good: the job is dead now, whatever attempts it has left.
+    pub fn fail(message: impl Into<String>) -> Self {
+        JobError {
+            message: message.into(),
+            action: Action::Fail,
+        }
+    }
+
+    /// The message kept with the job.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl<E: std::error::Error> From<E> for JobError {
+    fn from(error: E) -> Self {
+        JobError::retry(error.to_string())
+    }
+}
+
+impl fmt::Debug for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "JobError({:?}, {:?})", self.action, self.message)
+    }
+}
+
+/// What a handler knows about the job it runs.
+pub struct JobContext {
+    /// The job's id.
+    pub id: i64,
+    /// Its queue.
+    pub queue: String,
+    /// Its kind.
+    pub kind: String,
+    /// Which run this is (1 for the first).
+    pub attempt: u32,
+    /// How many runs it may have.
+    pub max_attempts: u32,
+    pub(crate) claim: JobClaim,
+    pub(crate) stop: Arc<AtomicBool>,
+}
+
+impl JobContext {
+    /// True once the worker has given up on this run: its claim was lost (rescued, taken
+    /// over or cancelled), it passed its timeout, or the worker is shutting down past its
+    /// grace period. A long handler should check it and return.
+    pub fn should_stop(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// The claim, to complete the job inside the handler's own transaction
+    /// (`dibs::jobs::complete`): the handler's writes and the completion then commit together.
+    /// The worker's own completion afterwards answers "already done".
+    pub fn claim(&self) -> JobClaim {
+        self.claim
+    }
+}
+
+type Handler = dyn Fn(&JobContext, &[u8]) -> std::result::Result<(), HandlerFailure> + Send + Sync;
+
+/// How a handler's run ended, other than success.
+pub(crate) enum HandlerFailure {
+    Job(JobError),
+    /// The payload did not decode: dead at once, no retries.
+    Undecodable(String),
+}
+
+/// Per kind: the handler, its retry policy and its timeout.
+pub(crate) struct KindConfig {
+    pub handler: Arc<Handler>,
+    pub backoff: Backoff,
+    pub timeout: Option<Duration>,
+}
+
+/// Builds a [`Worker`].
+pub struct WorkerBuilder {
+    pool: Pool,
+    queues: Vec<String>,
+    threads: usize,
+    kinds: HashMap<String, KindConfig>,
+    lease_ttl: Duration,
+    poll_interval: Duration,
+    backoff: Backoff,
+    error: Option<Error>,
+}
+
+/// Starts workers: see [`Worker::builder`].
+pub struct Worker;
+
+impl Worker {
+    /// A worker on `pool`'s database. Defaults: 4 threads, lease ttl 30 s (renewed every
+    /// 10 s), poll interval 1 s, exponential backoff from 1 s to 1 h.
+    pub fn builder(pool: Pool) -> WorkerBuilder {
+        WorkerBuilder {
+            pool,
+            queues: Vec::new(),
+            threads: 4,
+            kinds: HashMap::new(),
+            lease_ttl: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            backoff: Backoff::default(),
+            error: None,
+        }
+    }
+}
+
+impl WorkerBuilder {
+    /// Serve this queue (call once per queue).
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queues.push(queue.into());
+        self
+    }
+
+    /// How many handlers run at once (default 4).
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self
+    }
+
+    /// How long a claim lasts between heartbeats (default 30 s; heartbeats every third).
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// The longest pause between two claims while idle (default 1 s). Idle polling starts at
+    /// 10 ms and doubles up to it; on PostgreSQL a NOTIFY from an enqueue wakes the worker at
+    /// once.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// The retry policy of kinds without their own (default: 1 s doubling to 1 h).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Runs jobs of `kind` with `handler`, their payload decoded from JSON into `T`. A payload
+    /// that does not decode makes the job dead at once, without retries.
+    pub fn handler<T, F>(self, kind: impl Into<String>, handler: F) -> Self
+    where
+        T: serde::de::DeserializeOwned,
+        F: Fn(&JobContext, T) -> std::result::Result<(), JobError> + Send + Sync + 'static,
+    {
+        self.add(
+            kind.into(),
+            Arc::new(move |ctx: &JobContext, payload: &[u8]| {
+                let value: T = serde_json::from_slice(payload).map_err(|e| {
+                    HandlerFailure::Undecodable(format!("the payload does not decode: {e}"))
+                })?;
+                handler(ctx, value).map_err(HandlerFailure::Job)
+            }),
+        )
+    }
+
+    /// Runs jobs of `kind` with `handler`, given the payload's bytes.
+    pub fn raw_handler<F>(self, kind: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(&JobContext, &[u8]) -> std::result::Result<(), JobError> + Send + Sync + 'static,
+    {
+        self.add(
+            kind.into(),
+            Arc::new(move |ctx: &JobContext, payload: &[u8]| {
+                handler(ctx, payload).map_err(HandlerFailure::Job)
+            }),
+        )
+    }
+
+    fn add(mut self, kind: String, handler: Arc<Handler>) -> Self {
+        if let Err(e) = validate::name("kind", &kind) {
+            self.error.get_or_insert(e);
+        }
+        let backoff = self.backoff;
+        self.kinds.insert(
+            kind,
+            KindConfig {
+                handler,
+                backoff,
+                timeout: None,
+            },
+        );
+        self
+    }
+
+    /// The retry policy of one kind (set after its handler).
+    pub fn kind_backoff(mut self, kind: &str, backoff: Backoff) -> Self {
+        match self.kinds.get_mut(kind) {
+            Some(config) => config.backoff = backoff,
+            None => {
+                self.error.get_or_insert(Error::invalid(
+                    "kind",
+                    format!("no handler for {kind:?} yet"),
+                ));
+            }
+        }
+        self
+    }
+
+    /// A timeout for one kind (set after its handler): at the timeout the worker stops
+    /// renewing the claim, raises [`JobContext::should_stop`] and fails the run (retried per
+    /// policy). The thread stays busy until the handler returns.
+    pub fn timeout(mut self, kind: &str, timeout: Duration) -> Self {
+        match self.kinds.get_mut(kind) {
+            Some(config) if !timeout.is_zero() => config.timeout = Some(timeout),
+            Some(_) => {
+                self.error
+                    .get_or_insert(Error::invalid("timeout", "must be longer than zero"));
+            }
+            None => {
+                self.error.get_or_insert(Error::invalid(
+                    "kind",
+                    format!("no handler for {kind:?} yet"),
+                ));
+            }
+        }
+        self
+    }
+
+    /// Checks the configuration and starts the worker's threads.
+    pub fn start(self) -> Result<WorkerHandle> {
+        if let Some(error) = self.error {
+            return Err(error);
+        }
+        if self.queues.is_empty() {
+            return Err(Error::invalid(
+                "queues",
+                "a worker needs at least one queue",
+            ));
+        }
+        for queue in &self.queues {
+            validate::name("queue", queue)?;
+        }
+        if self.kinds.is_empty() {
+            return Err(Error::invalid(
+                "handlers",
+                "a worker needs at least one handler",
+            ));
+        }
+        if self.threads == 0 || self.threads > 1000 {
+            return Err(Error::invalid(
+                "threads",
+                format!("{} is not between 1 and 1000", self.threads),
+            ));
+        }
+        validate::ttl(self.lease_ttl)?;
+        if self.lease_ttl < Duration::from_millis(30) {
+            return Err(Error::invalid(
+                "lease ttl",
+                "heartbeats need at least 30 ms",
+            ));
+        }
+        if self.poll_interval.is_zero() {
+            return Err(Error::invalid("poll interval", "must be longer than zero"));
+        }
+        let needed = self.threads as u32 + 2;
+        if self.pool.max_size() < needed {
+            return Err(Error::invalid(
+                "pool",
+                format!(
+                    "has {} connections; a worker with {} threads needs {needed} (threads + 2)",
+                    self.pool.max_size(),
+                    self.threads
+                ),
+            ));
+        }
+        run::start(run::Config {
+            pool: self.pool,
+            queues: self.queues,
+            threads: self.threads,
+            kinds: self.kinds,
+            lease_ttl: self.lease_ttl,
+            poll_interval: self.poll_interval,
+        })
+    }
+}
