@@ -6,3 +6,4 @@ mod support;
 mod foundation;
 mod jobs;
 mod leases;
+mod worker;
