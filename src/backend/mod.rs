@@ -333,6 +333,7 @@ pub(crate) struct Syntax {
 }
 
 /// The PostgreSQL channel that enqueues notify and idle workers listen to.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) const NOTIFY_CHANNEL: &str = "dibs_jobs";
 
 impl Syntax {

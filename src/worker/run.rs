@@ -81,6 +81,7 @@ impl Shared {
             .0
     }
 
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn stopping(&self) -> bool {
         self.lock().stopping
     }
@@ -585,6 +586,8 @@ mod listener {
                     continue;
                 }
             };
+            // Irrefutable when PostgreSQL is the only backend compiled in.
+            #[allow(irrefutable_let_patterns)]
             let BackendConnection::Postgres(pg) = conn.backend_connection() else {
                 return;
             };
@@ -597,7 +600,7 @@ mod listener {
                 let mut wake = false;
                 for notification in pg.notifications_iter() {
                     match notification {
-                        Ok(n) => wake |= shared.config.queues.iter().any(|q| *q == n.payload),
+                        Ok(n) => wake |= shared.config.queues.contains(&n.payload),
                         Err(e) => {
                             tracing::warn!(error = %e, "listener: connection lost; reconnecting");
                             break 'connected;

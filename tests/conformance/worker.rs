@@ -41,7 +41,9 @@ fn four_threads_process_two_thousand_jobs_once(backend: Backend) {
     const JOBS: usize = 2000;
     let db = TestDb::migrated(backend);
     let pool = pool(&db);
-    let batch: Vec<NewJob> = (0..JOBS).map(|i| NewJob::json("bulk", "count", &i).unwrap()).collect();
+    let batch: Vec<NewJob> = (0..JOBS)
+        .map(|i| NewJob::json("bulk", "count", &i).unwrap())
+        .collect();
     let ids = jobs::enqueue_many(&mut pool.get().unwrap(), &batch).unwrap();
     let runs: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
     let seen = runs.clone();
@@ -63,11 +65,28 @@ fn four_threads_process_two_thousand_jobs_once(backend: Backend) {
     assert_eq!(report_after.completed, JOBS);
     let runs = runs.lock().unwrap();
     for id in &ids {
-        assert_eq!(runs.get(id), Some(&1), "job {id} ran {:?} times", runs.get(id));
+        assert_eq!(
+            runs.get(id),
+            Some(&1),
+            "job {id} ran {:?} times",
+            runs.get(id)
+        );
     }
     let mut conn = pool.get().unwrap();
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'completed'"), JOBS as i64);
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'"), 0);
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'completed'"
+        ),
+        JOBS as i64
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'"
+        ),
+        0
+    );
     println!(
         "{backend} worker, 4 threads, {JOBS} jobs: each ran once, all completed, {:?} = {:.0} jobs/s",
         took,
@@ -80,11 +99,24 @@ fn panics_retries_failures_and_bad_payloads(backend: Backend) {
     let pool = pool(&db);
     let mut conn = pool.get().unwrap();
     let later = dibs::database_now(&mut conn).unwrap() + chrono::Duration::hours(1);
-    let panics = jobs::enqueue(&mut conn, &NewJob::new("mix", "panic", b"1".to_vec()).max_attempts(1)).unwrap();
-    let retry_at = jobs::enqueue(&mut conn, &NewJob::new("mix", "retry_at", b"1".to_vec())).unwrap();
+    let panics = jobs::enqueue(
+        &mut conn,
+        &NewJob::new("mix", "panic", b"1".to_vec()).max_attempts(1),
+    )
+    .unwrap();
+    let retry_at =
+        jobs::enqueue(&mut conn, &NewJob::new("mix", "retry_at", b"1".to_vec())).unwrap();
     let fails = jobs::enqueue(&mut conn, &NewJob::new("mix", "fail", b"1".to_vec())).unwrap();
-    let bad = jobs::enqueue(&mut conn, &NewJob::new("mix", "typed", b"not json".to_vec())).unwrap();
-    let fine = jobs::enqueue(&mut conn, &NewJob::new("mix", "typed", b"{\"n\": 7}".to_vec()).priority(10)).unwrap();
+    let bad = jobs::enqueue(
+        &mut conn,
+        &NewJob::new("mix", "typed", b"not json".to_vec()),
+    )
+    .unwrap();
+    let fine = jobs::enqueue(
+        &mut conn,
+        &NewJob::new("mix", "typed", b"{\"n\": 7}".to_vec()).priority(10),
+    )
+    .unwrap();
     #[derive(serde::Deserialize)]
     struct Typed {
         n: u32,
@@ -93,9 +125,15 @@ fn panics_retries_failures_and_bad_payloads(backend: Backend) {
         .queue("mix")
         .threads(1)
         .poll_interval(Duration::from_millis(20))
-        .raw_handler("panic", |ctx: &JobContext, _: &[u8]| panic!("boom in job {}", ctx.id))
-        .raw_handler("retry_at", move |_: &JobContext, _: &[u8]| Err(JobError::retry_at("not yet", later)))
-        .raw_handler("fail", |_: &JobContext, _: &[u8]| Err(JobError::fail("never will")))
+        .raw_handler("panic", |ctx: &JobContext, _: &[u8]| {
+            panic!("boom in job {}", ctx.id)
+        })
+        .raw_handler("retry_at", move |_: &JobContext, _: &[u8]| {
+            Err(JobError::retry_at("not yet", later))
+        })
+        .raw_handler("fail", |_: &JobContext, _: &[u8]| {
+            Err(JobError::fail("never will"))
+        })
         .handler("typed", |_: &JobContext, t: Typed| {
             assert_eq!(t.n, 7);
             Ok(())
@@ -103,20 +141,43 @@ fn panics_retries_failures_and_bad_payloads(backend: Backend) {
         .start()
         .unwrap();
     // One thread: the job after the panic ran on the thread that caught it.
-    let report = wait_for(&worker, Duration::from_secs(20), |r| r.completed + r.retried + r.dead >= 5);
+    let report = wait_for(&worker, Duration::from_secs(20), |r| {
+        r.completed + r.retried + r.dead >= 5
+    });
     worker.shutdown(Duration::from_secs(5));
-    assert_eq!((report.completed, report.retried, report.dead, report.panicked), (1, 1, 3, 1), "{report:?}");
+    assert_eq!(
+        (
+            report.completed,
+            report.retried,
+            report.dead,
+            report.panicked
+        ),
+        (1, 1, 3, 1),
+        "{report:?}"
+    );
     let job = |id| jobs::get(&mut pool.get().unwrap(), id).unwrap().unwrap();
     let p = job(panics);
     assert_eq!(p.state, JobState::Dead);
-    assert!(p.last_error.unwrap().contains(&format!("panicked: boom in job {panics}")));
+    assert!(
+        p.last_error
+            .unwrap()
+            .contains(&format!("panicked: boom in job {panics}"))
+    );
     let r = job(retry_at);
     assert_eq!((r.state, r.attempt), (JobState::Waiting, 1));
-    assert!((r.due_at - later).num_milliseconds().abs() <= 1, "{} vs {later}", r.due_at);
+    assert!(
+        (r.due_at - later).num_milliseconds().abs() <= 1,
+        "{} vs {later}",
+        r.due_at
+    );
     let f = job(fails);
     assert_eq!((f.state, f.attempt), (JobState::Dead, 1));
     let b = job(bad);
-    assert_eq!((b.state, b.attempt), (JobState::Dead, 1), "undecodable: dead at once, no retries");
+    assert_eq!(
+        (b.state, b.attempt),
+        (JobState::Dead, 1),
+        "undecodable: dead at once, no retries"
+    );
     assert!(b.last_error.unwrap().contains("does not decode"));
     assert_eq!(job(fine).state, JobState::Completed);
 }
@@ -125,7 +186,11 @@ fn a_long_handler_keeps_its_job_through_heartbeats(backend: Backend) {
     let db = TestDb::migrated(backend);
     let pool = pool(&db);
     let ttl = Duration::from_millis(300);
-    let id = jobs::enqueue(&mut pool.get().unwrap(), &NewJob::new("long", "long", vec![])).unwrap();
+    let id = jobs::enqueue(
+        &mut pool.get().unwrap(),
+        &NewJob::new("long", "long", vec![]),
+    )
+    .unwrap();
     let a = Worker::builder(pool.clone())
         .queue("long")
         .threads(1)
@@ -158,7 +223,11 @@ fn a_long_handler_keeps_its_job_through_heartbeats(backend: Backend) {
     b.shutdown(Duration::from_secs(1));
     a.shutdown(Duration::from_secs(1));
     assert_eq!(report.completed, 1, "{report:?}");
-    assert_eq!(stolen.load(Ordering::SeqCst), 0, "the second worker got a job whose claim was renewed");
+    assert_eq!(
+        stolen.load(Ordering::SeqCst),
+        0,
+        "the second worker got a job whose claim was renewed"
+    );
     let job = jobs::get(&mut pool.get().unwrap(), id).unwrap().unwrap();
     assert_eq!((job.state, job.attempt), (JobState::Completed, 1));
 }
@@ -195,7 +264,13 @@ fn a_handler_past_its_timeout_is_failed_without_extra_concurrency(backend: Backe
             r1.fetch_sub(1, Ordering::SeqCst);
             Ok(())
         })
-        .kind_backoff("slow", Backoff { base: Duration::from_secs(3600), max: Duration::from_secs(3600) })
+        .kind_backoff(
+            "slow",
+            Backoff {
+                base: Duration::from_secs(3600),
+                max: Duration::from_secs(3600),
+            },
+        )
         .timeout("slow", Duration::from_millis(300))
         .raw_handler("quick", move |_: &JobContext, _: &[u8]| {
             track(&r2, &m2);
@@ -204,15 +279,31 @@ fn a_handler_past_its_timeout_is_failed_without_extra_concurrency(backend: Backe
         })
         .start()
         .unwrap();
-    let report = wait_for(&worker, Duration::from_secs(10), |r| r.completed >= 1 && r.timed_out >= 1);
+    let report = wait_for(&worker, Duration::from_secs(10), |r| {
+        r.completed >= 1 && r.timed_out >= 1
+    });
     worker.shutdown(Duration::from_secs(5));
-    assert!(saw_flag.load(Ordering::SeqCst), "the handler saw should_stop at its timeout");
-    assert_eq!(most.load(Ordering::SeqCst), 1, "one thread: never two handlers at once");
+    assert!(
+        saw_flag.load(Ordering::SeqCst),
+        "the handler saw should_stop at its timeout"
+    );
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        1,
+        "one thread: never two handlers at once"
+    );
     assert_eq!(report.timed_out, 1, "{report:?}");
     let job = jobs::get(&mut conn, slow).unwrap().unwrap();
-    assert_eq!(job.state, JobState::Waiting, "failed and waiting for its retry");
+    assert_eq!(
+        job.state,
+        JobState::Waiting,
+        "failed and waiting for its retry"
+    );
     assert!(job.last_error.unwrap().contains("timed out"));
-    assert_eq!(jobs::get(&mut conn, quick).unwrap().unwrap().state, JobState::Completed);
+    assert_eq!(
+        jobs::get(&mut conn, quick).unwrap().unwrap().state,
+        JobState::Completed
+    );
 }
 
 fn shutdown_finishes_within_grace_and_gives_back_the_rest(backend: Backend) {
@@ -248,9 +339,16 @@ fn shutdown_finishes_within_grace_and_gives_back_the_rest(backend: Backend) {
     }
     let report = worker.shutdown(Duration::from_secs(1));
     assert_eq!((report.completed, report.given_back), (1, 1), "{report:?}");
-    assert_eq!(jobs::get(&mut conn, short).unwrap().unwrap().state, JobState::Completed);
+    assert_eq!(
+        jobs::get(&mut conn, short).unwrap().unwrap().state,
+        JobState::Completed
+    );
     let given_back = jobs::get(&mut conn, stuck).unwrap().unwrap();
-    assert_eq!((given_back.state, given_back.attempt), (JobState::Waiting, 0), "no attempt used");
+    assert_eq!(
+        (given_back.state, given_back.attempt),
+        (JobState::Waiting, 0),
+        "no attempt used"
+    );
     // Another worker takes it at once.
     let taken = Clock::now();
     let other = Worker::builder(pool.clone())
@@ -263,8 +361,15 @@ fn shutdown_finishes_within_grace_and_gives_back_the_rest(backend: Backend) {
     let report = wait_for(&other, Duration::from_secs(5), |r| r.completed == 1);
     other.shutdown(Duration::from_secs(1));
     assert_eq!(report.completed, 1);
-    assert!(taken.elapsed() < Duration::from_secs(2), "{:?}", taken.elapsed());
-    assert_eq!(jobs::get(&mut conn, stuck).unwrap().unwrap().state, JobState::Completed);
+    assert!(
+        taken.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        taken.elapsed()
+    );
+    assert_eq!(
+        jobs::get(&mut conn, stuck).unwrap().unwrap().state,
+        JobState::Completed
+    );
 }
 
 /// CPU time this process has used, from /proc (Linux), in clock ticks (1/100 s).
@@ -283,7 +388,11 @@ fn an_idle_worker_starts_a_new_job_promptly(backend: Backend) {
     let pool = pool(&db);
     // PostgreSQL: a 30 s poll interval, so only NOTIFY can start the job quickly. Elsewhere
     // the worker polls: 200 ms.
-    let poll = if backend == Backend::Postgres { Duration::from_secs(30) } else { Duration::from_millis(200) };
+    let poll = if backend == Backend::Postgres {
+        Duration::from_secs(30)
+    } else {
+        Duration::from_millis(200)
+    };
     let started_at: Arc<Mutex<Option<Clock>>> = Arc::default();
     let mark = started_at.clone();
     let worker = Worker::builder(pool.clone())
@@ -308,7 +417,11 @@ fn an_idle_worker_starts_a_new_job_promptly(backend: Backend) {
     let latency = started_at.lock().unwrap().expect("the job ran") - enqueued;
     // Expected: ~20-50 ms with NOTIFY (the listener checks every 20 ms), up to the poll
     // interval when polling; 10x margins.
-    let bound = if backend == Backend::Postgres { Duration::from_secs(1) } else { poll * 10 };
+    let bound = if backend == Backend::Postgres {
+        Duration::from_secs(1)
+    } else {
+        poll * 10
+    };
     assert!(latency < bound, "{latency:?}");
     println!(
         "{backend} idle worker (poll interval {poll:?}): enqueue-to-start {latency:?}; \
@@ -322,18 +435,172 @@ fn the_builder_refuses_what_cannot_work(backend: Backend) {
     let pool = pool(&db);
     let ok = |_: &JobContext, _: &[u8]| Ok(());
     let attempts = vec![
-        ("no queue", Worker::builder(pool.clone()).raw_handler("k", ok).start().err()),
-        ("no handler", Worker::builder(pool.clone()).queue("q").start().err()),
-        ("zero threads", Worker::builder(pool.clone()).queue("q").threads(0).raw_handler("k", ok).start().err()),
-        ("pool too small", Worker::builder(db.pool(3)).queue("q").threads(2).raw_handler("k", ok).start().err()),
-        ("empty kind", Worker::builder(pool.clone()).queue("q").raw_handler("", ok).start().err()),
-        ("bad queue", Worker::builder(pool.clone()).queue("").raw_handler("k", ok).start().err()),
-        ("zero timeout", Worker::builder(pool.clone()).queue("q").raw_handler("k", ok).timeout("k", Duration::ZERO).start().err()),
-        ("timeout of unknown kind", Worker::builder(pool.clone()).queue("q").raw_handler("k", ok).timeout("x", Duration::from_secs(1)).start().err()),
-        ("tiny ttl", Worker::builder(pool.clone()).queue("q").raw_handler("k", ok).lease_ttl(Duration::from_millis(5)).start().err()),
+        (
+            "no queue",
+            Worker::builder(pool.clone())
+                .raw_handler("k", ok)
+                .start()
+                .err(),
+        ),
+        (
+            "no handler",
+            Worker::builder(pool.clone()).queue("q").start().err(),
+        ),
+        (
+            "zero threads",
+            Worker::builder(pool.clone())
+                .queue("q")
+                .threads(0)
+                .raw_handler("k", ok)
+                .start()
+                .err(),
+        ),
+        (
+            "pool too small",
+            Worker::builder(db.pool(3))
+                .queue("q")
+                .threads(2)
+                .raw_handler("k", ok)
+                .start()
+                .err(),
+        ),
+        (
+            "empty kind",
+            Worker::builder(pool.clone())
+                .queue("q")
+                .raw_handler("", ok)
+                .start()
+                .err(),
+        ),
+        (
+            "bad queue",
+            Worker::builder(pool.clone())
+                .queue("")
+                .raw_handler("k", ok)
+                .start()
+                .err(),
+        ),
+        (
+            "zero timeout",
+            Worker::builder(pool.clone())
+                .queue("q")
+                .raw_handler("k", ok)
+                .timeout("k", Duration::ZERO)
+                .start()
+                .err(),
+        ),
+        (
+            "timeout of unknown kind",
+            Worker::builder(pool.clone())
+                .queue("q")
+                .raw_handler("k", ok)
+                .timeout("x", Duration::from_secs(1))
+                .start()
+                .err(),
+        ),
+        (
+            "tiny ttl",
+            Worker::builder(pool.clone())
+                .queue("q")
+                .raw_handler("k", ok)
+                .lease_ttl(Duration::from_millis(5))
+                .start()
+                .err(),
+        ),
     ];
     for (what, err) in attempts {
         let err = err.unwrap_or_else(|| panic!("{what}: started"));
         assert!(err.is_invalid_input(), "{what}: {err:?}");
+    }
+}
+
+/// The server drops every connection of the worker mid-run: the worker logs, reconnects and
+/// finishes every job (at least once; a run whose completion was cut off is rescued).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn survives_dropped_connections(backend: Backend) {
+    use diesel::RunQueryDsl;
+    use diesel::connection::SimpleConnection;
+    const JOBS: usize = 300;
+    let db = TestDb::migrated(backend);
+    let pool = pool(&db);
+    let batch: Vec<NewJob> = (0..JOBS)
+        .map(|_| NewJob::new("drop", "k", vec![]))
+        .collect();
+    let ids = jobs::enqueue_many(&mut pool.get().unwrap(), &batch).unwrap();
+    let runs: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
+    let seen = runs.clone();
+    let worker = Worker::builder(pool.clone())
+        .queue("drop")
+        .threads(4)
+        .lease_ttl(Duration::from_millis(600))
+        .poll_interval(Duration::from_millis(50))
+        .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
+            *seen.lock().unwrap().entry(ctx.id).or_default() += 1;
+            std::thread::sleep(Duration::from_millis(5));
+            Ok(())
+        })
+        .start()
+        .unwrap();
+    wait_for(&worker, Duration::from_secs(20), |r| {
+        r.completed >= JOBS / 3
+    });
+    #[derive(diesel::QueryableByName)]
+    struct Pid {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        pid: i64,
+    }
+    let mut admin = db.connect();
+    let others = match backend {
+        Backend::Postgres => {
+            "SELECT CAST(pid AS BIGINT) AS pid FROM pg_stat_activity \
+            WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        }
+        _ => {
+            "SELECT CAST(id AS SIGNED) AS pid FROM information_schema.processlist \
+            WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+        }
+    };
+    let pids = diesel::sql_query(others).load::<Pid>(&mut admin).unwrap();
+    assert!(!pids.is_empty());
+    for Pid { pid } in &pids {
+        let kill = match backend {
+            Backend::Postgres => format!("SELECT pg_terminate_backend({pid})"),
+            _ => format!("KILL {pid}"),
+        };
+        // A connection may have gone on its own meanwhile.
+        let _ = admin.batch_execute(&kill);
+    }
+    let report = wait_for(&worker, Duration::from_secs(30), |r| r.completed >= JOBS);
+    worker.shutdown(Duration::from_secs(2));
+    let mut conn = pool.get().unwrap();
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'completed'"
+        ),
+        JOBS as i64,
+        "{report:?}"
+    );
+    let runs = runs.lock().unwrap();
+    assert!(ids.iter().all(|id| runs.get(id).is_some_and(|n| *n >= 1)));
+    println!(
+        "{backend} worker survived {} dropped connections: {report:?}",
+        pids.len()
+    );
+}
+
+#[cfg(feature = "postgres")]
+mod postgres_faults {
+    #[test]
+    fn survives_dropped_connections() {
+        super::survives_dropped_connections(dibs::Backend::Postgres)
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql_faults {
+    #[test]
+    fn survives_dropped_connections() {
+        super::survives_dropped_connections(dibs::Backend::Mysql)
     }
 }
