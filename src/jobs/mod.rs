@@ -48,7 +48,7 @@ use crate::{DibsConnection, Error, Result, transaction, validate};
 pub use model::{
     Backoff, ClaimedJob, Due, Job, JobClaim, JobState, NewJob, Outcome, Rescued, Retry,
 };
-use model::{IdRow, IdStateRow, JobRow, StateRow};
+use model::{IdRow, IdStateRow, JobRow, LockedClaim, StateRow};
 
 const JOB_COLUMNS: &str = "id, queue, kind, payload, priority, state, attempt, max_attempts, \
     due_at, created_at, claim_token, claim_expires_at, finished_at, last_error";
@@ -83,24 +83,28 @@ const CLAIM_PICK: &str = "\
     WHERE queue = ? AND state = 'waiting' AND due_at <= {now} \
     ORDER BY priority, due_at, id LIMIT ?{skip_locked}";
 
-/// MySQL/MariaDB, step 2 of 3: claim exactly the locked ids (listed inline: they are our own
-/// integers). Step 3 reads them back.
+/// MySQL/MariaDB, step 2 of 3: claim exactly the ids step 1 locked (listed inline: they are
+/// our own integers). The WHERE is the primary key alone, so no other index can serve it
+/// (a `state = ...` condition could be served by the stalled-claims index, locking other
+/// rows). Step 3 reads them back.
 const CLAIM_MARK: &str = "\
     UPDATE dibs_jobs SET state = 'running', attempt = attempt + 1, \
         claim_token = {random_token}, claimed_at = {now}, claim_expires_at = {now+ttl} \
-    WHERE state = 'waiting' AND id IN ";
+    WHERE id IN ";
 
-/// Returns lapsed claims to the queue, or marks them dead when they used their last attempt
-/// (so a job that stalls its worker every time ends up dead). A compare-and-set on state and
-/// expiry, on rows this transaction has locked: a job completed or renewed meanwhile is left
-/// alone.
+/// Rescue, step 3: return lapsed claims to the queue, or mark them dead when they used their
+/// last attempt (so a job that stalls its worker every time ends up dead). Only rows this
+/// transaction holds locked and found stalled (step 2), so a job completed or renewed
+/// meanwhile is left alone. The WHERE is the primary key alone: with a condition on `state`,
+/// MariaDB may serve the UPDATE from an index on `state` and lock rows other transactions
+/// hold (that deadlocked with heartbeats in the race test).
 const RESCUE_SET: &str = "\
     UPDATE dibs_jobs SET \
         state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'waiting' END, \
         finished_at = CASE WHEN attempt >= max_attempts THEN {now} ELSE NULL END, \
         last_error = 'the claim lapsed: the worker stalled or died', \
         claim_token = NULL, claim_expires_at = NULL, due_at = {now} \
-    WHERE state = 'running' AND claim_expires_at <= {now} AND id IN ";
+    WHERE id IN ";
 
 /// Rescue, step 1: candidates, by a plain read of the stalled-claims index. Not a locking
 /// read: on MariaDB 10.11 a `FOR UPDATE SKIP LOCKED` scan of this secondary index waits for
@@ -110,10 +114,11 @@ const RESCUE_CANDIDATES: &str = "\
     SELECT id FROM dibs_jobs WHERE state = 'running' AND claim_expires_at <= {now} \
     ORDER BY claim_expires_at LIMIT ?";
 
-/// Rescue, step 2: lock the candidates by primary key, skipping rows a heartbeat or a
-/// finisher holds, and re-check them on the locked rows.
-const RESCUE_LOCK: &str = "\
-    SELECT id FROM dibs_jobs WHERE state = 'running' AND claim_expires_at <= {now} AND id IN ";
+/// Rescue, step 2: lock the candidates by primary key (`WHERE id IN` only, so no index but
+/// the primary key can serve it), skipping rows a heartbeat or a finisher holds, and read
+/// them as locked: still stalled is decided on these rows.
+const RESCUE_LOCK: &str =
+    "SELECT id, state, claim_expires_at, {now} AS db_now FROM dibs_jobs WHERE id IN ";
 
 /// Finishing calls lock the rows they are about, then decide per job.
 const LOCK_STATES: &str = "\
@@ -386,9 +391,14 @@ pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> 
                 id_list(candidates),
                 syntax.skip_locked
             );
-            let ids: Vec<i64> = diesel::sql_query(lock)
-                .load::<IdRow>(c)
-                .map(ids_of)?;
+            let mut ids = Vec::new();
+            for row in diesel::sql_query(lock).load::<LockedClaim>(c)? {
+                let stalled = JobState::parse(&row.state)? == JobState::Running
+                    && row.claim_expires_at.is_some_and(|at| at <= row.db_now);
+                if stalled {
+                    ids.push(row.id);
+                }
+            }
             if ids.is_empty() {
                 return Ok(Vec::new());
             }

@@ -430,3 +430,16 @@ pub(crate) struct IdStateRow {
     #[diesel(sql_type = Text)]
     pub state: String,
 }
+
+/// A rescue candidate as locked: is it still a lapsed claim?
+#[derive(QueryableByName)]
+pub(crate) struct LockedClaim {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub state: String,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub claim_expires_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Instant)]
+    pub db_now: DateTime<Utc>,
+}
