@@ -24,14 +24,16 @@
 //! let mut conn = dibs::AnyConnection::connect(":memory:")?;
 //! dibs::run_migrations(&mut conn)?;
 //!
-//! let id = jobs::enqueue(&mut conn, &NewJob::new("mail", "welcome", b"ada@example.com".to_vec()))?;
+//! let id = jobs::enqueue(&mut conn, &NewJob::new("mail", "welcome", b"ada@example.com".to_vec()))?.id;
 //! let claimed = jobs::claim(&mut conn, "mail", 10, Duration::from_secs(60))?;
 //! assert_eq!(claimed[0].id, id);
 //! assert_eq!(jobs::complete(&mut conn, &[claimed[0].claim()])?, vec![Outcome::Done]);
 //! # Ok(()) }
 //! ```
 
+mod manage;
 mod model;
+mod retention;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -40,24 +42,45 @@ use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 
-use crate::backend::{Dialect, dispatch};
+use crate::backend::{Dialect, Upsert, dispatch};
 use crate::sql_types::Instant;
 use crate::transaction::bare_write_transaction;
 use crate::{DibsConnection, Error, Result, transaction, validate};
 
-pub use model::{
-    Backoff, ClaimedJob, Due, Job, JobClaim, JobState, NewJob, Outcome, Rescued, Retry,
+pub use manage::{
+    FailedRun, QueueStats, RunningJob, Stats, cancel, history, is_paused, pause, resume,
+    retry_dead, retry_dead_of_kind, stats,
 };
-use model::{IdRow, IdStateRow, JobRow, LockedClaim, StateRow};
+pub use model::{
+    Backoff, ClaimedJob, Due, Enqueued, Job, JobClaim, JobState, NewJob, Outcome, Rescued, Retry,
+};
+use model::{IdRow, IdStateRow, InsertedRow, JobRow, LockedClaim, StateRow};
+pub use retention::{Finished, Retention, prune};
 
 const JOB_COLUMNS: &str = "id, queue, kind, payload, priority, state, attempt, max_attempts, \
     due_at, created_at, claim_token, claim_expires_at, finished_at, last_error";
 
 const INSERT_HEAD: &str = "INSERT INTO dibs_jobs \
-    (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at) VALUES";
+    (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, dedup_key) \
+    VALUES";
 
 /// One row; one shape for both kinds of due time: an instant, or NULL and a delay.
-const INSERT_ROW: &str = "(?, ?, ?, ?, 'waiting', 0, ?, COALESCE(?, {now+ttl}), {now})";
+const INSERT_ROW: &str = "(?, ?, ?, ?, 'waiting', 0, ?, COALESCE(?, {now+ttl}), {now}, ?)";
+
+/// PostgreSQL and SQLite: a job whose key a live job already has is not inserted; the live
+/// job is returned instead, its `dedup_hits` counted up (so "existing" is `dedup_hits > 0`,
+/// and the row comes from the upsert itself, which sees committed rows). Concurrent enqueues
+/// of one key wait for each other on the unique index: exactly one inserts.
+const INSERT_DEDUP_ON_CONFLICT: &str = " ON CONFLICT (queue, dedup_key) \
+    WHERE dedup_key IS NOT NULL AND state IN ('waiting', 'running') \
+    DO UPDATE SET dedup_hits = dibs_jobs.dedup_hits + 1 RETURNING id, dedup_hits";
+
+/// MySQL/MariaDB: the unique index is on the generated `live_dedup_key`. On a duplicate the
+/// live job's `dedup_hits` changes, so the statement reports 2 affected rows (1 for an
+/// insert, even with CLIENT_FOUND_ROWS), and `LAST_INSERT_ID(id)` makes its id the one
+/// `LAST_INSERT_ID()` returns.
+const INSERT_DEDUP_ON_DUPLICATE_KEY: &str =
+    " ON DUPLICATE KEY UPDATE dedup_hits = dedup_hits + 1, id = LAST_INSERT_ID(id)";
 
 /// PostgreSQL and SQLite: one statement. The CTE is MATERIALIZED so the LIMIT subquery runs
 /// once (PostgreSQL could otherwise re-run it and lock other rows); on PostgreSQL it skips
@@ -106,6 +129,9 @@ const RESCUE_SET: &str = "\
         claim_token = NULL, claim_expires_at = NULL, due_at = {now} \
     WHERE id IN ";
 
+/// The error a rescued run leaves in the job's history (as in `RESCUE_SET`).
+const RESCUE_ERROR: &str = "the claim lapsed: the worker stalled or died";
+
 /// Rescue, step 1: candidates, by a plain read of the stalled-claims index. Not a locking
 /// read: on MariaDB 10.11 a `FOR UPDATE SKIP LOCKED` scan of this secondary index waits for
 /// (instead of skipping) entries a concurrent heartbeat is rewriting, while the heartbeat
@@ -146,6 +172,20 @@ const FAIL_DEAD: &str = "\
         claim_expires_at = NULL \
     WHERE id = ?";
 
+const RECORD_ERROR: &str = "\
+    INSERT INTO dibs_job_errors (job_id, attempt, error, failed_at) \
+    SELECT id, COALESCE(?, attempt), ?, {now} FROM dibs_jobs WHERE id = ?";
+
+/// Deletes all but the newest [`MAX_ERROR_HISTORY`] errors of a job. The derived table
+/// `cut` lets MySQL read the table it deletes from.
+const TRIM_ERRORS: &str = "\
+    DELETE FROM dibs_job_errors WHERE job_id = ? AND id <= ( \
+        SELECT id FROM (SELECT id FROM dibs_job_errors WHERE job_id = ? \
+                        ORDER BY id DESC LIMIT 1 OFFSET 20) AS cut)";
+
+/// How many errors a job's history keeps (the newest).
+pub const MAX_ERROR_HISTORY: usize = 20;
+
 /// The largest payload, in bytes (MariaDB's default `max_allowed_packet` is 16 MiB).
 pub const MAX_PAYLOAD_BYTES: usize = 8 * 1024 * 1024;
 /// The most attempts a job may have.
@@ -175,19 +215,20 @@ fn id_list(ids: impl IntoIterator<Item = i64>) -> String {
     format!("({})", list.join(", "))
 }
 
-/// Inserts one validated job on a concrete connection and evaluates to its id: from
-/// RETURNING, or on MySQL from `LAST_INSERT_ID()`, which is exact for a single-row insert on
-/// this connection (never `LAST_INSERT_ID() + i` for a multi-row one: MySQL may interleave
-/// auto-increment values).
+/// Inserts one validated job on a concrete connection (or finds the live job with its dedup
+/// key) and evaluates to `QueryResult<Enqueued>`. The id comes from RETURNING, or on MySQL
+/// from `LAST_INSERT_ID()`, exact for a single-row statement on this connection (never
+/// `LAST_INSERT_ID() + i` for a multi-row one: MySQL may interleave auto-increment values).
 macro_rules! insert_one {
     ($c:ident, $job:expr) => {{
         let job: &NewJob = $job;
         let syntax = $c.syntax();
         let (at, delay) = job.due_params();
         let mut sql = syntax.render(&format!("{INSERT_HEAD} {INSERT_ROW}"));
-        if syntax.returning {
-            sql.push_str(" RETURNING id");
-        }
+        sql.push_str(match syntax.upsert {
+            Upsert::OnConflictWhere => INSERT_DEDUP_ON_CONFLICT,
+            Upsert::OnDuplicateKey => INSERT_DEDUP_ON_DUPLICATE_KEY,
+        });
         let insert = diesel::sql_query(sql)
             .bind::<Text, _>(&job.queue)
             .bind::<Text, _>(&job.kind)
@@ -195,26 +236,37 @@ macro_rules! insert_one {
             .bind::<Integer, _>(job.priority)
             .bind::<Integer, _>(job.max_attempts as i32)
             .bind::<Nullable<Instant>, _>(at)
-            .bind::<BigInt, _>(delay);
+            .bind::<BigInt, _>(delay)
+            .bind::<Nullable<Text>, _>(job.dedup_key.as_deref());
         if syntax.returning {
-            insert.get_result::<IdRow>($c).map(|row| row.id)
+            insert.get_result::<InsertedRow>($c).map(|row| Enqueued {
+                id: row.id,
+                existing: row.dedup_hits > 0 && job.dedup_key.is_some(),
+            })
         } else {
-            insert.execute($c).and_then(|_| {
+            insert.execute($c).and_then(|affected| {
                 diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
                     .get_result::<IdRow>($c)
-                    .map(|row| row.id)
+                    .map(|row| Enqueued {
+                        id: row.id,
+                        existing: affected == 2,
+                    })
             })
         }
     }};
 }
 
 /// Enqueues one job on `conn`, inside the caller's transaction if there is one (so a
-/// rolled-back transaction leaves no job). Returns its id.
-pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<i64> {
+/// rolled-back transaction leaves no job). With a dedup key that a live job of the queue
+/// already has, no job is made and that job's id comes back, marked
+/// [`existing`](Enqueued::existing).
+pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued> {
     job.validate()?;
-    let id = dispatch!(conn, c => insert_one!(c, job))?;
-    notify(conn, [job.queue.as_str()])?;
-    Ok(id)
+    let enqueued = dispatch!(conn, c => insert_one!(c, job))?;
+    if !enqueued.existing {
+        notify(conn, [job.queue.as_str()])?;
+    }
+    Ok(enqueued)
 }
 
 /// Wakes idle workers of these queues where the backend can (PostgreSQL NOTIFY, delivered
@@ -235,63 +287,79 @@ fn notify<'q, C: DibsConnection>(
 }
 
 /// Enqueues several jobs in one transaction (the caller's, if one is open: then in a
-/// savepoint of it) and returns their ids in the order given. Nothing is written if any job
-/// is invalid.
+/// savepoint of it) and returns one [`Enqueued`] per job, in the order given. Nothing is
+/// written if any job is invalid. Jobs with a dedup key are deduplicated against live jobs
+/// and against earlier jobs of the same batch.
 ///
-/// PostgreSQL and SQLite insert in multi-row statements of up to [`INSERT_CHUNK_ROWS`] rows
-/// (and about [`INSERT_CHUNK_BYTES`] of payload) with `RETURNING id`: within one statement
-/// rows are inserted in order and ids only grow, so the ascending ids are the jobs in order.
-/// MySQL/MariaDB has no RETURNING, and the ids of a multi-row insert are not always
-/// consecutive, so there each job is its own insert (in the one transaction) and reads its id
-/// back with `LAST_INSERT_ID()`.
-pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<Vec<i64>> {
+/// PostgreSQL and SQLite insert jobs without a dedup key in multi-row statements of up to
+/// [`INSERT_CHUNK_ROWS`] rows (and about [`INSERT_CHUNK_BYTES`] of payload) with
+/// `RETURNING id`: within one statement rows are inserted in order and ids only grow, so the
+/// ascending ids are the jobs in order. Jobs with a key, and every job on MySQL/MariaDB (no
+/// RETURNING, and the ids of a multi-row insert are not always consecutive), are inserted one
+/// statement each, in the one transaction.
+pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
     if jobs.is_empty() {
         return Err(Error::invalid("jobs", "an empty batch"));
     }
     for job in jobs {
         job.validate()?;
     }
-    let ids = transaction(conn, |conn| {
+    let enqueued = transaction(conn, |conn| {
         dispatch!(conn, c => {
             let syntax = c.syntax();
-            let mut ids = Vec::with_capacity(jobs.len());
-            if !syntax.returning {
-                for job in jobs {
-                    ids.push(insert_one!(c, job)?);
+            let mut out = Vec::with_capacity(jobs.len());
+            let mut rest = jobs;
+            while !rest.is_empty() {
+                // The run of jobs without a key at the head of `rest` goes in multi-row
+                // statements; a keyed job (or any job on MySQL) goes alone.
+                let run = if syntax.returning {
+                    rest.iter().take_while(|job| job.dedup_key.is_none()).count()
+                } else {
+                    0
+                };
+                if run == 0 {
+                    out.push(insert_one!(c, &rest[0])?);
+                    rest = &rest[1..];
+                    continue;
                 }
-                return Ok(ids);
+                for chunk in chunks(&rest[..run]) {
+                    // Rendered once as a whole, so PostgreSQL's parameters are numbered through.
+                    let rows = vec![INSERT_ROW; chunk.len()].join(", ");
+                    let sql = syntax.render(&format!("{INSERT_HEAD} {rows} RETURNING id"));
+                    let mut insert = diesel::sql_query(sql).into_boxed();
+                    for job in chunk {
+                        let (at, delay) = job.due_params();
+                        insert = insert
+                            .bind::<Text, _>(job.queue.as_str())
+                            .bind::<Text, _>(job.kind.as_str())
+                            .bind::<Binary, _>(job.payload.as_slice())
+                            .bind::<Integer, _>(job.priority)
+                            .bind::<Integer, _>(job.max_attempts as i32)
+                            .bind::<Nullable<Instant>, _>(at)
+                            .bind::<BigInt, _>(delay)
+                            .bind::<Nullable<Text>, _>(None::<&str>);
+                    }
+                    let mut ids: Vec<i64> = insert.load::<IdRow>(c).map(ids_of)?;
+                    if ids.len() != chunk.len() {
+                        return Err(Error::Database(diesel::result::Error::DeserializationError(
+                            format!("{} ids for {} inserted jobs", ids.len(), chunk.len()).into(),
+                        )));
+                    }
+                    ids.sort_unstable();
+                    out.extend(ids.into_iter().map(|id| Enqueued { id, existing: false }));
+                }
+                rest = &rest[run..];
             }
-            for chunk in chunks(jobs) {
-                // Rendered once as a whole, so PostgreSQL's parameters are numbered through.
-                let rows = vec![INSERT_ROW; chunk.len()].join(", ");
-                let sql = syntax.render(&format!("{INSERT_HEAD} {rows} RETURNING id"));
-                let mut insert = diesel::sql_query(sql).into_boxed();
-                for job in chunk {
-                    let (at, delay) = job.due_params();
-                    insert = insert
-                        .bind::<Text, _>(job.queue.as_str())
-                        .bind::<Text, _>(job.kind.as_str())
-                        .bind::<Binary, _>(job.payload.as_slice())
-                        .bind::<Integer, _>(job.priority)
-                        .bind::<Integer, _>(job.max_attempts as i32)
-                        .bind::<Nullable<Instant>, _>(at)
-                        .bind::<BigInt, _>(delay);
-                }
-                let mut chunk_ids: Vec<i64> =
-                    insert.load::<IdRow>(c)?.into_iter().map(|row| row.id).collect();
-                if chunk_ids.len() != chunk.len() {
-                    return Err(Error::Database(diesel::result::Error::DeserializationError(
-                        format!("{} ids for {} inserted jobs", chunk_ids.len(), chunk.len()).into(),
-                    )));
-                }
-                chunk_ids.sort_unstable();
-                ids.extend(chunk_ids);
-            }
-            Ok::<Vec<i64>, Error>(ids)
+            Ok::<Vec<Enqueued>, Error>(out)
         })
     })?;
-    notify(conn, jobs.iter().map(|job| job.queue.as_str()))?;
-    Ok(ids)
+    let fresh = jobs
+        .iter()
+        .zip(&enqueued)
+        .filter(|(_, e)| !e.existing)
+        .map(|(job, _)| job.queue.as_str());
+    notify(conn, fresh)?;
+    Ok(enqueued)
 }
 
 /// Rows per multi-row insert: 7 parameters a row stays well under SQLite's 32,766 and
@@ -338,6 +406,9 @@ pub fn claim<C: DibsConnection>(
     let rows: Vec<JobRow> = dispatch!(conn, c => {
         bare_write_transaction(c, "claiming jobs", |c| {
             let syntax = c.syntax();
+            if manage::is_paused(c, queue)? {
+                return Ok(Vec::new());
+            }
             if syntax.returning {
                 return Ok(diesel::sql_query(syntax.render(CLAIM_RETURNING))
                     .bind::<Text, _>(queue)
@@ -402,8 +473,11 @@ pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> 
             if ids.is_empty() {
                 return Ok(Vec::new());
             }
-            let list = id_list(ids);
+            let list = id_list(ids.iter().copied());
             diesel::sql_query(format!("{}{list}", syntax.render(RESCUE_SET))).execute(c)?;
+            for id in &ids {
+                record_error(c, *id, None, RESCUE_ERROR)?;
+            }
             Ok(diesel::sql_query(format!("SELECT id, state FROM dibs_jobs WHERE id IN {list}"))
                 .load::<IdStateRow>(c)?)
         })
@@ -413,8 +487,8 @@ pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> 
         match JobState::parse(&row.state)? {
             JobState::Waiting => rescued.requeued.push(row.id),
             JobState::Dead => rescued.dead.push(row.id),
-            // Completed or renewed between the pick and the update: left alone.
-            JobState::Running | JobState::Completed => {}
+            // Not possible for rows this transaction locked and found stalled.
+            JobState::Running | JobState::Completed | JobState::Cancelled => {}
         }
     }
     rescued.requeued.sort_unstable();
@@ -490,6 +564,8 @@ fn finish<C: DibsConnection>(
                     if state == JobState::Running {
                         apply.push(row);
                         Outcome::Done
+                    } else if state == JobState::Cancelled {
+                        Outcome::Cancelled
                     } else if finish.already_done(state) {
                         Outcome::AlreadyDone
                     } else {
@@ -558,10 +634,34 @@ fn apply_finish<C: DibsConnection>(
                             .execute(c),
                     }
                 })?;
+                record_error(conn, row.id, Some(row.attempt), error)?;
             }
         }
     }
     Ok(())
+}
+
+/// Keeps the error of a failed run in the job's history (`attempt` None: the job's current
+/// attempt), then trims the history to the newest [`MAX_ERROR_HISTORY`] entries.
+fn record_error<C: DibsConnection>(
+    conn: &mut C,
+    id: i64,
+    attempt: Option<i32>,
+    error: &str,
+) -> Result<()> {
+    dispatch!(conn, c => {
+        let syntax = c.syntax();
+        diesel::sql_query(syntax.render(RECORD_ERROR))
+            .bind::<Nullable<Integer>, _>(attempt)
+            .bind::<Text, _>(error)
+            .bind::<BigInt, _>(id)
+            .execute(c)?;
+        diesel::sql_query(syntax.render(TRIM_ERRORS))
+            .bind::<BigInt, _>(id)
+            .bind::<BigInt, _>(id)
+            .execute(c)?;
+        Ok::<(), Error>(())
+    })
 }
 
 /// Cuts `text` to at most `max` bytes at a character boundary.

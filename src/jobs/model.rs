@@ -40,6 +40,7 @@ pub struct NewJob {
     pub(crate) priority: i32,
     pub(crate) due: Due,
     pub(crate) max_attempts: u32,
+    pub(crate) dedup_key: Option<String>,
 }
 
 impl NewJob {
@@ -57,6 +58,7 @@ impl NewJob {
             priority: 0,
             due: Due::After(Duration::ZERO),
             max_attempts: 25,
+            dedup_key: None,
         }
     }
 
@@ -96,8 +98,19 @@ impl NewJob {
         self
     }
 
+    /// A deduplication key: while a job of the same queue with this key is waiting or
+    /// running (retries included), enqueueing this one returns that job instead
+    /// ([`Enqueued::existing`]). Byte-exact, 1 to 255 bytes.
+    pub fn dedup_key(mut self, key: impl Into<String>) -> Self {
+        self.dedup_key = Some(key.into());
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         validate::name("queue", &self.queue)?;
+        if let Some(key) = &self.dedup_key {
+            validate::name("dedup key", key)?;
+        }
         validate::name("kind", &self.kind)?;
         if self.payload.len() > MAX_PAYLOAD_BYTES {
             return Err(Error::invalid(
@@ -135,6 +148,16 @@ impl NewJob {
     }
 }
 
+/// What [`super::enqueue`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Enqueued {
+    /// The job's id: the new job's, or the live job's that has the same dedup key.
+    pub id: i64,
+    /// True when a live job with the same queue and dedup key already existed, and no new
+    /// job was made.
+    pub existing: bool,
+}
+
 /// Where a job is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum JobState {
@@ -146,6 +169,8 @@ pub enum JobState {
     Completed,
     /// Failed for good: no attempts left, or a handler said not to retry.
     Dead,
+    /// Cancelled by an operator before it finished.
+    Cancelled,
 }
 
 impl JobState {
@@ -156,6 +181,7 @@ impl JobState {
             JobState::Running => "running",
             JobState::Completed => "completed",
             JobState::Dead => "dead",
+            JobState::Cancelled => "cancelled",
         }
     }
 
@@ -165,6 +191,7 @@ impl JobState {
             "running" => Ok(JobState::Running),
             "completed" => Ok(JobState::Completed),
             "dead" => Ok(JobState::Dead),
+            "cancelled" => Ok(JobState::Cancelled),
             other => Err(Error::Database(
                 diesel::result::Error::DeserializationError(
                     format!("unknown job state {other:?}").into(),
@@ -309,6 +336,8 @@ pub enum Outcome {
     /// The claim is no longer this token's (it lapsed and was rescued, or another worker
     /// holds the job now, or the job is gone): nothing changed. Stop working on it.
     Lost,
+    /// The job was cancelled while this token held it: nothing changed. Stop working on it.
+    Cancelled,
 }
 
 /// What to do with a failed run.
@@ -415,6 +444,14 @@ pub(crate) struct StateRow {
     pub attempt: i32,
     #[diesel(sql_type = Integer)]
     pub max_attempts: i32,
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct InsertedRow {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Integer)]
+    pub dedup_hits: i32,
 }
 
 #[derive(QueryableByName)]

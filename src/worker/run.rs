@@ -31,8 +31,10 @@ pub struct Report {
     pub retried: usize,
     /// Runs after which the job is dead (failed for good, attempts used up, undecodable).
     pub dead: usize,
-    /// Runs whose claim was lost before they finished (rescued, taken over, cancelled).
+    /// Runs whose claim was lost before they finished (rescued or taken over).
     pub lost: usize,
+    /// Runs whose job was cancelled while they ran.
+    pub cancelled: usize,
     /// Runs that panicked (also counted as retried or dead).
     pub panicked: usize,
     /// Runs that passed their kind's timeout (also counted as retried or dead).
@@ -459,6 +461,10 @@ fn run_one(shared: &Shared, conn: &mut Connection<'_>, task: Task) {
             shared.count(|r| r.lost += 1);
             tracing::warn!(?took, "job's claim was lost before it finished");
         }
+        Ok((Outcome::Cancelled, _)) => {
+            shared.count(|r| r.cancelled += 1);
+            tracing::info!(?took, "job was cancelled while it ran");
+        }
         Err(e) => {
             // The claim stays; the heartbeat stops renewing it once it leaves the registry,
             // so it lapses and is rescued: never lost.
@@ -542,11 +548,15 @@ fn heartbeat(shared: &Shared) {
                 Ok(outcomes) => {
                     let state = shared.lock();
                     for (claim, outcome) in batch.iter().zip(outcomes) {
-                        if outcome == Outcome::Lost
+                        if matches!(outcome, Outcome::Lost | Outcome::Cancelled)
                             && let Some(running) = state.running.get(&claim.id)
                         {
                             running.stop.store(true, Ordering::SeqCst);
-                            tracing::warn!(job.id = claim.id, "heartbeat: the claim was lost");
+                            tracing::warn!(
+                                job.id = claim.id,
+                                ?outcome,
+                                "heartbeat: the claim ended"
+                            );
                         }
                     }
                 }

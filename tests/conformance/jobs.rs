@@ -61,7 +61,9 @@ fn enqueue_while_claiming_completes_every_job_once(backend: Backend) {
                         if i % 2 == 1 {
                             job = job.delay(Duration::from_millis(5));
                         }
-                        jobs::enqueue(&mut conn, &job).expect("enqueue must not fail")
+                        jobs::enqueue(&mut conn, &job)
+                            .expect("enqueue must not fail")
+                            .id
                     })
                     .collect::<Vec<i64>>()
             })
@@ -134,7 +136,11 @@ fn eight_claimers_never_share_a_job(backend: Backend) {
     let batch: Vec<NewJob> = (0..JOBS)
         .map(|i| NewJob::new("share", "k", i.to_string().into_bytes()))
         .collect();
-    let ids = jobs::enqueue_many(&mut conn, &batch).unwrap();
+    let ids = jobs::enqueue_many(&mut conn, &batch)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect::<Vec<i64>>();
     assert_eq!(ids.len(), JOBS);
     let claimed_total = Arc::new(AtomicUsize::new(0));
     let threads: Vec<_> = (0..CLAIMERS)
@@ -184,7 +190,9 @@ fn a_lapsed_worker_is_refused_after_a_rescue(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut a = db.connect();
     let mut b = db.connect();
-    let id = jobs::enqueue(&mut a, &NewJob::new("f", "k", vec![1])).unwrap();
+    let id = jobs::enqueue(&mut a, &NewJob::new("f", "k", vec![1]))
+        .unwrap()
+        .id;
     let first = jobs::claim(&mut a, "f", 1, Duration::from_millis(200))
         .unwrap()
         .remove(0);
@@ -245,7 +253,11 @@ fn heartbeats_and_rescues_race_without_errors(backend: Backend) {
     let batch: Vec<NewJob> = (0..JOBS)
         .map(|_| NewJob::new("hb", "k", vec![]).max_attempts(1000))
         .collect();
-    let ids = jobs::enqueue_many(&mut conn, &batch).unwrap();
+    let ids = jobs::enqueue_many(&mut conn, &batch)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect::<Vec<i64>>();
     let stop = Arc::new(AtomicBool::new(false));
     let counters = Arc::new([
         AtomicUsize::new(0),
@@ -339,7 +351,9 @@ fn heartbeats_and_rescues_race_without_errors(backend: Backend) {
 fn failed_runs_retry_then_die(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    let id = jobs::enqueue(&mut conn, &NewJob::new("r", "k", vec![]).max_attempts(3)).unwrap();
+    let id = jobs::enqueue(&mut conn, &NewJob::new("r", "k", vec![]).max_attempts(3))
+        .unwrap()
+        .id;
     for attempt in 1..=3 {
         let job = jobs::claim(&mut conn, "r", 1, TTL).unwrap().remove(0);
         assert_eq!(job.attempt, attempt);
@@ -364,7 +378,9 @@ fn failed_runs_retry_then_die(backend: Backend) {
     assert!(jobs::claim(&mut conn, "r", 1, TTL).unwrap().is_empty());
 
     // A handler can ask for no retry: dead at once, attempts left or not.
-    let id = jobs::enqueue(&mut conn, &NewJob::new("r", "k", vec![])).unwrap();
+    let id = jobs::enqueue(&mut conn, &NewJob::new("r", "k", vec![]))
+        .unwrap()
+        .id;
     let job = jobs::claim(&mut conn, "r", 1, TTL).unwrap().remove(0);
     let long_error = "é".repeat(5000);
     jobs::fail(&mut conn, job.claim(), &long_error, Retry::Never).unwrap();
@@ -374,7 +390,9 @@ fn failed_runs_retry_then_die(backend: Backend) {
     assert!(kept.len() <= jobs::MAX_ERROR_BYTES && long_error.starts_with(&kept));
 
     // Or for a retry at a given time.
-    let id = jobs::enqueue(&mut conn, &NewJob::new("r", "k", vec![])).unwrap();
+    let id = jobs::enqueue(&mut conn, &NewJob::new("r", "k", vec![]))
+        .unwrap()
+        .id;
     let job = jobs::claim(&mut conn, "r", 1, TTL).unwrap().remove(0);
     let at = dibs::database_now(&mut conn).unwrap() + chrono::Duration::milliseconds(300);
     jobs::fail(&mut conn, job.claim(), "later", Retry::At(at)).unwrap();
@@ -387,7 +405,9 @@ fn failed_runs_retry_then_die(backend: Backend) {
 fn backoff_delays_a_retry(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    let id = jobs::enqueue(&mut conn, &NewJob::new("b", "k", vec![])).unwrap();
+    let id = jobs::enqueue(&mut conn, &NewJob::new("b", "k", vec![]))
+        .unwrap()
+        .id;
     let backoff = Backoff {
         base: Duration::from_secs(2),
         max: Duration::from_secs(60),
@@ -422,7 +442,9 @@ fn backoff_delays_a_retry(backend: Backend) {
 fn give_back_keeps_the_attempt_and_stalls_use_one(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    let id = jobs::enqueue(&mut conn, &NewJob::new("g", "k", vec![]).max_attempts(2)).unwrap();
+    let id = jobs::enqueue(&mut conn, &NewJob::new("g", "k", vec![]).max_attempts(2))
+        .unwrap()
+        .id;
     let job = jobs::claim(&mut conn, "g", 1, TTL).unwrap().remove(0);
     assert_eq!(
         jobs::give_back(&mut conn, &[job.claim()]).unwrap(),
@@ -461,7 +483,8 @@ fn delays_priorities_and_queues(backend: Backend) {
         &mut conn,
         &NewJob::new("d", "k", vec![]).delay(Duration::from_millis(400)),
     )
-    .unwrap();
+    .unwrap()
+    .id;
     assert!(
         jobs::claim(&mut conn, "d", 10, TTL).unwrap().is_empty(),
         "claimed before its due time"
@@ -475,7 +498,11 @@ fn delays_priorities_and_queues(backend: Backend) {
         NewJob::new("d", "k", b"now".to_vec()),
         NewJob::new("d", "k", b"delayed".to_vec()).delay(Duration::from_millis(400)),
     ];
-    let ids = jobs::enqueue_many(&mut conn, &batch).unwrap();
+    let ids = jobs::enqueue_many(&mut conn, &batch)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect::<Vec<i64>>();
     let now: Vec<i64> = jobs::claim(&mut conn, "d", 10, TTL)
         .unwrap()
         .iter()
@@ -490,12 +517,21 @@ fn delays_priorities_and_queues(backend: Backend) {
         .collect();
     assert_eq!(later, vec![b"later".to_vec(), b"delayed".to_vec()]);
 
-    let low = jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![]).priority(5)).unwrap();
-    let high = jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![]).priority(-1)).unwrap();
-    let mid1 = jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![])).unwrap();
-    let mid2 = jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![])).unwrap();
-    let other =
-        jobs::enqueue(&mut conn, &NewJob::new("other", "k", vec![]).priority(-100)).unwrap();
+    let low = jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![]).priority(5))
+        .unwrap()
+        .id;
+    let high = jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![]).priority(-1))
+        .unwrap()
+        .id;
+    let mid1 = jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![]))
+        .unwrap()
+        .id;
+    let mid2 = jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![]))
+        .unwrap()
+        .id;
+    let other = jobs::enqueue(&mut conn, &NewJob::new("other", "k", vec![]).priority(-100))
+        .unwrap()
+        .id;
     assert_eq!(jobs::claim(&mut conn, "p", 1, TTL).unwrap()[0].id, high);
     let rest: Vec<i64> = jobs::claim(&mut conn, "p", 10, TTL)
         .unwrap()
@@ -518,7 +554,9 @@ fn complete_in_a_rolled_back_transaction_changes_nothing(backend: Backend) {
     let mut conn = db.connect();
     conn.batch_execute("CREATE TABLE effects (id INTEGER PRIMARY KEY)")
         .unwrap();
-    let id = jobs::enqueue(&mut conn, &NewJob::new("t", "k", vec![])).unwrap();
+    let id = jobs::enqueue(&mut conn, &NewJob::new("t", "k", vec![]))
+        .unwrap()
+        .id;
     let job = jobs::claim(&mut conn, "t", 1, TTL).unwrap().remove(0);
     let rolled_back: Result<(), Error> = dibs::transaction(&mut conn, |c| {
         c.batch_execute("INSERT INTO effects (id) VALUES (1)")?;
@@ -676,13 +714,15 @@ fn payloads_round_trip_byte_for_byte(backend: Backend) {
         big,
     ];
     for payload in &payloads {
-        jobs::enqueue(&mut conn, &NewJob::new("bytes", "k", payload.clone())).unwrap();
+        jobs::enqueue(&mut conn, &NewJob::new("bytes", "k", payload.clone()))
+            .unwrap()
+            .id;
     }
     let claimed = jobs::claim(&mut conn, "bytes", 10, TTL).unwrap();
     let got: Vec<Vec<u8>> = claimed.iter().map(|j| j.payload.clone()).collect();
     assert_eq!(got, payloads);
     let typed = NewJob::json("bytes", "json", &serde_json::json!({"n": 1, "s": "ü"})).unwrap();
-    let id = jobs::enqueue(&mut conn, &typed).unwrap();
+    let id = jobs::enqueue(&mut conn, &typed).unwrap().id;
     let job = jobs::claim(&mut conn, "bytes", 1, TTL).unwrap().remove(0);
     assert_eq!(job.id, id);
     let value: serde_json::Value = job.json().unwrap();
@@ -710,7 +750,9 @@ fn claim_is_served_by_an_index_with_many_finished_jobs(backend: Backend) {
     ))
     .unwrap();
     for _ in 0..20 {
-        jobs::enqueue(&mut conn, &NewJob::new("plan", "k", vec![])).unwrap();
+        jobs::enqueue(&mut conn, &NewJob::new("plan", "k", vec![]))
+            .unwrap()
+            .id;
     }
     conn.batch_execute(match backend {
         Backend::Postgres => "ANALYZE dibs_jobs",

@@ -44,7 +44,11 @@ fn four_threads_process_two_thousand_jobs_once(backend: Backend) {
     let batch: Vec<NewJob> = (0..JOBS)
         .map(|i| NewJob::json("bulk", "count", &i).unwrap())
         .collect();
-    let ids = jobs::enqueue_many(&mut pool.get().unwrap(), &batch).unwrap();
+    let ids = jobs::enqueue_many(&mut pool.get().unwrap(), &batch)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect::<Vec<i64>>();
     let runs: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
     let seen = runs.clone();
     let started = Clock::now();
@@ -103,20 +107,26 @@ fn panics_retries_failures_and_bad_payloads(backend: Backend) {
         &mut conn,
         &NewJob::new("mix", "panic", b"1".to_vec()).max_attempts(1),
     )
-    .unwrap();
-    let retry_at =
-        jobs::enqueue(&mut conn, &NewJob::new("mix", "retry_at", b"1".to_vec())).unwrap();
-    let fails = jobs::enqueue(&mut conn, &NewJob::new("mix", "fail", b"1".to_vec())).unwrap();
+    .unwrap()
+    .id;
+    let retry_at = jobs::enqueue(&mut conn, &NewJob::new("mix", "retry_at", b"1".to_vec()))
+        .unwrap()
+        .id;
+    let fails = jobs::enqueue(&mut conn, &NewJob::new("mix", "fail", b"1".to_vec()))
+        .unwrap()
+        .id;
     let bad = jobs::enqueue(
         &mut conn,
         &NewJob::new("mix", "typed", b"not json".to_vec()),
     )
-    .unwrap();
+    .unwrap()
+    .id;
     let fine = jobs::enqueue(
         &mut conn,
         &NewJob::new("mix", "typed", b"{\"n\": 7}".to_vec()).priority(10),
     )
-    .unwrap();
+    .unwrap()
+    .id;
     #[derive(serde::Deserialize)]
     struct Typed {
         n: u32,
@@ -190,7 +200,8 @@ fn a_long_handler_keeps_its_job_through_heartbeats(backend: Backend) {
         &mut pool.get().unwrap(),
         &NewJob::new("long", "long", vec![]),
     )
-    .unwrap();
+    .unwrap()
+    .id;
     let a = Worker::builder(pool.clone())
         .queue("long")
         .threads(1)
@@ -236,8 +247,12 @@ fn a_handler_past_its_timeout_is_failed_without_extra_concurrency(backend: Backe
     let db = TestDb::migrated(backend);
     let pool = pool(&db);
     let mut conn = pool.get().unwrap();
-    let slow = jobs::enqueue(&mut conn, &NewJob::new("to", "slow", vec![])).unwrap();
-    let quick = jobs::enqueue(&mut conn, &NewJob::new("to", "quick", vec![]).priority(1)).unwrap();
+    let slow = jobs::enqueue(&mut conn, &NewJob::new("to", "slow", vec![]))
+        .unwrap()
+        .id;
+    let quick = jobs::enqueue(&mut conn, &NewJob::new("to", "quick", vec![]).priority(1))
+        .unwrap()
+        .id;
     let running = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
     let saw_flag = Arc::new(AtomicBool::new(false));
@@ -310,8 +325,12 @@ fn shutdown_finishes_within_grace_and_gives_back_the_rest(backend: Backend) {
     let db = TestDb::migrated(backend);
     let pool = pool(&db);
     let mut conn = pool.get().unwrap();
-    let short = jobs::enqueue(&mut conn, &NewJob::new("sd", "short", vec![])).unwrap();
-    let stuck = jobs::enqueue(&mut conn, &NewJob::new("sd", "stuck", vec![])).unwrap();
+    let short = jobs::enqueue(&mut conn, &NewJob::new("sd", "short", vec![]))
+        .unwrap()
+        .id;
+    let stuck = jobs::enqueue(&mut conn, &NewJob::new("sd", "stuck", vec![]))
+        .unwrap()
+        .id;
     let started = Arc::new(AtomicUsize::new(0));
     let (s1, s2) = (started.clone(), started.clone());
     let worker = Worker::builder(pool.clone())
@@ -410,7 +429,9 @@ fn an_idle_worker_starts_a_new_job_promptly(backend: Backend) {
     std::thread::sleep(Duration::from_secs(3));
     let idle_cpu = cpu_ticks() - idle_from;
     let enqueued = Clock::now();
-    jobs::enqueue(&mut pool.get().unwrap(), &NewJob::new("idle", "k", vec![])).unwrap();
+    jobs::enqueue(&mut pool.get().unwrap(), &NewJob::new("idle", "k", vec![]))
+        .unwrap()
+        .id;
     let report = wait_for(&worker, Duration::from_secs(10), |r| r.completed == 1);
     worker.shutdown(Duration::from_secs(1));
     assert_eq!(report.completed, 1);
@@ -526,7 +547,11 @@ fn survives_dropped_connections(backend: Backend) {
     let batch: Vec<NewJob> = (0..JOBS)
         .map(|_| NewJob::new("drop", "k", vec![]))
         .collect();
-    let ids = jobs::enqueue_many(&mut pool.get().unwrap(), &batch).unwrap();
+    let ids = jobs::enqueue_many(&mut pool.get().unwrap(), &batch)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect::<Vec<i64>>();
     let runs: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
     let seen = runs.clone();
     let worker = Worker::builder(pool.clone())

@@ -1,0 +1,274 @@
+//! Managing jobs: cancel, retry the dead, pause queues, read a job's history and the
+//! queue's figures.
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+
+use super::{JobState, MAX_BATCH};
+use crate::backend::{Dialect, Upsert, dispatch};
+use crate::sql_types::Instant;
+use crate::{DibsConnection, Error, Result, validate};
+
+/// Cancelling keeps the claim token, so the worker running it hears "cancelled" at its next
+/// heartbeat (and its completion is refused).
+const CANCEL: &str = "\
+    UPDATE dibs_jobs SET state = 'cancelled', finished_at = {now}, claim_expires_at = NULL \
+    WHERE id = ? AND state IN ('waiting', 'running')";
+
+/// A dead job runs again from its first attempt, due at once.
+const RETRY_DEAD: &str = "\
+    UPDATE dibs_jobs SET state = 'waiting', attempt = 0, due_at = {now}, finished_at = NULL, \
+        claim_token = NULL, claim_expires_at = NULL \
+    WHERE state = 'dead' AND ";
+
+const PAUSE_ON_CONFLICT: &str = "\
+    INSERT INTO dibs_queue_pauses (queue, paused_at) VALUES (?, {now}) \
+    ON CONFLICT (queue) DO NOTHING";
+const PAUSE_ON_DUPLICATE_KEY: &str = "\
+    INSERT INTO dibs_queue_pauses (queue, paused_at) VALUES (?, {now}) \
+    ON DUPLICATE KEY UPDATE queue = queue";
+
+/// Counts per queue and state. Served by an index on (queue, state) (MySQL: the claim
+/// index, whose first columns they are): an index-only scan, no table rows read.
+const COUNTS: &str = "\
+    SELECT queue, state, COUNT(*) AS n, MIN(due_at) AS oldest_due FROM dibs_jobs \
+    GROUP BY queue, state";
+
+/// Running jobs by lease deadline, from the stalled-claims index.
+const RUNNING: &str = "\
+    SELECT id, queue, kind, attempt, claim_expires_at FROM dibs_jobs \
+    WHERE state = 'running' ORDER BY claim_expires_at LIMIT ?";
+
+/// One failed run of a job, from [`history`].
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct FailedRun {
+    /// Which run failed.
+    #[diesel(sql_type = Integer)]
+    pub attempt: i32,
+    /// Its error (at most 4 KiB).
+    #[diesel(sql_type = Text)]
+    pub error: String,
+    /// When (database clock).
+    #[diesel(sql_type = Instant)]
+    pub failed_at: DateTime<Utc>,
+}
+
+/// The figures of one queue, from [`stats`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// The queue.
+    pub queue: String,
+    /// Jobs waiting (due now or later).
+    pub waiting: i64,
+    /// Jobs claimed.
+    pub running: i64,
+    /// Jobs completed (until pruned).
+    pub completed: i64,
+    /// Jobs dead.
+    pub dead: i64,
+    /// Jobs cancelled.
+    pub cancelled: i64,
+    /// How long the longest-waiting due job has waited (zero if none is due).
+    pub oldest_waiting: chrono::Duration,
+    /// Whether the queue is paused.
+    pub paused: bool,
+}
+
+/// A claimed job and its lease deadline, from [`stats`].
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct RunningJob {
+    /// The job's id.
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    /// Its queue.
+    #[diesel(sql_type = Text)]
+    pub queue: String,
+    /// Its kind.
+    #[diesel(sql_type = Text)]
+    pub kind: String,
+    /// Which run.
+    #[diesel(sql_type = Integer)]
+    pub attempt: i32,
+    /// When its claim lapses unless renewed.
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub claim_expires_at: Option<DateTime<Utc>>,
+}
+
+/// What [`stats`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stats {
+    /// The database's clock when read.
+    pub now: DateTime<Utc>,
+    /// Per queue, by name.
+    pub queues: Vec<QueueStats>,
+    /// Claimed jobs, soonest lease deadline first (at most 1,000).
+    pub running: Vec<RunningJob>,
+}
+
+#[derive(QueryableByName)]
+struct CountRow {
+    #[diesel(sql_type = Text)]
+    queue: String,
+    #[diesel(sql_type = Text)]
+    state: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+    #[diesel(sql_type = Nullable<Instant>)]
+    oldest_due: Option<DateTime<Utc>>,
+}
+
+#[derive(QueryableByName)]
+struct QueueRow {
+    #[diesel(sql_type = Text)]
+    queue: String,
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// Cancels a waiting or running job; returns whether it did (false: finished or gone). A
+/// worker running it learns at its next heartbeat ([`super::Outcome::Cancelled`]) and its
+/// completion is refused. Joins the caller's transaction if there is one.
+pub fn cancel<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
+    let changed = dispatch!(conn, c => {
+        diesel::sql_query(c.syntax().render(CANCEL)).bind::<BigInt, _>(id).execute(c)
+    })?;
+    Ok(changed == 1)
+}
+
+/// Makes a dead job wait again, due at once, with its attempts counted from zero. Returns
+/// whether it was dead. Refused ([`Error::InvalidInput`]) if a live job of its queue has the
+/// same dedup key.
+pub fn retry_dead<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
+    let changed = dispatch!(conn, c => {
+        let sql = c.syntax().render(&format!("{RETRY_DEAD}id = ?"));
+        diesel::sql_query(sql).bind::<BigInt, _>(id).execute(c)
+    })
+    .map_err(dedup_conflict)?;
+    Ok(changed == 1)
+}
+
+/// [`retry_dead`] for every dead job of a queue and kind; returns how many. All or none: if
+/// one of them would duplicate a live job's dedup key, none is retried.
+pub fn retry_dead_of_kind<C: DibsConnection>(
+    conn: &mut C,
+    queue: &str,
+    kind: &str,
+) -> Result<usize> {
+    validate::name("queue", queue)?;
+    validate::name("kind", kind)?;
+    let changed = dispatch!(conn, c => {
+        let sql = c.syntax().render(&format!("{RETRY_DEAD}queue = ? AND kind = ?"));
+        diesel::sql_query(sql).bind::<Text, _>(queue).bind::<Text, _>(kind).execute(c)
+    })
+    .map_err(dedup_conflict)?;
+    Ok(changed)
+}
+
+fn dedup_conflict(error: diesel::result::Error) -> Error {
+    match error {
+        diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::UniqueViolation,
+            _,
+        ) => Error::invalid("job", "a live job of its queue has the same dedup key"),
+        other => Error::Database(other),
+    }
+}
+
+/// Pauses a queue: claims skip it (enqueues still work) until [`resume`]. Idempotent.
+pub fn pause<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<()> {
+    validate::name("queue", queue)?;
+    dispatch!(conn, c => {
+        let syntax = c.syntax();
+        let sql = match syntax.upsert {
+            Upsert::OnConflictWhere => PAUSE_ON_CONFLICT,
+            Upsert::OnDuplicateKey => PAUSE_ON_DUPLICATE_KEY,
+        };
+        diesel::sql_query(syntax.render(sql)).bind::<Text, _>(queue).execute(c)
+    })?;
+    Ok(())
+}
+
+/// Resumes a paused queue. Idempotent.
+pub fn resume<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<()> {
+    validate::name("queue", queue)?;
+    dispatch!(conn, c => {
+        let sql = c.syntax().render("DELETE FROM dibs_queue_pauses WHERE queue = ?");
+        diesel::sql_query(sql).bind::<Text, _>(queue).execute(c)
+    })?;
+    Ok(())
+}
+
+/// Whether a queue is paused.
+pub fn is_paused<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<bool> {
+    validate::name("queue", queue)?;
+    let paused = dispatch!(conn, c => {
+        let sql = c.syntax().render("SELECT COUNT(*) AS n FROM dibs_queue_pauses WHERE queue = ?");
+        diesel::sql_query(sql).bind::<Text, _>(queue).get_result::<Count>(c)
+    })?;
+    Ok(paused.n > 0)
+}
+
+/// The errors of a job's failed runs, oldest first (the newest
+/// [`MAX_ERROR_HISTORY`](super::MAX_ERROR_HISTORY) are kept).
+pub fn history<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Vec<FailedRun>> {
+    Ok(dispatch!(conn, c => {
+        let sql = c.syntax().render(
+            "SELECT attempt, error, failed_at FROM dibs_job_errors WHERE job_id = ? ORDER BY id",
+        );
+        diesel::sql_query(sql).bind::<BigInt, _>(id).load::<FailedRun>(c)
+    })?)
+}
+
+/// Counts per queue and state, the age of each queue's longest-waiting due job, which queues
+/// are paused, and the claimed jobs with their lease deadlines.
+pub fn stats<C: DibsConnection>(conn: &mut C) -> Result<Stats> {
+    let now = crate::database_now(conn)?;
+    let (counts, paused, running) = dispatch!(conn, c => {
+        let counts = diesel::sql_query(COUNTS).load::<CountRow>(c)?;
+        let paused = diesel::sql_query("SELECT queue FROM dibs_queue_pauses").load::<QueueRow>(c)?;
+        let running = diesel::sql_query(c.syntax().render(RUNNING))
+            .bind::<BigInt, _>(MAX_BATCH as i64)
+            .load::<RunningJob>(c)?;
+        Ok::<_, Error>((counts, paused, running))
+    })?;
+    let mut queues: std::collections::BTreeMap<String, QueueStats> = Default::default();
+    for row in counts {
+        let entry = queues
+            .entry(row.queue.clone())
+            .or_insert_with(|| QueueStats {
+                queue: row.queue.clone(),
+                ..QueueStats::default()
+            });
+        match JobState::parse(&row.state)? {
+            JobState::Waiting => {
+                entry.waiting = row.n;
+                if let Some(oldest) = row.oldest_due {
+                    entry.oldest_waiting = (now - oldest).max(chrono::Duration::zero());
+                }
+            }
+            JobState::Running => entry.running = row.n,
+            JobState::Completed => entry.completed = row.n,
+            JobState::Dead => entry.dead = row.n,
+            JobState::Cancelled => entry.cancelled = row.n,
+        }
+    }
+    for QueueRow { queue } in paused {
+        queues
+            .entry(queue.clone())
+            .or_insert_with(|| QueueStats {
+                queue,
+                ..QueueStats::default()
+            })
+            .paused = true;
+    }
+    Ok(Stats {
+        now,
+        queues: queues.into_values().collect(),
+        running,
+    })
+}

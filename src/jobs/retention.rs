@@ -1,0 +1,176 @@
+//! Retention: pruning finished jobs by policy, in bounded batches, never deleting one the
+//! policy keeps, however many pruners and finishers run at once.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Nullable, Text};
+
+use super::{IdRow, check_limit, id_list, ids_of};
+use crate::backend::{Dialect, dispatch};
+use crate::sql_types::Instant;
+use crate::transaction::bare_write_transaction;
+use crate::{DibsConnection, Error, Result, validate};
+
+/// Which finished jobs a policy is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Finished {
+    /// Completed jobs.
+    Completed,
+    /// Dead jobs.
+    Dead,
+    /// Cancelled jobs.
+    Cancelled,
+}
+
+impl Finished {
+    fn state(self) -> &'static str {
+        match self {
+            Finished::Completed => "completed",
+            Finished::Dead => "dead",
+            Finished::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// How many finished jobs of a queue to keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retention {
+    /// Keep them all (prune deletes nothing).
+    KeepAll,
+    /// Delete them all (with a worker pruning every few seconds: "delete on completion").
+    DeleteAll,
+    /// Keep the newest N (by finish time).
+    KeepNewest(u64),
+    /// Keep those that finished less than this long ago (database clock).
+    KeepYoungerThan(Duration),
+    /// Keep a job if it is among the newest N *or* younger than the age.
+    KeepNewestOrYounger {
+        /// How many of the newest to keep.
+        newest: u64,
+        /// Keep those younger than this.
+        younger_than: Duration,
+    },
+}
+
+/// The finish time of the N-th newest job: everything strictly older may go. Read in one
+/// statement; a job that finishes later is newer than it, so a concurrent finisher can only
+/// make the prune keep more, never delete a job the policy keeps (the failure of reading
+/// the ids to keep and deleting the others in a second statement).
+const NTH_NEWEST: &str = "\
+    SELECT finished_at AS at FROM dibs_jobs WHERE queue = ? AND state = ? \
+    ORDER BY finished_at DESC, id DESC LIMIT 1 OFFSET ?";
+
+const NOW_PLUS: &str = "SELECT {now+ttl} AS at";
+
+const OLDER_THAN: &str = "\
+    SELECT id FROM dibs_jobs WHERE queue = ? AND state = ? AND finished_at < ? \
+    ORDER BY finished_at, id LIMIT ?";
+
+/// Locks the picked rows by primary key alone (see `CLAIM_MARK` on why not by state), to
+/// re-check their state before deleting.
+const LOCK_PICKED: &str = "SELECT id, state FROM dibs_jobs WHERE id IN ";
+
+#[derive(QueryableByName)]
+struct At {
+    #[diesel(sql_type = Nullable<Instant>)]
+    at: Option<DateTime<Utc>>,
+}
+
+#[derive(QueryableByName)]
+struct IdState {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Text)]
+    state: String,
+}
+
+/// Deletes up to `batch` finished jobs of `queue` that `policy` does not keep (and their
+/// error history); returns how many. Call it again while it returns `batch`. Needs a bare
+/// connection; each call is one short transaction.
+pub fn prune<C: DibsConnection>(
+    conn: &mut C,
+    queue: &str,
+    finished: Finished,
+    policy: Retention,
+    batch: usize,
+) -> Result<usize> {
+    validate::name("queue", queue)?;
+    let batch = check_limit(batch)?;
+    let (newest, younger_than) = match policy {
+        Retention::KeepAll => return Ok(0),
+        Retention::DeleteAll => (None, None),
+        Retention::KeepNewest(n) => (Some(n), None),
+        Retention::KeepYoungerThan(age) => (None, Some(age)),
+        Retention::KeepNewestOrYounger {
+            newest,
+            younger_than,
+        } => (Some(newest), Some(younger_than)),
+    };
+    let age_micros = younger_than.map(validate::delay_micros).transpose()?;
+    let state = finished.state();
+    dispatch!(conn, c => {
+        bare_write_transaction(c, "pruning jobs", |c| {
+            let syntax = c.syntax();
+            // The newest-N cutoff, if the policy has one (None: fewer than N, keep all).
+            let mut cutoff: Option<DateTime<Utc>> = None;
+            if let Some(n) = newest.filter(|n| *n > 0) {
+                let offset = i64::try_from(n - 1).map_err(|_| Error::invalid("newest", "too large"))?;
+                let nth = diesel::sql_query(syntax.render(NTH_NEWEST))
+                    .bind::<Text, _>(queue)
+                    .bind::<Text, _>(state)
+                    .bind::<BigInt, _>(offset)
+                    .get_result::<At>(c)
+                    .optional()?;
+                match nth.and_then(|row| row.at) {
+                    Some(at) => cutoff = Some(at),
+                    None => return Ok(0),
+                }
+            }
+            if let Some(micros) = age_micros {
+                let at = diesel::sql_query(syntax.render(NOW_PLUS))
+                    .bind::<BigInt, _>(-micros)
+                    .get_result::<At>(c)?
+                    .at;
+                // Keep if newest-N *or* younger: delete only what is older than both.
+                cutoff = match (cutoff, at) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            // DeleteAll: no cutoff; the far future stands in for "any finish time".
+            let before = cutoff.unwrap_or(DateTime::<Utc>::MAX_UTC);
+            let picked: Vec<i64> = diesel::sql_query(syntax.render(OLDER_THAN))
+                .bind::<Text, _>(queue)
+                .bind::<Text, _>(state)
+                .bind::<Instant, _>(clamp(before))
+                .bind::<BigInt, _>(batch)
+                .load::<IdRow>(c)
+                .map(ids_of)?;
+            if picked.is_empty() {
+                return Ok(0);
+            }
+            let locked = format!("{LOCK_PICKED}{}{}", id_list(picked), syntax.for_update);
+            let doomed: Vec<i64> = diesel::sql_query(locked)
+                .load::<IdState>(c)?
+                .into_iter()
+                .filter(|row| row.state == state)
+                .map(|row| row.id)
+                .collect();
+            if doomed.is_empty() {
+                return Ok(0);
+            }
+            let list = id_list(doomed);
+            let deleted = diesel::sql_query(format!("DELETE FROM dibs_jobs WHERE id IN {list}")).execute(c)?;
+            diesel::sql_query(format!("DELETE FROM dibs_job_errors WHERE job_id IN {list}")).execute(c)?;
+            Ok(deleted)
+        })
+    })
+}
+
+/// The latest instant every backend stores (MySQL's DATETIME ends in year 9999).
+fn clamp(at: DateTime<Utc>) -> DateTime<Utc> {
+    let latest = DateTime::<Utc>::from_timestamp(253_402_300_799, 0).unwrap_or(at);
+    at.min(latest)
+}
