@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::jobs::{Backoff, JobClaim};
+use crate::jobs::{Backoff, Finished, JobClaim, Retention};
 use crate::{Error, Pool, Result, validate};
 
 pub use run::{Report, WorkerHandle};
@@ -169,6 +169,7 @@ pub struct WorkerBuilder {
     lease_ttl: Duration,
     poll_interval: Duration,
     backoff: Backoff,
+    retention: Vec<(String, Finished, Retention)>,
     error: Option<Error>,
 }
 
@@ -187,6 +188,7 @@ impl Worker {
             lease_ttl: Duration::from_secs(30),
             poll_interval: Duration::from_secs(1),
             backoff: Backoff::default(),
+            retention: Vec::new(),
             error: None,
         }
     }
@@ -306,8 +308,42 @@ impl WorkerBuilder {
         self
     }
 
+    /// Keeps finished jobs of `queue` per `policy`: the worker prunes them every few seconds
+    /// ([`crate::jobs::prune`]), so `Retention::DeleteAll` deletes jobs soon after they finish.
+    pub fn retention(mut self, queue: impl Into<String>, finished: Finished, policy: Retention) -> Self {
+        self.retention.push((queue.into(), finished, policy));
+        self
+    }
+
+    /// For an application's own tests: runs every due job of the worker's queues on the
+    /// calling thread, one at a time, with the handlers given, until none is due; returns
+    /// what happened. No threads, no heartbeats (claims last the lease ttl).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), dibs::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = dibs::Pool::open(&dir.path().join("t.db").display().to_string())?;
+    /// # dibs::run_migrations(&mut pool.get()?)?;
+    /// use dibs::jobs::{self, NewJob};
+    /// use dibs::worker::{JobContext, Worker};
+    /// jobs::enqueue(&mut pool.get()?, &NewJob::new("mail", "welcome", b"ada".to_vec()))?;
+    /// let report = Worker::builder(pool)
+    ///     .queue("mail")
+    ///     .raw_handler("welcome", |_: &JobContext, to: &[u8]| { assert_eq!(to, b"ada"); Ok(()) })
+    ///     .run_due()?;
+    /// assert_eq!(report.completed, 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn run_due(self) -> Result<Report> {
+        run::run_due(self.checked()?)
+    }
+
     /// Checks the configuration and starts the worker's threads.
     pub fn start(self) -> Result<WorkerHandle> {
+        run::start(self.checked()?)
+    }
+
+    fn checked(self) -> Result<run::Config> {
         if let Some(error) = self.error {
             return Err(error);
         }
@@ -353,13 +389,17 @@ impl WorkerBuilder {
                 ),
             ));
         }
-        run::start(run::Config {
+        for (queue, _, _) in &self.retention {
+            validate::name("queue", queue)?;
+        }
+        Ok(run::Config {
             pool: self.pool,
             queues: self.queues,
             threads: self.threads,
             kinds: self.kinds,
             lease_ttl: self.lease_ttl,
             poll_interval: self.poll_interval,
+            retention: self.retention,
         })
     }
 }

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::{Action, HandlerFailure, JobContext, KindConfig};
-use crate::jobs::{self, ClaimedJob, JobClaim, Outcome, Retry};
+use crate::jobs::{self, ClaimedJob, Finished, JobClaim, Outcome, Retention, Retry};
 use crate::{Error, Pool, PooledConnection};
 
 pub(crate) struct Config {
@@ -20,6 +20,7 @@ pub(crate) struct Config {
     pub kinds: HashMap<String, KindConfig>,
     pub lease_ttl: Duration,
     pub poll_interval: Duration,
+    pub retention: Vec<(String, Finished, Retention)>,
 }
 
 /// What a worker did, from its start until [`WorkerHandle::shutdown`] returned.
@@ -109,10 +110,8 @@ struct Task {
     stop: Arc<AtomicBool>,
 }
 
-pub(crate) fn start(config: Config) -> crate::Result<WorkerHandle> {
-    let threads = config.threads;
-    let listen = config.pool.backend() == crate::Backend::Postgres;
-    let shared = Arc::new(Shared {
+fn shared(config: Config) -> Arc<Shared> {
+    Arc::new(Shared {
         config,
         state: Mutex::new(State {
             busy: 0,
@@ -122,7 +121,33 @@ pub(crate) fn start(config: Config) -> crate::Result<WorkerHandle> {
             report: Report::default(),
         }),
         changed: Condvar::new(),
-    });
+    })
+}
+
+/// Runs due jobs on the calling thread until none is due (the test helper).
+pub(crate) fn run_due(config: Config) -> crate::Result<Report> {
+    let shared = shared(config);
+    let mut conn = Connection::new(&shared.config.pool);
+    loop {
+        let mut ran = false;
+        for queue in &shared.config.queues {
+            let claimed = conn.with(|c| jobs::claim(c, queue, 1, shared.config.lease_ttl))?;
+            for job in claimed {
+                ran = true;
+                let stop = Arc::new(AtomicBool::new(false));
+                run_one(&shared, &mut conn, Task { job, stop });
+            }
+        }
+        if !ran {
+            return Ok(shared.lock().report.clone());
+        }
+    }
+}
+
+pub(crate) fn start(config: Config) -> crate::Result<WorkerHandle> {
+    let threads = config.threads;
+    let listen = config.pool.backend() == crate::Backend::Postgres;
+    let shared = shared(config);
     let (tasks, inbox) = channel::<Task>();
     let inbox = Arc::new(Mutex::new(inbox));
     let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
@@ -289,6 +314,7 @@ fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
     let mut error_pause = Duration::from_millis(100);
     let rescue_every = (config.lease_ttl / 2).min(Duration::from_secs(30));
     let mut next_rescue = Instant::now();
+    let mut next_prune = Instant::now();
     let mut next_queue = 0;
     loop {
         let free = {
@@ -304,6 +330,10 @@ fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
             }
             config.threads - state.busy
         };
+        if !config.retention.is_empty() && Instant::now() >= next_prune {
+            next_prune = Instant::now() + PRUNE_EVERY;
+            prune_all(&mut conn, &config.retention);
+        }
         if Instant::now() >= next_rescue {
             next_rescue = Instant::now() + rescue_every;
             match conn.with(|c| jobs::rescue(c, 100)) {
@@ -365,6 +395,30 @@ fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
                 let state = shared.lock();
                 drop(shared.wait(state, error_pause));
                 error_pause = (error_pause * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// How often a worker with retention policies prunes.
+const PRUNE_EVERY: Duration = Duration::from_secs(5);
+
+/// One pruning pass: every policy, in batches, until a batch comes back short.
+fn prune_all(conn: &mut Connection<'_>, policies: &[(String, Finished, Retention)]) {
+    for (queue, finished, policy) in policies {
+        loop {
+            match conn.with(|c| jobs::prune(c, queue, *finished, *policy, jobs::MAX_BATCH)) {
+                Ok(n) if n == jobs::MAX_BATCH => continue,
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::debug!(%queue, deleted = n, "pruned finished jobs");
+                    }
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(%queue, error = %e, "pruning failed");
+                    break;
+                }
             }
         }
     }

@@ -6,4 +6,5 @@ mod support;
 mod foundation;
 mod jobs;
 mod leases;
+mod queue_ops;
 mod worker;
