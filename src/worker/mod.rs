@@ -310,7 +310,12 @@ impl WorkerBuilder {
 
     /// Keeps finished jobs of `queue` per `policy`: the worker prunes them every few seconds
     /// ([`crate::jobs::prune`]), so `Retention::DeleteAll` deletes jobs soon after they finish.
-    pub fn retention(mut self, queue: impl Into<String>, finished: Finished, policy: Retention) -> Self {
+    pub fn retention(
+        mut self,
+        queue: impl Into<String>,
+        finished: Finished,
+        policy: Retention,
+    ) -> Self {
         self.retention.push((queue.into(), finished, policy));
         self
     }

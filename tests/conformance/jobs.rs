@@ -714,9 +714,7 @@ fn payloads_round_trip_byte_for_byte(backend: Backend) {
         big,
     ];
     for payload in &payloads {
-        jobs::enqueue(&mut conn, &NewJob::new("bytes", "k", payload.clone()))
-            .unwrap()
-            .id;
+        jobs::enqueue(&mut conn, &NewJob::new("bytes", "k", payload.clone())).unwrap();
     }
     let claimed = jobs::claim(&mut conn, "bytes", 10, TTL).unwrap();
     let got: Vec<Vec<u8>> = claimed.iter().map(|j| j.payload.clone()).collect();
@@ -750,9 +748,7 @@ fn claim_is_served_by_an_index_with_many_finished_jobs(backend: Backend) {
     ))
     .unwrap();
     for _ in 0..20 {
-        jobs::enqueue(&mut conn, &NewJob::new("plan", "k", vec![]))
-            .unwrap()
-            .id;
+        jobs::enqueue(&mut conn, &NewJob::new("plan", "k", vec![])).unwrap();
     }
     conn.batch_execute(match backend {
         Backend::Postgres => "ANALYZE dibs_jobs",

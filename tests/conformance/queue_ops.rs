@@ -4,11 +4,11 @@
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use diesel::connection::SimpleConnection;
-use diesel::prelude::*;
 use dibs::jobs::{self, Finished, JobState, NewJob, Outcome, Retention, Retry};
 use dibs::worker::{JobContext, JobError, Worker};
 use dibs::{AnyConnection, Backend, DibsConnection, Error};
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
 
 use crate::support::{TestDb, conformance, count, now_sql, placeholders, race};
 
@@ -33,31 +33,69 @@ fn eight_enqueues_with_one_key_make_one_job(backend: Backend) {
     for round in 0..10 {
         let key = format!("report-{round}");
         let results = race(&db, 8, move |i, conn| {
-            jobs::enqueue(conn, &NewJob::new("dedup", "k", vec![i as u8]).dedup_key(key.as_str()))
+            jobs::enqueue(
+                conn,
+                &NewJob::new("dedup", "k", vec![i as u8]).dedup_key(key.as_str()),
+            )
         });
-        let got: Vec<jobs::Enqueued> = results.into_iter().map(|r| r.expect("no enqueue fails")).collect();
+        let got: Vec<jobs::Enqueued> = results
+            .into_iter()
+            .map(|r| r.expect("no enqueue fails"))
+            .collect();
         let id = got[0].id;
         assert!(got.iter().all(|e| e.id == id), "round {round}: {got:?}");
-        assert_eq!(got.iter().filter(|e| !e.existing).count(), 1, "round {round}: {got:?}");
+        assert_eq!(
+            got.iter().filter(|e| !e.existing).count(),
+            1,
+            "round {round}: {got:?}"
+        );
     }
     let mut conn = db.connect();
     assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 10);
     // While it runs the key is taken; once it completes, the key is free again.
-    let first = jobs::enqueue(&mut conn, &NewJob::new("dedup", "k", vec![]).dedup_key("again")).unwrap();
+    let first = jobs::enqueue(
+        &mut conn,
+        &NewJob::new("dedup", "k", vec![]).dedup_key("again"),
+    )
+    .unwrap();
     let job = jobs::claim(&mut conn, "dedup", 100, TTL)
         .unwrap()
         .into_iter()
         .find(|j| j.id == first.id)
         .unwrap();
-    let running = jobs::enqueue(&mut conn, &NewJob::new("dedup", "k", vec![]).dedup_key("again")).unwrap();
+    let running = jobs::enqueue(
+        &mut conn,
+        &NewJob::new("dedup", "k", vec![]).dedup_key("again"),
+    )
+    .unwrap();
     assert_eq!((running.id, running.existing), (first.id, true));
     // Same key, other queue: independent. Keys are byte-exact.
-    assert!(!jobs::enqueue(&mut conn, &NewJob::new("other", "k", vec![]).dedup_key("again")).unwrap().existing);
-    assert!(!jobs::enqueue(&mut conn, &NewJob::new("dedup", "k", vec![]).dedup_key("Again")).unwrap().existing);
+    assert!(
+        !jobs::enqueue(
+            &mut conn,
+            &NewJob::new("other", "k", vec![]).dedup_key("again")
+        )
+        .unwrap()
+        .existing
+    );
+    assert!(
+        !jobs::enqueue(
+            &mut conn,
+            &NewJob::new("dedup", "k", vec![]).dedup_key("Again")
+        )
+        .unwrap()
+        .existing
+    );
     jobs::complete(&mut conn, &[job.claim()]).unwrap();
-    let after = jobs::enqueue(&mut conn, &NewJob::new("dedup", "k", vec![]).dedup_key("again")).unwrap();
+    let after = jobs::enqueue(
+        &mut conn,
+        &NewJob::new("dedup", "k", vec![]).dedup_key("again"),
+    )
+    .unwrap();
     assert!(!after.existing && after.id != first.id);
-    println!("{backend} dedup: 10 rounds x 8 concurrent enqueues of one key: one job each, all 8 got its id");
+    println!(
+        "{backend} dedup: 10 rounds x 8 concurrent enqueues of one key: one job each, all 8 got its id"
+    );
 }
 
 fn enqueue_many_reports_each_item(backend: Backend) {
@@ -76,10 +114,16 @@ fn enqueue_many_reports_each_item(backend: Backend) {
     let existing: Vec<bool> = got.iter().map(|e| e.existing).collect();
     assert_eq!(existing, vec![false, true, false, false, true, false]);
     assert_eq!(got[1].id, live.id);
-    assert_eq!(got[4].id, got[2].id, "a duplicate inside the batch gets the first one's id");
+    assert_eq!(
+        got[4].id, got[2].id,
+        "a duplicate inside the batch gets the first one's id"
+    );
     for (i, e) in got.iter().enumerate() {
         if !e.existing {
-            assert_eq!(jobs::get(&mut conn, e.id).unwrap().unwrap().payload, vec![b"123456"[i]]);
+            assert_eq!(
+                jobs::get(&mut conn, e.id).unwrap().unwrap().payload,
+                vec![b"123456"[i]]
+            );
         }
     }
     assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 5);
@@ -106,12 +150,18 @@ fn completed_ids(conn: &mut AnyConnection, queue: &str) -> Vec<i64> {
 
 /// Job A completed, job B claimed (it will finish later, so it is the newer).
 fn older_done_newer_running(conn: &mut AnyConnection, queue: &str) -> (i64, jobs::ClaimedJob) {
-    let pair = [NewJob::new(queue, "k", vec![]), NewJob::new(queue, "k", vec![])];
+    let pair = [
+        NewJob::new(queue, "k", vec![]),
+        NewJob::new(queue, "k", vec![]),
+    ];
     jobs::enqueue_many(conn, &pair).unwrap();
     let mut claimed = jobs::claim(conn, queue, 2, TTL).unwrap();
     let newer = claimed.pop().unwrap();
     let older = claimed.pop().unwrap();
-    assert_eq!(jobs::complete(conn, &[older.claim()]).unwrap(), vec![Outcome::Done]);
+    assert_eq!(
+        jobs::complete(conn, &[older.claim()]).unwrap(),
+        vec![Outcome::Done]
+    );
     std::thread::sleep(Duration::from_millis(20));
     (older.id, newer)
 }
@@ -125,13 +175,23 @@ fn two_step_prune_loses_the_newest_and_dibs_prune_keeps_it(backend: Backend) {
     // delete the others.
     let (_, newer) = older_done_newer_running(&mut conn, "naive");
     let keep = completed_ids(&mut conn, "naive");
-    assert_eq!(jobs::complete(&mut conn, &[newer.claim()]).unwrap(), vec![Outcome::Done]);
-    let keep_list = keep.iter().map(|id| id.to_string()).collect::<Vec<_>>().join(", ");
+    assert_eq!(
+        jobs::complete(&mut conn, &[newer.claim()]).unwrap(),
+        vec![Outcome::Done]
+    );
+    let keep_list = keep
+        .iter()
+        .map(|id| id.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
     conn.batch_execute(&format!(
         "DELETE FROM dibs_jobs WHERE queue = 'naive' AND state = 'completed' AND id NOT IN ({keep_list})"
     ))
     .unwrap();
-    assert!(jobs::get(&mut conn, newer.id).unwrap().is_none(), "the two-step prune deleted the newest job");
+    assert!(
+        jobs::get(&mut conn, newer.id).unwrap().is_none(),
+        "the two-step prune deleted the newest job"
+    );
 
     // dibs: the newer job's completion is committed while the prune runs.
     let (older, newer) = older_done_newer_running(&mut conn, "dibs");
@@ -155,14 +215,33 @@ fn two_step_prune_loses_the_newest_and_dibs_prune_keeps_it(backend: Backend) {
     held.wait();
     let pruner = {
         let mut c = db.connect();
-        std::thread::spawn(move || jobs::prune(&mut c, "dibs", Finished::Completed, Retention::KeepNewest(1), 100))
+        std::thread::spawn(move || {
+            jobs::prune(
+                &mut c,
+                "dibs",
+                Finished::Completed,
+                Retention::KeepNewest(1),
+                100,
+            )
+        })
     };
     go.wait();
     finisher.join().unwrap();
     let first = pruner.join().unwrap().unwrap();
-    assert_eq!(jobs::get(&mut conn, newer.id).unwrap().unwrap().state, JobState::Completed, "dibs kept the newest");
+    assert_eq!(
+        jobs::get(&mut conn, newer.id).unwrap().unwrap().state,
+        JobState::Completed,
+        "dibs kept the newest"
+    );
     // Once it is visible, it is the one kept.
-    let second = jobs::prune(&mut conn, "dibs", Finished::Completed, Retention::KeepNewest(1), 100).unwrap();
+    let second = jobs::prune(
+        &mut conn,
+        "dibs",
+        Finished::Completed,
+        Retention::KeepNewest(1),
+        100,
+    )
+    .unwrap();
     assert_eq!(first + second, 1);
     assert_eq!(completed_ids(&mut conn, "dibs"), vec![newer.id]);
     assert!(jobs::get(&mut conn, older).unwrap().is_none());
@@ -181,11 +260,21 @@ fn finished_jobs(conn: &mut AnyConnection, queue: &str, n: usize) {
         UNION ALL SELECT 8 UNION ALL SELECT 9)";
     assert_eq!(n, 10_000);
     let ago = match backend {
-        Backend::Postgres => "statement_timestamp() - (a.d * 1000 + b.d * 100 + c.d * 10 + e.d) * interval '1 second'",
-        Backend::Mysql => "UTC_TIMESTAMP(6) - INTERVAL (a.d * 1000 + b.d * 100 + c.d * 10 + e.d) SECOND",
-        Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || (a.d * 1000 + b.d * 100 + c.d * 10 + e.d) || ' seconds')",
+        Backend::Postgres => {
+            "statement_timestamp() - (a.d * 1000 + b.d * 100 + c.d * 10 + e.d) * interval '1 second'"
+        }
+        Backend::Mysql => {
+            "UTC_TIMESTAMP(6) - INTERVAL (a.d * 1000 + b.d * 100 + c.d * 10 + e.d) SECOND"
+        }
+        Backend::Sqlite => {
+            "strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || (a.d * 1000 + b.d * 100 + c.d * 10 + e.d) || ' seconds')"
+        }
     };
-    let payload = if backend == Backend::Postgres { "'\\x00'::bytea" } else { "x'00'" };
+    let payload = if backend == Backend::Postgres {
+        "'\\x00'::bytea"
+    } else {
+        "x'00'"
+    };
     conn.batch_execute(&format!(
         "INSERT INTO dibs_jobs (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, finished_at) \
          SELECT '{queue}', 'k', {payload}, 0, 'completed', 1, 1, {now}, {now}, {ago} \
@@ -199,7 +288,10 @@ fn keep_newest_and_keep_young_on_ten_thousand_jobs(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let total = |conn: &mut AnyConnection, q: &str| {
-        count(conn, &format!("SELECT COUNT(*) AS n FROM dibs_jobs WHERE queue = '{q}'"))
+        count(
+            conn,
+            &format!("SELECT COUNT(*) AS n FROM dibs_jobs WHERE queue = '{q}'"),
+        )
     };
     let drain = |conn: &mut AnyConnection, q: &str, policy: Retention| {
         let mut deleted = 0;
@@ -212,25 +304,41 @@ fn keep_newest_and_keep_young_on_ten_thousand_jobs(backend: Backend) {
         }
     };
     finished_jobs(&mut conn, "newest", 10_000);
-    assert_eq!(drain(&mut conn, "newest", Retention::KeepNewest(2500)), 7500);
+    assert_eq!(
+        drain(&mut conn, "newest", Retention::KeepNewest(2500)),
+        7500
+    );
     assert_eq!(total(&mut conn, "newest"), 2500);
     // The 2,500 kept are the newest: finished less than 2,500 s ago.
-    let oldest_kept = count(&mut conn, &format!(
-        "SELECT COUNT(*) AS n FROM dibs_jobs WHERE queue = 'newest' AND finished_at < {}",
-        match backend {
-            Backend::Postgres => "statement_timestamp() - interval '2500 seconds'",
-            Backend::Mysql => "UTC_TIMESTAMP(6) - INTERVAL 2500 SECOND",
-            Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-2500 seconds')",
-        }
-    ));
+    let oldest_kept = count(
+        &mut conn,
+        &format!(
+            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE queue = 'newest' AND finished_at < {}",
+            match backend {
+                Backend::Postgres => "statement_timestamp() - interval '2500 seconds'",
+                Backend::Mysql => "UTC_TIMESTAMP(6) - INTERVAL 2500 SECOND",
+                Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-2500 seconds')",
+            }
+        ),
+    );
     assert_eq!(oldest_kept, 0);
 
     finished_jobs(&mut conn, "young", 10_000);
-    assert_eq!(drain(&mut conn, "young", Retention::KeepYoungerThan(Duration::from_secs(3000) + Duration::from_millis(500))), 6999);
+    assert_eq!(
+        drain(
+            &mut conn,
+            "young",
+            Retention::KeepYoungerThan(Duration::from_secs(3000) + Duration::from_millis(500))
+        ),
+        6999
+    );
     assert_eq!(total(&mut conn, "young"), 3001);
 
     finished_jobs(&mut conn, "both", 10_000);
-    let policy = Retention::KeepNewestOrYounger { newest: 5000, younger_than: Duration::from_millis(1000 * 1000 + 500) };
+    let policy = Retention::KeepNewestOrYounger {
+        newest: 5000,
+        younger_than: Duration::from_millis(1000 * 1000 + 500),
+    };
     assert_eq!(drain(&mut conn, "both", policy), 5000);
     assert_eq!(total(&mut conn, "both"), 5000);
 
@@ -241,25 +349,44 @@ fn keep_newest_and_keep_young_on_ten_thousand_jobs(backend: Backend) {
     // Only finished jobs of the outcome asked for go: a live job stays.
     jobs::enqueue(&mut conn, &NewJob::new("all", "k", vec![])).unwrap();
     assert_eq!(drain(&mut conn, "all", Retention::DeleteAll), 0);
-    assert_eq!(jobs::prune(&mut conn, "all", Finished::Dead, Retention::DeleteAll, 10).unwrap(), 0);
+    assert_eq!(
+        jobs::prune(&mut conn, "all", Finished::Dead, Retention::DeleteAll, 10).unwrap(),
+        0
+    );
     assert_eq!(total(&mut conn, "all"), 1);
 }
 
 fn cancel_waiting_and_running_jobs(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    let waiting = jobs::enqueue(&mut conn, &NewJob::new("c", "k", vec![]).priority(1)).unwrap().id;
-    let running = jobs::enqueue(&mut conn, &NewJob::new("c", "k", vec![])).unwrap().id;
+    let waiting = jobs::enqueue(&mut conn, &NewJob::new("c", "k", vec![]).priority(1))
+        .unwrap()
+        .id;
+    let running = jobs::enqueue(&mut conn, &NewJob::new("c", "k", vec![]))
+        .unwrap()
+        .id;
     let job = jobs::claim(&mut conn, "c", 1, TTL).unwrap().remove(0);
     assert_eq!(job.id, running);
     assert!(jobs::cancel(&mut conn, waiting).unwrap());
-    assert!(!jobs::cancel(&mut conn, waiting).unwrap(), "already cancelled");
+    assert!(
+        !jobs::cancel(&mut conn, waiting).unwrap(),
+        "already cancelled"
+    );
     assert!(jobs::claim(&mut conn, "c", 10, TTL).unwrap().is_empty());
     assert!(jobs::cancel(&mut conn, running).unwrap());
     // The worker learns it at its next heartbeat, and its completion is refused.
-    assert_eq!(jobs::renew(&mut conn, &[job.claim()], TTL).unwrap(), vec![Outcome::Cancelled]);
-    assert_eq!(jobs::complete(&mut conn, &[job.claim()]).unwrap(), vec![Outcome::Cancelled]);
-    assert_eq!(jobs::get(&mut conn, running).unwrap().unwrap().state, JobState::Cancelled);
+    assert_eq!(
+        jobs::renew(&mut conn, &[job.claim()], TTL).unwrap(),
+        vec![Outcome::Cancelled]
+    );
+    assert_eq!(
+        jobs::complete(&mut conn, &[job.claim()]).unwrap(),
+        vec![Outcome::Cancelled]
+    );
+    assert_eq!(
+        jobs::get(&mut conn, running).unwrap().unwrap().state,
+        JobState::Cancelled
+    );
     assert!(!jobs::cancel(&mut conn, 999_999).unwrap());
 }
 
@@ -268,25 +395,35 @@ fn retry_dead_jobs(backend: Backend) {
     let mut conn = db.connect();
     let mut dead = Vec::new();
     for kind in ["a", "a", "b"] {
-        let id = jobs::enqueue(&mut conn, &NewJob::new("rd", kind, vec![])).unwrap().id;
+        let id = jobs::enqueue(&mut conn, &NewJob::new("rd", kind, vec![]))
+            .unwrap()
+            .id;
         let job = jobs::claim(&mut conn, "rd", 1, TTL).unwrap().remove(0);
         jobs::fail(&mut conn, job.claim(), "broken", Retry::Never).unwrap();
         dead.push(id);
     }
     assert!(jobs::retry_dead(&mut conn, dead[2]).unwrap());
-    assert!(!jobs::retry_dead(&mut conn, dead[2]).unwrap(), "no longer dead");
+    assert!(
+        !jobs::retry_dead(&mut conn, dead[2]).unwrap(),
+        "no longer dead"
+    );
     let again = jobs::get(&mut conn, dead[2]).unwrap().unwrap();
     assert_eq!((again.state, again.attempt), (JobState::Waiting, 0));
     assert_eq!(jobs::retry_dead_of_kind(&mut conn, "rd", "a").unwrap(), 2);
     assert_eq!(jobs::claim(&mut conn, "rd", 10, TTL).unwrap().len(), 3);
     // A dead job whose key a live job now has cannot come back: a typed error, nothing changes.
-    let first = jobs::enqueue(&mut conn, &NewJob::new("rk", "k", vec![]).dedup_key("x")).unwrap().id;
+    let first = jobs::enqueue(&mut conn, &NewJob::new("rk", "k", vec![]).dedup_key("x"))
+        .unwrap()
+        .id;
     let job = jobs::claim(&mut conn, "rk", 1, TTL).unwrap().remove(0);
     jobs::fail(&mut conn, job.claim(), "broken", Retry::Never).unwrap();
     jobs::enqueue(&mut conn, &NewJob::new("rk", "k", vec![]).dedup_key("x")).unwrap();
     let err = jobs::retry_dead(&mut conn, first).unwrap_err();
     assert!(err.is_invalid_input(), "{err:?}");
-    assert_eq!(jobs::get(&mut conn, first).unwrap().unwrap().state, JobState::Dead);
+    assert_eq!(
+        jobs::get(&mut conn, first).unwrap().unwrap().state,
+        JobState::Dead
+    );
 }
 
 fn paused_queues_are_skipped(backend: Backend) {
@@ -298,7 +435,10 @@ fn paused_queues_are_skipped(backend: Backend) {
     assert!(!jobs::is_paused(&mut conn, "P").unwrap());
     jobs::enqueue(&mut conn, &NewJob::new("p", "k", vec![])).unwrap();
     jobs::enqueue(&mut conn, &NewJob::new("other", "k", vec![])).unwrap();
-    assert!(jobs::claim(&mut conn, "p", 10, TTL).unwrap().is_empty(), "a paused queue is skipped");
+    assert!(
+        jobs::claim(&mut conn, "p", 10, TTL).unwrap().is_empty(),
+        "a paused queue is skipped"
+    );
     assert_eq!(jobs::claim(&mut conn, "other", 10, TTL).unwrap().len(), 1);
     jobs::resume(&mut conn, "p").unwrap();
     jobs::resume(&mut conn, "p").unwrap();
@@ -308,14 +448,22 @@ fn paused_queues_are_skipped(backend: Backend) {
 fn error_history_is_kept_and_bounded(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    let id = jobs::enqueue(&mut conn, &NewJob::new("h", "k", vec![]).max_attempts(30)).unwrap().id;
+    let id = jobs::enqueue(&mut conn, &NewJob::new("h", "k", vec![]).max_attempts(30))
+        .unwrap()
+        .id;
     for attempt in 1..=25 {
         let job = jobs::claim(&mut conn, "h", 1, TTL).unwrap().remove(0);
-        let error = if attempt == 25 { "ü".repeat(3000) } else { format!("failure {attempt}") };
+        let error = if attempt == 25 {
+            "ü".repeat(3000)
+        } else {
+            format!("failure {attempt}")
+        };
         jobs::fail(&mut conn, job.claim(), &error, Retry::After(Duration::ZERO)).unwrap();
     }
     // A stalled run leaves its error too.
-    let job = jobs::claim(&mut conn, "h", 1, Duration::from_millis(50)).unwrap().remove(0);
+    let job = jobs::claim(&mut conn, "h", 1, Duration::from_millis(50))
+        .unwrap()
+        .remove(0);
     assert_eq!(job.attempt, 26);
     std::thread::sleep(Duration::from_millis(150));
     jobs::rescue(&mut conn, 10).unwrap();
@@ -331,12 +479,21 @@ fn error_history_is_kept_and_bounded(backend: Backend) {
 fn stats_count_every_state(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    let ids: Vec<i64> = jobs::enqueue_many(&mut conn, &(0..6).map(|_| NewJob::new("s", "k", vec![])).collect::<Vec<_>>())
-        .unwrap()
-        .iter()
-        .map(|e| e.id)
-        .collect();
-    jobs::enqueue(&mut conn, &NewJob::new("t", "k", vec![]).delay(Duration::from_secs(3600))).unwrap();
+    let ids: Vec<i64> = jobs::enqueue_many(
+        &mut conn,
+        &(0..6)
+            .map(|_| NewJob::new("s", "k", vec![]))
+            .collect::<Vec<_>>(),
+    )
+    .unwrap()
+    .iter()
+    .map(|e| e.id)
+    .collect();
+    jobs::enqueue(
+        &mut conn,
+        &NewJob::new("t", "k", vec![]).delay(Duration::from_secs(3600)),
+    )
+    .unwrap();
     let claimed = jobs::claim(&mut conn, "s", 4, TTL).unwrap();
     jobs::complete(&mut conn, &[claimed[0].claim()]).unwrap();
     jobs::fail(&mut conn, claimed[1].claim(), "x", Retry::Never).unwrap();
@@ -345,13 +502,34 @@ fn stats_count_every_state(backend: Backend) {
     std::thread::sleep(Duration::from_millis(50));
     let stats = jobs::stats(&mut conn).unwrap();
     let s = stats.queues.iter().find(|q| q.queue == "s").unwrap();
-    assert_eq!((s.waiting, s.running, s.completed, s.dead, s.cancelled), (1, 2, 1, 1, 1), "{s:?}");
-    assert!(s.oldest_waiting >= chrono::Duration::milliseconds(40), "{s:?}");
+    assert_eq!(
+        (s.waiting, s.running, s.completed, s.dead, s.cancelled),
+        (1, 2, 1, 1, 1),
+        "{s:?}"
+    );
+    assert!(
+        s.oldest_waiting >= chrono::Duration::milliseconds(40),
+        "{s:?}"
+    );
     let t = stats.queues.iter().find(|q| q.queue == "t").unwrap();
-    assert_eq!((t.waiting, t.oldest_waiting), (1, chrono::Duration::zero()), "not due yet: no wait");
-    assert!(stats.queues.iter().any(|q| q.queue == "paused-empty" && q.paused));
+    assert_eq!(
+        (t.waiting, t.oldest_waiting),
+        (1, chrono::Duration::zero()),
+        "not due yet: no wait"
+    );
+    assert!(
+        stats
+            .queues
+            .iter()
+            .any(|q| q.queue == "paused-empty" && q.paused)
+    );
     assert_eq!(stats.running.len(), 2);
-    assert!(stats.running.iter().all(|r| r.claim_expires_at.is_some_and(|at| at > stats.now)));
+    assert!(
+        stats
+            .running
+            .iter()
+            .all(|r| r.claim_expires_at.is_some_and(|at| at > stats.now))
+    );
 }
 
 fn the_test_helper_runs_due_jobs_on_the_calling_thread(backend: Backend) {
@@ -360,8 +538,18 @@ fn the_test_helper_runs_due_jobs_on_the_calling_thread(backend: Backend) {
     let mut conn = pool.get().unwrap();
     jobs::enqueue(&mut conn, &NewJob::json("app", "add", &(2, 3)).unwrap()).unwrap();
     jobs::enqueue(&mut conn, &NewJob::json("app", "add", &(40, 2)).unwrap()).unwrap();
-    jobs::enqueue(&mut conn, &NewJob::json("app", "add", &(0, 0)).unwrap().max_attempts(1)).unwrap();
-    jobs::enqueue(&mut conn, &NewJob::json("app", "later", &()).unwrap().delay(Duration::from_secs(600))).unwrap();
+    jobs::enqueue(
+        &mut conn,
+        &NewJob::json("app", "add", &(0, 0)).unwrap().max_attempts(1),
+    )
+    .unwrap();
+    jobs::enqueue(
+        &mut conn,
+        &NewJob::json("app", "later", &())
+            .unwrap()
+            .delay(Duration::from_secs(600)),
+    )
+    .unwrap();
     let caller = std::thread::current().id();
     let sums = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = sums.clone();
@@ -380,24 +568,70 @@ fn the_test_helper_runs_due_jobs_on_the_calling_thread(backend: Backend) {
         .unwrap();
     assert_eq!((report.completed, report.dead), (2, 1), "{report:?}");
     assert_eq!(*sums.lock().unwrap(), vec![5, 42]);
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'waiting'"), 1, "the delayed job is not due");
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'waiting'"
+        ),
+        1,
+        "the delayed job is not due"
+    );
 }
 
 fn bad_input_is_refused_and_writes_nothing(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let long = "k".repeat(256);
-    assert!(jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]).dedup_key("")).unwrap_err().is_invalid_input());
-    assert!(jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]).dedup_key(long.as_str())).unwrap_err().is_invalid_input());
+    assert!(
+        jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]).dedup_key(""))
+            .unwrap_err()
+            .is_invalid_input()
+    );
+    assert!(
+        jobs::enqueue(
+            &mut conn,
+            &NewJob::new("q", "k", vec![]).dedup_key(long.as_str())
+        )
+        .unwrap_err()
+        .is_invalid_input()
+    );
     assert!(jobs::pause(&mut conn, "").unwrap_err().is_invalid_input());
-    assert!(jobs::resume(&mut conn, &long).unwrap_err().is_invalid_input());
-    assert!(jobs::retry_dead_of_kind(&mut conn, "q", "").unwrap_err().is_invalid_input());
-    assert!(jobs::prune(&mut conn, "", Finished::Completed, Retention::DeleteAll, 10).unwrap_err().is_invalid_input());
-    assert!(jobs::prune(&mut conn, "q", Finished::Completed, Retention::DeleteAll, 0).unwrap_err().is_invalid_input());
+    assert!(
+        jobs::resume(&mut conn, &long)
+            .unwrap_err()
+            .is_invalid_input()
+    );
+    assert!(
+        jobs::retry_dead_of_kind(&mut conn, "q", "")
+            .unwrap_err()
+            .is_invalid_input()
+    );
+    assert!(
+        jobs::prune(&mut conn, "", Finished::Completed, Retention::DeleteAll, 10)
+            .unwrap_err()
+            .is_invalid_input()
+    );
+    assert!(
+        jobs::prune(&mut conn, "q", Finished::Completed, Retention::DeleteAll, 0)
+            .unwrap_err()
+            .is_invalid_input()
+    );
     let absurd = Retention::KeepYoungerThan(Duration::from_secs(400 * 86400));
-    assert!(jobs::prune(&mut conn, "q", Finished::Completed, absurd, 10).unwrap_err().is_invalid_input());
-    let refused = conn.transaction(|c| jobs::prune(c, "q", Finished::Dead, Retention::DeleteAll, 10)).unwrap_err();
-    assert!(matches!(refused, Error::InTransaction { .. }), "{refused:?}");
+    assert!(
+        jobs::prune(&mut conn, "q", Finished::Completed, absurd, 10)
+            .unwrap_err()
+            .is_invalid_input()
+    );
+    let refused = conn
+        .transaction(|c| jobs::prune(c, "q", Finished::Dead, Retention::DeleteAll, 10))
+        .unwrap_err();
+    assert!(
+        matches!(refused, Error::InTransaction { .. }),
+        "{refused:?}"
+    );
     assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 0);
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_queue_pauses"), 0);
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_queue_pauses"),
+        0
+    );
 }

@@ -429,9 +429,7 @@ fn an_idle_worker_starts_a_new_job_promptly(backend: Backend) {
     std::thread::sleep(Duration::from_secs(3));
     let idle_cpu = cpu_ticks() - idle_from;
     let enqueued = Clock::now();
-    jobs::enqueue(&mut pool.get().unwrap(), &NewJob::new("idle", "k", vec![]))
-        .unwrap()
-        .id;
+    jobs::enqueue(&mut pool.get().unwrap(), &NewJob::new("idle", "k", vec![])).unwrap();
     let report = wait_for(&worker, Duration::from_secs(10), |r| r.completed == 1);
     worker.shutdown(Duration::from_secs(1));
     assert_eq!(report.completed, 1);
