@@ -18,6 +18,7 @@ conformance!(
     a_handler_past_its_timeout_is_failed_without_extra_concurrency,
     shutdown_finishes_within_grace_and_gives_back_the_rest,
     an_idle_worker_starts_a_new_job_promptly,
+    a_cancelled_job_raises_the_flag_at_the_next_heartbeat,
     the_builder_refuses_what_cannot_work,
 );
 
@@ -626,4 +627,54 @@ mod mysql_faults {
     fn survives_dropped_connections() {
         super::survives_dropped_connections(dibs::Backend::Mysql)
     }
+}
+
+fn a_cancelled_job_raises_the_flag_at_the_next_heartbeat(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let pool = pool(&db);
+    let id = jobs::enqueue(&mut pool.get().unwrap(), &NewJob::new("cx", "k", vec![]))
+        .unwrap()
+        .id;
+    let started = Arc::new(AtomicBool::new(false));
+    let flagged: Arc<Mutex<Option<Clock>>> = Arc::default();
+    let (s, f) = (started.clone(), flagged.clone());
+    let ttl = Duration::from_millis(600);
+    let worker = Worker::builder(pool.clone())
+        .queue("cx")
+        .threads(1)
+        .lease_ttl(ttl)
+        .poll_interval(Duration::from_millis(20))
+        .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
+            s.store(true, Ordering::SeqCst);
+            let until = Clock::now() + Duration::from_secs(10);
+            while !ctx.should_stop() && Clock::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            *f.lock().unwrap() = ctx.should_stop().then(Clock::now);
+            Ok(())
+        })
+        .start()
+        .unwrap();
+    while !started.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let cancelled_at = Clock::now();
+    assert!(jobs::cancel(&mut pool.get().unwrap(), id).unwrap());
+    let report = wait_for(&worker, Duration::from_secs(10), |r| r.cancelled == 1);
+    worker.shutdown(Duration::from_secs(1));
+    assert_eq!(report.cancelled, 1, "{report:?}");
+    let seen = flagged
+        .lock()
+        .unwrap()
+        .expect("the handler saw should_stop")
+        - cancelled_at;
+    // Heartbeats every ttl/3 = 200 ms; 10x margin.
+    assert!(seen < ttl / 3 * 10, "{seen:?}");
+    assert_eq!(
+        jobs::get(&mut pool.get().unwrap(), id)
+            .unwrap()
+            .unwrap()
+            .state,
+        JobState::Cancelled
+    );
 }
