@@ -17,7 +17,7 @@ use crate::{Error, Result};
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
-mod postgres;
+pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -330,6 +330,9 @@ pub(crate) struct Syntax {
     /// A statement that wakes idle workers of the queue bound to it (PostgreSQL NOTIFY; sent
     /// at commit, so a rolled-back enqueue wakes nobody).
     pub notify_queue: Option<&'static str>,
+    /// The same wake-up as a column of an insert's RETURNING list (empty where there is
+    /// none), so a single enqueue is one round trip.
+    pub notify_in_returning: &'static str,
 }
 
 /// The PostgreSQL channel that enqueues notify and idle workers listen to.

@@ -31,6 +31,7 @@ static SYNTAX: Syntax = Syntax {
     skip_locked: " FOR UPDATE SKIP LOCKED",
     random_token: "RANDOM_BYTES(16)",
     notify_queue: None,
+    notify_in_returning: "",
 };
 
 impl Dialect for MysqlConnection {

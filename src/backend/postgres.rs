@@ -36,6 +36,7 @@ static SYNTAX: Syntax = Syntax {
     skip_locked: " FOR UPDATE SKIP LOCKED",
     random_token: "gen_random_uuid()",
     notify_queue: Some("SELECT pg_notify('dibs_jobs', ?)"),
+    notify_in_returning: ", pg_notify('dibs_jobs', queue)",
 };
 
 impl Dialect for PgConnection {
@@ -94,4 +95,18 @@ impl ToSql<Token, Pg> for uuid::Uuid {
         out.write_all(self.as_bytes())?;
         Ok(IsNull::No)
     }
+}
+
+/// Starts listening for enqueue notifications on `conn` (a dedicated connection).
+pub(crate) fn listen(conn: &mut PgConnection) -> QueryResult<()> {
+    diesel::sql_query(format!("LISTEN {}", super::NOTIFY_CHANNEL)).execute(conn)?;
+    Ok(())
+}
+
+/// The queues named by notifications that arrived since the last call. diesel's iterator
+/// does not block (it returns at once when nothing is pending), so callers poll it.
+pub(crate) fn notified_queues(conn: &mut PgConnection) -> QueryResult<Vec<String>> {
+    conn.notifications_iter()
+        .map(|n| n.map(|n| n.payload))
+        .collect()
 }

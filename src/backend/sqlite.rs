@@ -28,6 +28,7 @@ static SYNTAX: Syntax = Syntax {
     skip_locked: "",
     random_token: "randomblob(16)",
     notify_queue: None,
+    notify_in_returning: "",
 };
 
 impl Dialect for SqliteConnection {

@@ -229,6 +229,9 @@ macro_rules! insert_one {
             Upsert::OnConflictWhere => INSERT_DEDUP_ON_CONFLICT,
             Upsert::OnDuplicateKey => INSERT_DEDUP_ON_DUPLICATE_KEY,
         });
+        if syntax.returning {
+            sql.push_str(syntax.notify_in_returning);
+        }
         let insert = diesel::sql_query(sql)
             .bind::<Text, _>(&job.queue)
             .bind::<Text, _>(&job.kind)
@@ -262,15 +265,12 @@ macro_rules! insert_one {
 /// [`existing`](Enqueued::existing).
 pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued> {
     job.validate()?;
-    let enqueued = dispatch!(conn, c => insert_one!(c, job))?;
-    if !enqueued.existing {
-        notify(conn, [job.queue.as_str()])?;
-    }
-    Ok(enqueued)
+    // Wakes idle workers too (PostgreSQL: a NOTIFY in the insert's RETURNING list).
+    Ok(dispatch!(conn, c => insert_one!(c, job))?)
 }
 
 /// Wakes idle workers of these queues where the backend can (PostgreSQL NOTIFY, delivered
-/// when the enqueueing transaction commits).
+/// when the enqueueing transaction commits), after a multi-row insert.
 fn notify<'q, C: DibsConnection>(
     conn: &mut C,
     queues: impl IntoIterator<Item = &'q str>,

@@ -628,15 +628,13 @@ mod listener {
     pub(super) fn listen(_shared: &Shared) {}
 
     /// LISTENs on a dedicated connection and wakes the claimer when a job is enqueued on one
-    /// of its queues. diesel's notification iterator does not block, so this polls it every
+    /// of its queues. The notification iterator does not block, so this polls it every
     /// 20 ms; reconnects with backoff when the connection breaks (polling keeps working).
     #[cfg(feature = "postgres")]
     pub(super) fn listen(shared: &Shared) {
         use std::time::Duration;
 
-        use diesel::RunQueryDsl;
-
-        use crate::backend::NOTIFY_CHANNEL;
+        use crate::backend::postgres::{listen, notified_queues};
         use crate::{BackendConnection, DibsConnection};
 
         let mut pause = Duration::from_millis(100);
@@ -655,25 +653,24 @@ mod listener {
             let BackendConnection::Postgres(pg) = conn.backend_connection() else {
                 return;
             };
-            if let Err(e) = diesel::sql_query(format!("LISTEN {NOTIFY_CHANNEL}")).execute(pg) {
+            if let Err(e) = listen(pg) {
                 tracing::warn!(error = %e, "listener: LISTEN failed");
+                std::thread::sleep(pause);
                 continue;
             }
             pause = Duration::from_millis(100);
-            'connected: while !shared.stopping() {
-                let mut wake = false;
-                for notification in pg.notifications_iter() {
-                    match notification {
-                        Ok(n) => wake |= shared.config.queues.contains(&n.payload),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "listener: connection lost; reconnecting");
-                            break 'connected;
+            while !shared.stopping() {
+                match notified_queues(pg) {
+                    Ok(queues) => {
+                        if queues.iter().any(|q| shared.config.queues.contains(q)) {
+                            shared.lock().woken = true;
+                            shared.changed.notify_all();
                         }
                     }
-                }
-                if wake {
-                    shared.lock().woken = true;
-                    shared.changed.notify_all();
+                    Err(e) => {
+                        tracing::warn!(error = %e, "listener: connection lost; reconnecting");
+                        break;
+                    }
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
