@@ -52,13 +52,17 @@
 //! ## Caller's transactions
 //!
 //! Some operations join the caller's open transaction, so their writes commit or roll back
-//! with the caller's own: enqueueing a job, completing a job together with the handler's
-//! writes, and verifying that a lease is still held. Use [`transaction()`] to open the right
-//! kind of transaction for them (IMMEDIATE on SQLite).
+//! with the caller's own: [`jobs::enqueue`] and [`jobs::enqueue_many`]; [`jobs::complete`]
+//! (with the handler's own writes: the exactly-once way to finish a job), [`jobs::fail`],
+//! [`jobs::renew`] and [`jobs::give_back`]; [`lease::Lease::verify`] (work commits only while
+//! the lease is held); and the operator calls [`jobs::cancel`], [`jobs::retry_dead`],
+//! [`jobs::pause`] and [`jobs::resume`]. On a bare connection they commit on their own. Use
+//! [`transaction()`] to open the right kind of transaction for them (IMMEDIATE on SQLite).
 //!
-//! Others need a bare connection and open the transaction they need themselves: taking a
-//! lease, claiming jobs, rescuing stalled jobs, pruning, and [`run_migrations`]. Inside a
-//! caller's transaction they return [`Error::InTransaction`] and send nothing, because:
+//! Others need a bare connection and open the transaction they need themselves: taking,
+//! renewing and releasing a lease, [`jobs::claim`], [`jobs::rescue`], [`jobs::prune`], and
+//! [`run_migrations`]. Inside a caller's transaction they return [`Error::InTransaction`] and
+//! send nothing, because:
 //!
 //! - MySQL/MariaDB cannot change the isolation level inside an open transaction, and these
 //!   operations need READ COMMITTED (under REPEATABLE READ, `FOR UPDATE SKIP LOCKED` also
