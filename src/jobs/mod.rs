@@ -318,8 +318,10 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                     0
                 };
                 if run == 0 {
-                    out.push(insert_one!(c, &rest[0])?);
-                    rest = &rest[1..];
+                    if let Some((job, tail)) = rest.split_first() {
+                        out.push(insert_one!(c, job)?);
+                        rest = tail;
+                    }
                     continue;
                 }
                 for chunk in chunks(&rest[..run]) {
@@ -589,14 +591,14 @@ fn apply_finish<C: DibsConnection>(
     finish: &Finish<'_>,
 ) -> Result<()> {
     let list = id_list(rows.iter().map(|row| row.id));
-    match finish {
-        Finish::Complete | Finish::GiveBack | Finish::Renew(_) => {
-            let (template, micros) = match finish {
-                Finish::Complete => (COMPLETE, None),
-                Finish::GiveBack => (GIVE_BACK, None),
-                Finish::Renew(micros) => (RENEW, Some(*micros)),
-                Finish::Fail { .. } => unreachable!("handled below"),
-            };
+    let batch_update = match finish {
+        Finish::Complete => Some((COMPLETE, None)),
+        Finish::GiveBack => Some((GIVE_BACK, None)),
+        Finish::Renew(micros) => Some((RENEW, Some(*micros))),
+        Finish::Fail { .. } => None,
+    };
+    match (batch_update, finish) {
+        (Some((template, micros)), _) => {
             dispatch!(conn, c => {
                 let sql = format!("{}{list}", c.syntax().render(template));
                 match micros {
@@ -605,7 +607,8 @@ fn apply_finish<C: DibsConnection>(
                 }
             })?;
         }
-        Finish::Fail { error, retry } => {
+        (None, Finish::Complete | Finish::GiveBack | Finish::Renew(_)) => {}
+        (None, Finish::Fail { error, retry }) => {
             let error = truncate(error, MAX_ERROR_BYTES);
             for row in rows {
                 let attempt = u32::try_from(row.attempt).unwrap_or(0);

@@ -348,7 +348,9 @@ fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
                 Err(e) => tracing::warn!(error = %e, "rescue failed"),
             }
         }
-        let queue = &config.queues[next_queue % config.queues.len()];
+        let Some(queue) = config.queues.get(next_queue % config.queues.len().max(1)) else {
+            return;
+        };
         next_queue += 1;
         match conn.with(|c| jobs::claim(c, queue, free, config.lease_ttl)) {
             Ok(claimed) if !claimed.is_empty() => {
@@ -483,7 +485,7 @@ fn run_one(shared: &Shared, conn: &mut Connection<'_>, task: Task) {
     let finished = match &outcome {
         Ok(()) => conn
             .with(|c| jobs::complete(c, &[job.claim()]))
-            .map(|o| (o[0], "completed")),
+            .map(|o| (o.first().copied().unwrap_or(Outcome::Lost), "completed")),
         Err(failure) => {
             let (message, retry) = match failure {
                 HandlerFailure::Undecodable(message) => (message.as_str(), Retry::Never),
