@@ -83,6 +83,7 @@ mod backend;
 mod error;
 pub mod jobs;
 pub mod lease;
+pub mod schedules;
 mod migrate;
 mod pool;
 pub mod sql_types;

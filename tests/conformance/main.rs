@@ -7,4 +7,5 @@ mod foundation;
 mod jobs;
 mod leases;
 mod queue_ops;
+mod schedules;
 mod worker;
