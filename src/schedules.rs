@@ -75,7 +75,13 @@ impl Schedule {
     }
 
     fn new(name: String, spec: Spec, job: NewJob) -> Self {
-        Schedule { name, spec, time_zone: "UTC".to_string(), job, catch_up: false }
+        Schedule {
+            name,
+            spec,
+            time_zone: "UTC".to_string(),
+            job,
+            catch_up: false,
+        }
     }
 
     /// The IANA time zone the cron expression is read in (default `UTC`).
@@ -105,27 +111,36 @@ enum Timing {
 
 impl Timing {
     fn new(spec: &Spec, zone: &str) -> Result<Timing> {
-        let tz = chrono_tz::Tz::from_str(zone)
-            .map_err(|_| Error::invalid("time zone", format!("{zone:?} is not an IANA time zone")))?;
+        let tz = chrono_tz::Tz::from_str(zone).map_err(|_| {
+            Error::invalid("time zone", format!("{zone:?} is not an IANA time zone"))
+        })?;
         match spec {
             Spec::Cron(expression) => {
                 let fields = expression.split_whitespace().count();
                 if !(fields == 5 || fields == 6) {
                     return Err(Error::invalid(
                         "cron expression",
-                        format!("{expression:?} has {fields} fields; use 5, or 6 with seconds first"),
+                        format!(
+                            "{expression:?} has {fields} fields; use 5, or 6 with seconds first"
+                        ),
                     ));
                 }
                 let cron = croner::parser::CronParser::builder()
                     .seconds(croner::parser::Seconds::Optional)
                     .build()
                     .parse(expression)
-                    .map_err(|e| Error::invalid("cron expression", format!("{expression:?}: {e}")))?;
+                    .map_err(|e| {
+                        Error::invalid("cron expression", format!("{expression:?}: {e}"))
+                    })?;
                 Ok(Timing::Cron(Box::new(cron), tz))
             }
             Spec::Every(interval) => {
-                let micros = validate::ttl(*interval)
-                    .map_err(|_| Error::invalid("interval", format!("{interval:?} is not between 1 ms and 366 days")))?;
+                let micros = validate::ttl(*interval).map_err(|_| {
+                    Error::invalid(
+                        "interval",
+                        format!("{interval:?} is not between 1 ms and 366 days"),
+                    )
+                })?;
                 Ok(Timing::Every(chrono::Duration::microseconds(micros)))
             }
         }
@@ -144,7 +159,12 @@ impl Timing {
 
     /// Ticks from `due` (a tick) up to and including `now`, at most `cap` of them, and the
     /// first tick after those.
-    fn due_ticks(&self, due: DateTime<Utc>, now: DateTime<Utc>, cap: usize) -> Result<(Vec<DateTime<Utc>>, DateTime<Utc>)> {
+    fn due_ticks(
+        &self,
+        due: DateTime<Utc>,
+        now: DateTime<Utc>,
+        cap: usize,
+    ) -> Result<(Vec<DateTime<Utc>>, DateTime<Utc>)> {
         let mut ticks = vec![due];
         let mut next = self.next_after(due)?;
         while next <= now && ticks.len() < cap {
@@ -213,10 +233,18 @@ impl Row {
     fn spec(&self) -> Result<Spec> {
         match (&self.cron, self.interval_micros) {
             (Some(cron), _) => Ok(Spec::Cron(cron.clone())),
-            (None, Some(micros)) => Ok(Spec::Every(Duration::from_micros(u64::try_from(micros).unwrap_or(0)))),
-            (None, None) => Err(Error::Database(diesel::result::Error::DeserializationError(
-                format!("schedule {:?} has neither a cron expression nor an interval", self.name).into(),
+            (None, Some(micros)) => Ok(Spec::Every(Duration::from_micros(
+                u64::try_from(micros).unwrap_or(0),
             ))),
+            (None, None) => Err(Error::Database(
+                diesel::result::Error::DeserializationError(
+                    format!(
+                        "schedule {:?} has neither a cron expression nor an interval",
+                        self.name
+                    )
+                    .into(),
+                ),
+            )),
         }
     }
 
@@ -267,7 +295,8 @@ const DUE: &str = "WHERE paused = 0 AND next_due_at <= {now} ORDER BY name LIMIT
 
 /// The compare-and-set that fires a tick: only the scheduler that still sees the tick it
 /// read moves the schedule on (and, in the same transaction, enqueues).
-const ADVANCE: &str = "UPDATE dibs_schedules SET next_due_at = ? WHERE name = ? AND next_due_at = ?";
+const ADVANCE: &str =
+    "UPDATE dibs_schedules SET next_due_at = ? WHERE name = ? AND next_due_at = ?";
 
 /// Creates or replaces a schedule; its next tick is computed from the database's now (so a
 /// changed schedule starts afresh, and a paused one stays paused). Joins the caller's
@@ -370,7 +399,11 @@ where
                 continue;
             }
         };
-        let cap = if row.catch_up != 0 { MAX_TICKS_PER_CALL } else { usize::MAX };
+        let cap = if row.catch_up != 0 {
+            MAX_TICKS_PER_CALL
+        } else {
+            usize::MAX
+        };
         let (ticks, next) = timing.due_ticks(row.next_due_at, row.db_now, cap)?;
         let advanced = dispatch!(c, c => {
             diesel::sql_query(c.syntax().render(ADVANCE))
@@ -382,7 +415,11 @@ where
         if advanced != 1 {
             continue; // another scheduler fired it
         }
-        let fire: &[DateTime<Utc>] = if row.catch_up != 0 { &ticks } else { &ticks[ticks.len() - 1..] };
+        let fire: &[DateTime<Utc>] = if row.catch_up != 0 {
+            &ticks
+        } else {
+            &ticks[ticks.len() - 1..]
+        };
         for at in fire {
             jobs::enqueue(c, &row.job().at(*at))?;
             enqueued += 1;
@@ -406,48 +443,96 @@ mod tests {
     #[test]
     fn five_and_six_field_expressions() {
         let daily = cron("30 4 * * *", "UTC");
-        assert_eq!(daily.next_after(at("2026-11-30T04:30:00Z")).unwrap(), at("2026-12-01T04:30:00Z"));
+        assert_eq!(
+            daily.next_after(at("2026-11-30T04:30:00Z")).unwrap(),
+            at("2026-12-01T04:30:00Z")
+        );
         let seconds = cron("*/15 * * * * *", "UTC");
-        assert_eq!(seconds.next_after(at("2026-11-30T04:30:01Z")).unwrap(), at("2026-11-30T04:30:15Z"));
+        assert_eq!(
+            seconds.next_after(at("2026-11-30T04:30:01Z")).unwrap(),
+            at("2026-11-30T04:30:15Z")
+        );
         let weekdays = cron("0 9 * * MON-FRI", "UTC");
         // 2026-11-28 is a Saturday.
-        assert_eq!(weekdays.next_after(at("2026-11-28T10:00:00Z")).unwrap(), at("2026-11-30T09:00:00Z"));
+        assert_eq!(
+            weekdays.next_after(at("2026-11-28T10:00:00Z")).unwrap(),
+            at("2026-11-30T09:00:00Z")
+        );
     }
 
     #[test]
     fn time_zones_and_dst() {
         let nine = cron("0 9 * * *", "America/New_York");
         // EDT (UTC-4) in October, EST (UTC-5) in December.
-        assert_eq!(nine.next_after(at("2026-10-01T00:00:00Z")).unwrap(), at("2026-10-01T13:00:00Z"));
-        assert_eq!(nine.next_after(at("2026-12-01T00:00:00Z")).unwrap(), at("2026-12-01T14:00:00Z"));
+        assert_eq!(
+            nine.next_after(at("2026-10-01T00:00:00Z")).unwrap(),
+            at("2026-10-01T13:00:00Z")
+        );
+        assert_eq!(
+            nine.next_after(at("2026-12-01T00:00:00Z")).unwrap(),
+            at("2026-12-01T14:00:00Z")
+        );
         // Spring forward, 2026-03-08: 02:30 does not exist; it fires at the first instant
         // after the gap (03:00 EDT = 07:00 UTC).
         let gap = cron("30 2 * * *", "America/New_York");
-        assert_eq!(gap.next_after(at("2026-03-08T05:00:00Z")).unwrap(), at("2026-03-08T07:00:00Z"));
+        assert_eq!(
+            gap.next_after(at("2026-03-08T05:00:00Z")).unwrap(),
+            at("2026-03-08T07:00:00Z")
+        );
         // Fall back, 2026-11-01: 01:30 happens twice; it fires once, at the first (EDT).
         let overlap = cron("30 1 * * *", "America/New_York");
         let first = overlap.next_after(at("2026-11-01T04:00:00Z")).unwrap();
         assert_eq!(first, at("2026-11-01T05:30:00Z"));
-        assert_eq!(overlap.next_after(first).unwrap(), at("2026-11-02T06:30:00Z"));
+        assert_eq!(
+            overlap.next_after(first).unwrap(),
+            at("2026-11-02T06:30:00Z")
+        );
     }
 
     #[test]
     fn invalid_expressions_and_zones_are_typed_errors() {
-        for bad in ["", "* * *", "61 * * * *", "* * * * * * * *", "every day", "0 9 * * FUNDAY"] {
-            let err = Timing::new(&Spec::Cron(bad.to_string()), "UTC").err().expect(bad);
+        for bad in [
+            "",
+            "* * *",
+            "61 * * * *",
+            "* * * * * * * *",
+            "every day",
+            "0 9 * * FUNDAY",
+        ] {
+            let err = Timing::new(&Spec::Cron(bad.to_string()), "UTC")
+                .err()
+                .expect(bad);
             assert!(err.is_invalid_input(), "{bad:?}: {err:?}");
         }
-        assert!(Timing::new(&Spec::Cron("0 9 * * *".into()), "Mars/Olympus").err().unwrap().is_invalid_input());
-        assert!(Timing::new(&Spec::Every(Duration::ZERO), "UTC").err().unwrap().is_invalid_input());
+        assert!(
+            Timing::new(&Spec::Cron("0 9 * * *".into()), "Mars/Olympus")
+                .err()
+                .unwrap()
+                .is_invalid_input()
+        );
+        assert!(
+            Timing::new(&Spec::Every(Duration::ZERO), "UTC")
+                .err()
+                .unwrap()
+                .is_invalid_input()
+        );
     }
 
     #[test]
     fn missed_ticks_are_counted() {
         let every = Timing::Every(chrono::Duration::seconds(10));
-        let (ticks, next) = every.due_ticks(at("2026-01-01T00:00:00Z"), at("2026-01-01T00:01:35Z"), usize::MAX).unwrap();
+        let (ticks, next) = every
+            .due_ticks(
+                at("2026-01-01T00:00:00Z"),
+                at("2026-01-01T00:01:35Z"),
+                usize::MAX,
+            )
+            .unwrap();
         assert_eq!(ticks.len(), 10);
         assert_eq!(next, at("2026-01-01T00:01:40Z"));
-        let (capped, next) = every.due_ticks(at("2026-01-01T00:00:00Z"), at("2026-01-01T00:01:35Z"), 3).unwrap();
+        let (capped, next) = every
+            .due_ticks(at("2026-01-01T00:00:00Z"), at("2026-01-01T00:01:35Z"), 3)
+            .unwrap();
         assert_eq!((capped.len(), next), (3, at("2026-01-01T00:00:30Z")));
     }
 }

@@ -333,6 +333,10 @@ pub(crate) struct Syntax {
     /// The same wake-up as a column of an insert's RETURNING list (empty where there is
     /// none), so a single enqueue is one round trip.
     pub notify_in_returning: &'static str,
+    /// `{claim_index}`, after `FROM dibs_jobs` in the claim: pins the claim index where the
+    /// planner might otherwise pick another (SQLite's skip-scan plus a sort; MySQL, whose
+    /// locking reads must follow the index order). PostgreSQL has no hints and needs none.
+    pub claim_index: &'static str,
 }
 
 /// The PostgreSQL channel that enqueues notify and idle workers listen to.
@@ -347,7 +351,8 @@ impl Syntax {
             .replace("{now}", self.now)
             .replace("{for_update}", self.for_update)
             .replace("{skip_locked}", self.skip_locked)
-            .replace("{random_token}", self.random_token);
+            .replace("{random_token}", self.random_token)
+            .replace("{claim_index}", self.claim_index);
         if !self.numbered_params {
             return sql;
         }

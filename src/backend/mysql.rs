@@ -32,6 +32,7 @@ static SYNTAX: Syntax = Syntax {
     random_token: "RANDOM_BYTES(16)",
     notify_queue: None,
     notify_in_returning: "",
+    claim_index: " FORCE INDEX (dibs_jobs_claim)",
 };
 
 impl Dialect for MysqlConnection {

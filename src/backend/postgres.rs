@@ -37,6 +37,7 @@ static SYNTAX: Syntax = Syntax {
     random_token: "gen_random_uuid()",
     notify_queue: Some("SELECT pg_notify('dibs_jobs', ?)"),
     notify_in_returning: ", pg_notify('dibs_jobs', queue)",
+    claim_index: "",
 };
 
 impl Dialect for PgConnection {

@@ -29,6 +29,7 @@ static SYNTAX: Syntax = Syntax {
     random_token: "randomblob(16)",
     notify_queue: None,
     notify_in_returning: "",
+    claim_index: " INDEXED BY dibs_jobs_claim",
 };
 
 impl Dialect for SqliteConnection {

@@ -125,9 +125,9 @@ struct QueueRow {
 }
 
 #[derive(QueryableByName)]
-struct Count {
+pub(crate) struct Count {
     #[diesel(sql_type = BigInt)]
-    n: i64,
+    pub n: i64,
 }
 
 /// Cancels a waiting or running job; returns whether it did (false: finished or gone). A

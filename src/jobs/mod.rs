@@ -54,18 +54,19 @@ pub use manage::{
 pub use model::{
     Backoff, ClaimedJob, Due, Enqueued, Job, JobClaim, JobState, NewJob, Outcome, Rescued, Retry,
 };
-use model::{IdRow, IdStateRow, InsertedRow, JobRow, LockedClaim, StateRow};
+use model::{Candidate, IdRow, IdStateRow, InsertedRow, JobRow, LockedClaim, StateRow};
 pub use retention::{Finished, Retention, prune};
 
 const JOB_COLUMNS: &str = "id, queue, kind, payload, priority, state, attempt, max_attempts, \
     due_at, created_at, claim_token, claim_expires_at, finished_at, last_error";
 
 const INSERT_HEAD: &str = "INSERT INTO dibs_jobs \
-    (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, dedup_key) \
+    (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, dedup_key, \
+     limit_key, limit_max) \
     VALUES";
 
 /// One row; one shape for both kinds of due time: an instant, or NULL and a delay.
-const INSERT_ROW: &str = "(?, ?, ?, ?, 'waiting', 0, ?, COALESCE(?, {now+ttl}), {now}, ?)";
+const INSERT_ROW: &str = "(?, ?, ?, ?, 'waiting', 0, ?, COALESCE(?, {now+ttl}), {now}, ?, ?, ?)";
 
 /// PostgreSQL and SQLite: a job whose key a live job already has is not inserted; the live
 /// job is returned instead, its `dedup_hits` counted up (so "existing" is `dedup_hits > 0`,
@@ -82,34 +83,39 @@ const INSERT_DEDUP_ON_CONFLICT: &str = " ON CONFLICT (queue, dedup_key) \
 const INSERT_DEDUP_ON_DUPLICATE_KEY: &str =
     " ON DUPLICATE KEY UPDATE dedup_hits = dedup_hits + 1, id = LAST_INSERT_ID(id)";
 
-/// PostgreSQL and SQLite: one statement. The CTE is MATERIALIZED so the LIMIT subquery runs
-/// once (PostgreSQL could otherwise re-run it and lock other rows); on PostgreSQL it skips
-/// rows other claimers hold, on SQLite the IMMEDIATE transaction serializes claimers. The
-/// outer WHERE re-checks the state. Each job gets its own random token.
-const CLAIM_RETURNING: &str = "\
-    WITH picked AS MATERIALIZED ( \
-        SELECT id FROM dibs_jobs \
-        WHERE queue = ? AND state = 'waiting' AND due_at <= {now} \
-        ORDER BY priority, due_at, id LIMIT ?{skip_locked}) \
-    UPDATE dibs_jobs SET state = 'running', attempt = attempt + 1, \
-        claim_token = {random_token}, claimed_at = {now}, claim_expires_at = {now+ttl} \
-    WHERE id IN (SELECT id FROM picked) AND state = 'waiting' \
-    RETURNING id, queue, kind, payload, priority, state, attempt, max_attempts, \
-        due_at, created_at, claim_token, claim_expires_at, finished_at, last_error";
-
-/// MySQL/MariaDB, step 1 of 3 (READ COMMITTED): lock the ids to claim, skipping rows other
-/// claimers hold. The index `(queue, state, priority, due_at, id)` serves filter and order,
-/// so InnoDB reads (and locks) only the rows it returns. MySQL rejects LIMIT in an
-/// `IN (subquery)`, hence separate statements.
+/// Claim, step 1 of 3: lock the jobs to claim, in order, skipping rows other claimers hold
+/// (SQLite: the IMMEDIATE transaction serializes claimers). Jobs whose limit key is already
+/// saturated are left out, so they do not crowd out the others; this read of the running
+/// counts is only a filter (step 2 decides under the key's lock). The index on
+/// `(queue, [state,] priority, due_at, id)` serves filter and order, so InnoDB reads (and
+/// locks) only the rows it returns. MySQL rejects LIMIT in an `IN (subquery)`, hence
+/// separate statements.
 const CLAIM_PICK: &str = "\
-    SELECT id FROM dibs_jobs \
+    SELECT id, limit_key, limit_max FROM dibs_jobs{claim_index} \
     WHERE queue = ? AND state = 'waiting' AND due_at <= {now} \
+      AND (limit_key IS NULL OR limit_key NOT IN ( \
+          SELECT r.limit_key FROM dibs_jobs r \
+          WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
+          GROUP BY r.limit_key HAVING COUNT(*) >= MIN(r.limit_max))) \
     ORDER BY priority, due_at, id LIMIT ?{skip_locked}";
 
-/// MySQL/MariaDB, step 2 of 3: claim exactly the ids step 1 locked (listed inline: they are
-/// our own integers). The WHERE is the primary key alone, so no other index can serve it
-/// (a `state = ...` condition could be served by the stalled-claims index, locking other
-/// rows). Step 3 reads them back.
+/// Claim, step 2, per limit key among the candidates (in key order, so claimers never wait
+/// on each other in a cycle): take the key's lock (an upsert locks its row until commit),
+/// then count its running jobs. Every claim of a key holds that lock while it decides, so
+/// the count cannot be overtaken; finishing jobs only lower it.
+const LIMIT_LOCK_ON_CONFLICT: &str = "\
+    INSERT INTO dibs_limit_keys (limit_key) VALUES (?) \
+    ON CONFLICT (limit_key) DO UPDATE SET limit_key = excluded.limit_key";
+const LIMIT_LOCK_ON_DUPLICATE_KEY: &str = "\
+    INSERT INTO dibs_limit_keys (limit_key) VALUES (?) \
+    ON DUPLICATE KEY UPDATE limit_key = VALUES(limit_key)";
+const LIMIT_RUNNING: &str =
+    "SELECT COUNT(*) AS n FROM dibs_jobs WHERE limit_key = ? AND state = 'running'";
+
+/// Claim, step 3: claim exactly the accepted ids (listed inline: they are our own integers),
+/// each with its own random token. The WHERE is the primary key alone, so no other index can
+/// serve it (a `state = ...` condition could be served by the stalled-claims index on MySQL,
+/// locking other rows). RETURNING where there is one; MySQL reads them back.
 const CLAIM_MARK: &str = "\
     UPDATE dibs_jobs SET state = 'running', attempt = attempt + 1, \
         claim_token = {random_token}, claimed_at = {now}, claim_expires_at = {now+ttl} \
@@ -240,7 +246,9 @@ macro_rules! insert_one {
             .bind::<Integer, _>(job.max_attempts as i32)
             .bind::<Nullable<Instant>, _>(at)
             .bind::<BigInt, _>(delay)
-            .bind::<Nullable<Text>, _>(job.dedup_key.as_deref());
+            .bind::<Nullable<Text>, _>(job.dedup_key.as_deref())
+            .bind::<Nullable<Text>, _>(job.limit.as_ref().map(|(key, _)| key.as_str()))
+            .bind::<Nullable<Integer>, _>(job.limit.as_ref().map(|(_, max)| *max as i32));
         if syntax.returning {
             insert.get_result::<InsertedRow>($c).map(|row| Enqueued {
                 id: row.id,
@@ -339,7 +347,9 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                             .bind::<Integer, _>(job.max_attempts as i32)
                             .bind::<Nullable<Instant>, _>(at)
                             .bind::<BigInt, _>(delay)
-                            .bind::<Nullable<Text>, _>(None::<&str>);
+                            .bind::<Nullable<Text>, _>(None::<&str>)
+                            .bind::<Nullable<Text>, _>(job.limit.as_ref().map(|(key, _)| key.as_str()))
+                            .bind::<Nullable<Integer>, _>(job.limit.as_ref().map(|(_, max)| *max as i32));
                     }
                     let mut ids: Vec<i64> = insert.load::<IdRow>(c).map(ids_of)?;
                     if ids.len() != chunk.len() {
@@ -392,10 +402,10 @@ fn chunks(jobs: &[NewJob]) -> Vec<&[NewJob]> {
 /// Atomic: no job is ever held by two claimers. Each job comes with its attempt number
 /// (counting this run) and a fresh claim token. Needs a bare connection.
 ///
-/// - PostgreSQL: one statement, `FOR UPDATE SKIP LOCKED`, READ COMMITTED.
-/// - MySQL/MariaDB: in one READ COMMITTED transaction, `SELECT ... FOR UPDATE SKIP LOCKED`
-///   of the ids, `UPDATE` by that id list, and a read back.
-/// - SQLite: one `UPDATE ... RETURNING` in an IMMEDIATE transaction.
+/// In one transaction (READ COMMITTED on PostgreSQL and MySQL/MariaDB, IMMEDIATE on SQLite):
+/// `SELECT ... FOR UPDATE SKIP LOCKED` of the ids in order (no locking clause on SQLite),
+/// the concurrency limits of any limit keys among them decided under each key's lock, then
+/// `UPDATE` by that id list (`RETURNING` on PostgreSQL and SQLite, a read back on MySQL).
 pub fn claim<C: DibsConnection>(
     conn: &mut C,
     queue: &str,
@@ -411,25 +421,22 @@ pub fn claim<C: DibsConnection>(
             if manage::is_paused(c, queue)? {
                 return Ok(Vec::new());
             }
-            if syntax.returning {
-                return Ok(diesel::sql_query(syntax.render(CLAIM_RETURNING))
-                    .bind::<Text, _>(queue)
-                    .bind::<BigInt, _>(limit)
-                    .bind::<BigInt, _>(micros)
-                    .load::<JobRow>(c)?);
-            }
-            let ids: Vec<i64> = diesel::sql_query(syntax.render(CLAIM_PICK))
+            let candidates = diesel::sql_query(syntax.render(CLAIM_PICK))
                 .bind::<Text, _>(queue)
                 .bind::<BigInt, _>(limit)
-                .load::<IdRow>(c)
-                .map(ids_of)?;
+                .load::<Candidate>(c)?;
+            let ids = within_limits(c, candidates)?;
             if ids.is_empty() {
                 return Ok(Vec::new());
             }
             let list = id_list(ids);
-            diesel::sql_query(format!("{}{list}", syntax.render(CLAIM_MARK)))
-                .bind::<BigInt, _>(micros)
-                .execute(c)?;
+            let mark = format!("{}{list}", syntax.render(CLAIM_MARK));
+            if syntax.returning {
+                return Ok(diesel::sql_query(format!("{mark} RETURNING {JOB_COLUMNS}"))
+                    .bind::<BigInt, _>(micros)
+                    .load::<JobRow>(c)?);
+            }
+            diesel::sql_query(mark).bind::<BigInt, _>(micros).execute(c)?;
             Ok(diesel::sql_query(format!("SELECT {JOB_COLUMNS} FROM dibs_jobs WHERE id IN {list}"))
                 .load::<JobRow>(c)?)
         })
@@ -441,6 +448,49 @@ pub fn claim<C: DibsConnection>(
     // The order the claim took them in (RETURNING has none).
     claimed.sort_by_key(|job| (job.priority, job.due_at, job.id));
     Ok(claimed)
+}
+
+/// Keeps the candidates without a limit key, and of each key as many as its limit allows
+/// (deciding under the key's lock), in the candidates' order.
+fn within_limits<C: DibsConnection>(conn: &mut C, candidates: Vec<Candidate>) -> Result<Vec<i64>> {
+    let mut keys: Vec<&str> = candidates
+        .iter()
+        .filter_map(|c| c.limit_key.as_deref())
+        .collect();
+    if keys.is_empty() {
+        return Ok(candidates.iter().map(|c| c.id).collect());
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    let mut running: HashMap<&str, i64> = HashMap::new();
+    for key in keys {
+        let n = dispatch!(conn, c => {
+            let syntax = c.syntax();
+            let lock = match syntax.upsert {
+                Upsert::OnConflictWhere => LIMIT_LOCK_ON_CONFLICT,
+                Upsert::OnDuplicateKey => LIMIT_LOCK_ON_DUPLICATE_KEY,
+            };
+            diesel::sql_query(syntax.render(lock)).bind::<Text, _>(key).execute(c)?;
+            diesel::sql_query(syntax.render(LIMIT_RUNNING))
+                .bind::<Text, _>(key)
+                .get_result::<manage::Count>(c)
+        })?;
+        running.insert(key, n.n);
+    }
+    let mut accepted = Vec::with_capacity(candidates.len());
+    for candidate in &candidates {
+        match (candidate.limit_key.as_deref(), candidate.limit_max) {
+            (Some(key), Some(max)) => {
+                let count = running.entry(key).or_insert(0);
+                if *count < i64::from(max) {
+                    *count += 1;
+                    accepted.push(candidate.id);
+                }
+            }
+            _ => accepted.push(candidate.id),
+        }
+    }
+    Ok(accepted)
 }
 
 /// Returns stalled jobs (running, claim lapsed by the database's clock) to the queue, due at

@@ -41,6 +41,7 @@ pub struct NewJob {
     pub(crate) due: Due,
     pub(crate) max_attempts: u32,
     pub(crate) dedup_key: Option<String>,
+    pub(crate) limit: Option<(String, u32)>,
 }
 
 impl NewJob {
@@ -59,6 +60,7 @@ impl NewJob {
             due: Due::After(Duration::ZERO),
             max_attempts: 25,
             dedup_key: None,
+            limit: None,
         }
     }
 
@@ -106,7 +108,24 @@ impl NewJob {
         self
     }
 
+    /// A concurrency limit: at most `max` jobs with this `key` run at once, across every
+    /// worker and process (per customer, per account). Enforced inside the claim: a
+    /// saturated key is skipped and other jobs keep moving. `max`: 1 to 10,000.
+    pub fn limit(mut self, key: impl Into<String>, max: u32) -> Self {
+        self.limit = Some((key.into(), max));
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
+        if let Some((key, max)) = &self.limit {
+            validate::name("limit key", key)?;
+            if *max == 0 || *max > 10_000 {
+                return Err(Error::invalid(
+                    "limit",
+                    format!("{max} is not between 1 and 10000"),
+                ));
+            }
+        }
         validate::name("queue", &self.queue)?;
         if let Some(key) = &self.dedup_key {
             validate::name("dedup key", key)?;
@@ -444,6 +463,17 @@ pub(crate) struct StateRow {
     pub attempt: i32,
     #[diesel(sql_type = Integer)]
     pub max_attempts: i32,
+}
+
+/// A claim candidate and its concurrency limit, if any.
+#[derive(QueryableByName)]
+pub(crate) struct Candidate {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub limit_key: Option<String>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub limit_max: Option<i32>,
 }
 
 #[derive(QueryableByName)]

@@ -6,6 +6,7 @@ mod support;
 mod foundation;
 mod jobs;
 mod leases;
+mod limits;
 mod queue_ops;
 mod schedules;
 mod worker;
