@@ -380,10 +380,7 @@ pub fn tick<C: DibsConnection>(conn: &mut C) -> Result<usize> {
     dispatch!(conn, c => bare_write_transaction(c, "firing schedules", fire_due))
 }
 
-fn fire_due<D: Dialect + DibsConnection>(c: &mut D) -> Result<usize>
-where
-    D: diesel::Connection,
-{
+fn fire_due<D: Dialect + DibsConnection>(c: &mut D) -> Result<usize> {
     let rows: Vec<Row> = dispatch!(c, c => {
         let syntax = c.syntax();
         let sql = syntax.render(&format!("SELECT {COLUMNS} FROM dibs_schedules {DUE}{{skip_locked}}"));

@@ -170,6 +170,7 @@ pub struct WorkerBuilder {
     poll_interval: Duration,
     backoff: Backoff,
     retention: Vec<(String, Finished, Retention)>,
+    run_schedules: bool,
     error: Option<Error>,
 }
 
@@ -189,6 +190,7 @@ impl Worker {
             poll_interval: Duration::from_secs(1),
             backoff: Backoff::default(),
             retention: Vec::new(),
+            run_schedules: false,
             error: None,
         }
     }
@@ -320,6 +322,13 @@ impl WorkerBuilder {
         self
     }
 
+    /// Also fire recurring schedules ([`crate::schedules::tick`]) from this worker, every
+    /// 100 ms. Any number of workers may do so: each tick is enqueued once.
+    pub fn run_schedules(mut self) -> Self {
+        self.run_schedules = true;
+        self
+    }
+
     /// For an application's own tests: runs every due job of the worker's queues on the
     /// calling thread, one at a time, with the handlers given, until none is due; returns
     /// what happened. No threads, no heartbeats (claims last the lease ttl).
@@ -405,6 +414,7 @@ impl WorkerBuilder {
             lease_ttl: self.lease_ttl,
             poll_interval: self.poll_interval,
             retention: self.retention,
+            run_schedules: self.run_schedules,
         })
     }
 }

@@ -21,6 +21,7 @@ pub(crate) struct Config {
     pub lease_ttl: Duration,
     pub poll_interval: Duration,
     pub retention: Vec<(String, Finished, Retention)>,
+    pub run_schedules: bool,
 }
 
 /// What a worker did, from its start until [`WorkerHandle::shutdown`] returned.
@@ -315,6 +316,13 @@ fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
     let rescue_every = (config.lease_ttl / 2).min(Duration::from_secs(30));
     let mut next_rescue = Instant::now();
     let mut next_prune = Instant::now();
+    let mut next_schedules = Instant::now();
+    // With schedules to fire, idle waits stay short enough to fire them on time.
+    let max_idle = if config.run_schedules {
+        config.poll_interval.min(SCHEDULES_EVERY)
+    } else {
+        config.poll_interval
+    };
     let mut next_queue = 0;
     loop {
         let free = {
@@ -330,6 +338,12 @@ fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
             }
             config.threads - state.busy
         };
+        if config.run_schedules && Instant::now() >= next_schedules {
+            next_schedules = Instant::now() + SCHEDULES_EVERY;
+            if let Err(e) = conn.with(crate::schedules::tick) {
+                tracing::warn!(error = %e, "firing schedules failed");
+            }
+        }
         if !config.retention.is_empty() && Instant::now() >= next_prune {
             next_prune = Instant::now() + PRUNE_EVERY;
             prune_all(&mut conn, &config.retention);
@@ -388,7 +402,7 @@ fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
                     idle = if woken {
                         Duration::from_millis(10)
                     } else {
-                        (idle * 2).min(config.poll_interval)
+                        (idle * 2).min(max_idle)
                     };
                 }
             }
@@ -401,6 +415,9 @@ fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
         }
     }
 }
+
+/// How often a worker that runs schedules fires them.
+const SCHEDULES_EVERY: Duration = Duration::from_millis(100);
 
 /// How often a worker with retention policies prunes.
 const PRUNE_EVERY: Duration = Duration::from_secs(5);

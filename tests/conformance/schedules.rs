@@ -17,6 +17,7 @@ conformance!(
     after_downtime_a_schedule_fires_once_or_catches_up,
     schedules_are_created_paused_listed_and_removed,
     bad_schedules_are_refused_and_write_nothing,
+    a_worker_fires_schedules,
 );
 
 fn due_times(conn: &mut AnyConnection, queue: &str) -> Vec<DateTime<Utc>> {
@@ -190,7 +191,7 @@ fn schedules_are_created_paused_listed_and_removed(backend: Backend) {
     assert!(!schedules::pause(&mut conn, "ping").unwrap());
     assert_eq!(schedules::list(&mut conn).unwrap().len(), 1);
     // Firing needs a bare connection.
-    let refused = conn.transaction(|c| schedules::tick(c)).unwrap_err();
+    let refused = conn.transaction(schedules::tick).unwrap_err();
     assert!(
         matches!(refused, Error::InTransaction { .. }),
         "{refused:?}"
@@ -223,4 +224,32 @@ fn bad_schedules_are_refused_and_write_nothing(backend: Backend) {
         count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_schedules"),
         0
     );
+}
+
+/// A worker that runs schedules fires them and runs their jobs.
+fn a_worker_fires_schedules(backend: Backend) {
+    use dibs::worker::{JobContext, Worker};
+    let db = TestDb::migrated(backend);
+    let pool = db.pool(8);
+    schedules::upsert(
+        &mut pool.get().unwrap(),
+        &Schedule::every(
+            "w",
+            Duration::from_millis(150),
+            NewJob::new("sched", "tick", vec![]),
+        ),
+    )
+    .unwrap();
+    let worker = Worker::builder(pool.clone())
+        .queue("sched")
+        .threads(1)
+        .poll_interval(Duration::from_secs(30))
+        .run_schedules()
+        .raw_handler("tick", |_: &JobContext, _: &[u8]| Ok(()))
+        .start()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let report = worker.shutdown(Duration::from_secs(1));
+    // About 6 ticks in 1 s; firing every 100 ms may run one late.
+    assert!((4..=7).contains(&report.completed), "{report:?}");
 }
