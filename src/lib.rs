@@ -9,8 +9,9 @@
 //! This release holds the foundation (connections chosen from a URL, a pool with the right
 //! per-connection settings, migrations, the database clock, transactions of the right kind,
 //! an error type that says what a caller can do), [leases](lease) (named locks with fencing
-//! tokens, and a [`LeaseGuard`] that renews them), the [job queue](jobs), and
-//! [workers](worker) that run it on plain threads.
+//! tokens, and a [`LeaseGuard`] that renews them), the [job queue](jobs) with deduplication,
+//! retention and concurrency limits, [workers](worker) that run it on plain threads, and
+//! recurring [schedules].
 //!
 //! ## Guarantees
 //!

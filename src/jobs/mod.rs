@@ -182,12 +182,12 @@ const RECORD_ERROR: &str = "\
     INSERT INTO dibs_job_errors (job_id, attempt, error, failed_at) \
     SELECT id, COALESCE(?, attempt), ?, {now} FROM dibs_jobs WHERE id = ?";
 
-/// Deletes all but the newest [`MAX_ERROR_HISTORY`] errors of a job. The derived table
-/// `cut` lets MySQL read the table it deletes from.
-const TRIM_ERRORS: &str = "\
-    DELETE FROM dibs_job_errors WHERE job_id = ? AND id <= ( \
-        SELECT id FROM (SELECT id FROM dibs_job_errors WHERE job_id = ? \
-                        ORDER BY id DESC LIMIT 1 OFFSET 20) AS cut)";
+/// The id of the newest error past the ones a job's history keeps: it and older ones go. A
+/// plain read, then a delete by range (in one statement, MySQL's subquery of the delete
+/// takes shared locks on the index, and two trims deadlocked in the rescue race test).
+const ERROR_CUTOFF: &str = "\
+    SELECT id FROM dibs_job_errors WHERE job_id = ? ORDER BY id DESC LIMIT 1 OFFSET 20";
+const TRIM_ERRORS: &str = "DELETE FROM dibs_job_errors WHERE job_id = ? AND id <= ?";
 
 /// How many errors a job's history keeps (the newest).
 pub const MAX_ERROR_HISTORY: usize = 20;
@@ -709,10 +709,16 @@ fn record_error<C: DibsConnection>(
             .bind::<Text, _>(error)
             .bind::<BigInt, _>(id)
             .execute(c)?;
-        diesel::sql_query(syntax.render(TRIM_ERRORS))
+        let cutoff = diesel::sql_query(syntax.render(ERROR_CUTOFF))
             .bind::<BigInt, _>(id)
-            .bind::<BigInt, _>(id)
-            .execute(c)?;
+            .get_result::<IdRow>(c)
+            .optional()?;
+        if let Some(cutoff) = cutoff {
+            diesel::sql_query(syntax.render(TRIM_ERRORS))
+                .bind::<BigInt, _>(id)
+                .bind::<BigInt, _>(cutoff.id)
+                .execute(c)?;
+        }
         Ok::<(), Error>(())
     })
 }
