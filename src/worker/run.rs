@@ -392,7 +392,7 @@ fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
             }
             Ok(_) => {
                 // Nothing due in this queue; after a full round of queues, wait.
-                if next_queue % config.queues.len() == 0 {
+                if next_queue % config.queues.len().max(1) == 0 {
                     let mut state = shared.lock();
                     if !state.woken && !state.stopping {
                         state = shared.wait(state, idle);
