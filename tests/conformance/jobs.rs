@@ -770,6 +770,7 @@ fn claim_is_served_by_an_index_with_many_finished_jobs(backend: Backend) {
     let pick = format!(
         "SELECT id, limit_key, limit_max FROM dibs_jobs{hint} \
          WHERE queue = 'plan' AND state = 'waiting' AND due_at <= {now} \
+           AND NOT EXISTS (SELECT 1 FROM dibs_queue_pauses p WHERE p.queue = 'plan') \
            AND (limit_key IS NULL OR limit_key NOT IN ( \
                SELECT r.limit_key FROM dibs_jobs r \
                WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
