@@ -277,7 +277,9 @@ macro_rules! insert_one {
 pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued> {
     job.validate()?;
     // Wakes idle workers too (PostgreSQL: a NOTIFY in the insert's RETURNING list).
-    Ok(dispatch!(conn, c => insert_one!(c, job))?)
+    let enqueued = dispatch!(conn, c => insert_one!(c, job))?;
+    crate::worker::wake_local([job.queue.as_str()]);
+    Ok(enqueued)
 }
 
 /// Wakes idle workers of these queues where the backend can (PostgreSQL NOTIFY, delivered
@@ -368,12 +370,14 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
             Ok::<Vec<Enqueued>, Error>(out)
         })
     })?;
-    let fresh = jobs
+    let fresh: HashSet<&str> = jobs
         .iter()
         .zip(&enqueued)
         .filter(|(_, e)| !e.existing)
-        .map(|(job, _)| job.queue.as_str());
-    notify(conn, fresh)?;
+        .map(|(job, _)| job.queue.as_str())
+        .collect();
+    notify(conn, fresh.iter().copied())?;
+    crate::worker::wake_local(fresh);
     Ok(enqueued)
 }
 

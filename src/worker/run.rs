@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,8 @@ pub(crate) struct Config {
     pub poll_interval: Duration,
     pub retention: Vec<(String, Finished, Retention)>,
     pub run_schedules: bool,
+    /// The most jobs claimed ahead of the threads.
+    pub prefetch: usize,
 }
 
 /// What a worker did, from its start until [`WorkerHandle::shutdown`] returned.
@@ -45,23 +47,86 @@ pub struct Report {
     pub given_back: usize,
 }
 
-/// One running job, as the heartbeat and shutdown see it.
+/// Where a claimed job is in this worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Claimed, waiting for a handler thread (prefetched).
+    Queued,
+    /// A handler runs it.
+    Active,
+    /// Its handler returned; the finisher has not yet recorded the outcome.
+    Finishing,
+}
+
+/// One claimed job, as the heartbeat and shutdown see it.
 struct Running {
     claim: JobClaim,
     kind: String,
     stop: Arc<AtomicBool>,
-    started: Instant,
+    phase: Phase,
+    started: Option<Instant>,
     timeout: Option<Duration>,
 }
 
+/// How a handler's run is to be recorded (by the finisher).
+enum Settle {
+    Complete(JobClaim),
+    Fail {
+        claim: JobClaim,
+        message: String,
+        retry: Retry,
+        exhausted: bool,
+    },
+}
+
+impl Settle {
+    fn claim(&self) -> JobClaim {
+        match self {
+            Settle::Complete(claim) | Settle::Fail { claim, .. } => *claim,
+        }
+    }
+}
+
 struct State {
-    busy: usize,
-    running: HashMap<i64, Running>,
+    /// Every job this worker holds a claim on, whatever its phase; the heartbeat renews them
+    /// all.
+    held: HashMap<i64, Running>,
+    queued: usize,
+    active: usize,
+    /// Runs waiting for the finisher, and how many it is recording right now.
+    settle: Vec<Settle>,
+    settling: usize,
+    /// The claimer stops; queued jobs are no longer started.
     stopping: bool,
-    /// Set by the listener (or a freed slot) to cut the claimer's idle wait short.
+    /// Past the grace period: the finisher records what is left and exits, the heartbeat
+    /// exits.
+    closing: bool,
+    /// Set by the listener, a local enqueue or a freed thread to cut the claimer's idle wait
+    /// short.
     woken: bool,
+    /// Moving average of a handler's run time, in seconds: it sizes the prefetch.
+    average_run: Option<f64>,
     report: Report,
 }
+
+impl State {
+    /// How many jobs to hold beyond one per thread: about [`PREFETCH_HORIZON`] of work, at
+    /// most `max` (none until a run was timed, and none for slow jobs, which other workers
+    /// should be free to take).
+    fn prefetch(&self, threads: usize, max: usize) -> usize {
+        match self.average_run {
+            Some(average) if average > 0.0 => {
+                let jobs = threads as f64 * PREFETCH_HORIZON.as_secs_f64() / average;
+                (jobs as usize).min(max)
+            }
+            Some(_) => max,
+            None => 0,
+        }
+    }
+}
+
+/// How much work, in handler time, a worker claims ahead of its threads.
+const PREFETCH_HORIZON: Duration = Duration::from_millis(20);
 
 struct Shared {
     config: Config,
@@ -93,6 +158,37 @@ impl Shared {
     fn count(&self, f: impl FnOnce(&mut Report)) {
         f(&mut self.lock().report);
     }
+
+    /// Wakes the claimer if it serves `queue`.
+    fn wake(&self, queue: &str) {
+        if self.config.queues.iter().any(|q| q == queue) {
+            self.lock().woken = true;
+            self.changed.notify_all();
+        }
+    }
+}
+
+/// The running workers of this process, so an enqueue here wakes them at once (on every
+/// backend; PostgreSQL's NOTIFY also reaches other processes).
+static LOCAL_WORKERS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+/// Wakes this process's idle workers of `queues` (called after an enqueue). A wake-up for
+/// a job not committed yet only costs the worker an empty claim.
+pub(crate) fn wake_local<'q>(queues: impl IntoIterator<Item = &'q str>) {
+    let workers: Vec<Arc<Shared>> = {
+        let mut registry = LOCAL_WORKERS.lock().unwrap_or_else(PoisonError::into_inner);
+        registry.retain(|w| w.strong_count() > 0);
+        registry.iter().filter_map(Weak::upgrade).collect()
+    };
+    if workers.is_empty() {
+        return;
+    }
+    let queues: Vec<&str> = queues.into_iter().collect();
+    for worker in workers {
+        for queue in &queues {
+            worker.wake(queue);
+        }
+    }
 }
 
 /// A running worker. [`WorkerHandle::shutdown`] stops it gracefully; dropping the handle
@@ -100,6 +196,7 @@ impl Shared {
 pub struct WorkerHandle {
     shared: Arc<Shared>,
     claimer: Option<JoinHandle<()>>,
+    finisher: Option<JoinHandle<()>>,
     heartbeat: Option<JoinHandle<()>>,
     listener: Option<JoinHandle<()>>,
     handlers: Vec<JoinHandle<()>>,
@@ -115,10 +212,15 @@ fn shared(config: Config) -> Arc<Shared> {
     Arc::new(Shared {
         config,
         state: Mutex::new(State {
-            busy: 0,
-            running: HashMap::new(),
+            held: HashMap::new(),
+            queued: 0,
+            active: 0,
+            settle: Vec::new(),
+            settling: 0,
             stopping: false,
+            closing: false,
             woken: false,
+            average_run: None,
             report: Report::default(),
         }),
         changed: Condvar::new(),
@@ -136,7 +238,10 @@ pub(crate) fn run_due(config: Config) -> crate::Result<Report> {
             for job in claimed {
                 ran = true;
                 let stop = Arc::new(AtomicBool::new(false));
-                run_one(&shared, &mut conn, Task { job, stop });
+                let settle = run_one(&shared, Task { job, stop });
+                if let Err(e) = record(&shared, &mut conn, &[settle]) {
+                    tracing::warn!(error = %e, "finishing a job failed; it will be rescued");
+                }
             }
         }
         if !ran {
@@ -172,6 +277,10 @@ pub(crate) fn start(config: Config) -> crate::Result<WorkerHandle> {
             Box::new(move || heartbeat(&shared)),
         )?
     };
+    let finisher = {
+        let shared = shared.clone();
+        spawn("dibs-finisher".into(), Box::new(move || finisher(&shared)))?
+    };
     let listener = if listen {
         let shared = shared.clone();
         Some(spawn(
@@ -188,9 +297,14 @@ pub(crate) fn start(config: Config) -> crate::Result<WorkerHandle> {
             Box::new(move || claim_loop(&shared, tasks)),
         )?
     };
+    LOCAL_WORKERS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(Arc::downgrade(&shared));
     Ok(WorkerHandle {
         shared,
         claimer: Some(claimer),
+        finisher: Some(finisher),
         heartbeat: Some(heartbeat),
         listener,
         handlers,
@@ -206,7 +320,8 @@ impl WorkerHandle {
 
     /// Stops claiming, waits up to `grace` for running jobs to finish, then gives back the
     /// ones that did not (due again at once, no attempt used, so another worker takes them
-    /// straight away) and raises their [`JobContext::should_stop`]. Returns the report.
+    /// straight away) and raises their [`JobContext::should_stop`]. Jobs claimed ahead that
+    /// no thread had started are given back at once. Returns the report.
     pub fn shutdown(mut self, grace: Duration) -> Report {
         self.stop(grace)
     }
@@ -216,35 +331,45 @@ impl WorkerHandle {
             return self.report();
         }
         self.done = true;
-        {
-            let mut state = self.shared.lock();
-            state.stopping = true;
-        }
+        self.shared.lock().stopping = true;
         self.shared.changed.notify_all();
         if let Some(claimer) = self.claimer.take() {
             let _ = claimer.join();
         }
         let until = Instant::now() + grace;
         let mut state = self.shared.lock();
-        while state.busy > 0 && Instant::now() < until {
+        while (state.active > 0 || !state.settle.is_empty() || state.settling > 0)
+            && Instant::now() < until
+        {
             let left = until.saturating_duration_since(Instant::now());
             state = self.shared.wait(state, left);
         }
-        let unfinished: Vec<Running> = state.running.drain().map(|(_, r)| r).collect();
+        // Everything not finishing: queued (never started) and runs past the grace period.
+        let unfinished: Vec<i64> = state
+            .held
+            .iter()
+            .filter(|(_, r)| r.phase != Phase::Finishing)
+            .map(|(id, _)| *id)
+            .collect();
+        let unfinished: Vec<Running> = unfinished
+            .into_iter()
+            .filter_map(|id| state.held.remove(&id))
+            .collect();
+        state.closing = true;
         drop(state);
-        // The heartbeat exits once nothing runs.
         self.shared.changed.notify_all();
         if !unfinished.is_empty() {
             for running in &unfinished {
                 running.stop.store(true, Ordering::SeqCst);
             }
             let claims: Vec<JobClaim> = unfinished.iter().map(|r| r.claim).collect();
-            let given_back = self
-                .shared
-                .config
-                .pool
-                .get()
-                .and_then(|mut conn| jobs::give_back(&mut conn, &claims));
+            let given_back = self.shared.config.pool.get().and_then(|mut conn| {
+                let mut outcomes = Vec::with_capacity(claims.len());
+                for batch in claims.chunks(jobs::MAX_BATCH) {
+                    outcomes.extend(jobs::give_back(&mut conn, batch)?);
+                }
+                Ok(outcomes)
+            });
             match given_back {
                 Ok(outcomes) => {
                     let n = outcomes.iter().filter(|o| **o == Outcome::Done).count();
@@ -256,9 +381,13 @@ impl WorkerHandle {
                 }
             }
         }
-        for thread in [self.heartbeat.take(), self.listener.take()]
-            .into_iter()
-            .flatten()
+        for thread in [
+            self.finisher.take(),
+            self.heartbeat.take(),
+            self.listener.take(),
+        ]
+        .into_iter()
+        .flatten()
         {
             let _ = thread.join();
         }
@@ -306,8 +435,8 @@ impl<'a> Connection<'a> {
     }
 }
 
-/// Claims as many jobs as there are free threads, hands them out, rescues stalled jobs, and
-/// backs off while idle.
+/// Claims jobs for the free threads plus a prefetch sized by how fast jobs run, hands them
+/// out, rescues stalled jobs, and backs off while idle.
 fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
     let config = &shared.config;
     let mut conn = Connection::new(&config.pool);
@@ -325,18 +454,24 @@ fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
     };
     let mut next_queue = 0;
     loop {
-        let free = {
+        let wanted = {
             let mut state = shared.lock();
             loop {
                 if state.stopping {
                     return;
                 }
-                if state.busy < config.threads {
-                    break;
+                let prefetch = state.prefetch(config.threads, config.prefetch);
+                let in_hand = state.active + state.queued;
+                let wanted = (config.threads + prefetch).saturating_sub(in_hand);
+                // Claim again once the prefetched jobs run low (not for every freed
+                // thread: fewer, bigger claims), and not while the finisher is far behind.
+                let low = state.queued <= prefetch / 2;
+                let backlog = state.settle.len() + state.settling;
+                if wanted > 0 && low && backlog < jobs::MAX_BATCH {
+                    break wanted.min(jobs::MAX_BATCH);
                 }
                 state = shared.wait(state, config.poll_interval);
             }
-            config.threads - state.busy
         };
         if config.run_schedules && Instant::now() >= next_schedules {
             next_schedules = Instant::now() + SCHEDULES_EVERY;
@@ -366,7 +501,7 @@ fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
             return;
         };
         next_queue += 1;
-        match conn.with(|c| jobs::claim(c, queue, free, config.lease_ttl)) {
+        match conn.with(|c| jobs::claim(c, queue, wanted, config.lease_ttl)) {
             Ok(claimed) if !claimed.is_empty() => {
                 idle = Duration::from_millis(10);
                 error_pause = Duration::from_millis(100);
@@ -374,14 +509,15 @@ fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
                 for job in claimed {
                     let stop = Arc::new(AtomicBool::new(false));
                     let timeout = config.kinds.get(&job.kind).and_then(|k| k.timeout);
-                    state.busy += 1;
-                    state.running.insert(
+                    state.queued += 1;
+                    state.held.insert(
                         job.id,
                         Running {
                             claim: job.claim(),
                             kind: job.kind.clone(),
                             stop: stop.clone(),
-                            started: Instant::now(),
+                            phase: Phase::Queued,
+                            started: None,
                             timeout,
                         },
                     );
@@ -443,9 +579,9 @@ fn prune_all(conn: &mut Connection<'_>, policies: &[(String, Finished, Retention
     }
 }
 
-/// A handler thread: runs tasks until the claimer closes the channel.
+/// A handler thread: runs tasks until the claimer closes the channel. It needs no
+/// connection: the finisher records every run.
 fn run_handlers(shared: &Shared, inbox: &Mutex<Receiver<Task>>) {
-    let mut conn = Connection::new(&shared.config.pool);
     loop {
         let task = {
             let inbox = inbox.lock().unwrap_or_else(PoisonError::into_inner);
@@ -453,21 +589,52 @@ fn run_handlers(shared: &Shared, inbox: &Mutex<Receiver<Task>>) {
         };
         let Ok(task) = task else { return };
         let id = task.job.id;
-        run_one(shared, &mut conn, task);
+        {
+            let mut state = shared.lock();
+            state.queued = state.queued.saturating_sub(1);
+            if state.stopping {
+                // Shutting down: a job claimed ahead is given back, not started.
+                drop(state);
+                shared.changed.notify_all();
+                continue;
+            }
+            match state.held.get_mut(&id) {
+                Some(running) => {
+                    running.phase = Phase::Active;
+                    running.started = Some(Instant::now());
+                }
+                // The heartbeat learned the claim was lost before it started.
+                None => continue,
+            }
+            state.active += 1;
+        }
+        shared.changed.notify_all();
+        let started = Instant::now();
+        let settle = run_one(shared, task);
+        let took = started.elapsed().as_secs_f64();
         let mut state = shared.lock();
-        state.running.remove(&id);
-        state.busy = state.busy.saturating_sub(1);
+        state.active = state.active.saturating_sub(1);
+        state.average_run = Some(match state.average_run {
+            Some(average) => average * 0.9 + took * 0.1,
+            None => took,
+        });
+        // A run that timed out or was given back at shutdown is no longer held: its end
+        // was recorded already.
+        if let Some(running) = state.held.get_mut(&id) {
+            running.phase = Phase::Finishing;
+            state.settle.push(settle);
+        }
         state.woken = true;
         drop(state);
         shared.changed.notify_all();
     }
 }
 
-fn run_one(shared: &Shared, conn: &mut Connection<'_>, task: Task) {
+/// Runs one job's handler (catching a panic) and says how to record the run.
+fn run_one(shared: &Shared, task: Task) -> Settle {
     let Task { job, stop } = task;
     let span = tracing::info_span!("dibs.job", job.id = job.id, queue = %job.queue, kind = %job.kind, attempt = job.attempt);
     let _entered = span.enter();
-    let started = Instant::now();
     let ctx = JobContext {
         id: job.id,
         queue: job.queue.clone(),
@@ -499,49 +666,129 @@ fn run_one(shared: &Shared, conn: &mut Connection<'_>, task: Task) {
             }
         },
     };
-    let finished = match &outcome {
-        Ok(()) => conn
-            .with(|c| jobs::complete(c, &[job.claim()]))
-            .map(|o| (o.first().copied().unwrap_or(Outcome::Lost), "completed")),
+    match outcome {
+        Ok(()) => Settle::Complete(job.claim()),
         Err(failure) => {
             let (message, retry) = match failure {
-                HandlerFailure::Undecodable(message) => (message.as_str(), Retry::Never),
-                HandlerFailure::Job(error) => (
-                    error.message.as_str(),
-                    match error.action {
+                HandlerFailure::Undecodable(message) => (message, Retry::Never),
+                HandlerFailure::Job(error) => {
+                    let retry = match error.action {
                         Action::Retry => Retry::Backoff(backoff),
                         Action::RetryAt(at) => Retry::At(at),
                         Action::Fail => Retry::Never,
-                    },
-                ),
+                    };
+                    (error.message, retry)
+                }
             };
-            let exhausted = job.attempt >= job.max_attempts || retry == Retry::Never;
-            conn.with(|c| jobs::fail(c, job.claim(), message, retry))
-                .map(|o| (o, if exhausted { "dead" } else { "retried" }))
+            Settle::Fail {
+                claim: job.claim(),
+                exhausted: job.attempt >= job.max_attempts || retry == Retry::Never,
+                message,
+                retry,
+            }
         }
-    };
-    let took = started.elapsed();
-    match finished {
-        Ok((Outcome::Done, what)) | Ok((Outcome::AlreadyDone, what)) => {
-            shared.count(|r| match what {
-                "completed" => r.completed += 1,
-                "dead" => r.dead += 1,
-                _ => r.retried += 1,
-            });
-            tracing::info!(outcome = what, ?took, "job finished");
+    }
+}
+
+/// Records runs: completions together in one transaction (each still fenced by its claim
+/// token), failures one by one; counts the outcomes.
+fn record(shared: &Shared, conn: &mut Connection<'_>, runs: &[Settle]) -> crate::Result<()> {
+    let completions: Vec<JobClaim> = runs
+        .iter()
+        .filter_map(|s| match s {
+            Settle::Complete(claim) => Some(*claim),
+            Settle::Fail { .. } => None,
+        })
+        .collect();
+    let mut outcomes: Vec<(Outcome, &'static str)> = Vec::with_capacity(runs.len());
+    if !completions.is_empty() {
+        let done = conn.with(|c| jobs::complete(c, &completions))?;
+        outcomes.extend(done.into_iter().map(|o| (o, "completed")));
+    }
+    for run in runs {
+        if let Settle::Fail {
+            claim,
+            message,
+            retry,
+            exhausted,
+        } = run
+        {
+            let outcome = conn.with(|c| jobs::fail(c, *claim, message, *retry))?;
+            outcomes.push((outcome, if *exhausted { "dead" } else { "retried" }));
         }
-        Ok((Outcome::Lost, _)) => {
-            shared.count(|r| r.lost += 1);
-            tracing::warn!(?took, "job's claim was lost before it finished");
+    }
+    let mut state = shared.lock();
+    for (outcome, what) in outcomes {
+        match outcome {
+            Outcome::Done | Outcome::AlreadyDone => match what {
+                "completed" => state.report.completed += 1,
+                "dead" => state.report.dead += 1,
+                _ => state.report.retried += 1,
+            },
+            Outcome::Lost => {
+                state.report.lost += 1;
+                tracing::warn!("a job's claim was lost before it finished");
+            }
+            Outcome::Cancelled => {
+                state.report.cancelled += 1;
+                tracing::info!("a job was cancelled while it ran");
+            }
         }
-        Ok((Outcome::Cancelled, _)) => {
-            shared.count(|r| r.cancelled += 1);
-            tracing::info!(?took, "job was cancelled while it ran");
-        }
-        Err(e) => {
-            // The claim stays; the heartbeat stops renewing it once it leaves the registry,
-            // so it lapses and is rescued: never lost.
-            tracing::warn!(error = %e, ?took, "finishing a job failed; it will be rescued");
+    }
+    Ok(())
+}
+
+/// Records finished runs as they come, in batches: while one batch is written the next
+/// gathers, so a busy worker commits once for many jobs and an idle one adds no delay. A
+/// batch that cannot be written stays held (the heartbeat keeps renewing its claims) and is
+/// tried again after a pause; a crash before it is written leaves the jobs running, to be
+/// rescued: never lost.
+fn finisher(shared: &Shared) {
+    let mut conn = Connection::new(&shared.config.pool);
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let batch: Vec<Settle> = {
+            let mut state = shared.lock();
+            while state.settle.is_empty() {
+                if state.closing {
+                    return;
+                }
+                state = shared.wait(state, shared.config.poll_interval);
+            }
+            let n = state.settle.len().min(jobs::MAX_BATCH);
+            let batch: Vec<Settle> = state.settle.drain(..n).collect();
+            state.settling = batch.len();
+            batch
+        };
+        let ids: Vec<i64> = batch.iter().map(|s| s.claim().id).collect();
+        match record(shared, &mut conn, &batch) {
+            Ok(()) => {
+                pause = Duration::from_millis(100);
+                let mut state = shared.lock();
+                for id in ids {
+                    state.held.remove(&id);
+                }
+                state.settling = 0;
+                drop(state);
+                shared.changed.notify_all();
+            }
+            Err(e) => {
+                let mut state = shared.lock();
+                state.settling = 0;
+                if state.closing {
+                    tracing::warn!(error = %e, jobs = ids.len(), "shutdown: recording finished jobs failed; they will be rescued");
+                    for id in ids {
+                        state.held.remove(&id);
+                    }
+                    return;
+                }
+                tracing::warn!(error = %e, jobs = ids.len(), ?pause, "recording finished jobs failed; retrying");
+                let mut again = batch;
+                again.append(&mut state.settle);
+                state.settle = again;
+                drop(shared.wait(state, pause));
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
         }
     }
 }
@@ -559,14 +806,15 @@ fn heartbeat(shared: &Shared) {
         let beat = {
             let mut state = shared.lock();
             loop {
-                if state.stopping && state.running.is_empty() {
+                if state.closing {
                     return;
                 }
                 let now = Instant::now();
                 let next_timeout = state
-                    .running
+                    .held
                     .values()
-                    .filter_map(|r| r.timeout.map(|t| r.started + t))
+                    .filter(|r| r.phase == Phase::Active)
+                    .filter_map(|r| Some(r.started? + r.timeout?))
                     .min();
                 if now >= next_beat || next_timeout.is_some_and(|t| now >= t) {
                     break now >= next_beat;
@@ -580,17 +828,19 @@ fn heartbeat(shared: &Shared) {
         let timed_out: Vec<(JobClaim, String, Duration)> = {
             let mut state = shared.lock();
             let expired: Vec<i64> = state
-                .running
+                .held
                 .values()
+                .filter(|r| r.phase == Phase::Active)
                 .filter(|r| {
-                    r.timeout
-                        .is_some_and(|t| now.duration_since(r.started) >= t)
+                    r.started
+                        .zip(r.timeout)
+                        .is_some_and(|(started, t)| now.duration_since(started) >= t)
                 })
                 .map(|r| r.claim.id)
                 .collect();
             expired
                 .into_iter()
-                .filter_map(|id| state.running.remove(&id))
+                .filter_map(|id| state.held.remove(&id))
                 .map(|r| {
                     r.stop.store(true, Ordering::SeqCst);
                     (r.claim, r.kind, r.timeout.unwrap_or_default())
@@ -615,14 +865,14 @@ fn heartbeat(shared: &Shared) {
             continue;
         }
         next_beat = Instant::now() + period;
-        let claims: Vec<JobClaim> = shared.lock().running.values().map(|r| r.claim).collect();
+        let claims: Vec<JobClaim> = shared.lock().held.values().map(|r| r.claim).collect();
         for batch in claims.chunks(jobs::MAX_BATCH) {
             match conn.with(|c| jobs::renew(c, batch, config.lease_ttl)) {
                 Ok(outcomes) => {
-                    let state = shared.lock();
+                    let mut state = shared.lock();
                     for (claim, outcome) in batch.iter().zip(outcomes) {
                         if matches!(outcome, Outcome::Lost | Outcome::Cancelled)
-                            && let Some(running) = state.running.get(&claim.id)
+                            && let Some(running) = state.held.get(&claim.id)
                         {
                             running.stop.store(true, Ordering::SeqCst);
                             tracing::warn!(
@@ -630,6 +880,10 @@ fn heartbeat(shared: &Shared) {
                                 ?outcome,
                                 "heartbeat: the claim ended"
                             );
+                            // Not started yet: it will not be.
+                            if running.phase == Phase::Queued {
+                                state.held.remove(&claim.id);
+                            }
                         }
                     }
                 }
@@ -646,9 +900,15 @@ mod listener {
     #[cfg(not(feature = "postgres"))]
     pub(super) fn listen(_shared: &Shared) {}
 
+    /// How often the listener reads its connection. diesel's notification iterator does not
+    /// block and does not expose the socket to wait on, so this bounds the added latency:
+    /// a read of nothing pending is one non-blocking `recv`, about a microsecond of CPU.
+    #[cfg(feature = "postgres")]
+    const LISTEN_POLL: std::time::Duration = std::time::Duration::from_millis(1);
+
     /// LISTENs on a dedicated connection and wakes the claimer when a job is enqueued on one
-    /// of its queues. The notification iterator does not block, so this polls it every
-    /// 20 ms; reconnects with backoff when the connection breaks (polling keeps working).
+    /// of its queues; polls the connection every [`LISTEN_POLL`]; reconnects with backoff
+    /// when the connection breaks (polling keeps working).
     #[cfg(feature = "postgres")]
     pub(super) fn listen(shared: &Shared) {
         use std::time::Duration;
@@ -681,9 +941,8 @@ mod listener {
             while !shared.stopping() {
                 match notified_queues(pg) {
                     Ok(queues) => {
-                        if queues.iter().any(|q| shared.config.queues.contains(q)) {
-                            shared.lock().woken = true;
-                            shared.changed.notify_all();
+                        for queue in &queues {
+                            shared.wake(queue);
                         }
                     }
                     Err(e) => {
@@ -691,7 +950,7 @@ mod listener {
                         break;
                     }
                 }
-                std::thread::sleep(Duration::from_millis(20));
+                std::thread::sleep(LISTEN_POLL);
             }
         }
     }

@@ -1,0 +1,432 @@
+//! dibs's throughput and latency harness (no extra tooling; prints one table).
+//!
+//! ```text
+//! cargo bench --bench throughput --all-features -- [options]
+//!   --backend sqlite|postgres|mysql|all   (default: all compiled in)
+//!   --jobs N          jobs per workload (default 10000)
+//!   --workers N       worker threads for the drain (default 4)
+//!   --payload BYTES   payload size (default 16)
+//!   --runs N          runs per figure; the median is printed (default 3)
+//!   --samples N       enqueue -> start samples for the latency workload (default 200)
+//!   --scale           also drain with 1,000,000 finished and with 100,000 waiting jobs
+//! ```
+//!
+//! Servers: `DIBS_TEST_POSTGRES_URL` / `DIBS_TEST_MYSQL_URL` (defaulting to the local
+//! services); each run gets a database of its own, dropped afterwards. SQLite runs on a file
+//! in a temporary directory. Everything runs with dibs's defaults (SQLite synchronous=FULL)
+//! and the servers' defaults.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dibs::jobs::{self, NewJob};
+use dibs::worker::{JobContext, JobError, Worker};
+use dibs::{AnyConnection, Backend, Pool};
+use diesel::connection::SimpleConnection;
+
+struct Options {
+    backends: Vec<Backend>,
+    jobs: usize,
+    workers: usize,
+    payload: usize,
+    runs: usize,
+    samples: usize,
+    scale: bool,
+}
+
+fn parse_options() -> Result<Options, String> {
+    let mut options = Options {
+        backends: compiled_backends(),
+        jobs: 10_000,
+        workers: 4,
+        payload: 16,
+        runs: 3,
+        samples: 200,
+        scale: false,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut number = |name: &str| -> Result<usize, String> {
+            args.next()
+                .and_then(|v| v.parse().ok())
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("{name} needs a positive number"))
+        };
+        match arg.as_str() {
+            "--jobs" => options.jobs = number("--jobs")?,
+            "--workers" => options.workers = number("--workers")?,
+            "--payload" => options.payload = number("--payload")?,
+            "--runs" => options.runs = number("--runs")?,
+            "--samples" => options.samples = number("--samples")?,
+            "--scale" => options.scale = true,
+            "--backend" => {
+                let name = args.next().unwrap_or_default();
+                options.backends = match name.as_str() {
+                    "all" => compiled_backends(),
+                    "sqlite" => vec![Backend::Sqlite],
+                    "postgres" => vec![Backend::Postgres],
+                    "mysql" | "mariadb" => vec![Backend::Mysql],
+                    _ => return Err(format!("unknown backend {name:?}")),
+                };
+            }
+            // `cargo bench` passes `--bench`; libtest-style flags are ignored.
+            "--bench" => {}
+            other => return Err(format!("unknown option {other:?}")),
+        }
+    }
+    Ok(options)
+}
+
+fn compiled_backends() -> Vec<Backend> {
+    let mut backends = Vec::new();
+    if cfg!(feature = "sqlite") {
+        backends.push(Backend::Sqlite);
+    }
+    if cfg!(feature = "postgres") {
+        backends.push(Backend::Postgres);
+    }
+    if cfg!(feature = "mysql") {
+        backends.push(Backend::Mysql);
+    }
+    backends
+}
+
+/// A database of the run's own.
+struct BenchDb {
+    url: String,
+    drop: Option<(String, String)>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl BenchDb {
+    fn new(backend: Backend) -> BenchDb {
+        let server = match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("a temporary directory");
+                let url = dir.path().join("bench.db").display().to_string();
+                return BenchDb::migrated(url, None, Some(dir));
+            }
+            Backend::Postgres => std::env::var("DIBS_TEST_POSTGRES_URL")
+                .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into()),
+            Backend::Mysql => std::env::var("DIBS_TEST_MYSQL_URL")
+                .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
+        };
+        let name = format!("dibs_bench_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = AnyConnection::connect(&server)
+            .unwrap_or_else(|e| panic!("cannot reach the {backend:?} server: {e}"));
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .expect("create the bench database");
+        let mut url = url::Url::parse(&server).expect("a server URL");
+        url.set_path(&name);
+        BenchDb::migrated(url.to_string(), Some((server, name)), None)
+    }
+
+    fn migrated(url: String, drop: Option<(String, String)>, dir: Option<tempfile::TempDir>) -> Self {
+        let mut conn = AnyConnection::connect(&url).expect("connect to the bench database");
+        dibs::run_migrations(&mut conn).expect("migrations");
+        BenchDb { url, drop, _dir: dir }
+    }
+
+    fn pool(&self, size: u32) -> Pool {
+        Pool::options()
+            .max_size(size)
+            .open(&self.url)
+            .expect("open a pool")
+    }
+}
+
+impl Drop for BenchDb {
+    fn drop(&mut self) {
+        if let Some((server, name)) = &self.drop
+            && let Ok(mut admin) = AnyConnection::connect(server)
+        {
+            let _ = admin.batch_execute(&format!("DROP DATABASE {name}"));
+        }
+    }
+}
+
+/// One workload's figures for one run.
+#[derive(Clone, Copy, Default)]
+struct Figures {
+    jobs_per_s: f64,
+    p50: Option<Duration>,
+    p95: Option<Duration>,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    Some(sorted[i])
+}
+
+fn with_latencies(jobs_per_s: f64, mut latencies: Vec<Duration>) -> Figures {
+    latencies.sort();
+    Figures {
+        jobs_per_s,
+        p50: percentile(&latencies, 0.5),
+        p95: percentile(&latencies, 0.95),
+    }
+}
+
+fn batch(options: &Options, queue: &str, n: usize) -> Vec<NewJob> {
+    (0..n)
+        .map(|_| NewJob::new(queue, "noop", vec![b'x'; options.payload]))
+        .collect()
+}
+
+/// A. One job per transaction (one statement on a bare connection), one client.
+fn enqueue_one_by_one(backend: Backend, options: &Options) -> Figures {
+    let db = BenchDb::new(backend);
+    let mut conn = AnyConnection::connect(&db.url).expect("connect");
+    let job = NewJob::new("bench", "noop", vec![b'x'; options.payload]);
+    let mut latencies = Vec::with_capacity(options.jobs);
+    let started = Instant::now();
+    for _ in 0..options.jobs {
+        let t = Instant::now();
+        jobs::enqueue(&mut conn, &job).expect("enqueue");
+        latencies.push(t.elapsed());
+    }
+    with_latencies(options.jobs as f64 / started.elapsed().as_secs_f64(), latencies)
+}
+
+/// B. All jobs in one `enqueue_many` call.
+fn enqueue_bulk(backend: Backend, options: &Options) -> Figures {
+    let db = BenchDb::new(backend);
+    let mut conn = AnyConnection::connect(&db.url).expect("connect");
+    let jobs = batch(options, "bench", options.jobs);
+    let started = Instant::now();
+    jobs::enqueue_many(&mut conn, &jobs).expect("enqueue_many");
+    with_latencies(options.jobs as f64 / started.elapsed().as_secs_f64(), vec![])
+}
+
+/// Fills the table with `n` jobs of `queue` in bulk calls of at most 10,000.
+fn fill(conn: &mut AnyConnection, options: &Options, queue: &str, n: usize) {
+    let mut left = n;
+    while left > 0 {
+        let now = left.min(10_000);
+        jobs::enqueue_many(conn, &batch(options, queue, now)).expect("fill");
+        left -= now;
+    }
+}
+
+/// C. Drain `options.jobs` waiting jobs with a worker of `options.workers` threads; before
+/// that, `setup` may fill the table. Also samples the process's resident memory.
+fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64) {
+    let db = BenchDb::new(backend);
+    let mut conn = AnyConnection::connect(&db.url).expect("connect");
+    let to_drain = options.jobs;
+    match setup {
+        Setup::Empty => {}
+        Setup::Finished(n) => {
+            fill(&mut conn, options, "old", n);
+            conn.batch_execute(
+                "UPDATE dibs_jobs SET state = 'completed', finished_at = created_at, attempt = 1",
+            )
+            .expect("finish the old jobs");
+        }
+        Setup::Waiting(n) => fill(&mut conn, options, "bench", n),
+    }
+    fill(&mut conn, options, "bench", to_drain);
+    let done = Arc::new(AtomicUsize::new(0));
+    let pool = db.pool(options.workers as u32 + 4);
+    let counter = done.clone();
+    let started = Instant::now();
+    let worker = Worker::builder(pool)
+        .queue("bench")
+        .threads(options.workers)
+        .raw_handler("noop", move |_ctx: &JobContext, _payload: &[u8]| {
+            counter.fetch_add(1, Ordering::Relaxed);
+            Ok::<(), JobError>(())
+        })
+        .start()
+        .expect("start the worker");
+    let mut rss = 0;
+    while worker.report().completed < to_drain {
+        rss = rss.max(resident_bytes("VmRSS"));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let took = started.elapsed();
+    worker.shutdown(Duration::from_secs(10));
+    let jobs_per_s = to_drain as f64 / took.as_secs_f64();
+    (with_latencies(jobs_per_s, vec![]), rss)
+}
+
+#[derive(Clone, Copy)]
+enum Setup {
+    Empty,
+    Finished(usize),
+    Waiting(usize),
+}
+
+/// D. Enqueue -> handler start on an idle worker, one job at a time.
+fn latency(backend: Backend, options: &Options) -> Figures {
+    let db = BenchDb::new(backend);
+    let mut conn = AnyConnection::connect(&db.url).expect("connect");
+    let pool = db.pool(options.workers as u32 + 4);
+    let enqueued_at: Arc<Mutex<BTreeMap<i64, Instant>>> = Arc::default();
+    let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let (seen, sink) = (enqueued_at.clone(), latencies.clone());
+    let worker = Worker::builder(pool)
+        .queue("bench")
+        .threads(options.workers)
+        .raw_handler("noop", move |ctx: &JobContext, _payload: &[u8]| {
+            let now = Instant::now();
+            // The enqueuer records the instant before the insert; wait for it if the job
+            // started before the enqueuer got its id back.
+            loop {
+                let at = seen.lock().expect("lock").get(&ctx.id).copied();
+                if let Some(at) = at {
+                    sink.lock().expect("lock").push(now - at);
+                    return Ok::<(), JobError>(());
+                }
+                std::thread::yield_now();
+            }
+        })
+        .start()
+        .expect("start the worker");
+    // Let the worker go idle first.
+    std::thread::sleep(Duration::from_millis(300));
+    let job = NewJob::new("bench", "noop", vec![b'x'; options.payload]);
+    for _ in 0..options.samples {
+        let before = Instant::now();
+        let id = jobs::enqueue(&mut conn, &job).expect("enqueue").id;
+        enqueued_at.lock().expect("lock").insert(id, before);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let started = latencies.lock().expect("lock").len();
+            if started == enqueued_at.lock().expect("lock").len() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "a job did not start within 10 s");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        // Idle again between samples, as a real idle worker would be.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    worker.shutdown(Duration::from_secs(10));
+    let latencies = latencies.lock().expect("lock").clone();
+    with_latencies(0.0, latencies)
+}
+
+/// `VmHWM` (peak) or `VmRSS` (now) of this process, in bytes (0 where /proc has none).
+fn resident_bytes(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|line| line.starts_with(field))
+                .and_then(|line| line.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn median(mut runs: Vec<Figures>) -> Figures {
+    runs.sort_by(|a, b| a.jobs_per_s.total_cmp(&b.jobs_per_s));
+    let mid = runs[runs.len() / 2];
+    let mut p50: Vec<Duration> = runs.iter().filter_map(|r| r.p50).collect();
+    let mut p95: Vec<Duration> = runs.iter().filter_map(|r| r.p95).collect();
+    p50.sort();
+    p95.sort();
+    Figures {
+        jobs_per_s: mid.jobs_per_s,
+        p50: p50.get(p50.len() / 2).copied(),
+        p95: p95.get(p95.len() / 2).copied(),
+    }
+}
+
+fn ms(d: Option<Duration>) -> String {
+    d.map_or("-".into(), |d| format!("{:.2} ms", d.as_secs_f64() * 1000.0))
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb / 1024 / 1024);
+    format!("{cores} cores ({cpu}), {mem} GiB")
+}
+
+fn main() {
+    let options = match parse_options() {
+        Ok(options) => options,
+        Err(message) => {
+            eprintln!("throughput: {message}");
+            std::process::exit(2);
+        }
+    };
+    println!(
+        "dibs throughput: {} jobs, {} worker threads, {}-byte payloads, median of {} runs",
+        options.jobs, options.workers, options.payload, options.runs
+    );
+    println!("machine: {}", machine());
+    println!();
+    println!(
+        "| backend | workload | jobs/s | p50 | p95 | RSS while draining |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for &backend in &options.backends {
+        let name = format!("{backend:?}");
+        let row = |workload: &str, figures: Figures, rss: Option<u64>| {
+            let rate = if figures.jobs_per_s > 0.0 {
+                format!("{:.0}", figures.jobs_per_s)
+            } else {
+                "-".into()
+            };
+            let rss = rss.map_or("-".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0));
+            println!(
+                "| {name} | {workload} | {rate} | {} | {} | {rss} |",
+                ms(figures.p50),
+                ms(figures.p95)
+            );
+        };
+        let runs = |f: &dyn Fn() -> Figures| median((0..options.runs).map(|_| f()).collect());
+        row(
+            "A. enqueue, one per transaction",
+            runs(&|| enqueue_one_by_one(backend, &options)),
+            None,
+        );
+        row("B. enqueue, one bulk call", runs(&|| enqueue_bulk(backend, &options)), None);
+        let drain_row = |label: &str, setup: Setup| {
+            let results: Vec<(Figures, u64)> =
+                (0..options.runs).map(|_| drain(backend, &options, setup)).collect();
+            let rss = results.iter().map(|r| r.1).max();
+            row(label, median(results.into_iter().map(|r| r.0).collect()), rss);
+        };
+        drain_row(
+            &format!("C. drain, {} threads", options.workers),
+            Setup::Empty,
+        );
+        row("D. enqueue -> start, idle worker", runs(&|| latency(backend, &options)), None);
+        if options.scale {
+            drain_row("C1. drain, 1,000,000 finished in the table", Setup::Finished(1_000_000));
+            drain_row("C2. drain, 100,000 more waiting", Setup::Waiting(100_000));
+        }
+    }
+    println!();
+    println!(
+        "peak RSS of the process: {:.1} MiB",
+        resident_bytes("VmHWM") as f64 / 1048576.0
+    );
+}
