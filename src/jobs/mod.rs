@@ -304,12 +304,14 @@ fn notify<'q, C: DibsConnection>(
 /// written if any job is invalid. Jobs with a dedup key are deduplicated against live jobs
 /// and against earlier jobs of the same batch.
 ///
-/// PostgreSQL and SQLite insert jobs without a dedup key in multi-row statements of up to
-/// [`INSERT_CHUNK_ROWS`] rows (and about [`INSERT_CHUNK_BYTES`] of payload) with
-/// `RETURNING id`: within one statement rows are inserted in order and ids only grow, so the
-/// ascending ids are the jobs in order. Jobs with a key, and every job on MySQL/MariaDB (no
-/// RETURNING, and the ids of a multi-row insert are not always consecutive), are inserted one
-/// statement each, in the one transaction.
+/// Jobs without a dedup key go in multi-row statements of up to [`INSERT_CHUNK_ROWS`] rows
+/// (and about [`INSERT_CHUNK_BYTES`] of payload). PostgreSQL and SQLite return their ids
+/// (`RETURNING id`: within one statement rows are inserted in order and ids only grow, so the
+/// ascending ids are the jobs in order). MySQL/MariaDB has no RETURNING: there the ids are
+/// `LAST_INSERT_ID()` onwards, which holds only where InnoDB reserves one run of ids per
+/// statement (`innodb_autoinc_lock_mode` 0 or 1, MariaDB's default); under mode 2 (MySQL 8's
+/// default) every job is its own statement. Jobs with a key are inserted one statement each,
+/// all in the one transaction.
 pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
     if jobs.is_empty() {
         return Err(Error::invalid("jobs", "an empty batch"));
@@ -320,12 +322,16 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
     let enqueued = transaction(conn, |conn| {
         dispatch!(conn, c => {
             let syntax = c.syntax();
+            // Without RETURNING (MySQL), a multi-row insert's ids are known only where the
+            // server hands out consecutive ones per statement.
+            let id_step = if syntax.returning { None } else { consecutive_id_step(c)? };
+            let multi_row = syntax.returning || id_step.is_some();
             let mut out = Vec::with_capacity(jobs.len());
             let mut rest = jobs;
             while !rest.is_empty() {
                 // The run of jobs without a key at the head of `rest` goes in multi-row
-                // statements; a keyed job (or any job on MySQL) goes alone.
-                let run = if syntax.returning {
+                // statements; a keyed job goes alone.
+                let run = if multi_row {
                     rest.iter().take_while(|job| job.dedup_key.is_none()).count()
                 } else {
                     0
@@ -340,7 +346,8 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                 for chunk in chunks(&rest[..run]) {
                     // Rendered once as a whole, so PostgreSQL's parameters are numbered through.
                     let rows = vec![INSERT_ROW; chunk.len()].join(", ");
-                    let sql = syntax.render(&format!("{INSERT_HEAD} {rows} RETURNING id"));
+                    let returning = if syntax.returning { " RETURNING id" } else { "" };
+                    let sql = syntax.render(&format!("{INSERT_HEAD} {rows}{returning}"));
                     let mut insert = diesel::sql_query(sql).into_boxed();
                     for job in chunk {
                         let (at, delay) = job.due_params();
@@ -356,11 +363,21 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                             .bind::<Nullable<Text>, _>(job.limit.as_ref().map(|(key, _)| key.as_str()))
                             .bind::<Nullable<Integer>, _>(job.limit.as_ref().map(|(_, max)| *max as i32));
                     }
-                    let mut ids: Vec<i64> = insert.load::<IdRow>(c).map(ids_of)?;
+                    let mut ids: Vec<i64> = match id_step {
+                        None => insert.load::<IdRow>(c).map(ids_of)?,
+                        Some(step) => {
+                            let inserted = insert.execute(c)?;
+                            let first = diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
+                                .get_result::<IdRow>(c)?
+                                .id;
+                            if inserted != chunk.len() {
+                                return Err(unexpected(format!("{inserted} rows inserted for {} jobs", chunk.len())));
+                            }
+                            (0..chunk.len() as i64).map(|i| first + i * step).collect()
+                        }
+                    };
                     if ids.len() != chunk.len() {
-                        return Err(Error::Database(diesel::result::Error::DeserializationError(
-                            format!("{} ids for {} inserted jobs", ids.len(), chunk.len()).into(),
-                        )));
+                        return Err(unexpected(format!("{} ids for {} inserted jobs", ids.len(), chunk.len())));
                     }
                     ids.sort_unstable();
                     out.extend(ids.into_iter().map(|id| Enqueued { id, existing: false }));
@@ -379,6 +396,35 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
     notify(conn, fresh.iter().copied())?;
     crate::worker::wake_local(fresh);
     Ok(enqueued)
+}
+
+fn unexpected(message: String) -> Error {
+    Error::Database(diesel::result::Error::DeserializationError(message.into()))
+}
+
+#[derive(QueryableByName)]
+struct AutoIncrement {
+    #[diesel(sql_type = BigInt)]
+    lock_mode: i64,
+    #[diesel(sql_type = BigInt)]
+    step: i64,
+}
+
+/// MySQL/MariaDB: the step between the ids of one multi-row insert, where they are
+/// consecutive: InnoDB's `innodb_autoinc_lock_mode` 0 ("traditional") and 1 ("consecutive",
+/// MariaDB's default) reserve one run of ids per simple insert statement, so the rows get
+/// `LAST_INSERT_ID()`, then `+ auto_increment_increment` each. Mode 2 ("interleaved",
+/// MySQL 8's default) does not promise that: `None`, one statement per row.
+fn consecutive_id_step<C: diesel::Connection>(c: &mut C) -> Result<Option<i64>>
+where
+    diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'static, C, AutoIncrement>,
+{
+    let row = diesel::sql_query(
+        "SELECT CAST(@@innodb_autoinc_lock_mode AS SIGNED) AS lock_mode, \
+                CAST(@@auto_increment_increment AS SIGNED) AS step",
+    )
+    .get_result::<AutoIncrement>(c)?;
+    Ok((row.lock_mode <= 1 && row.step >= 1).then_some(row.step))
 }
 
 /// Rows per multi-row insert: 7 parameters a row stays well under SQLite's 32,766 and

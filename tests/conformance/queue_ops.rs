@@ -15,6 +15,7 @@ use crate::support::{TestDb, conformance, count, now_sql, placeholders, race};
 conformance!(
     eight_enqueues_with_one_key_make_one_job,
     enqueue_many_reports_each_item,
+    concurrent_bulk_enqueues_return_each_job_its_own_id,
     two_step_prune_loses_the_newest_and_dibs_prune_keeps_it,
     keep_newest_and_keep_young_on_ten_thousand_jobs,
     cancel_waiting_and_running_jobs,
@@ -96,6 +97,39 @@ fn eight_enqueues_with_one_key_make_one_job(backend: Backend) {
     println!(
         "{backend} dedup: 10 rounds x 8 concurrent enqueues of one key: one job each, all 8 got its id"
     );
+}
+
+/// Multi-row inserts from several connections at once: every id returned is the row of the
+/// job given at that position (on MySQL the ids are computed from `LAST_INSERT_ID()`, which
+/// holds only if no other statement's rows interleave).
+fn concurrent_bulk_enqueues_return_each_job_its_own_id(backend: Backend) {
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 5;
+    const BATCH: usize = 700;
+    let db = TestDb::migrated(backend);
+    let results = race(&db, THREADS, |t, conn| {
+        let mut mine = Vec::new();
+        for round in 0..ROUNDS {
+            let payloads: Vec<Vec<u8>> = (0..BATCH)
+                .map(|i| format!("{t}/{round}/{i}").into_bytes())
+                .collect();
+            let batch: Vec<NewJob> = payloads
+                .iter()
+                .map(|p| NewJob::new("bulk", "k", p.clone()))
+                .collect();
+            let enqueued = jobs::enqueue_many(conn, &batch).expect("enqueue_many");
+            mine.extend(enqueued.into_iter().map(|e| e.id).zip(payloads));
+        }
+        mine
+    });
+    let mut conn = db.connect();
+    let mut seen = std::collections::HashSet::new();
+    for (id, payload) in results.into_iter().flatten() {
+        assert!(seen.insert(id), "id {id} returned twice");
+        let job = jobs::get(&mut conn, id).unwrap().expect("the job exists");
+        assert_eq!(job.payload, payload, "id {id} is another job's");
+    }
+    assert_eq!(seen.len(), THREADS * ROUNDS * BATCH);
 }
 
 fn enqueue_many_reports_each_item(backend: Backend) {
