@@ -13,6 +13,8 @@ use crate::support::{TestDb, conformance, count};
 
 conformance!(
     four_threads_process_two_thousand_jobs_once,
+    three_batching_workers_run_each_job_once,
+    shutdown_gives_back_prefetched_jobs_unstarted,
     panics_retries_failures_and_bad_payloads,
     a_long_handler_keeps_its_job_through_heartbeats,
     a_handler_past_its_timeout_is_failed_without_extra_concurrency,
@@ -96,6 +98,98 @@ fn four_threads_process_two_thousand_jobs_once(backend: Backend) {
         "{backend} worker, 4 threads, {JOBS} jobs: each ran once, all completed, {:?} = {:.0} jobs/s",
         took,
         JOBS as f64 / took.as_secs_f64()
+    );
+}
+
+/// Three workers (own pools) claim ahead and record completions in batches on one queue:
+/// every job runs exactly once and is completed once.
+fn three_batching_workers_run_each_job_once(backend: Backend) {
+    const JOBS: usize = 3000;
+    let db = TestDb::migrated(backend);
+    let batch: Vec<NewJob> = (0..JOBS).map(|_| NewJob::new("shared", "k", vec![])).collect();
+    jobs::enqueue_many(&mut db.connect(), &batch).unwrap();
+    let runs: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
+    let workers: Vec<WorkerHandle> = (0..3)
+        .map(|_| {
+            let seen = runs.clone();
+            Worker::builder(db.pool(8))
+                .queue("shared")
+                .threads(4)
+                .poll_interval(Duration::from_millis(20))
+                .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
+                    *seen.lock().unwrap().entry(ctx.id).or_default() += 1;
+                    Ok(())
+                })
+                .start()
+                .unwrap()
+        })
+        .collect();
+    let until = Clock::now() + Duration::from_secs(60);
+    while workers.iter().map(|w| w.report().completed).sum::<usize>() < JOBS
+        && Clock::now() < until
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let reports: Vec<Report> = workers
+        .into_iter()
+        .map(|w| w.shutdown(Duration::from_secs(5)))
+        .collect();
+    let completed: usize = reports.iter().map(|r| r.completed).sum();
+    assert_eq!(completed, JOBS, "{reports:?}");
+    assert!(reports.iter().all(|r| r.lost == 0), "{reports:?}");
+    let runs = runs.lock().unwrap();
+    assert_eq!(runs.len(), JOBS);
+    assert!(runs.values().all(|n| *n == 1), "a job ran twice");
+    assert_eq!(
+        count(
+            &mut db.connect(),
+            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'completed' AND attempt = 1"
+        ),
+        JOBS as i64
+    );
+}
+
+/// A worker with one thread on short jobs claims ahead; at shutdown the jobs it claimed but
+/// did not start go back to the queue unstarted (no attempt used), and none is left running.
+fn shutdown_gives_back_prefetched_jobs_unstarted(backend: Backend) {
+    const JOBS: usize = 400;
+    let db = TestDb::migrated(backend);
+    let pool = pool(&db);
+    let batch: Vec<NewJob> = (0..JOBS).map(|_| NewJob::new("ahead", "k", vec![])).collect();
+    jobs::enqueue_many(&mut pool.get().unwrap(), &batch).unwrap();
+    let runs: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
+    let seen = runs.clone();
+    let worker = Worker::builder(pool.clone())
+        .queue("ahead")
+        .threads(1)
+        .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
+            *seen.lock().unwrap().entry(ctx.id).or_default() += 1;
+            std::thread::sleep(Duration::from_millis(2));
+            Ok(())
+        })
+        .start()
+        .unwrap();
+    wait_for(&worker, Duration::from_secs(20), |r| r.completed >= 30);
+    let report = worker.shutdown(Duration::from_secs(5));
+    assert!(
+        report.given_back > 0,
+        "a worker on 2 ms jobs claims ahead of its one thread: {report:?}"
+    );
+    let runs = runs.lock().unwrap();
+    assert!(runs.values().all(|n| *n == 1), "a job ran twice");
+    assert_eq!(runs.len(), report.completed, "{report:?}");
+    let mut conn = pool.get().unwrap();
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'running'"),
+        0
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'waiting' AND attempt = 0"
+        ),
+        (JOBS - report.completed) as i64,
+        "{report:?}"
     );
 }
 
