@@ -9,6 +9,8 @@
 //!   --runs N          runs per figure; the median is printed (default 3)
 //!   --samples N       enqueue -> start samples for the latency workload (default 200)
 //!   --scale           also drain with 1,000,000 finished and with 100,000 waiting jobs
+//!   --prefetch N      the workers' prefetch (default: the builder's, 100)
+//!   --only LIST       workloads to run, e.g. `C,D` (default: all)
 //! ```
 //!
 //! Servers: `DIBS_TEST_POSTGRES_URL` / `DIBS_TEST_MYSQL_URL` (defaulting to the local
@@ -34,6 +36,8 @@ struct Options {
     runs: usize,
     samples: usize,
     scale: bool,
+    prefetch: Option<usize>,
+    only: Vec<char>,
 }
 
 fn parse_options() -> Result<Options, String> {
@@ -45,6 +49,8 @@ fn parse_options() -> Result<Options, String> {
         runs: 3,
         samples: 200,
         scale: false,
+        prefetch: None,
+        only: vec!['A', 'B', 'C', 'D'],
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -61,6 +67,22 @@ fn parse_options() -> Result<Options, String> {
             "--runs" => options.runs = number("--runs")?,
             "--samples" => options.samples = number("--samples")?,
             "--scale" => options.scale = true,
+            "--prefetch" => {
+                options.prefetch = Some(
+                    args.next()
+                        .and_then(|v| v.parse().ok())
+                        .ok_or("--prefetch needs a number")?,
+                )
+            }
+            "--only" => {
+                options.only = args
+                    .next()
+                    .unwrap_or_default()
+                    .split(',')
+                    .filter_map(|w| w.trim().chars().next())
+                    .map(|c| c.to_ascii_uppercase())
+                    .collect()
+            }
             "--backend" => {
                 let name = args.next().unwrap_or_default();
                 options.backends = match name.as_str() {
@@ -124,10 +146,18 @@ impl BenchDb {
         BenchDb::migrated(url.to_string(), Some((server, name)), None)
     }
 
-    fn migrated(url: String, drop: Option<(String, String)>, dir: Option<tempfile::TempDir>) -> Self {
+    fn migrated(
+        url: String,
+        drop: Option<(String, String)>,
+        dir: Option<tempfile::TempDir>,
+    ) -> Self {
         let mut conn = AnyConnection::connect(&url).expect("connect to the bench database");
         dibs::run_migrations(&mut conn).expect("migrations");
-        BenchDb { url, drop, _dir: dir }
+        BenchDb {
+            url,
+            drop,
+            _dir: dir,
+        }
     }
 
     fn pool(&self, size: u32) -> Pool {
@@ -191,7 +221,10 @@ fn enqueue_one_by_one(backend: Backend, options: &Options) -> Figures {
         jobs::enqueue(&mut conn, &job).expect("enqueue");
         latencies.push(t.elapsed());
     }
-    with_latencies(options.jobs as f64 / started.elapsed().as_secs_f64(), latencies)
+    with_latencies(
+        options.jobs as f64 / started.elapsed().as_secs_f64(),
+        latencies,
+    )
 }
 
 /// B. All jobs in one `enqueue_many` call.
@@ -201,7 +234,10 @@ fn enqueue_bulk(backend: Backend, options: &Options) -> Figures {
     let jobs = batch(options, "bench", options.jobs);
     let started = Instant::now();
     jobs::enqueue_many(&mut conn, &jobs).expect("enqueue_many");
-    with_latencies(options.jobs as f64 / started.elapsed().as_secs_f64(), vec![])
+    with_latencies(
+        options.jobs as f64 / started.elapsed().as_secs_f64(),
+        vec![],
+    )
 }
 
 /// Fills the table with `n` jobs of `queue` in bulk calls of at most 10,000.
@@ -232,13 +268,20 @@ fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64) {
         Setup::Waiting(n) => fill(&mut conn, options, "bench", n),
     }
     fill(&mut conn, options, "bench", to_drain);
+    if !matches!(setup, Setup::Empty) {
+        settle(backend, &mut conn);
+    }
     let done = Arc::new(AtomicUsize::new(0));
     let pool = db.pool(options.workers as u32 + 4);
     let counter = done.clone();
     let started = Instant::now();
-    let worker = Worker::builder(pool)
+    let mut builder = Worker::builder(pool)
         .queue("bench")
-        .threads(options.workers)
+        .threads(options.workers);
+    if let Some(prefetch) = options.prefetch {
+        builder = builder.prefetch(prefetch);
+    }
+    let worker = builder
         .raw_handler("noop", move |_ctx: &JobContext, _payload: &[u8]| {
             counter.fetch_add(1, Ordering::Relaxed);
             Ok::<(), JobError>(())
@@ -256,6 +299,41 @@ fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64) {
     (with_latencies(jobs_per_s, vec![]), rss)
 }
 
+/// After a bulk setup, lets the server catch up as it would have while those jobs piled up
+/// over days: PostgreSQL's autovacuum (run now), InnoDB's purge of the old row versions the
+/// setup's UPDATE left (waited for). Otherwise the drain would measure the cleanup.
+fn settle(backend: Backend, conn: &mut AnyConnection) {
+    match backend {
+        Backend::Postgres => conn
+            .batch_execute("VACUUM ANALYZE dibs_jobs")
+            .expect("vacuum"),
+        Backend::Mysql => {
+            #[derive(diesel::QueryableByName)]
+            struct History {
+                #[diesel(sql_type = diesel::sql_types::BigInt)]
+                n: i64,
+            }
+            use diesel::RunQueryDsl;
+            conn.batch_execute("ANALYZE TABLE dibs_jobs")
+                .expect("analyze");
+            let until = Instant::now() + Duration::from_secs(120);
+            while Instant::now() < until {
+                let history = diesel::sql_query(
+                    "SELECT CAST(`COUNT` AS SIGNED) AS n FROM information_schema.INNODB_METRICS \
+                     WHERE NAME = 'trx_rseg_history_len'",
+                )
+                .get_result::<History>(conn)
+                .map_or(0, |h| h.n);
+                if history < 1000 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+        _ => {}
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Setup {
     Empty,
@@ -271,9 +349,13 @@ fn latency(backend: Backend, options: &Options) -> Figures {
     let enqueued_at: Arc<Mutex<BTreeMap<i64, Instant>>> = Arc::default();
     let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let (seen, sink) = (enqueued_at.clone(), latencies.clone());
-    let worker = Worker::builder(pool)
+    let mut builder = Worker::builder(pool)
         .queue("bench")
-        .threads(options.workers)
+        .threads(options.workers);
+    if let Some(prefetch) = options.prefetch {
+        builder = builder.prefetch(prefetch);
+    }
+    let worker = builder
         .raw_handler("noop", move |ctx: &JobContext, _payload: &[u8]| {
             let now = Instant::now();
             // The enqueuer records the instant before the insert; wait for it if the job
@@ -308,9 +390,32 @@ fn latency(backend: Backend, options: &Options) -> Figures {
         // Idle again between samples, as a real idle worker would be.
         std::thread::sleep(Duration::from_millis(20));
     }
+    // What an idle worker costs: CPU time of this process over 2 s with nothing to do.
+    let (cpu_before, wall) = (cpu_seconds(), Instant::now());
+    std::thread::sleep(Duration::from_secs(2));
+    let idle = (cpu_seconds() - cpu_before) / wall.elapsed().as_secs_f64();
+    IDLE_CPU.lock().expect("lock").push((backend, idle));
     worker.shutdown(Duration::from_secs(10));
     let latencies = latencies.lock().expect("lock").clone();
     with_latencies(0.0, latencies)
+}
+
+/// Idle worker CPU use (fraction of one core) per latency run.
+static IDLE_CPU: Mutex<Vec<(Backend, f64)>> = Mutex::new(Vec::new());
+
+/// User + system CPU time of this process, in seconds (0 where /proc has none).
+fn cpu_seconds() -> f64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            // Fields after the command name (which is in parentheses): utime is the 12th.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let ticks: f64 =
+                fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+            Some(ticks / 100.0)
+        })
+        .unwrap_or(0.0)
 }
 
 /// `VmHWM` (peak) or `VmRSS` (now) of this process, in bytes (0 where /proc has none).
@@ -342,7 +447,9 @@ fn median(mut runs: Vec<Figures>) -> Figures {
 }
 
 fn ms(d: Option<Duration>) -> String {
-    d.map_or("-".into(), |d| format!("{:.2} ms", d.as_secs_f64() * 1000.0))
+    d.map_or("-".into(), |d| {
+        format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+    })
 }
 
 fn machine() -> String {
@@ -377,14 +484,16 @@ fn main() {
         }
     };
     println!(
-        "dibs throughput: {} jobs, {} worker threads, {}-byte payloads, median of {} runs",
-        options.jobs, options.workers, options.payload, options.runs
+        "dibs throughput: {} jobs, {} worker threads, {}-byte payloads, prefetch {}, median of {} runs",
+        options.jobs,
+        options.workers,
+        options.payload,
+        options.prefetch.map_or("default".into(), |p| p.to_string()),
+        options.runs
     );
     println!("machine: {}", machine());
     println!();
-    println!(
-        "| backend | workload | jobs/s | p50 | p95 | RSS while draining |"
-    );
+    println!("| backend | workload | jobs/s | p50 | p95 | RSS while draining |");
     println!("|---|---|---|---|---|---|");
     for &backend in &options.backends {
         let name = format!("{backend:?}");
@@ -402,29 +511,61 @@ fn main() {
             );
         };
         let runs = |f: &dyn Fn() -> Figures| median((0..options.runs).map(|_| f()).collect());
-        row(
-            "A. enqueue, one per transaction",
-            runs(&|| enqueue_one_by_one(backend, &options)),
-            None,
-        );
-        row("B. enqueue, one bulk call", runs(&|| enqueue_bulk(backend, &options)), None);
+        let wanted = |w: char| options.only.contains(&w);
+        if wanted('A') {
+            row(
+                "A. enqueue, one per transaction",
+                runs(&|| enqueue_one_by_one(backend, &options)),
+                None,
+            );
+        }
+        if wanted('B') {
+            row(
+                "B. enqueue, one bulk call",
+                runs(&|| enqueue_bulk(backend, &options)),
+                None,
+            );
+        }
         let drain_row = |label: &str, setup: Setup| {
-            let results: Vec<(Figures, u64)> =
-                (0..options.runs).map(|_| drain(backend, &options, setup)).collect();
+            let results: Vec<(Figures, u64)> = (0..options.runs)
+                .map(|_| drain(backend, &options, setup))
+                .collect();
             let rss = results.iter().map(|r| r.1).max();
-            row(label, median(results.into_iter().map(|r| r.0).collect()), rss);
+            row(
+                label,
+                median(results.into_iter().map(|r| r.0).collect()),
+                rss,
+            );
         };
-        drain_row(
-            &format!("C. drain, {} threads", options.workers),
-            Setup::Empty,
-        );
-        row("D. enqueue -> start, idle worker", runs(&|| latency(backend, &options)), None);
+        if wanted('C') {
+            drain_row(
+                &format!("C. drain, {} threads", options.workers),
+                Setup::Empty,
+            );
+        }
+        if wanted('D') {
+            row(
+                "D. enqueue -> start, idle worker",
+                runs(&|| latency(backend, &options)),
+                None,
+            );
+        }
         if options.scale {
-            drain_row("C1. drain, 1,000,000 finished in the table", Setup::Finished(1_000_000));
+            drain_row(
+                "C1. drain, 1,000,000 finished in the table",
+                Setup::Finished(1_000_000),
+            );
             drain_row("C2. drain, 100,000 more waiting", Setup::Waiting(100_000));
         }
     }
     println!();
+    for (backend, idle) in IDLE_CPU.lock().expect("lock").iter() {
+        println!(
+            "idle {}-thread worker on {backend:?}: {:.1}% of a core",
+            options.workers,
+            idle * 100.0
+        );
+    }
     println!(
         "peak RSS of the process: {:.1} MiB",
         resident_bytes("VmHWM") as f64 / 1048576.0

@@ -56,8 +56,8 @@ use chrono::{DateTime, Utc};
 use crate::jobs::{Backoff, Finished, JobClaim, Retention};
 use crate::{Error, Pool, Result, validate};
 
-pub use run::{Report, WorkerHandle};
 pub(crate) use run::wake_local;
+pub use run::{Report, WorkerHandle};
 
 /// Why a handler's run did not succeed, and what to do about it. Any `std::error::Error`
 /// converts into a retry (so `?` works in handlers).

@@ -106,7 +106,9 @@ fn four_threads_process_two_thousand_jobs_once(backend: Backend) {
 fn three_batching_workers_run_each_job_once(backend: Backend) {
     const JOBS: usize = 3000;
     let db = TestDb::migrated(backend);
-    let batch: Vec<NewJob> = (0..JOBS).map(|_| NewJob::new("shared", "k", vec![])).collect();
+    let batch: Vec<NewJob> = (0..JOBS)
+        .map(|_| NewJob::new("shared", "k", vec![]))
+        .collect();
     jobs::enqueue_many(&mut db.connect(), &batch).unwrap();
     let runs: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
     let workers: Vec<WorkerHandle> = (0..3)
@@ -125,8 +127,7 @@ fn three_batching_workers_run_each_job_once(backend: Backend) {
         })
         .collect();
     let until = Clock::now() + Duration::from_secs(60);
-    while workers.iter().map(|w| w.report().completed).sum::<usize>() < JOBS
-        && Clock::now() < until
+    while workers.iter().map(|w| w.report().completed).sum::<usize>() < JOBS && Clock::now() < until
     {
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -155,7 +156,9 @@ fn shutdown_gives_back_prefetched_jobs_unstarted(backend: Backend) {
     const JOBS: usize = 400;
     let db = TestDb::migrated(backend);
     let pool = pool(&db);
-    let batch: Vec<NewJob> = (0..JOBS).map(|_| NewJob::new("ahead", "k", vec![])).collect();
+    let batch: Vec<NewJob> = (0..JOBS)
+        .map(|_| NewJob::new("ahead", "k", vec![]))
+        .collect();
     jobs::enqueue_many(&mut pool.get().unwrap(), &batch).unwrap();
     let runs: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
     let seen = runs.clone();
@@ -180,7 +183,10 @@ fn shutdown_gives_back_prefetched_jobs_unstarted(backend: Backend) {
     assert_eq!(runs.len(), report.completed, "{report:?}");
     let mut conn = pool.get().unwrap();
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'running'"),
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'running'"
+        ),
         0
     );
     assert_eq!(

@@ -1,0 +1,15 @@
+//! Fault scenarios: killed worker processes, a paused lease holder, mutual exclusion across
+//! processes, SQLite under contention, dropped connections, database restarts and hostile
+//! input. Process-level scenarios run this same test binary as a child (`child::role`).
+//!
+//! `serial::*` disturbs other tests (it restarts servers): CI runs it alone, after the
+//! parallel suite (see `.ci/run`).
+
+#[path = "../conformance/support.rs"]
+#[allow(dead_code, unused_macros, unused_imports)]
+mod support;
+
+mod child;
+mod hostile;
+mod processes;
+mod serial;

@@ -1,0 +1,1 @@
+//! Scenarios that disturb other tests (filled in below).
