@@ -29,8 +29,9 @@ impl Spawned {
     pub fn next_report(&mut self) -> Option<String> {
         for line in self.lines.by_ref() {
             let line = line.ok()?;
-            if let Some(report) = line.strip_prefix("DIBS ") {
-                return Some(report.to_string());
+            // libtest may print "test child::role ... " before the first report.
+            if let Some(at) = line.find("DIBS ") {
+                return Some(line[at + 5..].to_string());
             }
         }
         None
