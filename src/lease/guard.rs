@@ -6,7 +6,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant as Clock};
 
 use super::{Lease, Wait, take_timed, try_take};
-use crate::{DibsConnection, Result, validate};
+use crate::{DibsConnection, Pool, PooledConnection, Result, validate};
 
 /// Holds a lease for as long as it lives.
 ///
@@ -92,8 +92,50 @@ impl LeaseGuard {
         let sent = Clock::now();
         Ok(
             try_take(&mut conn, name, ttl, holder)?
-                .map(|lease| Self::start(conn, lease, ttl, sent)),
+                .map(|lease| Self::start(conn, None, lease, ttl, sent)),
         )
+    }
+
+    /// Like [`LeaseGuard::try_take`] on a connection of `pool`; when a renewal fails for a
+    /// reason other than loss (the connection broke, the database restarted), the next one
+    /// uses a fresh connection from the pool. So the guard keeps a lease through a database
+    /// restart shorter than its ttl, and says "lost" only when it could not renew in time.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), dibs::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = dibs::Pool::open(&dir.path().join("app.db").display().to_string())?;
+    /// # dibs::run_migrations(&mut pool.get()?)?;
+    /// use std::time::Duration;
+    /// let guard = dibs::LeaseGuard::try_take_pooled(&pool, "backup", Duration::from_secs(30), "host-a")?;
+    /// assert!(guard.is_some_and(|g| g.is_held()));
+    /// # Ok(()) }
+    /// ```
+    pub fn try_take_pooled(
+        pool: &Pool,
+        name: &str,
+        ttl: Duration,
+        holder: &str,
+    ) -> Result<Option<Self>> {
+        validate::ttl(ttl)?;
+        let mut conn = pool.get()?;
+        let sent = Clock::now();
+        Ok(try_take(&mut conn, name, ttl, holder)?
+            .map(|lease| Self::start(conn, Some(reconnect(pool)), lease, ttl, sent)))
+    }
+
+    /// Like [`LeaseGuard::try_take_pooled`], waiting for the lease as [`super::take`] does.
+    pub fn take_pooled(
+        pool: &Pool,
+        name: &str,
+        ttl: Duration,
+        holder: &str,
+        wait: Wait,
+    ) -> Result<Option<Self>> {
+        validate::ttl(ttl)?;
+        let mut conn = pool.get()?;
+        Ok(take_timed(&mut conn, name, ttl, holder, wait)?
+            .map(|(lease, sent)| Self::start(conn, Some(reconnect(pool)), lease, ttl, sent)))
     }
 
     /// Like [`LeaseGuard::try_take`], waiting for the lease as [`super::take`] does.
@@ -109,10 +151,16 @@ impl LeaseGuard {
     {
         validate::ttl(ttl)?;
         Ok(take_timed(&mut conn, name, ttl, holder, wait)?
-            .map(|(lease, sent)| Self::start(conn, lease, ttl, sent)))
+            .map(|(lease, sent)| Self::start(conn, None, lease, ttl, sent)))
     }
 
-    fn start<C>(conn: C, lease: Lease, ttl: Duration, sent: Clock) -> Self
+    fn start<C>(
+        conn: C,
+        reconnect: Option<Reconnect<C>>,
+        lease: Lease,
+        ttl: Duration,
+        sent: Clock,
+    ) -> Self
     where
         C: DibsConnection + 'static,
     {
@@ -128,7 +176,7 @@ impl LeaseGuard {
             let (lease, shared) = (lease.clone(), shared.clone());
             std::thread::Builder::new()
                 .name(format!("dibs-lease-{}", lease.fence))
-                .spawn(move || renew_until_stopped(conn, lease, ttl, &shared))
+                .spawn(move || renew_until_stopped(conn, reconnect, lease, ttl, &shared))
         };
         match renewer {
             Ok(handle) => LeaseGuard {
@@ -217,6 +265,14 @@ impl Drop for LeaseGuard {
     }
 }
 
+/// Where a guard gets a fresh connection after a failed renewal.
+type Reconnect<C> = Box<dyn Fn() -> Result<C> + Send>;
+
+fn reconnect(pool: &Pool) -> Reconnect<PooledConnection> {
+    let pool = pool.clone();
+    Box::new(move || pool.get())
+}
+
 /// The safety margin under the ttl for the local deadline.
 fn margin(ttl: Duration) -> Duration {
     ttl / 10
@@ -226,6 +282,7 @@ fn margin(ttl: Duration) -> Duration {
 /// last renewal, never before).
 fn renew_until_stopped<C: DibsConnection>(
     mut conn: C,
+    reconnect: Option<Reconnect<C>>,
     mut lease: Lease,
     ttl: Duration,
     shared: &Shared,
@@ -238,7 +295,14 @@ fn renew_until_stopped<C: DibsConnection>(
             loop {
                 if state.stop {
                     drop(state);
-                    return lease.release(&mut conn);
+                    return match (lease.release(&mut conn), &reconnect) {
+                        // The connection may have broken since the last renewal.
+                        (Err(e), Some(get)) if !e.is_lease_lost() => {
+                            let mut fresh = get()?;
+                            lease.release(&mut fresh)
+                        }
+                        (outcome, _) => outcome,
+                    };
                 }
                 let now = Clock::now();
                 let lost = state.check_deadline(now);
@@ -275,6 +339,13 @@ fn renew_until_stopped<C: DibsConnection>(
                 // Unreachable or busy: try again soon; the deadline stands.
                 tracing::warn!(lease = %lease.name, error = %e, "renewing a lease failed; retrying");
                 next = Clock::now() + (period / 4).max(Duration::from_millis(1));
+                drop(state);
+                // The connection may be broken (the database restarted): use a fresh one.
+                if let Some(fresh) = reconnect.as_ref().and_then(|get| get().ok()) {
+                    conn = fresh;
+                }
+                shared.changed.notify_all();
+                continue;
             }
         }
         drop(state);

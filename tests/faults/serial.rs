@@ -1,1 +1,233 @@
-//! Scenarios that disturb other tests (filled in below).
+//! Scenarios that cut connections or restart the database server. A restart disturbs every
+//! test running at the time, so CI runs `serial::` alone, after the parallel suite
+//! (`scripts/test`). The restart commands come from `DIBS_TEST_RESTART_POSTGRES` and
+//! `DIBS_TEST_RESTART_MYSQL` (set by `scripts/test` for the local services); a restart test
+//! fails loudly when its variable is unset.
+
+#![cfg(any(feature = "postgres", feature = "mysql"))]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dibs::jobs::{self, JobState, NewJob, Outcome};
+use dibs::worker::{JobContext, Worker};
+use dibs::{AnyConnection, Backend, LeaseGuard};
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel::sql_types::BigInt;
+
+use crate::support::{TestDb, count};
+
+const TTL: Duration = Duration::from_secs(60);
+
+#[derive(QueryableByName)]
+struct Id {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+}
+
+/// This connection's id on the server (what `pg_terminate_backend` / `KILL` take).
+fn connection_id(conn: &mut AnyConnection, backend: Backend) -> i64 {
+    let sql = match backend {
+        Backend::Postgres => "SELECT CAST(pg_backend_pid() AS BIGINT) AS id",
+        _ => "SELECT CAST(CONNECTION_ID() AS SIGNED) AS id",
+    };
+    diesel::sql_query(sql).get_result::<Id>(conn).unwrap().id
+}
+
+/// Opens a transaction on `conn` and locks the rows of `table` matching `condition`.
+fn lock_rows(conn: &mut AnyConnection, backend: Backend, table: &str, condition: &str) {
+    let one = match backend {
+        Backend::Postgres => "CAST(1 AS BIGINT)",
+        _ => "CAST(1 AS SIGNED)",
+    };
+    conn.batch_execute("BEGIN").unwrap();
+    let locked = diesel::sql_query(format!(
+        "SELECT {one} AS id FROM {table} WHERE {condition} FOR UPDATE"
+    ))
+    .load::<Id>(conn)
+    .unwrap();
+    assert_eq!(locked.len(), 1);
+}
+
+/// Waits until connection `id` waits for a row lock in a statement starting with
+/// `statement`, then kills it (only it: the test's own connection, by id).
+fn kill_when_waiting(admin: &mut AnyConnection, backend: Backend, id: i64, statement: &str) {
+    let waiting = match backend {
+        Backend::Postgres => format!(
+            "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE pid = {id} \
+             AND wait_event_type = 'Lock' AND query LIKE '{statement}%'"
+        ),
+        // MariaDB waits for a lock on a row found by primary key while optimizing
+        // (state "Statistics"), before the transaction shows in INNODB_TRX: a statement
+        // still running after the lock was taken is waiting for it.
+        _ => format!(
+            "SELECT COUNT(*) AS n FROM information_schema.processlist \
+             WHERE id = {id} AND info LIKE '{statement}%' AND time_ms > 100"
+        ),
+    };
+    let until = Instant::now() + Duration::from_secs(20);
+    while count(admin, &waiting) == 0 {
+        assert!(Instant::now() < until, "connection {id} never waited for the lock");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let kill = match backend {
+        Backend::Postgres => format!("SELECT pg_terminate_backend({id})"),
+        _ => format!("KILL {id}"),
+    };
+    admin.batch_execute(&kill).unwrap();
+}
+
+/// A claim killed while it waits for a limit key's lock (held by the test) leaves nothing
+/// half-applied: the job is still waiting, with no attempt used, and the next claim takes it.
+fn a_claim_killed_mid_way_changes_nothing(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut admin = db.connect();
+    let id = jobs::enqueue(&mut admin, &NewJob::new("q", "k", vec![]).limit("key", 5))
+        .unwrap()
+        .id;
+    admin
+        .batch_execute("INSERT INTO dibs_limit_keys (limit_key) VALUES ('key')")
+        .unwrap();
+    let mut holder = db.connect();
+    lock_rows(&mut holder, backend, "dibs_limit_keys", "limit_key = 'key'");
+    let mut victim = db.connect();
+    let victim_id = connection_id(&mut victim, backend);
+    let claim = std::thread::spawn(move || jobs::claim(&mut victim, "q", 10, TTL));
+    kill_when_waiting(&mut admin, backend, victim_id, "INSERT INTO dibs_limit_keys");
+    let error = claim.join().unwrap().expect_err("the claim's connection was killed");
+    holder.batch_execute("ROLLBACK").unwrap();
+    let job = jobs::get(&mut admin, id).unwrap().unwrap();
+    assert_eq!((job.state, job.attempt), (JobState::Waiting, 0), "{error}");
+    let claimed = jobs::claim(&mut db.connect(), "q", 10, TTL).unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!((claimed[0].id, claimed[0].attempt), (id, 1));
+    println!("{backend} claim killed mid-way: {error}; job still waiting, attempt 0; claimed next time");
+}
+
+/// A completion killed while it waits for the job's row lock (held by the test) leaves the
+/// job running under the same claim; completing again with that claim succeeds.
+fn a_completion_killed_mid_way_changes_nothing(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut admin = db.connect();
+    jobs::enqueue(&mut admin, &NewJob::new("q", "k", vec![])).unwrap();
+    let job = jobs::claim(&mut admin, "q", 1, TTL).unwrap().remove(0);
+    let claim = job.claim();
+    let mut holder = db.connect();
+    lock_rows(&mut holder, backend, "dibs_jobs", &format!("id = {}", job.id));
+    let mut victim = db.connect();
+    let victim_id = connection_id(&mut victim, backend);
+    let complete = std::thread::spawn(move || jobs::complete(&mut victim, &[claim]));
+    kill_when_waiting(&mut admin, backend, victim_id, "SELECT id, state, claim_token");
+    let error = complete.join().unwrap().expect_err("the completion's connection was killed");
+    holder.batch_execute("ROLLBACK").unwrap();
+    let now = jobs::get(&mut admin, job.id).unwrap().unwrap();
+    assert_eq!(now.state, JobState::Running, "{error}");
+    assert_eq!(now.attempt, 1);
+    assert_eq!(jobs::complete(&mut admin, &[claim]).unwrap(), vec![Outcome::Done]);
+    println!("{backend} completion killed mid-way: {error}; job still running under its claim; completed next time");
+}
+
+/// The database server restarts in the middle of a 5,000-job run while a pooled lease guard
+/// (ttl 8 s, renewed every 2.7 s) is held: the worker reconnects and every job completes; the guard keeps the
+/// lease (the restart is shorter than its ttl) and still holds it in the database.
+fn survives_a_server_restart(backend: Backend) {
+    const JOBS: usize = 5000;
+    let variable = match backend {
+        Backend::Postgres => "DIBS_TEST_RESTART_POSTGRES",
+        _ => "DIBS_TEST_RESTART_MYSQL",
+    };
+    let restart = std::env::var(variable).unwrap_or_else(|_| {
+        panic!("{variable} is unset: set it to the command that restarts the {backend} server (scripts/test does)")
+    });
+    let db = TestDb::migrated(backend);
+    let pool = dibs::Pool::options()
+        .max_size(10)
+        .connection_timeout(Duration::from_secs(5))
+        .open(db.url())
+        .unwrap();
+    let batch: Vec<NewJob> = (0..JOBS).map(|_| NewJob::new("restart", "k", vec![])).collect();
+    jobs::enqueue_many(&mut pool.get().unwrap(), &batch).unwrap();
+    let ttl = Duration::from_secs(8);
+    let guard = LeaseGuard::try_take_pooled(&pool, "through-restart", ttl, "test")
+        .unwrap()
+        .expect("a free lease");
+    let runs: Arc<Mutex<usize>> = Arc::default();
+    let seen = runs.clone();
+    let worker = Worker::builder(pool.clone())
+        .queue("restart")
+        .threads(4)
+        .lease_ttl(Duration::from_secs(10))
+        .poll_interval(Duration::from_millis(100))
+        .raw_handler("k", move |_: &JobContext, _: &[u8]| {
+            *seen.lock().unwrap() += 1;
+            std::thread::sleep(Duration::from_millis(2));
+            Ok(())
+        })
+        .start()
+        .unwrap();
+    while *runs.lock().unwrap() < JOBS / 5 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let restarted_at = Instant::now();
+    let status = std::process::Command::new("sh")
+        .args(["-c", &restart])
+        .status()
+        .expect("run the restart command");
+    assert!(status.success(), "{restart}: {status}");
+    let restart_took = restarted_at.elapsed();
+    let until = Instant::now() + Duration::from_secs(120);
+    let mut conn = loop {
+        match AnyConnection::connect(db.url()) {
+            Ok(conn) => break conn,
+            Err(e) => {
+                assert!(Instant::now() < until, "the server did not come back: {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    };
+    loop {
+        let left = count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'");
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < until, "{left} jobs never completed after the restart");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let report = worker.shutdown(Duration::from_secs(5));
+    let runs = *runs.lock().unwrap();
+    assert!(restart_took < ttl / 2, "the restart took {restart_took:?}");
+    assert!(guard.is_held(), "the guard lost a lease that never lapsed");
+    let info = dibs::lease::inspect(&mut conn, "through-restart").unwrap().unwrap();
+    assert_eq!(info.fence, guard.fence());
+    assert!(guard.release().unwrap(), "the lease was still the guard's");
+    println!(
+        "{backend} restart ({restart_took:?}) mid-run: {JOBS} jobs completed, {} handler runs \
+         ({} re-runs), {report:?}; the guard kept its lease",
+        runs,
+        runs - JOBS
+    );
+}
+
+macro_rules! serial_backend {
+    ($module:ident, $feature:literal, $backend:expr) => {
+        #[cfg(feature = $feature)]
+        mod $module {
+            #[test]
+            fn a_claim_killed_mid_way_changes_nothing() {
+                super::a_claim_killed_mid_way_changes_nothing($backend)
+            }
+            #[test]
+            fn a_completion_killed_mid_way_changes_nothing() {
+                super::a_completion_killed_mid_way_changes_nothing($backend)
+            }
+            #[test]
+            fn survives_a_server_restart() {
+                super::survives_a_server_restart($backend)
+            }
+        }
+    };
+}
+
+serial_backend!(postgres, "postgres", dibs::Backend::Postgres);
+serial_backend!(mysql, "mysql", dibs::Backend::Mysql);
