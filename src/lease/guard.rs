@@ -90,10 +90,8 @@ impl LeaseGuard {
     {
         validate::ttl(ttl)?;
         let sent = Clock::now();
-        Ok(
-            try_take(&mut conn, name, ttl, holder)?
-                .map(|lease| Self::start(conn, None, lease, ttl, sent)),
-        )
+        Ok(try_take(&mut conn, name, ttl, holder)?
+            .map(|lease| Self::start(conn, None, lease, ttl, sent)))
     }
 
     /// Like [`LeaseGuard::try_take`] on a connection of `pool`; when a renewal fails for a

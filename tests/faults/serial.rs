@@ -68,7 +68,10 @@ fn kill_when_waiting(admin: &mut AnyConnection, backend: Backend, id: i64, state
     };
     let until = Instant::now() + Duration::from_secs(20);
     while count(admin, &waiting) == 0 {
-        assert!(Instant::now() < until, "connection {id} never waited for the lock");
+        assert!(
+            Instant::now() < until,
+            "connection {id} never waited for the lock"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     let kill = match backend {
@@ -94,15 +97,25 @@ fn a_claim_killed_mid_way_changes_nothing(backend: Backend) {
     let mut victim = db.connect();
     let victim_id = connection_id(&mut victim, backend);
     let claim = std::thread::spawn(move || jobs::claim(&mut victim, "q", 10, TTL));
-    kill_when_waiting(&mut admin, backend, victim_id, "INSERT INTO dibs_limit_keys");
-    let error = claim.join().unwrap().expect_err("the claim's connection was killed");
+    kill_when_waiting(
+        &mut admin,
+        backend,
+        victim_id,
+        "INSERT INTO dibs_limit_keys",
+    );
+    let error = claim
+        .join()
+        .unwrap()
+        .expect_err("the claim's connection was killed");
     holder.batch_execute("ROLLBACK").unwrap();
     let job = jobs::get(&mut admin, id).unwrap().unwrap();
     assert_eq!((job.state, job.attempt), (JobState::Waiting, 0), "{error}");
     let claimed = jobs::claim(&mut db.connect(), "q", 10, TTL).unwrap();
     assert_eq!(claimed.len(), 1);
     assert_eq!((claimed[0].id, claimed[0].attempt), (id, 1));
-    println!("{backend} claim killed mid-way: {error}; job still waiting, attempt 0; claimed next time");
+    println!(
+        "{backend} claim killed mid-way: {error}; job still waiting, attempt 0; claimed next time"
+    );
 }
 
 /// A completion killed while it waits for the job's row lock (held by the test) leaves the
@@ -114,18 +127,36 @@ fn a_completion_killed_mid_way_changes_nothing(backend: Backend) {
     let job = jobs::claim(&mut admin, "q", 1, TTL).unwrap().remove(0);
     let claim = job.claim();
     let mut holder = db.connect();
-    lock_rows(&mut holder, backend, "dibs_jobs", &format!("id = {}", job.id));
+    lock_rows(
+        &mut holder,
+        backend,
+        "dibs_jobs",
+        &format!("id = {}", job.id),
+    );
     let mut victim = db.connect();
     let victim_id = connection_id(&mut victim, backend);
     let complete = std::thread::spawn(move || jobs::complete(&mut victim, &[claim]));
-    kill_when_waiting(&mut admin, backend, victim_id, "SELECT id, state, claim_token");
-    let error = complete.join().unwrap().expect_err("the completion's connection was killed");
+    kill_when_waiting(
+        &mut admin,
+        backend,
+        victim_id,
+        "SELECT id, state, claim_token",
+    );
+    let error = complete
+        .join()
+        .unwrap()
+        .expect_err("the completion's connection was killed");
     holder.batch_execute("ROLLBACK").unwrap();
     let now = jobs::get(&mut admin, job.id).unwrap().unwrap();
     assert_eq!(now.state, JobState::Running, "{error}");
     assert_eq!(now.attempt, 1);
-    assert_eq!(jobs::complete(&mut admin, &[claim]).unwrap(), vec![Outcome::Done]);
-    println!("{backend} completion killed mid-way: {error}; job still running under its claim; completed next time");
+    assert_eq!(
+        jobs::complete(&mut admin, &[claim]).unwrap(),
+        vec![Outcome::Done]
+    );
+    println!(
+        "{backend} completion killed mid-way: {error}; job still running under its claim; completed next time"
+    );
 }
 
 /// The database server restarts in the middle of a 5,000-job run while a pooled lease guard
@@ -146,7 +177,9 @@ fn survives_a_server_restart(backend: Backend) {
         .connection_timeout(Duration::from_secs(5))
         .open(db.url())
         .unwrap();
-    let batch: Vec<NewJob> = (0..JOBS).map(|_| NewJob::new("restart", "k", vec![])).collect();
+    let batch: Vec<NewJob> = (0..JOBS)
+        .map(|_| NewJob::new("restart", "k", vec![]))
+        .collect();
     jobs::enqueue_many(&mut pool.get().unwrap(), &batch).unwrap();
     let ttl = Duration::from_secs(8);
     let guard = LeaseGuard::try_take_pooled(&pool, "through-restart", ttl, "test")
@@ -187,11 +220,17 @@ fn survives_a_server_restart(backend: Backend) {
         }
     };
     loop {
-        let left = count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'");
+        let left = count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'",
+        );
         if left == 0 {
             break;
         }
-        assert!(Instant::now() < until, "{left} jobs never completed after the restart");
+        assert!(
+            Instant::now() < until,
+            "{left} jobs never completed after the restart"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let report = worker.shutdown(Duration::from_secs(5));
@@ -201,7 +240,9 @@ fn survives_a_server_restart(backend: Backend) {
     std::thread::sleep((ttl + ttl / 4).saturating_sub(restarted_at.elapsed()));
     assert!(restart_took < ttl / 2, "the restart took {restart_took:?}");
     assert!(guard.is_held(), "the guard lost a lease that never lapsed");
-    let info = dibs::lease::inspect(&mut conn, "through-restart").unwrap().unwrap();
+    let info = dibs::lease::inspect(&mut conn, "through-restart")
+        .unwrap()
+        .unwrap();
     assert_eq!(info.fence, guard.fence());
     assert!(guard.release().unwrap(), "the lease was still the guard's");
     println!(
