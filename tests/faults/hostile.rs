@@ -117,8 +117,7 @@ fn job_fields_round_trip_or_are_refused(backend: Backend) {
         .unwrap();
     let (accepted, refused) = tally.get();
     println!(
-        "{backend} {}: {accepted} accepted and verified, {refused} refused with a typed error, 0 partial writes",
-        "job_fields_round_trip_or_are_refused"
+        "{backend} job_fields_round_trip_or_are_refused: {accepted} accepted and verified, {refused} refused with a typed error, 0 partial writes"
     );
     assert!(
         accepted > 0 && refused > 0,
@@ -168,8 +167,7 @@ fn lease_names_and_ttls_round_trip_or_are_refused(backend: Backend) {
         .unwrap();
     let (accepted, refused) = tally.get();
     println!(
-        "{backend} {}: {accepted} accepted and verified, {refused} refused with a typed error, 0 partial writes",
-        "lease_names_and_ttls_round_trip_or_are_refused"
+        "{backend} lease_names_and_ttls_round_trip_or_are_refused: {accepted} accepted and verified, {refused} refused with a typed error, 0 partial writes"
     );
     assert!(
         accepted > 0 && refused > 0,
@@ -225,8 +223,7 @@ fn a_batch_with_one_bad_job_writes_nothing(backend: Backend) {
         .unwrap();
     let (accepted, refused) = tally.get();
     println!(
-        "{backend} {}: {accepted} accepted and verified, {refused} refused with a typed error, 0 partial writes",
-        "a_batch_with_one_bad_job_writes_nothing"
+        "{backend} a_batch_with_one_bad_job_writes_nothing: {accepted} accepted and verified, {refused} refused with a typed error, 0 partial writes"
     );
     assert!(
         accepted > 0 && refused > 0,
