@@ -93,8 +93,14 @@ fn parse_options() -> Result<Options, String> {
                     _ => return Err(format!("unknown backend {name:?}")),
                 };
             }
-            // `cargo bench` passes `--bench`; libtest-style flags are ignored.
+            // `cargo bench` passes `--bench`; test runners (nextest) ask for a list of tests:
+            // there are none.
             "--bench" => {}
+            "--list" => std::process::exit(0),
+            "--format" => {
+                args.next();
+            }
+            "--ignored" => {}
             other => return Err(format!("unknown option {other:?}")),
         }
     }
