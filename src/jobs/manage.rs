@@ -272,3 +272,141 @@ pub fn stats<C: DibsConnection>(conn: &mut C) -> Result<Stats> {
         running,
     })
 }
+
+/// Which jobs [`list`] returns: every field set narrows the list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobFilter {
+    /// Only this queue.
+    pub queue: Option<String>,
+    /// Only jobs in this state.
+    pub state: Option<JobState>,
+    /// Only this kind.
+    pub kind: Option<String>,
+    /// At most this many (1 to [`MAX_BATCH`]; default 100), newest first.
+    pub limit: usize,
+}
+
+impl Default for JobFilter {
+    fn default() -> Self {
+        JobFilter {
+            queue: None,
+            state: None,
+            kind: None,
+            limit: 100,
+        }
+    }
+}
+
+/// Jobs matching `filter`, newest (highest id) first.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use dibs::jobs::{self, JobFilter, JobState, NewJob};
+/// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// # dibs::run_migrations(&mut conn)?;
+/// jobs::enqueue(&mut conn, &NewJob::new("mail", "welcome", vec![]))?;
+/// let waiting = jobs::list(&mut conn, &JobFilter { queue: Some("mail".into()), state: Some(JobState::Waiting), ..JobFilter::default() })?;
+/// assert_eq!(waiting.len(), 1);
+/// # Ok(()) }
+/// ```
+pub fn list<C: DibsConnection>(conn: &mut C, filter: &JobFilter) -> Result<Vec<super::Job>> {
+    if filter.limit == 0 || filter.limit > MAX_BATCH {
+        return Err(Error::invalid(
+            "limit",
+            format!("{} is not between 1 and {MAX_BATCH}", filter.limit),
+        ));
+    }
+    if let Some(queue) = &filter.queue {
+        validate::name("queue", queue)?;
+    }
+    if let Some(kind) = &filter.kind {
+        validate::name("kind", kind)?;
+    }
+    let mut conditions = Vec::new();
+    if filter.queue.is_some() {
+        conditions.push("queue = ?");
+    }
+    if filter.state.is_some() {
+        conditions.push("state = ?");
+    }
+    if filter.kind.is_some() {
+        conditions.push("kind = ?");
+    }
+    let mut sql = format!("SELECT {} FROM dibs_jobs", super::JOB_COLUMNS);
+    if !conditions.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&conditions.join(" AND "));
+    }
+    sql.push_str(" ORDER BY id DESC LIMIT ?");
+    let rows = dispatch!(conn, c => {
+        let mut query = diesel::sql_query(c.syntax().render(&sql)).into_boxed();
+        if let Some(queue) = &filter.queue {
+            query = query.bind::<Text, _>(queue.as_str());
+        }
+        if let Some(state) = filter.state {
+            query = query.bind::<Text, _>(state.as_str());
+        }
+        if let Some(kind) = &filter.kind {
+            query = query.bind::<Text, _>(kind.as_str());
+        }
+        query.bind::<BigInt, _>(filter.limit as i64).load::<super::model::JobRow>(c)
+    })?;
+    rows.into_iter().map(super::Job::from_row).collect()
+}
+
+/// What one run printed and how it ended, from [`outputs`].
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct RunOutput {
+    /// Which run.
+    #[diesel(sql_type = Integer)]
+    pub attempt: i32,
+    /// Its exit code, if it exited with one.
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub exit_code: Option<i32>,
+    /// What it printed (at most [`MAX_OUTPUT_BYTES`]).
+    #[diesel(sql_type = diesel::sql_types::Binary)]
+    pub output: Vec<u8>,
+    /// When it was recorded (database clock).
+    #[diesel(sql_type = Instant)]
+    pub finished_at: DateTime<Utc>,
+}
+
+/// The most output kept per run; longer output keeps its last bytes.
+pub const MAX_OUTPUT_BYTES: usize = 64 * 1024;
+
+const RECORD_OUTPUT: &str = "\
+    INSERT INTO dibs_job_outputs (job_id, attempt, exit_code, output, finished_at) \
+    VALUES (?, ?, ?, ?, {now})";
+
+/// Keeps what a run of job `id` printed and its exit code with the job (the tail of the
+/// output, at most [`MAX_OUTPUT_BYTES`]). Joins the caller's transaction if there is one.
+pub fn record_output<C: DibsConnection>(
+    conn: &mut C,
+    id: i64,
+    attempt: u32,
+    exit_code: Option<i32>,
+    output: &[u8],
+) -> Result<()> {
+    let tail = &output[output.len().saturating_sub(MAX_OUTPUT_BYTES)..];
+    dispatch!(conn, c => {
+        diesel::sql_query(c.syntax().render(RECORD_OUTPUT))
+            .bind::<BigInt, _>(id)
+            .bind::<Integer, _>(attempt as i32)
+            .bind::<Nullable<Integer>, _>(exit_code)
+            .bind::<diesel::sql_types::Binary, _>(tail)
+            .execute(c)
+    })?;
+    Ok(())
+}
+
+/// The recorded outputs of job `id`'s runs, oldest first.
+pub fn outputs<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Vec<RunOutput>> {
+    Ok(dispatch!(conn, c => {
+        diesel::sql_query(c.syntax().render(
+            "SELECT attempt, exit_code, output, finished_at FROM dibs_job_outputs \
+             WHERE job_id = ? ORDER BY id",
+        ))
+        .bind::<BigInt, _>(id)
+        .load::<RunOutput>(c)
+    })?)
+}

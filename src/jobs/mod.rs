@@ -48,8 +48,9 @@ use crate::transaction::bare_write_transaction;
 use crate::{DibsConnection, Error, Result, transaction, validate};
 
 pub use manage::{
-    FailedRun, QueueStats, RunningJob, Stats, cancel, history, is_paused, pause, resume,
-    retry_dead, retry_dead_of_kind, stats,
+    FailedRun, JobFilter, MAX_OUTPUT_BYTES, QueueStats, RunOutput, RunningJob, Stats, cancel,
+    history, is_paused, list, outputs, pause, record_output, resume, retry_dead,
+    retry_dead_of_kind, stats,
 };
 pub use model::{
     Backoff, ClaimedJob, Due, Enqueued, Job, JobClaim, JobState, NewJob, Outcome, Rescued, Retry,

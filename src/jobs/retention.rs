@@ -164,6 +164,7 @@ pub fn prune<C: DibsConnection>(
             let list = id_list(doomed);
             let deleted = diesel::sql_query(format!("DELETE FROM dibs_jobs WHERE id IN {list}")).execute(c)?;
             diesel::sql_query(format!("DELETE FROM dibs_job_errors WHERE job_id IN {list}")).execute(c)?;
+            diesel::sql_query(format!("DELETE FROM dibs_job_outputs WHERE job_id IN {list}")).execute(c)?;
             Ok(deleted)
         })
     })

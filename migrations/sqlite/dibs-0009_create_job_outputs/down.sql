@@ -1,0 +1,1 @@
+DROP TABLE IF EXISTS dibs_job_outputs;

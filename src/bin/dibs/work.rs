@@ -1,0 +1,207 @@
+//! `dibs work`: a durable task spooler. Jobs of kind `shell` carry a command line and its
+//! environment; this runs them with `/bin/sh -c`, keeps their output and exit status with
+//! the job, and retries failures.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Args;
+use dibs::Pool;
+use dibs::jobs::{self, Backoff};
+use dibs::worker::{JobContext, JobError, Worker};
+
+use crate::{Failure, Outcome, parse_duration};
+
+/// The kind of job `dibs work` runs.
+pub const SHELL: &str = "shell";
+
+/// Runs shell-command jobs (kind `shell`) of the queues named, on N threads, until Ctrl-C or
+/// SIGTERM; then finishes running commands within the grace period and gives back the rest.
+///
+/// SECURITY: every job of kind `shell` on these queues is a command this worker runs with its
+/// own user's rights. Whoever can write to dibs's tables (or enqueue on these queues) can run
+/// commands on every host where `dibs work` serves them. Give the database account of
+/// enqueuers only the access they need, and run workers as an unprivileged user.
+#[derive(Args)]
+#[command(verbatim_doc_comment)]
+pub struct WorkArgs {
+    /// A queue to serve (repeatable; at least one).
+    #[arg(long = "queue", required = true)]
+    queues: Vec<String>,
+    /// Commands run at once.
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+    /// Kill a command still running after this long, and retry it (e.g. 10m).
+    #[arg(long, default_value = "1h")]
+    timeout: String,
+    /// At Ctrl-C or SIGTERM, how long running commands may take to finish.
+    #[arg(long, default_value = "30s")]
+    grace: String,
+    /// The first retry's delay (doubling up to an hour).
+    #[arg(long, default_value = "1s")]
+    retry_after: String,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ShellJob {
+    command: String,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+}
+
+/// The payload of a shell job: the command line and `NAME=VALUE` variables.
+pub fn shell_payload(command: &str, env: &[String]) -> Result<Vec<u8>, Failure> {
+    let mut vars = BTreeMap::new();
+    for pair in env {
+        let (name, value) = pair
+            .split_once('=')
+            .filter(|(name, _)| !name.is_empty())
+            .ok_or_else(|| Failure::new(2, format!("--env {pair:?} is not NAME=VALUE")))?;
+        vars.insert(name.to_string(), value.to_string());
+    }
+    serde_json::to_vec(&ShellJob {
+        command: command.to_string(),
+        env: vars,
+    })
+    .map_err(|e| Failure::new(1, e.to_string()))
+}
+
+pub fn run(url: &str, args: WorkArgs) -> Outcome {
+    let timeout = parse_duration(&args.timeout)?;
+    let grace = parse_duration(&args.grace)?;
+    let retry_after = parse_duration(&args.retry_after)?;
+    let threads = args.threads;
+    let pool = Pool::options().max_size(threads as u32 * 2 + 4).open(url)?;
+    if dibs::schema_version(&mut pool.get()?)?.is_none() {
+        return Err(Failure::new(
+            4,
+            "the database has no dibs tables yet: run `dibs migrate` first",
+        ));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
+        .map_err(|e| Failure::new(1, format!("cannot catch Ctrl-C: {e}")))?;
+    let outputs = pool.clone();
+    let mut builder = Worker::builder(pool)
+        .threads(threads)
+        .backoff(Backoff {
+            base: retry_after,
+            max: Duration::from_secs(3600),
+        })
+        .handler(SHELL, move |ctx: &JobContext, job: ShellJob| {
+            run_command(&outputs, ctx, &job)
+        })
+        .timeout(SHELL, timeout);
+    for queue in &args.queues {
+        builder = builder.queue(queue.as_str());
+    }
+    let worker = builder.start()?;
+    eprintln!(
+        "dibs work: running `{SHELL}` jobs of {} on {threads} threads; Ctrl-C to stop",
+        args.queues.join(", ")
+    );
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("dibs work: stopping (grace {grace:?})");
+    let report = worker.shutdown(grace);
+    eprintln!(
+        "dibs work: {} completed, {} retried, {} dead, {} given back",
+        report.completed, report.retried, report.dead, report.given_back
+    );
+    Ok(())
+}
+
+/// Runs one command in its own process group (a terminal's Ctrl-C reaches the worker, which
+/// decides), collects its output (the tail is kept), kills it when the run must stop
+/// (timeout, cancel, lost claim, shutdown), and records output and exit status.
+fn run_command(pool: &Pool, ctx: &JobContext, job: &ShellJob) -> Result<(), JobError> {
+    let mut child = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(&job.command)
+        .envs(&job.env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| JobError::retry(format!("cannot start /bin/sh: {e}")))?;
+    let output: Arc<Mutex<Vec<u8>>> = Arc::default();
+    let readers: Vec<_> = [
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|mut stream| {
+        let output = output.clone();
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 8192];
+            while let Ok(n) = stream.read(&mut buffer) {
+                if n == 0 {
+                    break;
+                }
+                let mut all = output.lock().unwrap_or_else(|e| e.into_inner());
+                all.extend_from_slice(&buffer[..n]);
+                // Keep a bounded tail.
+                let excess = all.len().saturating_sub(2 * jobs::MAX_OUTPUT_BYTES);
+                if excess > 0 {
+                    all.drain(..excess);
+                }
+            }
+        })
+    })
+    .collect();
+    let mut killed = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) => {}
+            Err(_) => break None,
+        }
+        if ctx.should_stop() && !killed {
+            // The whole group: the shell and what it started.
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", child.id())])
+                .status();
+            let _ = child.kill();
+            killed = true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for reader in readers {
+        let _ = reader.join();
+    }
+    let output = std::mem::take(&mut *output.lock().unwrap_or_else(|e| e.into_inner()));
+    let code = status.and_then(|s| s.code());
+    jobs::record_output(&mut pool.get()?, ctx.id, ctx.attempt, code, &output)?;
+    match code {
+        Some(0) if !killed => Ok(()),
+        _ if killed => Err(JobError::retry(
+            "the command was killed: the run had to stop",
+        )),
+        Some(code) => {
+            let tail =
+                String::from_utf8_lossy(&output[output.len().saturating_sub(500)..]).into_owned();
+            Err(JobError::retry(format!(
+                "exit code {code}: {}",
+                tail.trim_end()
+            )))
+        }
+        None => Err(JobError::retry(
+            "the command ended without an exit code (killed by a signal)",
+        )),
+    }
+}
