@@ -10,8 +10,11 @@
 //! per-connection settings, migrations, the database clock, transactions of the right kind,
 //! an error type that says what a caller can do), [leases](lease) (named locks with fencing
 //! tokens, and a [`LeaseGuard`] that renews them), the [job queue](jobs) with deduplication,
-//! retention and concurrency limits, [workers](worker) that run it on plain threads, and
-//! recurring [schedules].
+//! retention and concurrency limits, [workers](worker) that run it on plain threads (short
+//! jobs claimed and recorded in batches, each still fenced by its own claim), and recurring
+//! [schedules]. The `cli` feature adds the `dibs` command (inspect and steer the tables, run
+//! shell-command jobs, a demo). The repository's README.md is the tour; BENCHMARKS.md and
+//! RELIABILITY.md hold the measured figures and the fault scenarios.
 //!
 //! ## Guarantees
 //!
