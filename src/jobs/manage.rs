@@ -380,6 +380,19 @@ const RECORD_OUTPUT: &str = "\
 
 /// Keeps what a run of job `id` printed and its exit code with the job (the tail of the
 /// output, at most [`MAX_OUTPUT_BYTES`]). Joins the caller's transaction if there is one.
+/// Outputs are deleted with their job when it is pruned.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use dibs::jobs::{self, NewJob};
+/// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// # dibs::run_migrations(&mut conn)?;
+/// let id = jobs::enqueue(&mut conn, &NewJob::new("ops", "shell", vec![]))?.id;
+/// jobs::record_output(&mut conn, id, 1, Some(0), b"backup done\n")?;
+/// let runs = jobs::outputs(&mut conn, id)?;
+/// assert_eq!((runs[0].exit_code, runs[0].output.as_slice()), (Some(0), &b"backup done\n"[..]));
+/// # Ok(()) }
+/// ```
 pub fn record_output<C: DibsConnection>(
     conn: &mut C,
     id: i64,
