@@ -295,3 +295,98 @@ fn bad_urls_and_unreachable_servers() {
         }
     }
 }
+
+/// Hostile command lines: any mix of subcommands, flags and junk ends with a documented exit
+/// code (0-4) and a message, never a panic (101) or a signal.
+#[test]
+fn random_arguments_end_with_a_documented_exit_code() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let db = TestDb::migrated(Backend::Sqlite);
+    let url = db.url().to_string();
+    // `work` and `demo` run until stopped; everything else is fair game.
+    let command = prop::sample::select(vec![
+        vec!["stats"],
+        vec!["migrate"],
+        vec!["jobs", "list"],
+        vec!["jobs", "show"],
+        vec!["jobs", "retry"],
+        vec!["jobs", "cancel"],
+        vec!["jobs", "prune"],
+        vec!["leases", "list"],
+        vec!["leases", "release"],
+        vec!["schedules", "list"],
+        vec!["schedules", "add"],
+        vec!["schedules", "pause"],
+        vec!["schedules", "remove"],
+        vec!["enqueue"],
+        vec!["jobs"],
+        vec![],
+    ]);
+    let token = prop_oneof![
+        prop::sample::select(vec![
+            "--queue",
+            "--state",
+            "--kind",
+            "--limit",
+            "--json",
+            "--keep",
+            "--older-than",
+            "--cron",
+            "--every",
+            "--time-zone",
+            "--command",
+            "--env",
+            "--payload",
+            "--delay",
+            "--dedup-key",
+            "--force",
+            "--priority",
+            "--max-attempts",
+            "1",
+            "0",
+            "-1",
+            "99999999999999999999",
+            "q",
+            "",
+            "=",
+            "A=b",
+            "\u{0}",
+            "'; DROP TABLE dibs_jobs; --",
+            "*/0 * * * *",
+            "61 * * * *",
+            "1h",
+            "10x",
+            "waiting",
+            "dead",
+            "😀",
+        ])
+        .prop_map(str::to_string),
+        prop::collection::vec(any::<char>(), 0..12)
+            .prop_map(|c| c.into_iter().filter(|c| *c != '\0').collect::<String>()),
+    ];
+    let mut runner = TestRunner::new(Config {
+        cases: 96,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(
+            &(command, prop::collection::vec(token, 0..6)),
+            |(command, tokens)| {
+                let mut args: Vec<String> = command.iter().map(|s| s.to_string()).collect();
+                args.extend(tokens.into_iter().filter(|t| !t.contains('\0')));
+                let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+                let out = dibs(&url, &refs);
+                let code = out.status.code();
+                prop_assert!(
+                    matches!(code, Some(0..=4)),
+                    "dibs {args:?} ended {:?}: {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                Ok(())
+            },
+        )
+        .unwrap();
+}

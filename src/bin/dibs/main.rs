@@ -53,7 +53,9 @@ enum Command {
     Schedules(SchedulesCommand),
     /// Enqueue a job.
     Enqueue(EnqueueArgs),
-    /// Run shell-command jobs (see `dibs work --help`).
+    /// Run shell-command jobs: whoever can enqueue on those queues can run commands here
+    /// (see `dibs work --help`).
+    #[command(after_help = work::ABOUT)]
     Work(work::WorkArgs),
     /// Enqueue a realistic batch and run it with a live progress bar (SQLite file
     /// dibs-demo.db unless a URL is given).

@@ -20,15 +20,19 @@ use crate::{Failure, Outcome, parse_duration};
 /// The kind of job `dibs work` runs.
 pub const SHELL: &str = "shell";
 
-/// Runs shell-command jobs (kind `shell`) of the queues named, on N threads, until Ctrl-C or
-/// SIGTERM; then finishes running commands within the grace period and gives back the rest.
-///
-/// SECURITY: every job of kind `shell` on these queues is a command this worker runs with its
-/// own user's rights. Whoever can write to dibs's tables (or enqueue on these queues) can run
-/// commands on every host where `dibs work` serves them. Give the database account of
-/// enqueuers only the access they need, and run workers as an unprivileged user.
+/// What `dibs work --help` says about the command, whatever the help's length.
+pub const ABOUT: &str = "\
+Runs jobs of kind `shell` (a command line and its environment, run by /bin/sh -c) from the
+queues named, on N threads, with retries, timeouts and heartbeats, until Ctrl-C or SIGTERM;
+then lets running commands finish within the grace period and gives back the rest. Each
+run's output (last 64 KiB) and exit status are kept with the job (`dibs jobs show ID`).
+
+SECURITY: every `shell` job on these queues is a command this worker runs with its own
+user's rights. Whoever can write to dibs's tables (or enqueue on these queues) can run
+commands on every host where `dibs work` serves them. Give enqueuers' database accounts only
+the access they need, and run workers as an unprivileged user.";
+
 #[derive(Args)]
-#[command(verbatim_doc_comment)]
 pub struct WorkArgs {
     /// A queue to serve (repeatable; at least one).
     #[arg(long = "queue", required = true)]
