@@ -281,13 +281,7 @@ fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64) {
     let pool = db.pool(options.workers as u32 + 4);
     let counter = done.clone();
     let started = Instant::now();
-    let mut builder = Worker::builder(pool)
-        .queue("bench")
-        .threads(options.workers);
-    if let Some(prefetch) = options.prefetch {
-        builder = builder.prefetch(prefetch);
-    }
-    let worker = builder
+    let worker = bench_worker(pool, options)
         .raw_handler("noop", move |_ctx: &JobContext, _payload: &[u8]| {
             counter.fetch_add(1, Ordering::Relaxed);
             Ok::<(), JobError>(())
@@ -340,6 +334,15 @@ fn settle(backend: Backend, conn: &mut AnyConnection) {
     }
 }
 
+/// A worker on the bench queue with the harness's threads and prefetch.
+fn bench_worker(pool: Pool, options: &Options) -> dibs::worker::WorkerBuilder {
+    let builder = Worker::builder(pool).queue("bench").threads(options.workers);
+    match options.prefetch {
+        Some(prefetch) => builder.prefetch(prefetch),
+        None => builder,
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Setup {
     Empty,
@@ -355,13 +358,7 @@ fn latency(backend: Backend, options: &Options) -> Figures {
     let enqueued_at: Arc<Mutex<BTreeMap<i64, Instant>>> = Arc::default();
     let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let (seen, sink) = (enqueued_at.clone(), latencies.clone());
-    let mut builder = Worker::builder(pool)
-        .queue("bench")
-        .threads(options.workers);
-    if let Some(prefetch) = options.prefetch {
-        builder = builder.prefetch(prefetch);
-    }
-    let worker = builder
+    let worker = bench_worker(pool, options)
         .raw_handler("noop", move |ctx: &JobContext, _payload: &[u8]| {
             let now = Instant::now();
             // The enqueuer records the instant before the insert; wait for it if the job
