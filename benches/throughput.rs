@@ -311,16 +311,20 @@ fn settle(backend: Backend, conn: &mut AnyConnection) {
     }
     use diesel::RunQueryDsl;
     let figure = |conn: &mut AnyConnection, sql: &str| {
-        diesel::sql_query(sql).get_result::<Figure>(conn).map_or(0, |f| f.n)
+        diesel::sql_query(sql)
+            .get_result::<Figure>(conn)
+            .map_or(0, |f| f.n)
     };
     match backend {
         Backend::Postgres => {
-            conn.batch_execute("VACUUM ANALYZE dibs_jobs").expect("vacuum");
+            conn.batch_execute("VACUUM ANALYZE dibs_jobs")
+                .expect("vacuum");
             // Needs superuser rights; without them, skip it.
             let _ = conn.batch_execute("CHECKPOINT");
         }
         Backend::Mysql => {
-            conn.batch_execute("ANALYZE TABLE dibs_jobs").expect("analyze");
+            conn.batch_execute("ANALYZE TABLE dibs_jobs")
+                .expect("analyze");
             let until = Instant::now() + Duration::from_secs(120);
             while Instant::now() < until {
                 let history = figure(
@@ -340,7 +344,9 @@ fn settle(backend: Backend, conn: &mut AnyConnection) {
 
 /// A worker on the bench queue with the harness's threads and prefetch.
 fn bench_worker(pool: Pool, options: &Options) -> dibs::worker::WorkerBuilder {
-    let builder = Worker::builder(pool).queue("bench").threads(options.workers);
+    let builder = Worker::builder(pool)
+        .queue("bench")
+        .threads(options.workers);
     match options.prefetch {
         Some(prefetch) => builder.prefetch(prefetch),
         None => builder,
