@@ -93,6 +93,7 @@ pub mod schedules;
 pub mod sql_types;
 mod transaction;
 mod validate;
+mod wake;
 pub mod worker;
 
 pub use backend::{AnyConnection, Backend, BackendConnection, DibsConnection};

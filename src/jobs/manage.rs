@@ -10,15 +10,23 @@ use crate::backend::{Dialect, Upsert, dispatch};
 use crate::sql_types::Instant;
 use crate::{DibsConnection, Error, Result, validate};
 
-/// Cancelling keeps the claim token, so the worker running it hears "cancelled" at its next
-/// heartbeat (and its completion is refused).
+/// A waiting job is cancelled at once. A running job is asked to: it stays running under its
+/// claim (its handler is still running, and holds its limit key) until the worker, told at
+/// its next heartbeat, records the run's end, which cancels it (or its claim lapses and the
+/// rescue does). MySQL assigns left to right, reading the values assigned before: `state`
+/// comes last, so every CASE reads the row's state as it was.
 const CANCEL: &str = "\
-    UPDATE dibs_jobs SET state = 'cancelled', finished_at = {now}, claim_expires_at = NULL \
-    WHERE id = ? AND state IN ('waiting', 'running')";
+    UPDATE dibs_jobs SET \
+        finished_at = CASE WHEN state = 'waiting' THEN {now} ELSE finished_at END, \
+        cancel_requested_at = CASE WHEN state = 'running' THEN {now} \
+            ELSE cancel_requested_at END, \
+        state = CASE WHEN state = 'waiting' THEN 'cancelled' ELSE state END \
+    WHERE id = ? AND (state = 'waiting' OR (state = 'running' AND cancel_requested_at IS NULL))";
 
 /// A dead job runs again from its first attempt, due at once.
 const RETRY_DEAD: &str = "\
-    UPDATE dibs_jobs SET state = 'waiting', attempt = 0, due_at = {now}, finished_at = NULL, \
+    UPDATE dibs_jobs SET state = 'waiting', attempt = 0, lapses = 0, due_at = {now}, \
+        finished_at = NULL, \
         claim_token = NULL, claim_expires_at = NULL \
     WHERE state = 'dead' AND ";
 
@@ -130,9 +138,12 @@ pub(crate) struct Count {
     pub n: i64,
 }
 
-/// Cancels a waiting or running job; returns whether it did (false: finished or gone). A
-/// worker running it learns at its next heartbeat ([`super::Outcome::Cancelled`]) and its
-/// completion is refused. Joins the caller's transaction if there is one.
+/// Cancels a waiting job, or asks a running one to cancel; returns whether it did (false:
+/// finished, gone, or asked already). A running job stays running (and keeps its limit
+/// key) until its run ends: the worker learns at its next heartbeat
+/// ([`super::Outcome::Cancelled`]), raises the handler's `should_stop`, and when the handler
+/// returns the job is cancelled, whatever the run's result; if the worker is gone, the
+/// rescue of its lapsed claim cancels it. Joins the caller's transaction if there is one.
 pub fn cancel<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
     let changed = dispatch!(conn, c => {
         diesel::sql_query(c.syntax().render(CANCEL)).bind::<BigInt, _>(id).execute(c)

@@ -59,7 +59,8 @@ use model::{Candidate, IdRow, IdStateRow, InsertedRow, JobRow, LockedClaim, Stat
 pub use retention::{Finished, Retention, prune};
 
 const JOB_COLUMNS: &str = "id, queue, kind, payload, priority, state, attempt, max_attempts, \
-    due_at, created_at, claim_token, claim_expires_at, finished_at, last_error";
+    due_at, created_at, claim_token, claim_expires_at, finished_at, last_error, lapses, \
+    cancel_requested_at";
 
 const INSERT_HEAD: &str = "INSERT INTO dibs_jobs \
     (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, dedup_key, \
@@ -125,18 +126,25 @@ const CLAIM_MARK: &str = "\
         claim_token = {random_token}, claimed_at = {now}, claim_expires_at = {now+ttl} \
     WHERE id IN ";
 
-/// Rescue, step 3: return lapsed claims to the queue, or mark them dead when they used their
-/// last attempt (so a job that stalls its worker every time ends up dead). Only rows this
-/// transaction holds locked and found stalled (step 2), so a job completed or renewed
-/// meanwhile is left alone. The WHERE is the primary key alone: with a condition on `state`,
-/// MariaDB may serve the UPDATE from an index on `state` and lock rows other transactions
-/// hold (that deadlocked with heartbeats in the race test).
+/// Rescue, step 3: return lapsed claims to the queue without using an attempt (the worker
+/// may have died before the run began: jobs claimed ahead never start), counting the lapse;
+/// a job asked to cancel is cancelled; a job whose claims lapsed [`MAX_LAPSES`] times (it
+/// takes its worker down every time) is dead. Only rows this transaction holds locked and
+/// found stalled (step 2), so a job completed or renewed meanwhile is left alone. The WHERE
+/// is the primary key alone: with a condition on `state`, MariaDB may serve the UPDATE from
+/// an index on `state` and lock rows other transactions hold (that deadlocked with
+/// heartbeats in the race test). MySQL assigns left to right, reading the values assigned
+/// before: `state` and `lapses` come last, so every CASE reads the row as it was.
 const RESCUE_SET: &str = "\
     UPDATE dibs_jobs SET \
-        state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'waiting' END, \
-        finished_at = CASE WHEN attempt >= max_attempts THEN {now} ELSE NULL END, \
+        finished_at = CASE WHEN cancel_requested_at IS NOT NULL OR lapses + 1 >= ? \
+            THEN {now} ELSE NULL END, \
         last_error = 'the claim lapsed: the worker stalled or died', \
-        claim_token = NULL, claim_expires_at = NULL, due_at = {now} \
+        attempt = attempt - 1, \
+        claim_token = NULL, claim_expires_at = NULL, due_at = {now}, \
+        state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' \
+            WHEN lapses + 1 >= ? THEN 'dead' ELSE 'waiting' END, \
+        lapses = lapses + 1 \
     WHERE id IN ";
 
 /// The error a rescued run leaves in the job's history (as in `RESCUE_SET`).
@@ -158,7 +166,14 @@ const RESCUE_LOCK: &str =
 
 /// Finishing calls lock the rows they are about, then decide per job.
 const LOCK_STATES: &str = "\
-    SELECT id, state, claim_token, attempt, max_attempts FROM dibs_jobs WHERE id IN ";
+    SELECT id, state, claim_token, attempt, max_attempts, cancel_requested_at \
+    FROM dibs_jobs WHERE id IN ";
+
+/// A run of a job asked to cancel ends: the job is cancelled (not completed, failed or given
+/// back), and its limit key is free.
+const FINISH_CANCELLED: &str = "\
+    UPDATE dibs_jobs SET state = 'cancelled', finished_at = {now}, claim_expires_at = NULL \
+    WHERE id IN ";
 
 const COMPLETE: &str = "\
     UPDATE dibs_jobs SET state = 'completed', finished_at = {now}, claim_expires_at = NULL \
@@ -198,6 +213,10 @@ pub const MAX_ERROR_HISTORY: usize = 20;
 
 /// The largest payload, in bytes (MariaDB's default `max_allowed_packet` is 16 MiB).
 pub const MAX_PAYLOAD_BYTES: usize = 8 * 1024 * 1024;
+/// A job whose claim lapsed this many times (its worker died or stalled holding it each
+/// time) is dead: a job that takes its worker down cannot loop forever. A lapsed claim uses
+/// no attempt, since the worker may have died before the run began.
+pub const MAX_LAPSES: u32 = 5;
 /// The most attempts a job may have.
 pub const MAX_ATTEMPTS: u32 = 1000;
 /// The most jobs one claim or one batch call handles.
@@ -279,7 +298,7 @@ pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued
     job.validate()?;
     // Wakes idle workers too (PostgreSQL: a NOTIFY in the insert's RETURNING list).
     let enqueued = dispatch!(conn, c => insert_one!(c, job))?;
-    crate::worker::wake_local([job.queue.as_str()]);
+    crate::wake::wake([job.queue.as_str()]);
     Ok(enqueued)
 }
 
@@ -395,7 +414,7 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
         .map(|(job, _)| job.queue.as_str())
         .collect();
     notify(conn, fresh.iter().copied())?;
-    crate::worker::wake_local(fresh);
+    crate::wake::wake(fresh);
     Ok(enqueued)
 }
 
@@ -548,8 +567,10 @@ fn within_limits<C: DibsConnection>(conn: &mut C, candidates: Vec<Candidate>) ->
 }
 
 /// Returns stalled jobs (running, claim lapsed by the database's clock) to the queue, due at
-/// once, or marks them dead if that was their last attempt: up to `limit` per call. A stalled
-/// run counts as an attempt. Needs a bare connection.
+/// once, up to `limit` per call. A lapsed claim uses no attempt (the worker may have died
+/// before the run began: jobs it claimed ahead never started) but counts as a lapse: a job
+/// whose claims lapsed [`MAX_LAPSES`] times is dead. A job asked to cancel while it ran is
+/// cancelled. Needs a bare connection.
 pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
     let limit = check_limit(limit)?;
     let rows: Vec<IdStateRow> = dispatch!(conn, c => {
@@ -579,11 +600,15 @@ pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> 
             if ids.is_empty() {
                 return Ok(Vec::new());
             }
-            let list = id_list(ids.iter().copied());
-            diesel::sql_query(format!("{}{list}", syntax.render(RESCUE_SET))).execute(c)?;
+            // The history names the run that lapsed: before the attempt is given back.
             for id in &ids {
                 record_error(c, *id, None, RESCUE_ERROR)?;
             }
+            let list = id_list(ids.iter().copied());
+            diesel::sql_query(format!("{}{list}", syntax.render(RESCUE_SET)))
+                .bind::<Integer, _>(MAX_LAPSES as i32)
+                .bind::<Integer, _>(MAX_LAPSES as i32)
+                .execute(c)?;
             Ok(diesel::sql_query(format!("SELECT id, state FROM dibs_jobs WHERE id IN {list}"))
                 .load::<IdStateRow>(c)?)
         })
@@ -593,12 +618,14 @@ pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> 
         match JobState::parse(&row.state)? {
             JobState::Waiting => rescued.requeued.push(row.id),
             JobState::Dead => rescued.dead.push(row.id),
+            JobState::Cancelled => rescued.cancelled.push(row.id),
             // Not possible for rows this transaction locked and found stalled.
-            JobState::Running | JobState::Completed | JobState::Cancelled => {}
+            JobState::Running | JobState::Completed => {}
         }
     }
     rescued.requeued.sort_unstable();
     rescued.dead.sort_unstable();
+    rescued.cancelled.sort_unstable();
     Ok(rescued)
 }
 
@@ -663,11 +690,20 @@ fn finish<C: DibsConnection>(
         let by_id: HashMap<i64, &StateRow> = states.iter().map(|row| (row.id, row)).collect();
         let mut outcomes = Vec::with_capacity(claims.len());
         let mut apply: Vec<&StateRow> = Vec::new();
+        let mut cancel: Vec<&StateRow> = Vec::new();
         for claim in claims {
             let outcome = match by_id.get(&claim.id) {
                 Some(row) if row.claim_token == Some(claim.token) => {
                     let state = JobState::parse(&row.state)?;
-                    if state == JobState::Running {
+                    if state == JobState::Running && row.cancel_requested_at.is_some() {
+                        // A renewal keeps the claim (and its limit slot) while the handler
+                        // stops; every other end of the run cancels the job.
+                        match finish {
+                            Finish::Renew(_) => apply.push(row),
+                            _ => cancel.push(row),
+                        }
+                        Outcome::Cancelled
+                    } else if state == JobState::Running {
                         apply.push(row);
                         Outcome::Done
                     } else if state == JobState::Cancelled {
@@ -684,6 +720,13 @@ fn finish<C: DibsConnection>(
         }
         if !apply.is_empty() {
             apply_finish(conn, &apply, &finish)?;
+        }
+        if !cancel.is_empty() {
+            let list = id_list(cancel.iter().map(|row| row.id));
+            dispatch!(conn, c => {
+                let sql = format!("{}{list}", c.syntax().render(FINISH_CANCELLED));
+                diesel::sql_query(sql).execute(c)
+            })?;
         }
         Ok(outcomes)
     })
@@ -713,7 +756,8 @@ fn apply_finish<C: DibsConnection>(
         }
         (None, Finish::Complete | Finish::GiveBack | Finish::Renew(_)) => {}
         (None, Finish::Fail { error, retry }) => {
-            let error = truncate(error, MAX_ERROR_BYTES);
+            let error = storable(error);
+            let error = truncate(&error, MAX_ERROR_BYTES);
             for row in rows {
                 let attempt = u32::try_from(row.attempt).unwrap_or(0);
                 let exhausted = row.attempt >= row.max_attempts;
@@ -775,6 +819,16 @@ fn record_error<C: DibsConnection>(
         }
         Ok::<(), Error>(())
     })
+}
+
+/// An error message any backend can store: PostgreSQL's text refuses NUL, which a panic
+/// message or an error from C can hold; it becomes U+FFFD, the replacement character.
+fn storable(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        std::borrow::Cow::Owned(text.replace('\0', "\u{fffd}"))
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
 }
 
 /// Cuts `text` to at most `max` bytes at a character boundary.

@@ -322,6 +322,12 @@ pub struct Job {
     pub finished_at: Option<DateTime<Utc>>,
     /// The error of the last failed run.
     pub last_error: Option<String>,
+    /// How many of its claims lapsed (its worker died or stalled); dead at
+    /// [`super::MAX_LAPSES`].
+    pub lapses: u32,
+    /// When a cancel was asked for while it ran: it stays running until its worker stops the
+    /// run (or the claim lapses), then it is cancelled.
+    pub cancel_requested_at: Option<DateTime<Utc>>,
 }
 
 impl Job {
@@ -340,6 +346,8 @@ impl Job {
             claim_expires_at: row.claim_expires_at,
             finished_at: row.finished_at,
             last_error: row.last_error,
+            lapses: u32::try_from(row.lapses).unwrap_or(0),
+            cancel_requested_at: row.cancel_requested_at,
         })
     }
 }
@@ -414,8 +422,10 @@ impl Backoff {
 pub struct Rescued {
     /// Jobs whose claim lapsed, back in the queue and due at once.
     pub requeued: Vec<i64>,
-    /// Jobs whose claim lapsed on their last attempt: dead.
+    /// Jobs whose claim lapsed for the [`super::MAX_LAPSES`]th time: dead.
     pub dead: Vec<i64>,
+    /// Jobs asked to cancel while they ran, whose claim then lapsed: cancelled.
+    pub cancelled: Vec<i64>,
 }
 
 #[derive(QueryableByName)]
@@ -448,6 +458,10 @@ pub(crate) struct JobRow {
     pub finished_at: Option<DateTime<Utc>>,
     #[diesel(sql_type = Nullable<Text>)]
     pub last_error: Option<String>,
+    #[diesel(sql_type = Integer)]
+    pub lapses: i32,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub cancel_requested_at: Option<DateTime<Utc>>,
 }
 
 /// What finishing calls read (and lock) before deciding.
@@ -463,6 +477,8 @@ pub(crate) struct StateRow {
     pub attempt: i32,
     #[diesel(sql_type = Integer)]
     pub max_attempts: i32,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub cancel_requested_at: Option<DateTime<Utc>>,
 }
 
 /// A claim candidate and its concurrency limit, if any.

@@ -43,7 +43,14 @@
 //! # Ok(()) }
 //! ```
 
-mod run;
+mod claimer;
+mod connection;
+mod finisher;
+mod handle;
+mod handlers;
+mod heartbeat;
+mod listener;
+mod runs;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -56,8 +63,14 @@ use chrono::{DateTime, Utc};
 use crate::jobs::{Backoff, Finished, JobClaim, Retention};
 use crate::{Error, Pool, Result, validate};
 
-pub(crate) use run::wake_local;
-pub use run::{Report, WorkerHandle};
+pub use handle::WorkerHandle;
+pub use runs::Report;
+
+/// A claimed job on its way to a handler thread, with its run's stop flag.
+struct Task {
+    job: crate::jobs::ClaimedJob,
+    stop: Arc<AtomicBool>,
+}
 
 /// Why a handler's run did not succeed, and what to do about it. Any `std::error::Error`
 /// converts into a retry (so `?` works in handlers).
@@ -242,10 +255,20 @@ impl WorkerBuilder {
         self
     }
 
-    /// The retry policy of kinds without their own (default: 1 s doubling to 1 h).
+    /// The retry policy of kinds without their own (default: 1 s doubling to 1 h). Its
+    /// `max` must be at most 366 days, the longest delay dibs stores.
     pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.check_backoff(backoff);
         self.backoff = backoff;
         self
+    }
+
+    /// A policy whose delays no retry could be stored with is refused when the worker is
+    /// built, not found out at the first failure.
+    fn check_backoff(&mut self, backoff: Backoff) {
+        if let Err(e) = validate::delay_micros(backoff.max) {
+            self.error.get_or_insert(e);
+        }
     }
 
     /// Runs jobs of `kind` with `handler`, their payload decoded from JSON into `T`. A payload
@@ -297,6 +320,7 @@ impl WorkerBuilder {
 
     /// The retry policy of one kind (set after its handler).
     pub fn kind_backoff(mut self, kind: &str, backoff: Backoff) -> Self {
+        self.check_backoff(backoff);
         match self.kinds.get_mut(kind) {
             Some(config) => config.backoff = backoff,
             None => {
@@ -368,15 +392,15 @@ impl WorkerBuilder {
     /// # Ok(()) }
     /// ```
     pub fn run_due(self) -> Result<Report> {
-        run::run_due(self.checked()?)
+        handle::run_due(self.checked()?)
     }
 
     /// Checks the configuration and starts the worker's threads.
     pub fn start(self) -> Result<WorkerHandle> {
-        run::start(self.checked()?)
+        handle::start(self.checked()?)
     }
 
-    fn checked(self) -> Result<run::Config> {
+    fn checked(self) -> Result<runs::Config> {
         if let Some(error) = self.error {
             return Err(error);
         }
@@ -425,7 +449,7 @@ impl WorkerBuilder {
         for (queue, _, _) in &self.retention {
             validate::name("queue", queue)?;
         }
-        Ok(run::Config {
+        Ok(runs::Config {
             pool: self.pool,
             queues: self.queues,
             threads: self.threads,

@@ -10,3 +10,4 @@ mod limits;
 mod queue_ops;
 mod schedules;
 mod worker;
+mod worker_runs;

@@ -1,0 +1,145 @@
+//! The claimer: claims jobs for the free threads plus a prefetch sized by how fast jobs run,
+//! hands them out, rescues stalled jobs, prunes, fires schedules, and backs off while idle.
+
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant};
+
+use super::Task;
+use super::connection::Connection;
+use super::runs::Shared;
+use crate::jobs::{self, Finished, Retention};
+
+/// How often a worker that runs schedules fires them.
+const SCHEDULES_EVERY: Duration = Duration::from_millis(100);
+
+/// How often a worker with retention policies prunes.
+const PRUNE_EVERY: Duration = Duration::from_secs(5);
+
+pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
+    let config = &shared.config;
+    let mut conn = Connection::new(&config.pool);
+    let mut idle = Duration::from_millis(10);
+    let mut error_pause = Duration::from_millis(100);
+    let rescue_every = (config.lease_ttl / 2).min(Duration::from_secs(30));
+    let mut next_rescue = Instant::now();
+    let mut next_prune = Instant::now();
+    let mut next_schedules = Instant::now();
+    // With schedules to fire, idle waits stay short enough to fire them on time.
+    let max_idle = if config.run_schedules {
+        config.poll_interval.min(SCHEDULES_EVERY)
+    } else {
+        config.poll_interval
+    };
+    let mut next_queue = 0;
+    loop {
+        let wanted = {
+            let mut state = shared.lock();
+            loop {
+                if state.stopping {
+                    return;
+                }
+                let prefetch = state.prefetch(config.threads, config.prefetch);
+                let in_hand = state.active + state.queued;
+                let wanted = (config.threads + prefetch).saturating_sub(in_hand);
+                // Claim again once the prefetched jobs run low (not for every freed
+                // thread: fewer, bigger claims), and not while the finisher is far behind.
+                let low = state.queued <= prefetch / 2;
+                let backlog = state.settle.len() + state.settling;
+                if wanted > 0 && low && backlog < jobs::MAX_BATCH {
+                    break wanted.min(jobs::MAX_BATCH);
+                }
+                state = shared.wait(state, config.poll_interval);
+            }
+        };
+        if config.run_schedules && Instant::now() >= next_schedules {
+            next_schedules = Instant::now() + SCHEDULES_EVERY;
+            if let Err(e) = conn.with(crate::schedules::tick) {
+                tracing::warn!(error = %e, "firing schedules failed");
+            }
+        }
+        if !config.retention.is_empty() && Instant::now() >= next_prune {
+            next_prune = Instant::now() + PRUNE_EVERY;
+            prune_all(&mut conn, &config.retention);
+        }
+        if Instant::now() >= next_rescue {
+            next_rescue = Instant::now() + rescue_every;
+            match conn.with(|c| jobs::rescue(c, 100)) {
+                Ok(rescued)
+                    if !(rescued.requeued.is_empty()
+                        && rescued.dead.is_empty()
+                        && rescued.cancelled.is_empty()) =>
+                {
+                    tracing::info!(
+                        requeued = rescued.requeued.len(),
+                        dead = rescued.dead.len(),
+                        cancelled = rescued.cancelled.len(),
+                        "rescued stalled jobs"
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "rescue failed"),
+            }
+        }
+        let Some(queue) = config.queues.get(next_queue % config.queues.len().max(1)) else {
+            return;
+        };
+        next_queue += 1;
+        match conn.with(|c| jobs::claim(c, queue, wanted, config.lease_ttl)) {
+            Ok(claimed) if !claimed.is_empty() => {
+                idle = Duration::from_millis(10);
+                error_pause = Duration::from_millis(100);
+                let mut state = shared.lock();
+                for job in claimed {
+                    let timeout = config.kinds.get(&job.kind).and_then(|k| k.timeout);
+                    let stop = state.claimed(job.claim(), &job.kind, timeout);
+                    if tasks.send(Task { job, stop }).is_err() {
+                        return;
+                    }
+                }
+            }
+            Ok(_) => {
+                // Nothing due in this queue; after a full round of queues, wait.
+                if next_queue % config.queues.len().max(1) == 0 {
+                    let mut state = shared.lock();
+                    if !state.woken && !state.stopping {
+                        state = shared.wait(state, idle);
+                    }
+                    let woken = std::mem::take(&mut state.woken);
+                    drop(state);
+                    idle = if woken {
+                        Duration::from_millis(10)
+                    } else {
+                        (idle * 2).min(max_idle)
+                    };
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, pause = ?error_pause, "claiming failed; backing off");
+                let state = shared.lock();
+                drop(shared.wait(state, error_pause));
+                error_pause = (error_pause * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// One pruning pass: every policy, in batches, until a batch comes back short.
+fn prune_all(conn: &mut Connection<'_>, policies: &[(String, Finished, Retention)]) {
+    for (queue, finished, policy) in policies {
+        loop {
+            match conn.with(|c| jobs::prune(c, queue, *finished, *policy, jobs::MAX_BATCH)) {
+                Ok(n) if n == jobs::MAX_BATCH => continue,
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::debug!(%queue, deleted = n, "pruned finished jobs");
+                    }
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(%queue, error = %e, "pruning failed");
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! The finisher: records finished runs as they come, in batches, on a connection of its own.
+//! While one batch is written the next gathers, so a busy worker commits once for many jobs
+//! and an idle one adds no delay. Each run is still fenced by its own claim token.
+//!
+//! One record the database refuses never holds up the others: a batch that fails is written
+//! again one run at a time; a failure whose retry instant is refused is recorded with the
+//! kind's backoff instead; a record that keeps failing with an error that retrying cannot
+//! fix is given up after [`GIVE_UP_AFTER`] tries (its claim lapses and the job is rescued:
+//! never lost). Errors that may pass (the database restarting) are retried with backoff
+//! for as long as they last; meanwhile the runs stay held and renewed.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use super::connection::Connection;
+use super::runs::{Settle, Shared, batches};
+use crate::jobs::{self, JobClaim, Outcome, Retry};
+use crate::{Error, PooledConnection};
+
+/// Tries of one record that fails with an error retrying cannot fix, before it is given up.
+const GIVE_UP_AFTER: u32 = 3;
+
+pub(super) fn finisher(shared: &Shared) {
+    let mut conn = Connection::new(&shared.config.pool);
+    let mut pause = Duration::from_millis(100);
+    let mut tries: HashMap<JobClaim, u32> = HashMap::new();
+    loop {
+        let batch: Vec<Settle> = {
+            let mut state = shared.lock();
+            while state.settle.is_empty() {
+                if state.closing {
+                    return;
+                }
+                state = shared.wait(state, shared.config.poll_interval);
+            }
+            let n = state.settle.len().min(jobs::MAX_BATCH);
+            let batch: Vec<Settle> = state.settle.drain(..n).collect();
+            state.settling = batch.len();
+            batch
+        };
+        let unrecorded = record(shared, &mut conn, &batch);
+        let pending: HashSet<JobClaim> = unrecorded.iter().map(|(s, _)| s.claim()).collect();
+        let mut state = shared.lock();
+        let recorded: Vec<JobClaim> = batch
+            .iter()
+            .map(Settle::claim)
+            .filter(|claim| !pending.contains(claim))
+            .collect();
+        for claim in &recorded {
+            tries.remove(claim);
+        }
+        state.recorded(recorded);
+        state.settling = 0;
+        let mut again = Vec::new();
+        for (settle, error) in unrecorded {
+            let claim = settle.claim();
+            let n = tries.entry(claim).or_insert(0);
+            *n += 1;
+            if state.closing || (!may_pass(&error) && *n >= GIVE_UP_AFTER) {
+                tracing::error!(job.id = claim.id, %error, tries = *n, "recording a finished run failed; giving up: its claim will lapse and the job be rescued");
+                tries.remove(&claim);
+                state.recorded([claim]);
+            } else {
+                tracing::warn!(job.id = claim.id, %error, ?pause, "recording a finished run failed; retrying");
+                again.push(settle);
+            }
+        }
+        if again.is_empty() {
+            pause = Duration::from_millis(100);
+            drop(state);
+            shared.changed.notify_all();
+            continue;
+        }
+        // Tried first next time, after a pause.
+        again.append(&mut state.settle);
+        state.settle = again;
+        drop(shared.wait(state, pause));
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Whether an error may go away on its own (a lost connection, a restart, a deadlock, a
+/// busy database), so a record is worth retrying for as long as it lasts.
+fn may_pass(error: &Error) -> bool {
+    error.is_retryable()
+        || error.is_outcome_unknown()
+        || matches!(
+            error,
+            Error::Pool(_)
+                | Error::Connect { .. }
+                | Error::Database(diesel::result::Error::DatabaseError(
+                    diesel::result::DatabaseErrorKind::ClosedConnection
+                        | diesel::result::DatabaseErrorKind::UnableToSendCommand,
+                    _,
+                ))
+        )
+}
+
+#[derive(Clone, Copy)]
+enum Counted {
+    Completed,
+    Retried,
+    Dead,
+    GivenBack,
+}
+
+/// Records runs: completions together (one transaction per batch), give-backs together,
+/// failures one by one; counts the outcomes. Returns the runs not recorded, with why.
+pub(super) fn record(
+    shared: &Shared,
+    conn: &mut Connection<'_>,
+    runs: &[Settle],
+) -> Vec<(Settle, Error)> {
+    let mut outcomes: Vec<(Outcome, Counted)> = Vec::with_capacity(runs.len());
+    let mut unrecorded = Vec::new();
+    let by_claim: HashMap<JobClaim, &Settle> = runs.iter().map(|s| (s.claim(), s)).collect();
+    type Call = fn(&mut PooledConnection, &[JobClaim]) -> crate::Result<Vec<Outcome>>;
+    let grouped: [(Call, Counted, Vec<JobClaim>); 2] = [
+        (
+            jobs::complete,
+            Counted::Completed,
+            runs.iter()
+                .filter(|s| matches!(s, Settle::Complete(_)))
+                .map(Settle::claim)
+                .collect(),
+        ),
+        (
+            jobs::give_back,
+            Counted::GivenBack,
+            runs.iter()
+                .filter(|s| matches!(s, Settle::GiveBack(_)))
+                .map(Settle::claim)
+                .collect(),
+        ),
+    ];
+    for (call, counted, claims) in grouped {
+        for batch in batches(&claims) {
+            match conn.with(|c| call(c, &batch)) {
+                Ok(done) => outcomes.extend(done.into_iter().map(|o| (o, counted))),
+                // One by one, so one record the database refuses cannot hold up the others.
+                Err(_) if batch.len() > 1 => {
+                    for claim in batch {
+                        match conn.with(|c| call(c, &[claim])) {
+                            Ok(done) => outcomes.extend(done.into_iter().map(|o| (o, counted))),
+                            Err(e) => unrecorded.push((by_claim[&claim].clone(), e)),
+                        }
+                    }
+                }
+                Err(e) => unrecorded.push((by_claim[&batch[0]].clone(), e)),
+            }
+        }
+    }
+    for run in runs {
+        let Settle::Fail {
+            claim,
+            message,
+            retry,
+            exhausted,
+            backoff,
+        } = run
+        else {
+            continue;
+        };
+        let counted = if *exhausted {
+            Counted::Dead
+        } else {
+            Counted::Retried
+        };
+        match conn.with(|c| jobs::fail(c, *claim, message, *retry)) {
+            Ok(outcome) => outcomes.push((outcome, counted)),
+            // The retry it asked for cannot be stored (an instant out of range): retried
+            // per the kind's policy instead, and the message says so.
+            Err(refused) if refused.is_invalid_input() && !matches!(retry, Retry::Backoff(_)) => {
+                let message = format!(
+                    "{message} (the retry it asked for was refused: {refused}; retried per policy instead)"
+                );
+                let retry = Retry::Backoff(*backoff);
+                match conn.with(|c| jobs::fail(c, *claim, &message, retry)) {
+                    Ok(outcome) => outcomes.push((outcome, counted)),
+                    Err(e) => unrecorded.push((run.clone(), e)),
+                }
+            }
+            Err(e) => unrecorded.push((run.clone(), e)),
+        }
+    }
+    let mut state = shared.lock();
+    let report = &mut state.report;
+    for (outcome, counted) in outcomes {
+        match outcome {
+            Outcome::Done | Outcome::AlreadyDone => match counted {
+                Counted::Completed => report.completed += 1,
+                Counted::Retried => report.retried += 1,
+                Counted::Dead => report.dead += 1,
+                Counted::GivenBack => report.given_back += 1,
+            },
+            Outcome::Lost => {
+                report.lost += 1;
+                tracing::warn!("a job's claim was lost before it finished");
+            }
+            Outcome::Cancelled => {
+                report.cancelled += 1;
+                tracing::info!("a job was cancelled while it ran");
+            }
+        }
+    }
+    unrecorded
+}

@@ -1,0 +1,195 @@
+//! Starting a worker's threads, the handle that stops them, and `run_due`.
+
+use std::sync::mpsc::channel;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::connection::Connection;
+use super::runs::{Config, Report, Settle, Shared, batches};
+use super::{Task, claimer, finisher, handlers, heartbeat, listener};
+use crate::Error;
+use crate::jobs::{self, Outcome};
+
+/// A running worker. [`WorkerHandle::shutdown`] stops it gracefully; dropping the handle
+/// shuts it down with no grace period (unfinished jobs are given back at once).
+pub struct WorkerHandle {
+    shared: Arc<Shared>,
+    claimer: Option<JoinHandle<()>>,
+    finisher: Option<JoinHandle<()>>,
+    heartbeat: Option<JoinHandle<()>>,
+    listener: Option<JoinHandle<()>>,
+    handlers: Vec<JoinHandle<()>>,
+    done: bool,
+}
+
+/// Runs due jobs on the calling thread until none is due (the test helper).
+pub(crate) fn run_due(config: Config) -> crate::Result<Report> {
+    let shared = Shared::new(config);
+    let mut conn = Connection::new(&shared.config.pool);
+    loop {
+        let mut ran = false;
+        for queue in &shared.config.queues {
+            let claimed = conn.with(|c| jobs::claim(c, queue, 1, shared.config.lease_ttl))?;
+            for job in claimed {
+                ran = true;
+                let task = Task {
+                    job,
+                    stop: Default::default(),
+                };
+                let settle: Settle = handlers::run_one(&shared, &task);
+                if let Some((_, e)) = finisher::record(&shared, &mut conn, &[settle]).pop() {
+                    tracing::warn!(error = %e, "finishing a job failed; it will be rescued");
+                }
+            }
+        }
+        if !ran {
+            return Ok(shared.lock().report.clone());
+        }
+    }
+}
+
+pub(crate) fn start(config: Config) -> crate::Result<WorkerHandle> {
+    let threads = config.threads;
+    let listen = config.pool.backend() == crate::Backend::Postgres;
+    let shared = Shared::new(config);
+    let (tasks, inbox) = channel::<Task>();
+    let inbox = Arc::new(Mutex::new(inbox));
+    let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(f)
+            .map_err(|e| Error::invalid("threads", format!("cannot start a worker thread: {e}")))
+    };
+    let mut handlers = Vec::with_capacity(threads);
+    for n in 0..threads {
+        let (shared, inbox) = (shared.clone(), inbox.clone());
+        handlers.push(spawn(
+            format!("dibs-worker-{n}"),
+            Box::new(move || handlers::run_handlers(&shared, &inbox)),
+        )?);
+    }
+    let heartbeat = {
+        let shared = shared.clone();
+        spawn(
+            "dibs-heartbeat".into(),
+            Box::new(move || heartbeat::heartbeat(&shared)),
+        )?
+    };
+    let finisher = {
+        let shared = shared.clone();
+        spawn(
+            "dibs-finisher".into(),
+            Box::new(move || finisher::finisher(&shared)),
+        )?
+    };
+    let listener = if listen {
+        let shared = shared.clone();
+        Some(spawn(
+            "dibs-listener".into(),
+            Box::new(move || listener::listen(&shared)),
+        )?)
+    } else {
+        None
+    };
+    let claimer = {
+        let shared = shared.clone();
+        spawn(
+            "dibs-claimer".into(),
+            Box::new(move || claimer::claim_loop(&shared, tasks)),
+        )?
+    };
+    let waker: Arc<dyn crate::wake::Waker> = shared.clone();
+    crate::wake::register(Arc::downgrade(&waker));
+    Ok(WorkerHandle {
+        shared,
+        claimer: Some(claimer),
+        finisher: Some(finisher),
+        heartbeat: Some(heartbeat),
+        listener,
+        handlers,
+        done: false,
+    })
+}
+
+impl WorkerHandle {
+    /// What the worker has done so far.
+    pub fn report(&self) -> Report {
+        self.shared.lock().report.clone()
+    }
+
+    /// Stops claiming, waits up to `grace` for running jobs to finish, then gives back the
+    /// ones that did not (due again at once, no attempt used, so another worker takes them
+    /// straight away) and raises their [`super::JobContext::should_stop`]. Jobs claimed ahead
+    /// that no thread had started are given back at once. Returns the report.
+    pub fn shutdown(mut self, grace: Duration) -> Report {
+        self.stop(grace)
+    }
+
+    fn stop(&mut self, grace: Duration) -> Report {
+        if self.done {
+            return self.report();
+        }
+        self.done = true;
+        self.shared.lock().stopping = true;
+        self.shared.changed.notify_all();
+        if let Some(claimer) = self.claimer.take() {
+            let _ = claimer.join();
+        }
+        let until = Instant::now() + grace;
+        let mut state = self.shared.lock();
+        while (state.active > 0 || !state.settle.is_empty() || state.settling > 0)
+            && Instant::now() < until
+        {
+            let left = until.saturating_duration_since(Instant::now());
+            state = self.shared.wait(state, left);
+        }
+        // Everything not finishing: queued (never started) and runs past the grace period.
+        let unfinished = state.take_unfinished();
+        state.closing = true;
+        drop(state);
+        self.shared.changed.notify_all();
+        if !unfinished.is_empty() {
+            let given_back = self.shared.config.pool.get().and_then(|mut conn| {
+                let mut outcomes = Vec::with_capacity(unfinished.len());
+                for batch in batches(&unfinished) {
+                    outcomes.extend(jobs::give_back(&mut conn, &batch)?);
+                }
+                Ok(outcomes)
+            });
+            match given_back {
+                Ok(outcomes) => {
+                    let n = outcomes.iter().filter(|o| **o == Outcome::Done).count();
+                    self.shared.count(|r| r.given_back += n);
+                    tracing::info!(jobs = n, "shutdown: gave back unfinished jobs");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "shutdown: giving back unfinished jobs failed; their claims will lapse")
+                }
+            }
+        }
+        for thread in [
+            self.finisher.take(),
+            self.heartbeat.take(),
+            self.listener.take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let _ = thread.join();
+        }
+        // Handler threads still inside a handler finish it on their own; the others exit now.
+        for thread in self.handlers.drain(..) {
+            if thread.is_finished() {
+                let _ = thread.join();
+            }
+        }
+        self.report()
+    }
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        self.stop(Duration::ZERO);
+    }
+}

@@ -1,0 +1,125 @@
+//! Handler threads: each takes claimed jobs from the claimer, runs the handler (catching a
+//! panic), and hands the run to the finisher. They need no connection of their own.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+use std::sync::{Mutex, PoisonError};
+use std::time::Instant;
+
+use super::runs::{Settle, Shared, Start};
+use super::{Action, HandlerFailure, JobContext, JobError, Task};
+use crate::jobs::{ClaimedJob, Retry};
+
+/// Runs tasks until the claimer closes the channel.
+pub(super) fn run_handlers(shared: &Shared, inbox: &Mutex<Receiver<Task>>) {
+    loop {
+        let task = {
+            let inbox = inbox.lock().unwrap_or_else(PoisonError::into_inner);
+            inbox.recv()
+        };
+        let Ok(task) = task else { return };
+        let claim = task.job.claim();
+        let start = shared.lock().start(claim);
+        shared.changed.notify_all();
+        if !matches!(start, Start::Run) {
+            continue;
+        }
+        let started = Instant::now();
+        let settle = run_one(shared, &task);
+        let took = started.elapsed();
+        let mut state = shared.lock();
+        let timed_out = state.runs.get(&claim).and_then(|run| {
+            run.timed_out
+                .then(|| (run.timeout.unwrap_or_default(), run.kind.clone()))
+        });
+        let settle = match timed_out {
+            // Past its timeout the run is a failure, whatever the handler returned late.
+            Some((timeout, kind)) => {
+                state.report.timed_out += 1;
+                failed(
+                    shared,
+                    &task.job,
+                    &kind,
+                    JobError::retry(format!("timed out after {timeout:?}")),
+                )
+            }
+            None => settle,
+        };
+        state.returned(claim, settle, took);
+        drop(state);
+        shared.changed.notify_all();
+    }
+}
+
+/// Runs one job's handler (catching a panic) and says how to record the run.
+pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
+    let Task { job, stop } = task;
+    let span = tracing::info_span!("dibs.job", job.id = job.id, queue = %job.queue, kind = %job.kind, attempt = job.attempt);
+    let _entered = span.enter();
+    let ctx = JobContext {
+        id: job.id,
+        queue: job.queue.clone(),
+        kind: job.kind.clone(),
+        attempt: job.attempt,
+        max_attempts: job.max_attempts,
+        claim: job.claim(),
+        stop: stop.clone(),
+    };
+    let outcome = match shared.config.kinds.get(&job.kind) {
+        None => Err(HandlerFailure::Job(JobError::retry(format!(
+            "no handler for kind {:?} on this worker",
+            job.kind
+        )))),
+        Some(kind) => match catch_unwind(AssertUnwindSafe(|| (kind.handler)(&ctx, &job.payload))) {
+            Ok(outcome) => outcome,
+            Err(panic) => {
+                shared.count(|r| r.panicked += 1);
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic without a message".to_string());
+                Err(HandlerFailure::Job(JobError::retry(format!(
+                    "the handler panicked: {message}"
+                ))))
+            }
+        },
+    };
+    if stop.load(Ordering::SeqCst) {
+        tracing::debug!("the run ended after its stop flag was raised");
+    }
+    match outcome {
+        Ok(()) => Settle::Complete(job.claim()),
+        Err(HandlerFailure::Undecodable(message)) => Settle::Fail {
+            claim: job.claim(),
+            message,
+            retry: Retry::Never,
+            exhausted: true,
+            backoff: Default::default(),
+        },
+        Err(HandlerFailure::Job(error)) => failed(shared, job, &job.kind, error),
+    }
+}
+
+/// A failed run, retried per the kind's policy or the error's instruction.
+fn failed(shared: &Shared, job: &ClaimedJob, kind: &str, error: JobError) -> Settle {
+    let backoff = shared
+        .config
+        .kinds
+        .get(kind)
+        .map(|k| k.backoff)
+        .unwrap_or_default();
+    let retry = match error.action {
+        Action::Retry => Retry::Backoff(backoff),
+        Action::RetryAt(at) => Retry::At(at),
+        Action::Fail => Retry::Never,
+    };
+    Settle::Fail {
+        claim: job.claim(),
+        exhausted: job.attempt >= job.max_attempts || retry == Retry::Never,
+        message: error.message,
+        retry,
+        backoff,
+    }
+}

@@ -1,0 +1,386 @@
+//! The worker's one table of runs, keyed by the claim (job id and token), and the state the
+//! worker's threads share. Each transition has one owner:
+//!
+//! | transition | owner |
+//! |---|---|
+//! | (none) -> `Queued` | the claimer ([`State::claimed`]) |
+//! | `Queued` -> `Active`, or -> `Finishing` (given back unstarted) | a handler thread ([`State::start`]) |
+//! | `Active` -> `Finishing` | the same handler thread ([`State::returned`]) |
+//! | `Finishing` -> (removed) | the finisher, once the run is recorded ([`State::recorded`]) |
+//! | `Queued`/`Active` -> (removed) at shutdown | [`State::take_unfinished`] |
+//!
+//! The heartbeat changes no phase: it raises a run's stop flag (claim lost or cancelled,
+//! timeout passed) and marks a timeout. A run is recorded only after its handler returned,
+//! so a job stays `running` in the database (and holds its limit key) for as long as a
+//! handler runs it, and a retry of the same job is another claim: another entry.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::KindConfig;
+use crate::jobs::{Backoff, JobClaim, Retry};
+use crate::{Pool, jobs};
+
+pub(crate) struct Config {
+    pub pool: Pool,
+    pub queues: Vec<String>,
+    pub threads: usize,
+    pub kinds: HashMap<String, KindConfig>,
+    pub lease_ttl: Duration,
+    pub poll_interval: Duration,
+    pub retention: Vec<(String, jobs::Finished, jobs::Retention)>,
+    pub run_schedules: bool,
+    /// The most jobs claimed ahead of the threads.
+    pub prefetch: usize,
+}
+
+/// What a worker did, from its start until [`super::WorkerHandle::shutdown`] returned.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Runs that completed their job.
+    pub completed: usize,
+    /// Runs that failed and left the job waiting for a retry.
+    pub retried: usize,
+    /// Runs after which the job is dead (failed for good, attempts used up, undecodable).
+    pub dead: usize,
+    /// Runs whose claim was lost before they finished (rescued or taken over).
+    pub lost: usize,
+    /// Runs whose job was cancelled while they ran.
+    pub cancelled: usize,
+    /// Runs that panicked (also counted as retried or dead).
+    pub panicked: usize,
+    /// Runs that passed their kind's timeout (also counted as retried or dead).
+    pub timed_out: usize,
+    /// Jobs given back at shutdown because they had not finished within the grace period.
+    pub given_back: usize,
+}
+
+/// Where a claimed job is in this worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Claimed, waiting for a handler thread (claimed ahead).
+    Queued,
+    /// A handler runs it, since this instant.
+    Active(Instant),
+    /// Its handler returned (or it was given back unstarted); the finisher has not recorded
+    /// it yet.
+    Finishing,
+}
+
+/// One claim this worker holds.
+pub(super) struct Run {
+    pub kind: String,
+    pub stop: Arc<AtomicBool>,
+    pub phase: Phase,
+    pub timeout: Option<Duration>,
+    /// Past its timeout: recorded as a timed-out failure when the handler returns.
+    pub timed_out: bool,
+}
+
+/// How a run is to be recorded (by the finisher).
+#[derive(Debug, Clone)]
+pub(super) enum Settle {
+    Complete(JobClaim),
+    Fail {
+        claim: JobClaim,
+        message: String,
+        retry: Retry,
+        exhausted: bool,
+        /// The kind's policy: used instead of `retry` if the database cannot store it.
+        backoff: Backoff,
+    },
+    /// Not started: its claim ended first, or the worker is stopping.
+    GiveBack(JobClaim),
+}
+
+impl Settle {
+    pub fn claim(&self) -> JobClaim {
+        match self {
+            Settle::Complete(claim) | Settle::Fail { claim, .. } | Settle::GiveBack(claim) => {
+                *claim
+            }
+        }
+    }
+}
+
+/// What a handler thread does with a task it took.
+pub(super) enum Start {
+    Run,
+    /// Its claim ended before it started: give it back (the outcome says lost or cancelled).
+    GiveBack,
+    /// Not held any more (the worker is stopping): drop it.
+    Skip,
+}
+
+pub(super) struct State {
+    /// Every claim this worker holds, whatever its phase; the heartbeat renews them all.
+    pub runs: HashMap<JobClaim, Run>,
+    pub queued: usize,
+    pub active: usize,
+    /// Runs waiting for the finisher, and how many it is recording right now.
+    pub settle: Vec<Settle>,
+    pub settling: usize,
+    /// The claimer stops; queued jobs are no longer started.
+    pub stopping: bool,
+    /// Past the grace period: the finisher records what is left and exits, the heartbeat
+    /// exits.
+    pub closing: bool,
+    /// Set by the listener, a local enqueue or a freed thread to cut the claimer's idle wait
+    /// short.
+    pub woken: bool,
+    /// Moving average of a handler's run time, in seconds: it sizes the prefetch.
+    pub average_run: Option<f64>,
+    pub report: Report,
+}
+
+/// How much work, in handler time, a worker claims ahead of its threads.
+const PREFETCH_HORIZON: Duration = Duration::from_millis(20);
+
+impl State {
+    fn new() -> State {
+        State {
+            runs: HashMap::new(),
+            queued: 0,
+            active: 0,
+            settle: Vec::new(),
+            settling: 0,
+            stopping: false,
+            closing: false,
+            woken: false,
+            average_run: None,
+            report: Report::default(),
+        }
+    }
+
+    /// How many jobs to hold beyond one per thread: about [`PREFETCH_HORIZON`] of work, at
+    /// most `max` (none until a run was timed, and none for slow jobs, which other workers
+    /// should be free to take).
+    pub fn prefetch(&self, threads: usize, max: usize) -> usize {
+        match self.average_run {
+            Some(average) if average > 0.0 => {
+                let jobs = threads as f64 * PREFETCH_HORIZON.as_secs_f64() / average;
+                (jobs as usize).min(max)
+            }
+            Some(_) => max,
+            None => 0,
+        }
+    }
+
+    /// The claimer: a new claim, queued for a thread. Returns its stop flag.
+    pub fn claimed(
+        &mut self,
+        claim: JobClaim,
+        kind: &str,
+        timeout: Option<Duration>,
+    ) -> Arc<AtomicBool> {
+        let stop = Arc::new(AtomicBool::new(false));
+        self.queued += 1;
+        self.runs.insert(
+            claim,
+            Run {
+                kind: kind.to_string(),
+                stop: stop.clone(),
+                phase: Phase::Queued,
+                timeout,
+                timed_out: false,
+            },
+        );
+        stop
+    }
+
+    /// A handler thread took the task of `claim`.
+    pub fn start(&mut self, claim: JobClaim) -> Start {
+        self.queued = self.queued.saturating_sub(1);
+        if self.stopping {
+            // Shutting down: a job claimed ahead is given back by the shutdown, not started.
+            return Start::Skip;
+        }
+        let Some(run) = self.runs.get_mut(&claim) else {
+            return Start::Skip;
+        };
+        if run.stop.load(Ordering::SeqCst) {
+            run.phase = Phase::Finishing;
+            self.settle.push(Settle::GiveBack(claim));
+            return Start::GiveBack;
+        }
+        run.phase = Phase::Active(Instant::now());
+        self.active += 1;
+        Start::Run
+    }
+
+    /// The handler thread of `claim` returned after `took`; `settle` is how to record the run
+    /// (the caller made it a timeout failure if the run was marked timed out). A run no
+    /// longer held (given back at shutdown) is dropped.
+    pub fn returned(&mut self, claim: JobClaim, settle: Settle, took: Duration) {
+        self.active = self.active.saturating_sub(1);
+        let took = took.as_secs_f64();
+        self.average_run = Some(match self.average_run {
+            Some(average) => average * 0.9 + took * 0.1,
+            None => took,
+        });
+        if let Some(run) = self.runs.get_mut(&claim) {
+            run.phase = Phase::Finishing;
+            self.settle.push(settle);
+        }
+        self.woken = true;
+    }
+
+    /// The finisher recorded (or gave up on) these claims: they are no longer held.
+    pub fn recorded(&mut self, claims: impl IntoIterator<Item = JobClaim>) {
+        for claim in claims {
+            self.runs.remove(&claim);
+        }
+    }
+
+    /// The heartbeat: runs past their timeout get their stop flag raised and are marked, so
+    /// that they are recorded as timed out when their handler returns. Returns the earliest
+    /// timeout still ahead.
+    pub fn mark_timeouts(&mut self, now: Instant) -> Option<Instant> {
+        let mut next = None;
+        for run in self.runs.values_mut() {
+            let (Phase::Active(started), Some(timeout), false) =
+                (run.phase, run.timeout, run.timed_out)
+            else {
+                continue;
+            };
+            let at = started + timeout;
+            if now >= at {
+                run.timed_out = true;
+                run.stop.store(true, Ordering::SeqCst);
+            } else {
+                next = Some(next.map_or(at, |n: Instant| n.min(at)));
+            }
+        }
+        next
+    }
+
+    /// The heartbeat: this claim ended (lost or cancelled). Its handler is told to stop; a
+    /// queued one will be given back unstarted. It stays held until recorded.
+    pub fn claim_ended(&mut self, claim: JobClaim) -> bool {
+        match self.runs.get(&claim) {
+            Some(run) => {
+                run.stop.store(true, Ordering::SeqCst);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Shutdown, past the grace period: every claim not finishing (queued, or running past
+    /// the grace period) stops being held; their stop flags are raised.
+    pub fn take_unfinished(&mut self) -> Vec<JobClaim> {
+        let claims: Vec<JobClaim> = self
+            .runs
+            .iter()
+            .filter(|(_, run)| run.phase != Phase::Finishing)
+            .map(|(claim, _)| *claim)
+            .collect();
+        for claim in &claims {
+            if let Some(run) = self.runs.remove(claim) {
+                run.stop.store(true, Ordering::SeqCst);
+            }
+        }
+        claims
+    }
+}
+
+pub(super) struct Shared {
+    pub config: Config,
+    state: Mutex<State>,
+    pub changed: Condvar,
+}
+
+impl Shared {
+    pub fn new(config: Config) -> Arc<Shared> {
+        Arc::new(Shared {
+            config,
+            state: Mutex::new(State::new()),
+            changed: Condvar::new(),
+        })
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn wait<'a>(
+        &'a self,
+        state: MutexGuard<'a, State>,
+        timeout: Duration,
+    ) -> MutexGuard<'a, State> {
+        self.changed
+            .wait_timeout(state, timeout)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+    }
+
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub fn stopping(&self) -> bool {
+        self.lock().stopping
+    }
+
+    pub fn count(&self, f: impl FnOnce(&mut Report)) {
+        f(&mut self.lock().report);
+    }
+}
+
+impl crate::wake::Waker for Shared {
+    /// Wakes the claimer if it serves `queue`.
+    fn wake(&self, queue: &str) {
+        if self.config.queues.iter().any(|q| q == queue) {
+            self.lock().woken = true;
+            self.changed.notify_all();
+        }
+    }
+}
+
+/// Cuts claims into batches for one call each: at most [`jobs::MAX_BATCH`], and no job id
+/// twice in one batch (a job's stale claim and its retry's claim can both be held for a
+/// moment; the calls refuse a batch that names a job twice).
+pub(super) fn batches(claims: &[JobClaim]) -> Vec<Vec<JobClaim>> {
+    let mut batches: Vec<(std::collections::HashSet<i64>, Vec<JobClaim>)> = Vec::new();
+    for claim in claims {
+        let fits = batches
+            .iter()
+            .position(|(ids, batch)| batch.len() < jobs::MAX_BATCH && !ids.contains(&claim.id));
+        let index = match fits {
+            Some(index) => index,
+            None => {
+                batches.push(Default::default());
+                batches.len() - 1
+            }
+        };
+        let (ids, batch) = &mut batches[index];
+        ids.insert(claim.id);
+        batch.push(*claim);
+    }
+    batches.into_iter().map(|(_, batch)| batch).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_never_name_a_job_twice() {
+        let claim = |id: i64| JobClaim {
+            id,
+            token: uuid::Uuid::new_v4(),
+        };
+        let claims = vec![claim(1), claim(2), claim(1), claim(3), claim(1)];
+        let cut = batches(&claims);
+        assert_eq!(cut.len(), 3);
+        for batch in &cut {
+            let mut ids: Vec<i64> = batch.iter().map(|c| c.id).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            assert_eq!(ids.len(), batch.len());
+        }
+        assert_eq!(cut.iter().map(Vec::len).sum::<usize>(), claims.len());
+        let many: Vec<JobClaim> = (0..2500).map(claim).collect();
+        let sizes: Vec<usize> = batches(&many).iter().map(Vec::len).collect();
+        assert_eq!(sizes, vec![1000, 1000, 500]);
+    }
+}
