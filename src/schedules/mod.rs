@@ -13,7 +13,14 @@
 //! - Interval: every `n` from the moment the schedule was created or last changed, in
 //!   absolute time (no DST effect).
 //! - After downtime a schedule fires once for all the ticks it missed (the newest), unless it
-//!   catches up, firing each missed tick.
+//!   catches up, firing each missed tick (at most [`MAX_TICKS_PER_CALL`] per call and
+//!   schedule). Without catch-up the next tick is computed from now, so a long downtime costs
+//!   no more than a short one.
+//! - Each tick's job is the schedule's job, due at the tick plus the job's delay, with its
+//!   priority, attempts, dedup key and concurrency limit.
+//! - Declaring a schedule again (as a program does at every start) keeps its next tick when
+//!   its timing (cron expression or interval, and time zone) is unchanged, so a tick missed
+//!   while the program was down still fires.
 //!
 //! ```
 //! # fn main() -> Result<(), dibs::Error> {
@@ -30,7 +37,8 @@
 //! # Ok(()) }
 //! ```
 
-use std::str::FromStr;
+mod timing;
+
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -38,10 +46,11 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 
 use crate::backend::{Dialect, Upsert, dispatch};
-use crate::jobs::{self, NewJob};
+use crate::jobs::{self, Due, NewJob};
 use crate::sql_types::Instant;
 use crate::transaction::bare_write_transaction;
 use crate::{DibsConnection, Error, Result, validate};
+use timing::Timing;
 
 /// When a schedule ticks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,8 +61,10 @@ pub enum Spec {
     Every(Duration),
 }
 
-/// A recurring schedule: when it ticks, and the job it enqueues at each tick (due at the
-/// tick's instant).
+/// A recurring schedule: when it ticks, and the job it enqueues at each tick: due at the
+/// tick's instant plus the job's [`delay`](NewJob::delay), with its priority, attempts,
+/// [dedup key](NewJob::dedup_key) and [limit](NewJob::limit). A job due at a fixed instant
+/// ([`NewJob::at`]) cannot recur: [`upsert`] refuses it.
 #[derive(Debug, Clone)]
 pub struct Schedule {
     name: String,
@@ -96,82 +107,23 @@ impl Schedule {
         self
     }
 
-    fn validate(&self) -> Result<Timing> {
+    /// The timing, and the job's delay in microseconds.
+    fn validate(&self) -> Result<(Timing, i64)> {
         validate::name("schedule name", &self.name)?;
         self.job.validate()?;
-        Timing::new(&self.spec, &self.time_zone)
-    }
-}
-
-/// A parsed schedule timing: what computes the ticks.
-enum Timing {
-    Cron(Box<croner::Cron>, chrono_tz::Tz),
-    Every(chrono::Duration),
-}
-
-impl Timing {
-    fn new(spec: &Spec, zone: &str) -> Result<Timing> {
-        let tz = chrono_tz::Tz::from_str(zone).map_err(|_| {
-            Error::invalid("time zone", format!("{zone:?} is not an IANA time zone"))
-        })?;
-        match spec {
-            Spec::Cron(expression) => {
-                let fields = expression.split_whitespace().count();
-                if !(fields == 5 || fields == 6) {
-                    return Err(Error::invalid(
-                        "cron expression",
-                        format!(
-                            "{expression:?} has {fields} fields; use 5, or 6 with seconds first"
-                        ),
-                    ));
-                }
-                let cron = croner::parser::CronParser::builder()
-                    .seconds(croner::parser::Seconds::Optional)
-                    .build()
-                    .parse(expression)
-                    .map_err(|e| {
-                        Error::invalid("cron expression", format!("{expression:?}: {e}"))
-                    })?;
-                Ok(Timing::Cron(Box::new(cron), tz))
+        let delay = match self.job.due {
+            Due::After(_) => self.job.due_params().1,
+            Due::At(at) => {
+                return Err(Error::invalid(
+                    "schedule job",
+                    format!(
+                        "is due at {at}; a schedule's job is due at each tick (plus a delay), \
+                         not at a fixed instant"
+                    ),
+                ));
             }
-            Spec::Every(interval) => {
-                let micros = validate::ttl(*interval).map_err(|_| {
-                    Error::invalid(
-                        "interval",
-                        format!("{interval:?} is not between 1 ms and 366 days"),
-                    )
-                })?;
-                Ok(Timing::Every(chrono::Duration::microseconds(micros)))
-            }
-        }
-    }
-
-    /// The first tick strictly after `after`.
-    fn next_after(&self, after: DateTime<Utc>) -> Result<DateTime<Utc>> {
-        match self {
-            Timing::Every(interval) => Ok(after + *interval),
-            Timing::Cron(cron, tz) => cron
-                .find_next_occurrence(&after.with_timezone(tz), false)
-                .map(|at| at.with_timezone(&Utc))
-                .map_err(|e| Error::invalid("cron expression", format!("no next tick: {e}"))),
-        }
-    }
-
-    /// Ticks from `due` (a tick) up to and including `now`, at most `cap` of them, and the
-    /// first tick after those.
-    fn due_ticks(
-        &self,
-        due: DateTime<Utc>,
-        now: DateTime<Utc>,
-        cap: usize,
-    ) -> Result<(Vec<DateTime<Utc>>, DateTime<Utc>)> {
-        let mut ticks = vec![due];
-        let mut next = self.next_after(due)?;
-        while next <= now && ticks.len() < cap {
-            ticks.push(next);
-            next = self.next_after(next)?;
-        }
-        Ok((ticks, next))
+        };
+        Ok((Timing::new(&self.spec, &self.time_zone)?, delay))
     }
 }
 
@@ -191,6 +143,12 @@ pub struct ScheduleInfo {
     pub queue: String,
     /// Their kind.
     pub kind: String,
+    /// Their dedup key, if any.
+    pub dedup_key: Option<String>,
+    /// Their concurrency limit (key and most running at once), if any.
+    pub limit: Option<(String, u32)>,
+    /// How long after its tick each job is due.
+    pub delay: Duration,
     /// Whether it fires every missed tick after downtime.
     pub catch_up: bool,
     /// Whether it is paused.
@@ -219,6 +177,14 @@ struct Row {
     priority: i32,
     #[diesel(sql_type = Integer)]
     max_attempts: i32,
+    #[diesel(sql_type = Nullable<Text>)]
+    dedup_key: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    limit_key: Option<String>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    limit_max: Option<i32>,
+    #[diesel(sql_type = BigInt)]
+    delay_micros: i64,
     #[diesel(sql_type = Integer)]
     catch_up: i32,
     #[diesel(sql_type = Integer)]
@@ -255,38 +221,84 @@ impl Row {
             time_zone: self.time_zone.clone(),
             queue: self.queue.clone(),
             kind: self.kind.clone(),
+            dedup_key: self.dedup_key.clone(),
+            limit: self.limit(),
+            delay: Duration::from_micros(u64::try_from(self.delay_micros).unwrap_or(0)),
             catch_up: self.catch_up != 0,
             paused: self.paused != 0,
             next_due_at: self.next_due_at,
         })
     }
 
-    fn job(&self) -> NewJob {
-        NewJob::new(self.queue.clone(), self.kind.clone(), self.payload.clone())
+    fn limit(&self) -> Option<(String, u32)> {
+        let key = self.limit_key.clone()?;
+        Some((key, u32::try_from(self.limit_max?).unwrap_or(0)))
+    }
+
+    /// The job of the tick at `tick`: due at the tick plus the schedule's delay.
+    fn job(&self, tick: DateTime<Utc>) -> Result<NewJob> {
+        let due = tick
+            .checked_add_signed(chrono::Duration::microseconds(self.delay_micros))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "schedule",
+                    format!(
+                        "{:?}: its tick {tick} plus its delay is out of range",
+                        self.name
+                    ),
+                )
+            })?;
+        let mut job = NewJob::new(self.queue.clone(), self.kind.clone(), self.payload.clone())
             .priority(self.priority)
             .max_attempts(u32::try_from(self.max_attempts).unwrap_or(1))
+            .at(due);
+        if let Some(key) = &self.dedup_key {
+            job = job.dedup_key(key.clone());
+        }
+        if let Some((key, max)) = self.limit() {
+            job = job.limit(key, max);
+        }
+        Ok(job)
     }
 }
 
 const COLUMNS: &str = "name, cron, interval_micros, time_zone, queue, kind, payload, priority, \
-    max_attempts, catch_up, paused, next_due_at, {now} AS db_now";
+    max_attempts, dedup_key, limit_key, limit_max, delay_micros, catch_up, paused, next_due_at, \
+    {now} AS db_now";
 
 const UPSERT_HEAD: &str = "\
     INSERT INTO dibs_schedules (name, cron, interval_micros, time_zone, queue, kind, payload, \
-        priority, max_attempts, catch_up, next_due_at) \
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+        priority, max_attempts, dedup_key, limit_key, limit_max, delay_micros, catch_up, \
+        next_due_at) \
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
-const UPSERT_ON_CONFLICT: &str = " ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, \
-    interval_micros = excluded.interval_micros, time_zone = excluded.time_zone, \
-    queue = excluded.queue, kind = excluded.kind, payload = excluded.payload, \
-    priority = excluded.priority, max_attempts = excluded.max_attempts, \
-    catch_up = excluded.catch_up, next_due_at = excluded.next_due_at";
+/// A replaced schedule keeps its next tick unless its timing changed (a stored schedule has
+/// a cron expression or an interval, never both; an empty expression or a zero interval is
+/// never stored, so they stand for "none").
+const UPSERT_ON_CONFLICT: &str = " ON CONFLICT (name) DO UPDATE SET \
+    next_due_at = CASE \
+        WHEN COALESCE(dibs_schedules.cron, '') = COALESCE(excluded.cron, '') \
+         AND COALESCE(dibs_schedules.interval_micros, 0) = COALESCE(excluded.interval_micros, 0) \
+         AND dibs_schedules.time_zone = excluded.time_zone \
+        THEN dibs_schedules.next_due_at ELSE excluded.next_due_at END, \
+    cron = excluded.cron, interval_micros = excluded.interval_micros, \
+    time_zone = excluded.time_zone, queue = excluded.queue, kind = excluded.kind, \
+    payload = excluded.payload, priority = excluded.priority, \
+    max_attempts = excluded.max_attempts, dedup_key = excluded.dedup_key, \
+    limit_key = excluded.limit_key, limit_max = excluded.limit_max, \
+    delay_micros = excluded.delay_micros, catch_up = excluded.catch_up";
 
-const UPSERT_ON_DUPLICATE_KEY: &str = " ON DUPLICATE KEY UPDATE cron = VALUES(cron), \
-    interval_micros = VALUES(interval_micros), time_zone = VALUES(time_zone), \
-    queue = VALUES(queue), kind = VALUES(kind), payload = VALUES(payload), \
-    priority = VALUES(priority), max_attempts = VALUES(max_attempts), \
-    catch_up = VALUES(catch_up), next_due_at = VALUES(next_due_at)";
+/// As [`UPSERT_ON_CONFLICT`]. MySQL applies the assignments in order, each seeing the ones
+/// before: `next_due_at` is decided first, on the old timing.
+const UPSERT_ON_DUPLICATE_KEY: &str = " ON DUPLICATE KEY UPDATE \
+    next_due_at = IF(cron <=> VALUES(cron) AND interval_micros <=> VALUES(interval_micros) \
+        AND time_zone = VALUES(time_zone), next_due_at, VALUES(next_due_at)), \
+    cron = VALUES(cron), interval_micros = VALUES(interval_micros), \
+    time_zone = VALUES(time_zone), queue = VALUES(queue), kind = VALUES(kind), \
+    payload = VALUES(payload), priority = VALUES(priority), \
+    max_attempts = VALUES(max_attempts), dedup_key = VALUES(dedup_key), \
+    limit_key = VALUES(limit_key), limit_max = VALUES(limit_max), \
+    delay_micros = VALUES(delay_micros), catch_up = VALUES(catch_up)";
 
 /// The due schedules, locked (other schedulers skip them; SQLite's IMMEDIATE transaction
 /// serializes schedulers anyway). The table is small: no index on next_due_at, so MySQL
@@ -298,11 +310,13 @@ const DUE: &str = "WHERE paused = 0 AND next_due_at <= {now} ORDER BY name LIMIT
 const ADVANCE: &str =
     "UPDATE dibs_schedules SET next_due_at = ? WHERE name = ? AND next_due_at = ?";
 
-/// Creates or replaces a schedule; its next tick is computed from the database's now (so a
-/// changed schedule starts afresh, and a paused one stays paused). Joins the caller's
-/// transaction if there is one.
+/// Creates or replaces a schedule. A new schedule's next tick is the first after the
+/// database's now. A replaced one keeps its next tick, overdue or not, when its timing (cron
+/// expression or interval, and time zone) is unchanged, so declaring schedules at every
+/// start-up loses no tick missed while the program was down; a changed timing starts afresh
+/// from now. A paused schedule stays paused. Joins the caller's transaction if there is one.
 pub fn upsert<C: DibsConnection>(conn: &mut C, schedule: &Schedule) -> Result<()> {
-    let timing = schedule.validate()?;
+    let (timing, delay) = schedule.validate()?;
     let now = crate::database_now(conn)?;
     let next = timing.next_after(now)?;
     let (cron, interval) = match &schedule.spec {
@@ -327,6 +341,10 @@ pub fn upsert<C: DibsConnection>(conn: &mut C, schedule: &Schedule) -> Result<()
             .bind::<Binary, _>(&job.payload)
             .bind::<Integer, _>(job.priority)
             .bind::<Integer, _>(job.max_attempts as i32)
+            .bind::<Nullable<Text>, _>(job.dedup_key.as_deref())
+            .bind::<Nullable<Text>, _>(job.limit.as_ref().map(|(key, _)| key.as_str()))
+            .bind::<Nullable<Integer>, _>(job.limit.as_ref().map(|(_, max)| *max as i32))
+            .bind::<BigInt, _>(delay)
             .bind::<Integer, _>(i32::from(schedule.catch_up))
             .bind::<Instant, _>(next)
             .execute(c)
@@ -374,8 +392,9 @@ pub fn list<C: DibsConnection>(conn: &mut C) -> Result<Vec<ScheduleInfo>> {
 }
 
 /// Fires every due tick of every schedule (by the database's clock) and returns how many jobs
-/// it enqueued. Run it from any number of schedulers, as often as the finest schedule needs:
-/// each tick is enqueued exactly once. Needs a bare connection.
+/// it enqueued (a tick whose dedup key a live job already has enqueues none). Run it from any
+/// number of schedulers, as often as the finest schedule needs: each tick is enqueued exactly
+/// once. Needs a bare connection.
 pub fn tick<C: DibsConnection>(conn: &mut C) -> Result<usize> {
     dispatch!(conn, c => bare_write_transaction(c, "firing schedules", fire_due))
 }
@@ -396,15 +415,10 @@ fn fire_due<D: Dialect + DibsConnection>(c: &mut D) -> Result<usize> {
                 continue;
             }
         };
-        let cap = if row.catch_up != 0 {
-            MAX_TICKS_PER_CALL
-        } else {
-            usize::MAX
-        };
-        let (ticks, next) = timing.due_ticks(row.next_due_at, row.db_now, cap)?;
+        let due = timing.due(row.next_due_at, row.db_now, row.catch_up != 0)?;
         let advanced = dispatch!(c, c => {
             diesel::sql_query(c.syntax().render(ADVANCE))
-                .bind::<Instant, _>(next)
+                .bind::<Instant, _>(due.next)
                 .bind::<Text, _>(&row.name)
                 .bind::<Instant, _>(row.next_due_at)
                 .execute(c)
@@ -412,124 +426,11 @@ fn fire_due<D: Dialect + DibsConnection>(c: &mut D) -> Result<usize> {
         if advanced != 1 {
             continue; // another scheduler fired it
         }
-        let fire: &[DateTime<Utc>] = if row.catch_up != 0 {
-            &ticks
-        } else {
-            &ticks[ticks.len() - 1..]
-        };
-        for at in fire {
-            jobs::enqueue(c, &row.job().at(*at))?;
-            enqueued += 1;
+        for at in due.fire {
+            if !jobs::enqueue(c, &row.job(at)?)?.existing {
+                enqueued += 1;
+            }
         }
     }
     Ok(enqueued)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn at(s: &str) -> DateTime<Utc> {
-        s.parse().unwrap()
-    }
-
-    fn cron(expression: &str, zone: &str) -> Timing {
-        Timing::new(&Spec::Cron(expression.to_string()), zone).unwrap()
-    }
-
-    #[test]
-    fn five_and_six_field_expressions() {
-        let daily = cron("30 4 * * *", "UTC");
-        assert_eq!(
-            daily.next_after(at("2026-11-30T04:30:00Z")).unwrap(),
-            at("2026-12-01T04:30:00Z")
-        );
-        let seconds = cron("*/15 * * * * *", "UTC");
-        assert_eq!(
-            seconds.next_after(at("2026-11-30T04:30:01Z")).unwrap(),
-            at("2026-11-30T04:30:15Z")
-        );
-        let weekdays = cron("0 9 * * MON-FRI", "UTC");
-        // 2026-11-28 is a Saturday.
-        assert_eq!(
-            weekdays.next_after(at("2026-11-28T10:00:00Z")).unwrap(),
-            at("2026-11-30T09:00:00Z")
-        );
-    }
-
-    #[test]
-    fn time_zones_and_dst() {
-        let nine = cron("0 9 * * *", "America/New_York");
-        // EDT (UTC-4) in October, EST (UTC-5) in December.
-        assert_eq!(
-            nine.next_after(at("2026-10-01T00:00:00Z")).unwrap(),
-            at("2026-10-01T13:00:00Z")
-        );
-        assert_eq!(
-            nine.next_after(at("2026-12-01T00:00:00Z")).unwrap(),
-            at("2026-12-01T14:00:00Z")
-        );
-        // Spring forward, 2026-03-08: 02:30 does not exist; it fires at the first instant
-        // after the gap (03:00 EDT = 07:00 UTC).
-        let gap = cron("30 2 * * *", "America/New_York");
-        assert_eq!(
-            gap.next_after(at("2026-03-08T05:00:00Z")).unwrap(),
-            at("2026-03-08T07:00:00Z")
-        );
-        // Fall back, 2026-11-01: 01:30 happens twice; it fires once, at the first (EDT).
-        let overlap = cron("30 1 * * *", "America/New_York");
-        let first = overlap.next_after(at("2026-11-01T04:00:00Z")).unwrap();
-        assert_eq!(first, at("2026-11-01T05:30:00Z"));
-        assert_eq!(
-            overlap.next_after(first).unwrap(),
-            at("2026-11-02T06:30:00Z")
-        );
-    }
-
-    #[test]
-    fn invalid_expressions_and_zones_are_typed_errors() {
-        for bad in [
-            "",
-            "* * *",
-            "61 * * * *",
-            "* * * * * * * *",
-            "every day",
-            "0 9 * * FUNDAY",
-        ] {
-            let err = Timing::new(&Spec::Cron(bad.to_string()), "UTC")
-                .err()
-                .expect(bad);
-            assert!(err.is_invalid_input(), "{bad:?}: {err:?}");
-        }
-        assert!(
-            Timing::new(&Spec::Cron("0 9 * * *".into()), "Mars/Olympus")
-                .err()
-                .unwrap()
-                .is_invalid_input()
-        );
-        assert!(
-            Timing::new(&Spec::Every(Duration::ZERO), "UTC")
-                .err()
-                .unwrap()
-                .is_invalid_input()
-        );
-    }
-
-    #[test]
-    fn missed_ticks_are_counted() {
-        let every = Timing::Every(chrono::Duration::seconds(10));
-        let (ticks, next) = every
-            .due_ticks(
-                at("2026-01-01T00:00:00Z"),
-                at("2026-01-01T00:01:35Z"),
-                usize::MAX,
-            )
-            .unwrap();
-        assert_eq!(ticks.len(), 10);
-        assert_eq!(next, at("2026-01-01T00:01:40Z"));
-        let (capped, next) = every
-            .due_ticks(at("2026-01-01T00:00:00Z"), at("2026-01-01T00:01:35Z"), 3)
-            .unwrap();
-        assert_eq!((capped.len(), next), (3, at("2026-01-01T00:00:30Z")));
-    }
 }
