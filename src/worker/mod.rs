@@ -333,9 +333,11 @@ impl WorkerBuilder {
         self
     }
 
-    /// A timeout for one kind (set after its handler): at the timeout the worker stops
-    /// renewing the claim, raises [`JobContext::should_stop`] and fails the run (retried per
-    /// policy). The thread stays busy until the handler returns.
+    /// A timeout for one kind (set after its handler): at the timeout the worker raises
+    /// [`JobContext::should_stop`]; when the handler returns, the run is recorded as failed
+    /// (retried per policy), whatever it returned. A thread cannot be killed, so until then
+    /// the job stays running under its claim (renewed): no retry of it starts meanwhile, and
+    /// it keeps its concurrency-limit slot.
     pub fn timeout(mut self, kind: &str, timeout: Duration) -> Self {
         match self.kinds.get_mut(kind) {
             Some(config) if !timeout.is_zero() => config.timeout = Some(timeout),
