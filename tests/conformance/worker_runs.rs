@@ -58,8 +58,9 @@ fn a_retry_claimed_while_the_first_run_is_recorded_runs_once(backend: Backend) {
     let worker = Worker::builder(pool)
         .queue("again")
         .threads(8)
-        // Short enough that an orphaned claim lapses and is rescued within the test.
-        .lease_ttl(Duration::from_secs(1))
+        // Short enough that an orphaned claim lapses and is rescued within the test, long
+        // enough that heartbeats on a loaded machine keep the others.
+        .lease_ttl(Duration::from_secs(3))
         .poll_interval(Duration::from_millis(20))
         .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
             seen.lock()
@@ -76,7 +77,7 @@ fn a_retry_claimed_while_the_first_run_is_recorded_runs_once(backend: Backend) {
         .unwrap();
     let live = wait_until_final(&mut conn, Duration::from_secs(60));
     // Past a whole ttl and a rescue period: an orphaned claim would have lapsed and rerun.
-    std::thread::sleep(Duration::from_millis(2500));
+    std::thread::sleep(Duration::from_millis(5000));
     let report = worker.shutdown(Duration::from_secs(5));
     assert_eq!(live, 0, "{report:?}");
     assert_eq!(
