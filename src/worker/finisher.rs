@@ -170,7 +170,7 @@ pub(super) fn record(
             Ok(outcome) => outcomes.push((outcome, counted)),
             // The retry it asked for cannot be stored (an instant out of range): retried
             // per the kind's policy instead, and the message says so.
-            Err(refused) if refused.is_invalid_input() && !matches!(retry, Retry::Backoff(_)) => {
+            Err(refused) if !may_pass(&refused) && !matches!(retry, Retry::Backoff(_)) => {
                 let message = format!(
                     "{message} (the retry it asked for was refused: {refused}; retried per policy instead)"
                 );

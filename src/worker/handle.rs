@@ -23,6 +23,9 @@ pub struct WorkerHandle {
     done: bool,
 }
 
+/// How long shutdown waits, past the grace period, for handlers told to stop.
+const STOP_WAIT: Duration = Duration::from_secs(1);
+
 /// Runs due jobs on the calling thread until none is due (the test helper).
 pub(crate) fn run_due(config: Config) -> crate::Result<Report> {
     let shared = Shared::new(config);
@@ -118,10 +121,14 @@ impl WorkerHandle {
         self.shared.lock().report.clone()
     }
 
-    /// Stops claiming, waits up to `grace` for running jobs to finish, then gives back the
-    /// ones that did not (due again at once, no attempt used, so another worker takes them
-    /// straight away) and raises their [`super::JobContext::should_stop`]. Jobs claimed ahead
-    /// that no thread had started are given back at once. Returns the report.
+    /// Stops claiming and waits up to `grace` for running jobs to finish. Then it raises the
+    /// [`super::JobContext::should_stop`] of the runs still going and waits up to one more
+    /// second for them: a run whose handler returns then is given back (due again at once,
+    /// no attempt used, so another worker takes it straight away). Jobs claimed ahead that
+    /// no thread had started are given back. A handler still running after that keeps its
+    /// job: no other run of it may start while it works, so its claim is left to lapse
+    /// (within the claim ttl) and the rescue returns it, without using an attempt. Returns
+    /// the report.
     pub fn shutdown(mut self, grace: Duration) -> Report {
         self.stop(grace)
     }
@@ -136,32 +143,56 @@ impl WorkerHandle {
         if let Some(claimer) = self.claimer.take() {
             let _ = claimer.join();
         }
-        let until = Instant::now() + grace;
-        let mut state = self.shared.lock();
-        while (state.active > 0 || !state.settle.is_empty() || state.settling > 0)
-            && Instant::now() < until
-        {
-            let left = until.saturating_duration_since(Instant::now());
-            state = self.shared.wait(state, left);
-        }
-        // Everything not finishing: queued (never started) and runs past the grace period.
-        let unfinished = state.take_unfinished();
-        state.closing = true;
-        drop(state);
+        let settled = |shared: &Shared, until: Instant| {
+            let mut state = shared.lock();
+            while (state.active > 0 || !state.settle.is_empty() || state.settling > 0)
+                && Instant::now() < until
+            {
+                let left = until.saturating_duration_since(Instant::now());
+                state = shared.wait(state, left);
+            }
+        };
+        settled(&self.shared, Instant::now() + grace);
+        // Past the grace period: runs still inside their handler are asked to stop, and those
+        // that do (within STOP_WAIT) are given back, renewed meanwhile.
+        self.shared.lock().ask_to_stop();
+        settled(&self.shared, Instant::now() + STOP_WAIT);
+        let (queued, running) = {
+            let mut state = self.shared.lock();
+            let unfinished = state.take_unfinished();
+            state.closing = true;
+            unfinished
+        };
         self.shared.changed.notify_all();
-        if !unfinished.is_empty() {
+        if running > 0 {
+            tracing::warn!(
+                runs = running,
+                "shutdown: handlers still running past the grace period; their claims lapse unrenewed and the rescue returns their jobs"
+            );
+        }
+        if !queued.is_empty() {
             let given_back = self.shared.config.pool.get().and_then(|mut conn| {
-                let mut outcomes = Vec::with_capacity(unfinished.len());
-                for batch in batches(&unfinished) {
+                let mut outcomes = Vec::with_capacity(queued.len());
+                for batch in batches(&queued) {
                     outcomes.extend(jobs::give_back(&mut conn, &batch)?);
                 }
                 Ok(outcomes)
             });
             match given_back {
                 Ok(outcomes) => {
-                    let n = outcomes.iter().filter(|o| **o == Outcome::Done).count();
-                    self.shared.count(|r| r.given_back += n);
-                    tracing::info!(jobs = n, "shutdown: gave back unfinished jobs");
+                    self.shared.count(|r| {
+                        for outcome in &outcomes {
+                            match outcome {
+                                Outcome::Done | Outcome::AlreadyDone => r.given_back += 1,
+                                Outcome::Cancelled => r.cancelled += 1,
+                                Outcome::Lost => r.lost += 1,
+                            }
+                        }
+                    });
+                    tracing::info!(
+                        jobs = outcomes.len(),
+                        "shutdown: gave back jobs claimed ahead"
+                    );
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "shutdown: giving back unfinished jobs failed; their claims will lapse")

@@ -34,6 +34,8 @@ pub(super) fn run_handlers(shared: &Shared, inbox: &Mutex<Receiver<Task>>) {
                 .then(|| (run.timeout.unwrap_or_default(), run.kind.clone()))
         });
         let settle = match timed_out {
+            // Shutdown asked it to stop: its job goes back to the queue, no attempt used.
+            _ if state.past_grace => Settle::GiveBack(claim),
             // Past its timeout the run is a failure, whatever the handler returned late.
             Some((timeout, kind)) => {
                 state.report.timed_out += 1;

@@ -49,11 +49,14 @@ pub struct Report {
     pub lost: usize,
     /// Runs whose job was cancelled while they ran.
     pub cancelled: usize,
-    /// Runs that panicked (also counted as retried or dead).
+    /// Runs that panicked (also counted under how they were recorded: retried, dead,
+    /// cancelled or lost).
     pub panicked: usize,
-    /// Runs that passed their kind's timeout (also counted as retried or dead).
+    /// Runs that passed their kind's timeout (also counted under how they were recorded:
+    /// retried, dead, cancelled or lost).
     pub timed_out: usize,
-    /// Jobs given back at shutdown because they had not finished within the grace period.
+    /// Jobs given back at shutdown: claimed ahead and not started, or stopped by their
+    /// handler when asked to, after the grace period.
     pub given_back: usize,
 }
 
@@ -124,6 +127,9 @@ pub(super) struct State {
     pub settling: usize,
     /// The claimer stops; queued jobs are no longer started.
     pub stopping: bool,
+    /// Shutdown passed its grace period: runs still inside their handler were asked to stop,
+    /// and a run whose handler returns now is given back, not recorded.
+    pub past_grace: bool,
     /// Past the grace period: the finisher records what is left and exits, the heartbeat
     /// exits.
     pub closing: bool,
@@ -147,6 +153,7 @@ impl State {
             settle: Vec::new(),
             settling: 0,
             stopping: false,
+            past_grace: false,
             closing: false,
             woken: false,
             average_run: None,
@@ -268,21 +275,39 @@ impl State {
         }
     }
 
-    /// Shutdown, past the grace period: every claim not finishing (queued, or running past
-    /// the grace period) stops being held; their stop flags are raised.
-    pub fn take_unfinished(&mut self) -> Vec<JobClaim> {
-        let claims: Vec<JobClaim> = self
-            .runs
-            .iter()
-            .filter(|(_, run)| run.phase != Phase::Finishing)
-            .map(|(claim, _)| *claim)
-            .collect();
-        for claim in &claims {
-            if let Some(run) = self.runs.remove(claim) {
+    /// Shutdown, at the end of the grace period: every run still inside its handler is asked
+    /// to stop; one that returns now is given back.
+    pub fn ask_to_stop(&mut self) {
+        self.past_grace = true;
+        for run in self.runs.values() {
+            if matches!(run.phase, Phase::Active(_)) {
                 run.stop.store(true, Ordering::SeqCst);
             }
         }
-        claims
+    }
+
+    /// Shutdown, last: every claim not finishing stops being held. Returns the queued ones
+    /// (never started: to give back at once) and how many runs are still inside their
+    /// handler: those are not given back while the handler may still be working on them
+    /// (no second run may start meanwhile, and the job keeps its limit slot); their claims
+    /// lapse, unrenewed, and a rescue returns them without using an attempt.
+    pub fn take_unfinished(&mut self) -> (Vec<JobClaim>, usize) {
+        let mut queued = Vec::new();
+        let mut running = 0;
+        self.runs.retain(|claim, run| match run.phase {
+            Phase::Finishing => true,
+            Phase::Queued => {
+                run.stop.store(true, Ordering::SeqCst);
+                queued.push(*claim);
+                false
+            }
+            Phase::Active(_) => {
+                run.stop.store(true, Ordering::SeqCst);
+                running += 1;
+                false
+            }
+        });
+        (queued, running)
     }
 }
 
