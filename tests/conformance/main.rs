@@ -10,4 +10,5 @@ mod limits;
 mod queue_ops;
 mod schedules;
 mod worker;
+mod worker_attacks;
 mod worker_runs;
