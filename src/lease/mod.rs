@@ -17,7 +17,8 @@
 //! | [`inspect`] / [`list`] | any | holder, fence, times and the database's now |
 //!
 //! [`LeaseGuard`] does the common case: take, renew from a background thread, release on
-//! drop.
+//! drop; [`LeaseGuard::release_on`] releases through the caller's connection, inside its
+//! transaction (the one way to release inside a transaction that ran [`Lease::verify`]).
 //!
 //! ```
 //! # fn main() -> Result<(), dibs::Error> {
