@@ -361,30 +361,35 @@ fn reconnect(pool: &Pool) -> Reconnect<PooledConnection> {
     Box::new(move || pool.get())
 }
 
-/// Releases `lease`, trying again after transient errors (a busy SQLite, a broken connection:
-/// then on a fresh one) until the local `deadline`, after which the lease lapses anyway.
+/// Releases `lease`, trying again after transient errors (a busy SQLite, a lock timeout)
+/// until the local `deadline`, after which the lease lapses anyway; after another error, once
+/// more on a fresh connection (the connection may have broken since the last renewal).
 fn release_until<C: DibsConnection>(
     mut conn: C,
     reconnect: Option<&Reconnect<C>>,
     lease: &mut Lease,
     deadline: Clock,
 ) -> Result<bool> {
+    let mut reconnected = false;
     loop {
         let error = match lease.release(&mut conn) {
             Ok(released) => return Ok(released),
             Err(e) => e,
         };
-        if Clock::now() >= deadline {
-            return Err(error);
-        }
-        if !error.is_retryable() {
-            // The connection may have broken since the last renewal.
-            match reconnect {
-                Some(get) => conn = get()?,
-                None => return Err(error),
+        if error.is_retryable() {
+            if Clock::now() >= deadline {
+                return Err(error);
             }
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        match reconnect {
+            Some(get) if !reconnected => {
+                conn = get()?;
+                reconnected = true;
+            }
+            _ => return Err(error),
+        }
     }
 }
 
