@@ -82,6 +82,23 @@ pub enum Error {
         name: String,
     },
 
+    /// [`LeaseGuard::release`](crate::LeaseGuard::release) (or dropping the guard) could not
+    /// release the lease within [`RELEASE_WAIT`](crate::lease::RELEASE_WAIT): its row is
+    /// locked by an open transaction that ran [`Lease::verify`](crate::lease::Lease::verify),
+    /// most often the caller's own on this thread, which the release would wait for forever.
+    /// Nothing is lost: the release completes in the background once that transaction ends
+    /// (or the lease lapses, as it is renewed no more). Inside such a transaction, release
+    /// with [`LeaseGuard::release_on`](crate::LeaseGuard::release_on) instead.
+    #[error(
+        "releasing lease {name:?} waits for its row, locked by an open transaction that ran \
+         Lease::verify (on this thread?): release inside it with LeaseGuard::release_on, or \
+         after it ends; the release completes once the row is free"
+    )]
+    LeaseReleasePending {
+        /// The lease's name.
+        name: String,
+    },
+
     /// An error from the database, unchanged.
     #[error("database error: {0}")]
     Database(#[from] DieselError),
@@ -134,6 +151,15 @@ impl Error {
 
     /// True when the connection broke during the call, so the database may or may not have
     /// applied it. Such an error is not "failed": check the state before doing it again.
+    ///
+    /// diesel gives no error number for MySQL/MariaDB (only the message, and a kind for a
+    /// few constraint errors), so these are recognised by the client's and server's message
+    /// texts, compared without regard to case: 2006 "(MySQL) server has gone away", 2013 and
+    /// 2055 "Lost connection to (MySQL) server", 1927 "Connection was killed" (MariaDB: a
+    /// `KILL` while the statement ran or waited for a lock), 1053 "Server shutdown in
+    /// progress", 4031 "disconnected by the server because of inactivity" (MySQL 8);
+    /// PostgreSQL's 57P01-57P03 ("terminating connection ...") and libpq's lost-connection
+    /// messages.
     pub fn is_outcome_unknown(&self) -> bool {
         match self {
             Error::Database(DieselError::DatabaseError(kind, info)) => {
@@ -172,13 +198,69 @@ fn is_transient_message(message: &str) -> bool {
     TRANSIENT.iter().any(|t| message.contains(t))
 }
 
+/// Messages of a connection lost mid-call (see `is_outcome_unknown`), in lower case: clients
+/// and servers differ in capitals ("MySQL server has gone away", MariaDB Connector/C's
+/// "Server has gone away").
 fn is_lost_connection_message(message: &str) -> bool {
     const LOST: &[&str] = &[
-        "server has gone away",                      // MySQL 2006
-        "Lost connection to",                        // MySQL 2013
-        "server closed the connection unexpectedly", // libpq
-        "terminating connection",                    // PostgreSQL 57P01 and friends
-        "no connection to the server",               // libpq
+        "server has gone away",                             // MySQL/MariaDB 2006
+        "lost connection to",                               // MySQL/MariaDB 2013, 2055
+        "connection was killed",                            // MariaDB 1927 (KILL)
+        "server shutdown in progress",                      // MySQL/MariaDB 1053
+        "disconnected by the server because of inactivity", // MySQL 8 4031
+        "server closed the connection unexpectedly",        // libpq
+        "terminating connection",                           // PostgreSQL 57P01 and friends
+        "no connection to the server",                      // libpq
+        "could not receive data from server",               // libpq
+        "could not send data to server",                    // libpq
     ];
+    let message = message.to_lowercase();
     LOST.iter().any(|t| message.contains(t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn database_error(message: &str) -> Error {
+        Error::Database(DieselError::DatabaseError(
+            DatabaseErrorKind::Unknown,
+            Box::new(message.to_string()),
+        ))
+    }
+
+    #[test]
+    fn lost_connections_are_outcome_unknown_whatever_the_capitals() {
+        for message in [
+            "MySQL server has gone away",
+            "Server has gone away",
+            "Lost connection to MySQL server during query",
+            "Lost connection to server during query",
+            "Lost connection to MySQL server at 'reading initial communication packet', system error: 104",
+            "Connection was killed",
+            "Server shutdown in progress",
+            "The client was disconnected by the server because of inactivity. See wait_timeout and interactive_timeout for configuring this behavior.",
+            "server closed the connection unexpectedly\n\tThis probably means the server terminated abnormally",
+            "terminating connection due to administrator command",
+            "no connection to the server\n",
+            "could not receive data from server: Connection reset by peer",
+        ] {
+            let err = database_error(message);
+            assert!(err.is_outcome_unknown(), "{message:?}");
+            assert!(!err.is_retryable(), "{message:?}");
+        }
+    }
+
+    #[test]
+    fn other_errors_are_not_outcome_unknown() {
+        for message in [
+            "Duplicate entry 'x' for key 'PRIMARY'",
+            "Query execution was interrupted",
+            "Deadlock found when trying to get lock; try restarting transaction",
+            "relation \"dibs_jobs\" does not exist",
+        ] {
+            assert!(!database_error(message).is_outcome_unknown(), "{message:?}");
+        }
+        assert!(!Error::Timeout { what: "x" }.is_outcome_unknown());
+    }
 }

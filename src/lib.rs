@@ -41,6 +41,10 @@
 //!   completing inside the transaction of the handler's own writes makes those writes happen
 //!   exactly once.
 //! - **Bad input changes nothing.** It is an [`Error::InvalidInput`] before any statement.
+//!   Instants given to dibs (a job's due time, a retry time) must lie in the years 1 to 9999,
+//!   what every backend stores and orders correctly (MySQL's `DATETIME` ends in 9999, SQLite
+//!   compares four-digit years as text); due times dibs computes are the database's now plus
+//!   at most 366 days.
 //! - **Errors are never "nothing there".** A database error is returned as an error, and
 //!   [`Error::is_retryable`] / [`Error::is_outcome_unknown`] say whether to repeat the call or
 //!   to check first.
@@ -59,8 +63,9 @@
 //! with the caller's own: [`jobs::enqueue`] and [`jobs::enqueue_many`]; [`jobs::complete`]
 //! (with the handler's own writes: the exactly-once way to finish a job), [`jobs::fail`],
 //! [`jobs::renew`] and [`jobs::give_back`]; [`lease::Lease::verify`] (work commits only while
-//! the lease is held); and the operator calls [`jobs::cancel`], [`jobs::retry_dead`],
-//! [`jobs::pause`] and [`jobs::resume`]. On a bare connection they commit on their own. Use
+//! the lease is held) and [`LeaseGuard::release_on`]; and the operator calls
+//! [`jobs::cancel`], [`jobs::retry_dead`], [`jobs::pause`] and [`jobs::resume`]. On a bare
+//! connection they commit on their own. Use
 //! [`transaction()`] to open the right kind of transaction for them (IMMEDIATE on SQLite).
 //!
 //! Others need a bare connection and open the transaction they need themselves: taking,

@@ -1,10 +1,12 @@
 //! dibs's schema: embedded migrations per backend, run under a lock.
 
 use diesel::backend::Backend as DieselBackend;
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Text};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
 use crate::backend::{Dialect, dispatch};
-use crate::{DibsConnection, Error, Result};
+use crate::{Backend, DibsConnection, Error, Result};
 
 #[cfg(feature = "sqlite")]
 pub(crate) const SQLITE: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
@@ -42,6 +44,11 @@ pub fn run_migrations<C: DibsConnection>(conn: &mut C) -> Result<Vec<String>> {
 /// The newest dibs migration applied to this database, or `None` before the first
 /// [`run_migrations`].
 ///
+/// It only reads: on a database without diesel's `__diesel_schema_migrations` table it says
+/// `None` and creates nothing, so it can run at the same time as [`run_migrations`] (a
+/// `dibs work` starting while `dibs migrate` runs). Inside a caller's transaction it is a
+/// plain read of it.
+///
 /// ```
 /// # fn main() -> Result<(), dibs::Error> {
 /// let mut conn = dibs::AnyConnection::connect(":memory:")?;
@@ -51,23 +58,49 @@ pub fn run_migrations<C: DibsConnection>(conn: &mut C) -> Result<Vec<String>> {
 /// # Ok(()) }
 /// ```
 pub fn schema_version<C: DibsConnection>(conn: &mut C) -> Result<Option<String>> {
-    dispatch!(conn, c => newest_applied(c))
-}
-
-fn newest_applied<DB, C>(conn: &mut C) -> Result<Option<String>>
-where
-    DB: DieselBackend,
-    C: MigrationHarness<DB>,
-{
-    // diesel's harness creates its table on first use, so asking works on an empty database.
-    let applied = conn
-        .applied_migrations()
-        .map_err(|e| Error::Migration(e.to_string()))?;
-    Ok(applied
+    // Asking diesel's harness would create its table when it is missing (CREATE TABLE IF NOT
+    // EXISTS), and on PostgreSQL two of those at once fail on pg_type's unique index, even
+    // with IF NOT EXISTS: that raced `run_migrations`, which creates it under its lock.
+    let table_exists = match conn.backend() {
+        Backend::Sqlite => {
+            "SELECT COUNT(*) AS n FROM sqlite_master \
+             WHERE type = 'table' AND name = '__diesel_schema_migrations'"
+        }
+        // Resolved through search_path, like diesel's own unqualified statements.
+        Backend::Postgres => {
+            "SELECT CAST(COUNT(*) AS BIGINT) AS n \
+             FROM (SELECT to_regclass('__diesel_schema_migrations') AS t) r WHERE t IS NOT NULL"
+        }
+        Backend::Mysql => {
+            "SELECT COUNT(*) AS n FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name = '__diesel_schema_migrations'"
+        }
+    };
+    let versions: Vec<Version> = dispatch!(conn, c => {
+        let exists = diesel::sql_query(table_exists).get_result::<Count>(c)?.n > 0;
+        if exists {
+            diesel::sql_query("SELECT version FROM __diesel_schema_migrations").load::<Version>(c)
+        } else {
+            Ok(Vec::new())
+        }
+    })?;
+    Ok(versions
         .into_iter()
-        .map(|v| v.to_string())
+        .map(|v| v.version)
         .filter(|v| v.starts_with(VERSION_PREFIX))
         .max())
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+#[derive(QueryableByName)]
+struct Version {
+    #[diesel(sql_type = Text)]
+    version: String,
 }
 
 /// Runs the pending migrations of `source`; the caller holds the backend's migration lock.

@@ -3,6 +3,9 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
+use crate::jobs::Retry;
 use crate::{Error, Result};
 
 /// The longest name (lease, queue, kind, key), in bytes.
@@ -85,6 +88,43 @@ pub(crate) fn delay_micros(delay: Duration) -> Result<i64> {
     i64::try_from(delay.as_micros()).map_err(|_| Error::invalid("delay", "out of range"))
 }
 
+/// The earliest instant dibs stores, `0001-01-01T00:00:00Z`, in seconds since the epoch.
+///
+/// Years 1 to 9999 are what all three backends store and give back unchanged: MySQL's
+/// `DATETIME` ends at 9999-12-31 (a later instant is stored as `0000-00-00` even in strict
+/// mode), PostgreSQL counts year 0 and earlier as BC, and SQLite compares instants as text,
+/// which orders correctly only for four-digit years (`+10000-...` sorts before `2025-...`).
+pub(crate) const EARLIEST_INSTANT_SECS: i64 = -62_135_596_800;
+
+/// The first instant past what dibs stores, `10000-01-01T00:00:00Z`, in seconds since the
+/// epoch: the latest instant stored is just before it (`9999-12-31T23:59:59.999999Z`).
+pub(crate) const END_OF_INSTANTS_SECS: i64 = 253_402_300_800;
+
+/// An instant given by the caller (a due time, a retry time): from year 1 to year 9999, the
+/// instants every backend stores and orders correctly (see [`EARLIEST_INSTANT_SECS`]). A
+/// far-future instant meant as "never" (`DateTime::<Utc>::MAX_UTC`) is refused rather than
+/// stored as something else.
+pub(crate) fn instant(field: &'static str, at: DateTime<Utc>) -> Result<()> {
+    let secs = at.timestamp();
+    if (EARLIEST_INSTANT_SECS..END_OF_INSTANTS_SECS).contains(&secs) {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        field,
+        format!("{at} is outside the years 1 to 9999, which every database dibs supports stores"),
+    ))
+}
+
+/// What to do with a failed run: an instant within [`instant`]'s range, a delay of at most
+/// [`MAX_TTL`]. (A backoff's delay depends on the attempt and is checked when it is computed.)
+pub(crate) fn retry(retry: &Retry) -> Result<()> {
+    match retry {
+        Retry::At(at) => instant("retry at", *at),
+        Retry::After(delay) => delay_micros(*delay).map(|_| ()),
+        Retry::Backoff(_) | Retry::Never => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +148,36 @@ mod tests {
         assert!(ttl(MAX_TTL).is_ok());
         assert!(ttl(MAX_TTL + Duration::from_secs(1)).is_err());
         assert!(ttl(Duration::MAX).is_err());
+    }
+
+    #[test]
+    fn instants_are_years_1_to_9999() {
+        use chrono::TimeZone;
+        let at = |y, mo, d, h, mi, s| Utc.with_ymd_and_hms(y, mo, d, h, mi, s).unwrap();
+        assert!(instant("at", at(1, 1, 1, 0, 0, 0)).is_ok());
+        assert!(instant("at", at(9999, 12, 31, 23, 59, 59)).is_ok());
+        let last = at(9999, 12, 31, 23, 59, 59) + chrono::Duration::nanoseconds(999_999_999);
+        assert!(instant("at", last).is_ok());
+        assert!(
+            instant("at", at(10000, 1, 1, 0, 0, 0))
+                .unwrap_err()
+                .is_invalid_input()
+        );
+        assert!(instant("at", at(0, 12, 31, 23, 59, 59)).is_err());
+        assert!(instant("at", DateTime::<Utc>::MAX_UTC).is_err());
+        assert!(instant("at", DateTime::<Utc>::MIN_UTC).is_err());
+        assert!(retry(&Retry::At(DateTime::<Utc>::MAX_UTC)).is_err());
+        assert!(retry(&Retry::After(MAX_TTL + Duration::from_secs(1))).is_err());
+        assert!(retry(&Retry::Never).is_ok());
+    }
+
+    #[test]
+    fn the_longest_delay_from_any_present_clock_stays_storable() {
+        // Due times computed in SQL are the database's now plus at most MAX_TTL: they stay
+        // below year 10000 for any clock before 9998-12-31.
+        let now = DateTime::<Utc>::from_timestamp(END_OF_INSTANTS_SECS - 367 * 86_400, 0).unwrap();
+        let latest = now + chrono::Duration::from_std(MAX_TTL).unwrap();
+        assert!(instant("due", latest).is_ok());
     }
 
     #[test]

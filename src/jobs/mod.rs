@@ -883,16 +883,15 @@ pub fn give_back<C: DibsConnection>(conn: &mut C, claims: &[JobClaim]) -> Result
 
 /// Records a failed run: with attempts left and a `retry` other than [`Retry::Never`], the
 /// job waits for its retry; otherwise it is dead. The error (cut to
-/// [`MAX_ERROR_BYTES`]) is kept with the job.
+/// [`MAX_ERROR_BYTES`]) is kept with the job. A [`Retry::At`] outside the years 1 to 9999 or a
+/// [`Retry::After`] longer than 366 days is [`Error::InvalidInput`], before any statement.
 pub fn fail<C: DibsConnection>(
     conn: &mut C,
     claim: JobClaim,
     error: &str,
     retry: Retry,
 ) -> Result<Outcome> {
-    if let Retry::After(delay) = retry {
-        validate::delay_micros(delay)?;
-    }
+    validate::retry(&retry)?;
     let outcomes = finish(conn, &[claim], Finish::Fail { error, retry })?;
     Ok(outcomes.into_iter().next().unwrap_or(Outcome::Lost))
 }

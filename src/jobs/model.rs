@@ -88,7 +88,9 @@ impl NewJob {
         self
     }
 
-    /// Due at this instant.
+    /// Due at this instant: from year 1 to year 9999 (what every backend stores; a later
+    /// instant meant as "never", such as `DateTime::<Utc>::MAX_UTC`, is refused with
+    /// [`Error::InvalidInput`] when the job is enqueued).
     pub fn at(mut self, at: DateTime<Utc>) -> Self {
         self.due = Due::At(at);
         self
@@ -146,13 +148,15 @@ impl NewJob {
                 format!("{} is not between 1 and {MAX_ATTEMPTS}", self.max_attempts),
             ));
         }
-        if let Due::After(delay) = self.due
-            && delay > validate::MAX_TTL
-        {
-            return Err(Error::invalid(
-                "delay",
-                format!("{delay:?} is longer than 366 days"),
-            ));
+        match self.due {
+            Due::After(delay) if delay > validate::MAX_TTL => {
+                return Err(Error::invalid(
+                    "delay",
+                    format!("{delay:?} is longer than 366 days"),
+                ));
+            }
+            Due::At(at) => validate::instant("due at", at)?,
+            Due::After(_) => {}
         }
         Ok(())
     }
@@ -374,7 +378,8 @@ pub enum Retry {
     Backoff(Backoff),
     /// Retry after this long (attempts permitting).
     After(Duration),
-    /// Retry at this instant (attempts permitting).
+    /// Retry at this instant (attempts permitting): from year 1 to year 9999, like
+    /// [`NewJob::at`]; [`super::fail`] refuses others with [`Error::InvalidInput`].
     At(DateTime<Utc>),
     /// Do not retry: the job is dead now.
     Never,
@@ -496,8 +501,8 @@ pub(crate) struct Candidate {
 pub(crate) struct InsertedRow {
     #[diesel(sql_type = BigInt)]
     pub id: i64,
-    #[diesel(sql_type = Integer)]
-    pub dedup_hits: i32,
+    #[diesel(sql_type = BigInt)]
+    pub dedup_hits: i64,
 }
 
 #[derive(QueryableByName)]

@@ -170,8 +170,9 @@ pub fn prune<C: DibsConnection>(
     })
 }
 
-/// The latest instant every backend stores (MySQL's DATETIME ends in year 9999).
+/// The latest whole second every backend stores (MySQL's DATETIME ends in year 9999; see
+/// `validate::instant`).
 fn clamp(at: DateTime<Utc>) -> DateTime<Utc> {
-    let latest = DateTime::<Utc>::from_timestamp(253_402_300_799, 0).unwrap_or(at);
-    at.min(latest)
+    let latest = DateTime::<Utc>::from_timestamp(validate::END_OF_INSTANTS_SECS - 1, 0);
+    latest.map_or(at, |latest| at.min(latest))
 }

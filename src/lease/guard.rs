@@ -1,12 +1,17 @@
 //! A lease held for as long as a value lives: renewed from a background thread, released on
 //! drop.
 
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as Clock};
 
 use super::{Lease, Wait, take_timed, try_take};
-use crate::{DibsConnection, Pool, PooledConnection, Result, validate};
+use crate::{DibsConnection, Error, Pool, PooledConnection, Result, validate};
+
+/// How long [`LeaseGuard::release`] (and drop) wait for the release to be done before saying
+/// [`Error::LeaseReleasePending`].
+pub const RELEASE_WAIT: Duration = Duration::from_secs(5);
 
 /// Holds a lease for as long as it lives.
 ///
@@ -19,6 +24,16 @@ use crate::{DibsConnection, Pool, PooledConnection, Result, validate};
 /// successful take or renewal was *sent*, plus the ttl, minus a margin of ttl/10. So it says
 /// "lost" no later than the database would, even when the database cannot be reached and a
 /// renewal hangs. Once lost or released it never renews again.
+///
+/// ## Releasing inside a transaction
+///
+/// [`Lease::verify`] locks the lease's row until the caller's transaction ends, and the guard
+/// renews and releases on its own connection, which must wait for that lock. So inside a
+/// transaction that ran `guard.lease().verify(conn)`, release with
+/// [`LeaseGuard::release_on`]`(conn)`: the release then commits with the work. There,
+/// [`LeaseGuard::release`] (or dropping the guard) cannot finish before the transaction does:
+/// it returns [`Error::LeaseReleasePending`] after [`RELEASE_WAIT`] instead of waiting for
+/// itself forever, and the release completes on its own once the transaction ends.
 ///
 /// ```
 /// # fn main() -> Result<(), dibs::Error> {
@@ -39,7 +54,13 @@ use crate::{DibsConnection, Pool, PooledConnection, Result, validate};
 pub struct LeaseGuard {
     lease: Lease,
     shared: Arc<Shared>,
-    renewer: Option<JoinHandle<Result<bool>>>,
+    renewer: Option<Renewer>,
+}
+
+/// The renewal thread, and where it reports the outcome of its final release.
+struct Renewer {
+    thread: JoinHandle<()>,
+    released: Receiver<Result<bool>>,
 }
 
 struct Shared {
@@ -52,6 +73,9 @@ struct State {
     deadline: Clock,
     lost: bool,
     stop: bool,
+    /// Whether the renewal thread releases the lease once stopped (not when the caller
+    /// releases it on a connection of its own).
+    release: bool,
 }
 
 impl Shared {
@@ -167,20 +191,26 @@ impl LeaseGuard {
                 deadline: sent + ttl - margin(ttl),
                 lost: false,
                 stop: false,
+                release: true,
             }),
             changed: Condvar::new(),
         });
+        let (report, released) = mpsc::channel();
         let renewer = {
             let (lease, shared) = (lease.clone(), shared.clone());
             std::thread::Builder::new()
                 .name(format!("dibs-lease-{}", lease.fence))
-                .spawn(move || renew_until_stopped(conn, reconnect, lease, ttl, &shared))
+                .spawn(move || {
+                    let outcome = renew_until_stopped(conn, reconnect, lease, ttl, &shared);
+                    // The guard may have stopped waiting (see `RELEASE_WAIT`).
+                    let _ = report.send(outcome);
+                })
         };
         match renewer {
-            Ok(handle) => LeaseGuard {
+            Ok(thread) => LeaseGuard {
                 lease,
                 shared,
-                renewer: Some(handle),
+                renewer: Some(Renewer { thread, released }),
             },
             // No thread, no renewals: the guard holds the lease until its first deadline
             // and then reports it lost; the row expires on its own.
@@ -233,22 +263,82 @@ impl LeaseGuard {
         }
     }
 
-    /// Stops renewing and releases the lease; returns whether it was still this guard's to
-    /// release. Dropping the guard does the same and ignores the outcome.
+    /// Stops renewing and releases the lease on the guard's own connection; returns whether
+    /// it was still this guard's to release. Dropping the guard does the same and ignores the
+    /// outcome.
+    ///
+    /// Waits at most [`RELEASE_WAIT`] for the release: when the lease's row stays locked
+    /// longer, by a transaction that ran [`Lease::verify`] (typically the caller's own, on
+    /// this thread: use [`LeaseGuard::release_on`] there), it returns
+    /// [`Error::LeaseReleasePending`] and the release goes on in the background until that
+    /// transaction ends, or until the lease lapses (it is renewed no more).
     pub fn release(mut self) -> Result<bool> {
-        self.stop()
+        self.stop(true)
     }
 
-    fn stop(&mut self) -> Result<bool> {
+    /// Stops renewing and releases the lease through `conn`, inside its open transaction if
+    /// there is one (in a savepoint; on a bare connection it commits on its own). After
+    /// `guard.lease().verify(conn)` this is the way to release inside the transaction: the
+    /// release commits with the work, and nothing waits for the row lock the transaction
+    /// holds. If that transaction rolls back, so does the release: the lease then lapses at
+    /// the end of its ttl (the guard renews it no more). Returns whether it was still this
+    /// guard's to release.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), dibs::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = dibs::Pool::open(&dir.path().join("app.db").display().to_string())?;
+    /// # dibs::run_migrations(&mut pool.get()?)?;
+    /// use std::time::Duration;
+    /// let guard = dibs::LeaseGuard::try_take_pooled(&pool, "sync", Duration::from_secs(30), "me")?
+    ///     .expect("free");
+    /// let mut conn = pool.get()?;
+    /// let released = dibs::transaction(&mut conn, |conn| {
+    ///     guard.lease().verify(conn)?;
+    ///     // ... write the results of the work here ...
+    ///     guard.release_on(conn)
+    /// })?;
+    /// assert!(released);
+    /// # Ok(()) }
+    /// ```
+    pub fn release_on<C: DibsConnection>(mut self, conn: &mut C) -> Result<bool> {
         {
             let mut state = self.shared.lock();
             state.stop = true;
             state.lost = true;
+            state.release = false;
         }
         self.shared.changed.notify_all();
-        match self.renewer.take() {
-            Some(handle) => handle.join().unwrap_or(Ok(false)),
-            None => Ok(false),
+        // Not joined: the thread may be inside a renewal that waits for the row lock `conn`'s
+        // transaction holds. Stopped, it exits without touching the lease again (a renewal
+        // that lands after this release finds another token, and changes nothing).
+        self.renewer = None;
+        self.lease.release_joining(conn)
+    }
+
+    fn stop(&mut self, release: bool) -> Result<bool> {
+        {
+            let mut state = self.shared.lock();
+            state.stop = true;
+            state.lost = true;
+            state.release = release;
+        }
+        self.shared.changed.notify_all();
+        let Some(renewer) = self.renewer.take() else {
+            return Ok(false);
+        };
+        // Never wait for the thread unboundedly: its release may wait for a row lock that
+        // this very thread's open transaction holds.
+        match renewer.released.recv_timeout(RELEASE_WAIT) {
+            Ok(outcome) => {
+                let _ = renewer.thread.join();
+                outcome
+            }
+            // The thread panicked: no release was made.
+            Err(RecvTimeoutError::Disconnected) => Ok(false),
+            Err(RecvTimeoutError::Timeout) => Err(Error::LeaseReleasePending {
+                name: self.lease.name.clone(),
+            }),
         }
     }
 }
@@ -256,7 +346,7 @@ impl LeaseGuard {
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         if self.renewer.is_some()
-            && let Err(e) = self.stop()
+            && let Err(e) = self.stop(true)
         {
             tracing::warn!(lease = %self.lease.name, error = %e, "releasing a lease on drop failed; it will expire");
         }
@@ -269,6 +359,38 @@ type Reconnect<C> = Box<dyn Fn() -> Result<C> + Send>;
 fn reconnect(pool: &Pool) -> Reconnect<PooledConnection> {
     let pool = pool.clone();
     Box::new(move || pool.get())
+}
+
+/// Releases `lease`, trying again after transient errors (a busy SQLite, a lock timeout)
+/// until the local `deadline`, after which the lease lapses anyway; after another error, once
+/// more on a fresh connection (the connection may have broken since the last renewal).
+fn release_until<C: DibsConnection>(
+    mut conn: C,
+    reconnect: Option<&Reconnect<C>>,
+    lease: &mut Lease,
+    deadline: Clock,
+) -> Result<bool> {
+    let mut reconnected = false;
+    loop {
+        let error = match lease.release(&mut conn) {
+            Ok(released) => return Ok(released),
+            Err(e) => e,
+        };
+        if error.is_retryable() {
+            if Clock::now() >= deadline {
+                return Err(error);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        match reconnect {
+            Some(get) if !reconnected => {
+                conn = get()?;
+                reconnected = true;
+            }
+            _ => return Err(error),
+        }
+    }
 }
 
 /// The safety margin under the ttl for the local deadline.
@@ -292,15 +414,12 @@ fn renew_until_stopped<C: DibsConnection>(
             let mut state = shared.lock();
             loop {
                 if state.stop {
+                    let (release, deadline) = (state.release, state.deadline);
                     drop(state);
-                    return match (lease.release(&mut conn), &reconnect) {
-                        // The connection may have broken since the last renewal.
-                        (Err(e), Some(get)) if !e.is_lease_lost() => {
-                            let mut fresh = get()?;
-                            lease.release(&mut fresh)
-                        }
-                        (outcome, _) => outcome,
-                    };
+                    if !release {
+                        return Ok(false);
+                    }
+                    return release_until(conn, reconnect.as_ref(), &mut lease, deadline);
                 }
                 let now = Clock::now();
                 let lost = state.check_deadline(now);

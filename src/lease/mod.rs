@@ -17,7 +17,8 @@
 //! | [`inspect`] / [`list`] | any | holder, fence, times and the database's now |
 //!
 //! [`LeaseGuard`] does the common case: take, renew from a background thread, release on
-//! drop.
+//! drop; [`LeaseGuard::release_on`] releases through the caller's connection, inside its
+//! transaction (the one way to release inside a transaction that ran [`Lease::verify`]).
 //!
 //! ```
 //! # fn main() -> Result<(), dibs::Error> {
@@ -50,7 +51,7 @@ use crate::sql_types::{Instant, Token};
 use crate::transaction::bare_write_transaction;
 use crate::{DibsConnection, Error, Result, validate};
 
-pub use guard::LeaseGuard;
+pub use guard::{LeaseGuard, RELEASE_WAIT};
 
 /// PostgreSQL and SQLite. The update happens only when the row is released or expired; when
 /// it does not, the statement changes nothing. On PostgreSQL a contender that waited for
@@ -267,6 +268,23 @@ impl Lease {
                     .bind::<Text, _>(name)
                     .bind::<Token, _>(token)
                     .execute(c)?)
+            })
+        })?;
+        self.lost = true;
+        Ok(released == 1)
+    }
+
+    /// [`Lease::release`] inside the caller's transaction if `conn` has one open (in a
+    /// savepoint), on its own otherwise: [`LeaseGuard::release_on`].
+    pub(crate) fn release_joining<C: DibsConnection>(&mut self, conn: &mut C) -> Result<bool> {
+        let (name, token) = (self.name.as_str(), self.token);
+        let released = crate::transaction(conn, |conn| {
+            dispatch!(conn, c => {
+                let sql = c.syntax().render(RELEASE);
+                diesel::sql_query(sql)
+                    .bind::<Text, _>(name)
+                    .bind::<Token, _>(token)
+                    .execute(c)
             })
         })?;
         self.lost = true;

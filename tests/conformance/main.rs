@@ -4,6 +4,7 @@
 mod support;
 
 mod foundation;
+mod inputs;
 mod jobs;
 mod leases;
 mod limits;
