@@ -20,6 +20,7 @@ mod mysql;
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+pub(crate) mod turns;
 
 #[cfg(feature = "mysql")]
 use diesel::mysql::MysqlConnection;
@@ -314,6 +315,10 @@ pub(crate) struct Syntax {
     pub now: &'static str,
     /// The clock plus `?` microseconds (a BIGINT parameter).
     pub now_plus_micros: &'static str,
+    /// `{grant_times}`: in a lease take's `ON CONFLICT ... DO UPDATE SET`, the grant's
+    /// `acquired_at` and `expires_at`, read once the statement holds the row (the inserted
+    /// values are from the statement's start, which is before any wait for the row lock).
+    pub grant_times: &'static str,
     /// PostgreSQL numbers its parameters (`$1`); the others use `?`.
     pub numbered_params: bool,
     /// How conditional upserts are written.
@@ -349,6 +354,7 @@ impl Syntax {
         let sql = template
             .replace("{now+ttl}", self.now_plus_micros)
             .replace("{now}", self.now)
+            .replace("{grant_times}", self.grant_times)
             .replace("{for_update}", self.for_update)
             .replace("{skip_locked}", self.skip_locked)
             .replace("{random_token}", self.random_token)
@@ -384,6 +390,15 @@ pub(crate) trait Dialect: Connection<TransactionManager = AnsiTransactionManager
     /// PostgreSQL READ COMMITTED). Fails with `AlreadyInTransaction` inside a caller's
     /// transaction, before sending anything.
     fn begin_write(&mut self) -> QueryResult<()>;
+
+    /// Before dibs writes on a connection outside any transaction: waits for this process's
+    /// turn to write to the database (SQLite, see [`turns`]). `None` where writers need no
+    /// turns (the servers lock rows, not the database), inside a transaction (the turn was
+    /// taken when it began, or the caller's own transaction is not dibs's to queue), and for
+    /// a private in-memory database.
+    fn write_turn(&mut self) -> QueryResult<Option<turns::Turn>> {
+        Ok(None)
+    }
 
     /// The database's clock, in UTC.
     fn database_now(&mut self) -> QueryResult<DateTime<Utc>>;

@@ -44,7 +44,7 @@ use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::sql_types::Instant;
-use crate::transaction::bare_write_transaction;
+use crate::transaction::{bare_write_transaction, write_turn};
 use crate::{DibsConnection, Error, Result, transaction, validate};
 
 pub use manage::{
@@ -277,8 +277,12 @@ macro_rules! insert_one {
 /// [`existing`](Enqueued::existing).
 pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued> {
     job.validate()?;
+    // SQLite: this process's writers take turns (see `dibs::transaction`); the insert is one
+    // statement, so the turn is held only around it.
+    let turn = write_turn(conn)?;
     // Wakes idle workers too (PostgreSQL: a NOTIFY in the insert's RETURNING list).
     let enqueued = dispatch!(conn, c => insert_one!(c, job))?;
+    drop(turn);
     crate::worker::wake_local([job.queue.as_str()]);
     Ok(enqueued)
 }
