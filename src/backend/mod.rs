@@ -261,19 +261,41 @@ any_connection!(Mysql(MysqlConnection));
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 impl AnyConnection {
-    /// Connects to the database a URL names (see [`Backend::from_url`] for the schemes).
+    /// Connects to the database a URL names (see [`Backend::from_url`] for the schemes), with
+    /// the session settings a [`Pool`](crate::Pool) applies by default
+    /// ([`SessionSetup::default`]): on SQLite a busy timeout of 5 s (so a second writer waits
+    /// instead of failing at once with "database is locked"), WAL, `synchronous = FULL` and
+    /// foreign keys; on MySQL/MariaDB UTC and strict mode. For other settings, or none, use
+    /// [`AnyConnection::connect_raw`] and [`SessionSetup::apply`].
     ///
     /// Unlike diesel's `establish` on a derived multi-connection, which tries every backend
     /// and reports only "invalid connection url", this picks the backend from the scheme and
     /// returns that backend's own error as [`Error::Connect`]. The URL is never part of an
-    /// error, since it may hold a password. It applies no session settings: see
-    /// [`SessionSetup::apply`] (a [`Pool`](crate::Pool) applies them itself).
+    /// error, since it may hold a password.
     ///
     /// ```
     /// let err = dibs::AnyConnection::connect("ftp://example").unwrap_err();
     /// assert!(matches!(err, dibs::Error::UnsupportedUrl { .. }));
     /// ```
     pub fn connect(url: &str) -> Result<Self> {
+        let mut conn = AnyConnection::connect_raw(url)?;
+        SessionSetup::default().apply(&mut conn)?;
+        Ok(conn)
+    }
+
+    /// Like [`AnyConnection::connect`], without any session settings: the connection is as
+    /// the driver opens it (on SQLite: no busy timeout, so a write that meets another
+    /// connection's write lock fails at once; the file's journal mode as it is). Apply your
+    /// own with [`SessionSetup::apply`].
+    ///
+    /// ```
+    /// # fn main() -> Result<(), dibs::Error> {
+    /// use std::time::Duration;
+    /// let mut conn = dibs::AnyConnection::connect_raw(":memory:")?;
+    /// dibs::SessionSetup::default().busy_timeout(Duration::from_secs(30)).apply(&mut conn)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn connect_raw(url: &str) -> Result<Self> {
         let (backend, target) = Backend::from_url(url)?;
         let connect_error = |source| Error::Connect { backend, source };
         match backend {

@@ -129,9 +129,9 @@ mod tests {
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut threads = Vec::new();
         for i in 0..5 {
-            let (lock, order) = (lock.clone(), order.clone());
+            let (shared, order) = (lock.clone(), order.clone());
             threads.push(std::thread::spawn(move || {
-                let turn = lock.acquire(Duration::from_secs(60)).expect("a turn");
+                let turn = shared.acquire(Duration::from_secs(60)).expect("a turn");
                 order.lock().unwrap().push(i);
                 drop(turn);
             }));
