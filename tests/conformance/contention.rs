@@ -131,7 +131,7 @@ fn a_busy_writer_does_not_starve_the_other_writers_of_its_process(backend: Backe
 /// opened that way: one holds a write transaction for 200 ms, five times; each time the other
 /// writes meanwhile (plain SQL, then `jobs::enqueue`, alternately) and its write waits and
 /// succeeds instead of failing at once with "database is locked" (SQLite without a busy
-/// timeout). SQLite is in WAL mode, MySQL/MariaDB sessions are in UTC.
+/// timeout). SQLite is in WAL mode, MySQL/MariaDB sessions are in UTC and strict mode.
 fn a_directly_opened_connection_waits_for_a_writer_like_a_pooled_one(backend: Backend) {
     const ROUNDS: usize = 6;
     let db = TestDb::migrated(backend);
@@ -146,6 +146,8 @@ fn a_directly_opened_connection_waits_for_a_writer_like_a_pooled_one(backend: Ba
             }
             Backend::Mysql => {
                 assert_eq!(setting(conn, "SELECT @@session.time_zone AS value"), "+00:00");
+                let mode = setting(conn, "SELECT @@session.sql_mode AS value");
+                assert!(mode.contains("STRICT_ALL_TABLES"), "{mode}");
             }
             Backend::Postgres => {}
         }
