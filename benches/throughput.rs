@@ -183,7 +183,10 @@ impl BenchDb {
                 &mut conn,
             )
             .expect("read the journal mode");
-            assert_eq!(mode.journal_mode, "wal", "the bench runs SQLite in WAL mode");
+            assert_eq!(
+                mode.journal_mode, "wal",
+                "the bench runs SQLite in WAL mode"
+            );
         }
         conn
     }

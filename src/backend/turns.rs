@@ -49,7 +49,9 @@ impl std::fmt::Debug for Turn {
 /// The queue's state is a few integers, always consistent between statements: a panic
 /// elsewhere while holding the mutex cannot leave it half-changed, so poisoning is ignored.
 fn lock_queue(queue: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
-    queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    queue
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl FairLock {

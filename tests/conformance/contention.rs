@@ -140,12 +140,21 @@ fn a_directly_opened_connection_waits_for_a_writer_like_a_pooled_one(backend: Ba
     for conn in [&mut holder, &mut writer] {
         match backend {
             Backend::Sqlite => {
-                assert_eq!(setting(conn, "SELECT journal_mode AS value FROM pragma_journal_mode"), "wal");
+                assert_eq!(
+                    setting(
+                        conn,
+                        "SELECT journal_mode AS value FROM pragma_journal_mode"
+                    ),
+                    "wal"
+                );
                 let timeout = "SELECT CAST(timeout AS TEXT) AS value FROM pragma_busy_timeout";
                 assert_eq!(setting(conn, timeout), "5000");
             }
             Backend::Mysql => {
-                assert_eq!(setting(conn, "SELECT @@session.time_zone AS value"), "+00:00");
+                assert_eq!(
+                    setting(conn, "SELECT @@session.time_zone AS value"),
+                    "+00:00"
+                );
                 let mode = setting(conn, "SELECT @@session.sql_mode AS value");
                 assert!(mode.contains("STRICT_ALL_TABLES"), "{mode}");
             }
@@ -169,7 +178,9 @@ fn a_directly_opened_connection_waits_for_a_writer_like_a_pooled_one(backend: Ba
     let holding = std::thread::spawn(move || {
         while go_rx.recv().is_ok() {
             holder
-                .batch_execute(&format!("{begin}; UPDATE contended SET x = x + 1 WHERE id = 1"))
+                .batch_execute(&format!(
+                    "{begin}; UPDATE contended SET x = x + 1 WHERE id = 1"
+                ))
                 .expect("the holder's write");
             locked_tx.send(()).expect("the test waits");
             std::thread::sleep(Duration::from_millis(200));
@@ -230,7 +241,9 @@ fn a_take_that_waited_for_the_row_is_stamped_when_it_won(backend: Backend) {
                 "UPDATE dibs_leases SET token = NULL WHERE name = {}",
                 placeholders(backend, 1)
             );
-            diesel::sql_query(release).bind::<Text, _>(&name).execute(c)?;
+            diesel::sql_query(release)
+                .bind::<Text, _>(&name)
+                .execute(c)?;
             let mut taker = db.connect();
             let (name, sender) = (name.clone(), sender.clone());
             std::thread::spawn(move || {
@@ -257,7 +270,9 @@ fn a_take_that_waited_for_the_row_is_stamped_when_it_won(backend: Backend) {
             ttl.abs_diff(TTL) <= Duration::from_millis(1),
             "round {round}: {ttl:?}"
         );
-        let row = lease::inspect(&mut monitor, &name).unwrap().expect("the row");
+        let row = lease::inspect(&mut monitor, &name)
+            .unwrap()
+            .expect("the row");
         assert_eq!(row.acquired_at, second.acquired_at());
         assert_eq!(row.fence, held.fence() + 1);
     }
