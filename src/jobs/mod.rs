@@ -794,21 +794,26 @@ fn truncate(text: &str, max: usize) -> &str {
 }
 
 /// Marks claimed jobs completed. Inside the caller's transaction it commits (or rolls back)
-/// with the handler's own writes: the exactly-once way to finish a job.
+/// with the handler's own writes: the exactly-once way to finish a job, provided the caller
+/// rolls back when the outcome is not [`Outcome::Done`] (the call itself succeeds then).
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # use std::time::Duration;
 /// # use dibs::jobs::{self, NewJob, Outcome};
 /// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
 /// # dibs::run_migrations(&mut conn)?;
 /// # jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]))?;
 /// let job = jobs::claim(&mut conn, "q", 1, Duration::from_secs(60))?.remove(0);
-/// let outcome = dibs::transaction(&mut conn, |conn| {
+/// dibs::transaction(&mut conn, |conn| -> Result<(), Box<dyn std::error::Error>> {
 ///     // ... the handler's own writes on `conn` ...
-///     jobs::complete(conn, &[job.claim()])
+///     let outcome = jobs::complete(conn, &[job.claim()])?;
+///     if outcome != [Outcome::Done] {
+///         // The claim was lost (or the job cancelled): roll the writes back with it.
+///         return Err(format!("completion: {outcome:?}").into());
+///     }
+///     Ok(())
 /// })?;
-/// assert_eq!(outcome, vec![Outcome::Done]);
 /// # Ok(()) }
 /// ```
 pub fn complete<C: DibsConnection>(conn: &mut C, claims: &[JobClaim]) -> Result<Vec<Outcome>> {
