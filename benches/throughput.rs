@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use dibs::jobs::{self, NewJob};
 use dibs::worker::{JobContext, JobError, Worker};
-use dibs::{AnyConnection, Backend, Pool};
+use dibs::{AnyConnection, Backend, DibsConnection, Pool};
 use diesel::connection::SimpleConnection;
 
 struct Options {
@@ -166,6 +166,31 @@ impl BenchDb {
         }
     }
 
+    /// A connection outside the pool with the same settings as the pool's (dibs's defaults:
+    /// on SQLite WAL and a busy timeout, so it waits for the workers' writes instead of
+    /// failing with "database is locked"). Checked, so no figure is ever measured without
+    /// WAL again.
+    fn connect(&self) -> AnyConnection {
+        let mut conn = AnyConnection::connect(&self.url).expect("connect to the bench database");
+        if conn.backend() == Backend::Sqlite {
+            #[derive(diesel::QueryableByName)]
+            struct Mode {
+                #[diesel(sql_type = diesel::sql_types::Text)]
+                journal_mode: String,
+            }
+            let mode: Mode = diesel::RunQueryDsl::get_result(
+                diesel::sql_query("PRAGMA journal_mode"),
+                &mut conn,
+            )
+            .expect("read the journal mode");
+            assert_eq!(
+                mode.journal_mode, "wal",
+                "the bench runs SQLite in WAL mode"
+            );
+        }
+        conn
+    }
+
     fn pool(&self, size: u32) -> Pool {
         Pool::options()
             .max_size(size)
@@ -218,7 +243,7 @@ fn batch(options: &Options, queue: &str, n: usize) -> Vec<NewJob> {
 /// A. One job per transaction (one statement on a bare connection), one client.
 fn enqueue_one_by_one(backend: Backend, options: &Options) -> Figures {
     let db = BenchDb::new(backend);
-    let mut conn = AnyConnection::connect(&db.url).expect("connect");
+    let mut conn = db.connect();
     let job = NewJob::new("bench", "noop", vec![b'x'; options.payload]);
     let mut latencies = Vec::with_capacity(options.jobs);
     let started = Instant::now();
@@ -236,7 +261,7 @@ fn enqueue_one_by_one(backend: Backend, options: &Options) -> Figures {
 /// B. All jobs in one `enqueue_many` call.
 fn enqueue_bulk(backend: Backend, options: &Options) -> Figures {
     let db = BenchDb::new(backend);
-    let mut conn = AnyConnection::connect(&db.url).expect("connect");
+    let mut conn = db.connect();
     let jobs = batch(options, "bench", options.jobs);
     let started = Instant::now();
     jobs::enqueue_many(&mut conn, &jobs).expect("enqueue_many");
@@ -283,7 +308,7 @@ fn fill_finished(conn: &mut AnyConnection, backend: Backend, n: usize) {
 /// that, `setup` may fill the table. Also samples the process's resident memory.
 fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64) {
     let db = BenchDb::new(backend);
-    let mut conn = AnyConnection::connect(&db.url).expect("connect");
+    let mut conn = db.connect();
     let to_drain = options.jobs;
     match setup {
         Setup::Empty => {}
@@ -386,7 +411,7 @@ enum Setup {
 /// D. Enqueue -> handler start on an idle worker, one job at a time.
 fn latency(backend: Backend, options: &Options) -> Figures {
     let db = BenchDb::new(backend);
-    let mut conn = AnyConnection::connect(&db.url).expect("connect");
+    let mut conn = db.connect();
     let pool = db.pool(options.workers as u32 + 4);
     let enqueued_at: Arc<Mutex<BTreeMap<i64, Instant>>> = Arc::default();
     let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();

@@ -76,6 +76,8 @@ fn one_pass(pool: &Pool, who: &str) -> Result<bool, Error> {
     let Some(guard) = LeaseGuard::take(pool.get()?, LEASE, TTL, who, wait)? else {
         return Ok(false);
     };
+    // The moment the take won the row (database clock), so after the previous holder's
+    // release or expiry even when the take waited for that holder's row lock.
     let started = guard.lease().acquired_at();
     for _ in 0..5 {
         if !guard.is_held() {

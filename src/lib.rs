@@ -55,7 +55,10 @@
 //! `PgConnection`, `MysqlConnection`, dibs's [`AnyConnection`] (backend chosen at run time by
 //! [`AnyConnection::connect`]) or a connection from an r2d2 pool of any of them. [`Pool`]
 //! opens a pool from a URL with [`SessionSetup`] applied to each connection (SQLite: WAL, a busy
-//! timeout, `synchronous=FULL`; MySQL: UTC, strict mode).
+//! timeout, `synchronous=FULL`; MySQL: UTC, strict mode); [`AnyConnection::connect`] applies
+//! the same defaults, [`AnyConnection::connect_raw`] none. A connection you open yourself
+//! (diesel's `establish`) has none until you call [`SessionSetup::apply`]: on SQLite, without a
+//! busy timeout, any write that meets another connection's write lock fails at once.
 //!
 //! ## Caller's transactions
 //!

@@ -31,10 +31,13 @@ pub enum Synchronous {
 /// time zone, and choose their own isolation), but SQLite without a busy timeout turns every
 /// concurrent write into an immediate `SQLITE_BUSY` error.
 ///
+/// [`AnyConnection::connect`] applies the defaults too; for other settings, start from
+/// [`AnyConnection::connect_raw`]:
+///
 /// ```
 /// # fn main() -> Result<(), dibs::Error> {
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::SessionSetup::default().apply(&mut conn)?;
+/// let mut conn = dibs::AnyConnection::connect_raw(":memory:")?;
+/// dibs::SessionSetup::default().synchronous(dibs::Synchronous::Normal).apply(&mut conn)?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
@@ -87,8 +90,9 @@ impl<C: DibsConnection + 'static> r2d2::CustomizeConnection<C, diesel::r2d2::Err
     }
 }
 
-/// The r2d2 connection manager behind [`Pool`]: it connects with [`AnyConnection::connect`],
-/// so a failure carries the server's own error. Its `Debug` never shows the URL.
+/// The r2d2 connection manager behind [`Pool`]: it connects with
+/// [`AnyConnection::connect_raw`] (the pool applies its own [`SessionSetup`]), so a failure
+/// carries the server's own error. Its `Debug` never shows the URL.
 pub struct ConnectionManager {
     url: String,
 }
@@ -104,7 +108,7 @@ impl r2d2::ManageConnection for ConnectionManager {
     type Error = Error;
 
     fn connect(&self) -> Result<AnyConnection> {
-        AnyConnection::connect(&self.url)
+        AnyConnection::connect_raw(&self.url)
     }
 
     fn is_valid(&self, conn: &mut AnyConnection) -> Result<()> {
@@ -178,7 +182,7 @@ impl Pool {
     /// A new connection to the same database with the same settings, outside the pool (for
     /// a connection held for good, like a PostgreSQL LISTEN connection).
     pub fn dedicated_connection(&self) -> Result<AnyConnection> {
-        let mut conn = AnyConnection::connect(&self.url)?;
+        let mut conn = AnyConnection::connect_raw(&self.url)?;
         self.session.apply(&mut conn)?;
         Ok(conn)
     }
@@ -261,7 +265,7 @@ impl PoolOptions {
             ));
         }
         let session_for_dedicated = self.session.clone();
-        let mut probe = AnyConnection::connect(url)?;
+        let mut probe = AnyConnection::connect_raw(url)?;
         self.session.apply(&mut probe)?;
         drop(probe);
         let inner = r2d2::Pool::builder()

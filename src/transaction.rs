@@ -4,6 +4,7 @@
 use diesel::connection::TransactionManager;
 use diesel::result::Error as DieselError;
 
+use crate::backend::turns::Turn;
 use crate::backend::{Dialect, dispatch};
 use crate::{DibsConnection, Error, Result};
 
@@ -18,6 +19,11 @@ use crate::{DibsConnection, Error, Result};
 ///   concurrent claimers; see the crate docs).
 ///
 /// Inside a transaction that is already open, `f` runs in a savepoint of it instead.
+///
+/// On SQLite, the writers of one process take turns, first come first served, per database
+/// file: a transaction waits for its turn (at most the connection's busy timeout) before it
+/// asks for the write lock, and gives the turn back when it ends. So a busy process cannot
+/// starve one of its own writers, which SQLite's busy handler alone allows.
 ///
 /// Use it for your own writes that go with dibs calls which accept a caller's transaction
 /// (enqueue, complete-in-transaction, verifying a lease).
@@ -39,6 +45,8 @@ where
     E: From<DieselError>,
     F: FnOnce(&mut C) -> std::result::Result<T, E>,
 {
+    // Held until the transaction has ended (None inside a caller's transaction).
+    let _turn = dispatch!(conn, c => c.write_turn())?;
     match dispatch!(conn, c => c.begin_write()) {
         Ok(()) => {}
         // Inside the caller's transaction: a savepoint.
@@ -96,9 +104,19 @@ where
     D: Dialect,
     F: FnOnce(&mut D) -> Result<T>,
 {
+    // Held until the transaction has ended (None inside a caller's transaction, which
+    // `begin_bare` then refuses).
+    let _turn = conn.write_turn()?;
     begin_bare(conn, operation)?;
     let outcome = f(conn);
     finish(conn, outcome)
+}
+
+/// For a single write statement that may run on a bare connection (autocommit): this
+/// process's turn to write on SQLite, held by the caller until the statement is done. `None`
+/// on the servers and inside a transaction.
+pub(crate) fn write_turn<C: DibsConnection>(conn: &mut C) -> Result<Option<Turn>> {
+    Ok(dispatch!(conn, c => c.write_turn())?)
 }
 
 /// Begins dibs's write transaction, or says [`Error::InTransaction`] if the caller has one open.

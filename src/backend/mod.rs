@@ -20,6 +20,7 @@ mod mysql;
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+pub(crate) mod turns;
 
 #[cfg(feature = "mysql")]
 use diesel::mysql::MysqlConnection;
@@ -260,19 +261,41 @@ any_connection!(Mysql(MysqlConnection));
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 impl AnyConnection {
-    /// Connects to the database a URL names (see [`Backend::from_url`] for the schemes).
+    /// Connects to the database a URL names (see [`Backend::from_url`] for the schemes), with
+    /// the session settings a [`Pool`](crate::Pool) applies by default
+    /// ([`SessionSetup::default`]): on SQLite a busy timeout of 5 s (so a second writer waits
+    /// instead of failing at once with "database is locked"), WAL, `synchronous = FULL` and
+    /// foreign keys; on MySQL/MariaDB UTC and strict mode. For other settings, or none, use
+    /// [`AnyConnection::connect_raw`] and [`SessionSetup::apply`].
     ///
     /// Unlike diesel's `establish` on a derived multi-connection, which tries every backend
     /// and reports only "invalid connection url", this picks the backend from the scheme and
     /// returns that backend's own error as [`Error::Connect`]. The URL is never part of an
-    /// error, since it may hold a password. It applies no session settings: see
-    /// [`SessionSetup::apply`] (a [`Pool`](crate::Pool) applies them itself).
+    /// error, since it may hold a password.
     ///
     /// ```
     /// let err = dibs::AnyConnection::connect("ftp://example").unwrap_err();
     /// assert!(matches!(err, dibs::Error::UnsupportedUrl { .. }));
     /// ```
     pub fn connect(url: &str) -> Result<Self> {
+        let mut conn = AnyConnection::connect_raw(url)?;
+        SessionSetup::default().apply(&mut conn)?;
+        Ok(conn)
+    }
+
+    /// Like [`AnyConnection::connect`], without any session settings: the connection is as
+    /// the driver opens it (on SQLite: no busy timeout, so a write that meets another
+    /// connection's write lock fails at once; the file's journal mode as it is). Apply your
+    /// own with [`SessionSetup::apply`].
+    ///
+    /// ```
+    /// # fn main() -> Result<(), dibs::Error> {
+    /// use std::time::Duration;
+    /// let mut conn = dibs::AnyConnection::connect_raw(":memory:")?;
+    /// dibs::SessionSetup::default().busy_timeout(Duration::from_secs(30)).apply(&mut conn)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn connect_raw(url: &str) -> Result<Self> {
         let (backend, target) = Backend::from_url(url)?;
         let connect_error = |source| Error::Connect { backend, source };
         match backend {
@@ -314,6 +337,10 @@ pub(crate) struct Syntax {
     pub now: &'static str,
     /// The clock plus `?` microseconds (a BIGINT parameter).
     pub now_plus_micros: &'static str,
+    /// `{grant_times}`: in a lease take's `ON CONFLICT ... DO UPDATE SET`, the grant's
+    /// `acquired_at` and `expires_at`, read once the statement holds the row (the inserted
+    /// values are from the statement's start, which is before any wait for the row lock).
+    pub grant_times: &'static str,
     /// PostgreSQL numbers its parameters (`$1`); the others use `?`.
     pub numbered_params: bool,
     /// How conditional upserts are written.
@@ -349,6 +376,7 @@ impl Syntax {
         let sql = template
             .replace("{now+ttl}", self.now_plus_micros)
             .replace("{now}", self.now)
+            .replace("{grant_times}", self.grant_times)
             .replace("{for_update}", self.for_update)
             .replace("{skip_locked}", self.skip_locked)
             .replace("{random_token}", self.random_token)
@@ -384,6 +412,15 @@ pub(crate) trait Dialect: Connection<TransactionManager = AnsiTransactionManager
     /// PostgreSQL READ COMMITTED). Fails with `AlreadyInTransaction` inside a caller's
     /// transaction, before sending anything.
     fn begin_write(&mut self) -> QueryResult<()>;
+
+    /// Before dibs writes on a connection outside any transaction: waits for this process's
+    /// turn to write to the database (SQLite, see [`turns`]). `None` where writers need no
+    /// turns (the servers lock rows, not the database), inside a transaction (the turn was
+    /// taken when it began, or the caller's own transaction is not dibs's to queue), and for
+    /// a private in-memory database.
+    fn write_turn(&mut self) -> QueryResult<Option<turns::Turn>> {
+        Ok(None)
+    }
 
     /// The database's clock, in UTC.
     fn database_now(&mut self) -> QueryResult<DateTime<Utc>>;

@@ -24,6 +24,8 @@ const MIGRATION_LOCK_WAIT_SECONDS: i32 = 300;
 static SYNTAX: Syntax = Syntax {
     now: NOW,
     now_plus_micros: "(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)",
+    // Not used: the take is written for ON DUPLICATE KEY UPDATE (see the lease module).
+    grant_times: "",
     numbered_params: false,
     upsert: Upsert::OnDuplicateKey,
     returning: false,

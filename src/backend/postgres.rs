@@ -29,6 +29,9 @@ const MIGRATION_LOCK_KEY: i64 = 0x6469_6273_6d69_6772;
 static SYNTAX: Syntax = Syntax {
     now: NOW,
     now_plus_micros: "(statement_timestamp() + ? * interval '1 microsecond')",
+    // clock_timestamp(), read once, after the wait for the row lock.
+    grant_times: "(acquired_at, expires_at) = (SELECT c.t, c.t + (excluded.expires_at - \
+        excluded.acquired_at) FROM (SELECT clock_timestamp() AS t) AS c)",
     numbered_params: true,
     upsert: Upsert::OnConflictWhere,
     returning: true,

@@ -1,14 +1,18 @@
 //! SQLite: the foundation's SQL and type mappings.
 
+use std::time::Duration;
+
 use chrono::{DateTime, NaiveDateTime, Utc};
-use diesel::connection::{AnsiTransactionManager, SimpleConnection};
+use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
 use diesel::deserialize::{self, FromSql};
 use diesel::dsl::sql;
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel::serialize::{self, IsNull, Output, ToSql};
-use diesel::sql_types::{Binary, Text};
+use diesel::sql_types::{BigInt, Binary, Nullable, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection, SqliteValue};
 use diesel::{QueryResult, RunQueryDsl};
 
+use super::turns::{self, Turn};
 use super::{Dialect, Syntax, Upsert};
 use crate::pool::{SessionSetup, Synchronous};
 use crate::sql_types::{Instant, SQLITE_INSTANT_FORMAT, Token, token_from_bytes};
@@ -21,6 +25,8 @@ pub(crate) const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f','now')";
 static SYNTAX: Syntax = Syntax {
     now: NOW,
     now_plus_micros: "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ? / 1000000.0))",
+    // A statement never waits for a lock: the IMMEDIATE transaction has the database's.
+    grant_times: "acquired_at = excluded.acquired_at, expires_at = excluded.expires_at",
     numbered_params: false,
     upsert: Upsert::OnConflictWhere,
     returning: true,
@@ -31,6 +37,19 @@ static SYNTAX: Syntax = Syntax {
     notify_in_returning: "",
     claim_index: " INDEXED BY dibs_jobs_claim",
 };
+
+/// The file of the connection's main database ("" for a private in-memory or temporary one)
+/// and its busy timeout in milliseconds.
+const WRITE_TARGET: &str = "SELECT (SELECT file FROM pragma_database_list WHERE name = 'main') \
+    AS file, (SELECT timeout FROM pragma_busy_timeout) AS timeout";
+
+#[derive(diesel::QueryableByName)]
+struct WriteTarget {
+    #[diesel(sql_type = Nullable<Text>)]
+    file: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    timeout: Option<i64>,
+}
 
 impl Dialect for SqliteConnection {
     fn syntax(&self) -> &'static Syntax {
@@ -54,6 +73,33 @@ impl Dialect for SqliteConnection {
 
     fn begin_write(&mut self) -> QueryResult<()> {
         AnsiTransactionManager::begin_transaction_sql(self, "BEGIN IMMEDIATE")
+    }
+
+    fn write_turn(&mut self) -> QueryResult<Option<Turn>> {
+        let in_transaction = AnsiTransactionManager::transaction_manager_status_mut(self)
+            .transaction_depth()
+            .map_or(true, |depth| depth.is_some());
+        if in_transaction {
+            return Ok(None);
+        }
+        let target = diesel::sql_query(WRITE_TARGET).get_result::<WriteTarget>(self)?;
+        let file = target.file.unwrap_or_default();
+        if file.is_empty() {
+            return Ok(None);
+        }
+        // The same patience SQLite has with other processes' writers.
+        let timeout = Duration::from_millis(target.timeout.unwrap_or(0).max(0) as u64);
+        match turns::for_file(&file).acquire(timeout) {
+            Some(turn) => Ok(Some(turn)),
+            None => Err(DieselError::DatabaseError(
+                DatabaseErrorKind::Unknown,
+                Box::new(
+                    "database is locked (another connection of this process kept the write \
+                     lock for the whole busy timeout)"
+                        .to_string(),
+                ),
+            )),
+        }
     }
 
     fn database_now(&mut self) -> QueryResult<DateTime<Utc>> {

@@ -8,6 +8,7 @@ use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use super::{JobState, MAX_BATCH};
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::sql_types::Instant;
+use crate::transaction::write_turn;
 use crate::{DibsConnection, Error, Result, validate};
 
 /// A waiting job is cancelled at once. A running job is asked to: it stays running under its
@@ -145,6 +146,8 @@ pub(crate) struct Count {
 /// returns the job is cancelled, whatever the run's result; if the worker is gone, the
 /// rescue of its lapsed claim cancels it. Joins the caller's transaction if there is one.
 pub fn cancel<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
+    // SQLite: this process's writers take turns (see `dibs::transaction`).
+    let _turn = write_turn(conn)?;
     let changed = dispatch!(conn, c => {
         diesel::sql_query(c.syntax().render(CANCEL)).bind::<BigInt, _>(id).execute(c)
     })?;
@@ -155,6 +158,8 @@ pub fn cancel<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
 /// whether it was dead. Refused ([`Error::InvalidInput`]) if a live job of its queue has the
 /// same dedup key.
 pub fn retry_dead<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
+    // SQLite: this process's writers take turns (see `dibs::transaction`).
+    let _turn = write_turn(conn)?;
     let changed = dispatch!(conn, c => {
         let sql = c.syntax().render(&format!("{RETRY_DEAD}id = ?"));
         diesel::sql_query(sql).bind::<BigInt, _>(id).execute(c)
@@ -172,6 +177,8 @@ pub fn retry_dead_of_kind<C: DibsConnection>(
 ) -> Result<usize> {
     validate::name("queue", queue)?;
     validate::name("kind", kind)?;
+    // SQLite: this process's writers take turns (see `dibs::transaction`).
+    let _turn = write_turn(conn)?;
     let changed = dispatch!(conn, c => {
         let sql = c.syntax().render(&format!("{RETRY_DEAD}queue = ? AND kind = ?"));
         diesel::sql_query(sql).bind::<Text, _>(queue).bind::<Text, _>(kind).execute(c)
@@ -193,6 +200,8 @@ fn dedup_conflict(error: diesel::result::Error) -> Error {
 /// Pauses a queue: claims skip it (enqueues still work) until [`resume`]. Idempotent.
 pub fn pause<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<()> {
     validate::name("queue", queue)?;
+    // SQLite: this process's writers take turns (see `dibs::transaction`).
+    let _turn = write_turn(conn)?;
     dispatch!(conn, c => {
         let syntax = c.syntax();
         let sql = match syntax.upsert {
@@ -207,6 +216,8 @@ pub fn pause<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<()> {
 /// Resumes a paused queue. Idempotent.
 pub fn resume<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<()> {
     validate::name("queue", queue)?;
+    // SQLite: this process's writers take turns (see `dibs::transaction`).
+    let _turn = write_turn(conn)?;
     dispatch!(conn, c => {
         let sql = c.syntax().render("DELETE FROM dibs_queue_pauses WHERE queue = ?");
         diesel::sql_query(sql).bind::<Text, _>(queue).execute(c)
@@ -412,6 +423,8 @@ pub fn record_output<C: DibsConnection>(
     output: &[u8],
 ) -> Result<()> {
     let tail = &output[output.len().saturating_sub(MAX_OUTPUT_BYTES)..];
+    // SQLite: this process's writers take turns (see `dibs::transaction`).
+    let _turn = write_turn(conn)?;
     dispatch!(conn, c => {
         diesel::sql_query(c.syntax().render(RECORD_OUTPUT))
             .bind::<BigInt, _>(id)

@@ -44,7 +44,7 @@ use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::sql_types::Instant;
-use crate::transaction::bare_write_transaction;
+use crate::transaction::{bare_write_transaction, write_turn};
 use crate::{DibsConnection, Error, Result, transaction, validate};
 
 pub use manage::{
@@ -296,8 +296,12 @@ macro_rules! insert_one {
 /// [`existing`](Enqueued::existing).
 pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued> {
     job.validate()?;
+    // SQLite: this process's writers take turns (see `dibs::transaction`); the insert is one
+    // statement, so the turn is held only around it.
+    let turn = write_turn(conn)?;
     // Wakes idle workers too (PostgreSQL: a NOTIFY in the insert's RETURNING list).
     let enqueued = dispatch!(conn, c => insert_one!(c, job))?;
+    drop(turn);
     crate::wake::wake([job.queue.as_str()]);
     Ok(enqueued)
 }
@@ -844,21 +848,26 @@ fn truncate(text: &str, max: usize) -> &str {
 }
 
 /// Marks claimed jobs completed. Inside the caller's transaction it commits (or rolls back)
-/// with the handler's own writes: the exactly-once way to finish a job.
+/// with the handler's own writes: the exactly-once way to finish a job, provided the caller
+/// rolls back when the outcome is not [`Outcome::Done`] (the call itself succeeds then).
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # use std::time::Duration;
 /// # use dibs::jobs::{self, NewJob, Outcome};
 /// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
 /// # dibs::run_migrations(&mut conn)?;
 /// # jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]))?;
 /// let job = jobs::claim(&mut conn, "q", 1, Duration::from_secs(60))?.remove(0);
-/// let outcome = dibs::transaction(&mut conn, |conn| {
+/// dibs::transaction(&mut conn, |conn| -> Result<(), Box<dyn std::error::Error>> {
 ///     // ... the handler's own writes on `conn` ...
-///     jobs::complete(conn, &[job.claim()])
+///     let outcome = jobs::complete(conn, &[job.claim()])?;
+///     if outcome != [Outcome::Done] {
+///         // The claim was lost (or the job cancelled): roll the writes back with it.
+///         return Err(format!("completion: {outcome:?}").into());
+///     }
+///     Ok(())
 /// })?;
-/// assert_eq!(outcome, vec![Outcome::Done]);
 /// # Ok(()) }
 /// ```
 pub fn complete<C: DibsConnection>(conn: &mut C, claims: &[JobClaim]) -> Result<Vec<Outcome>> {

@@ -57,12 +57,16 @@ pub use guard::{LeaseGuard, RELEASE_WAIT};
 /// it does not, the statement changes nothing. On PostgreSQL a contender that waited for
 /// another's row lock re-checks the WHERE on the row the other committed, so it cannot
 /// overwrite a fresh grant (the race of a SELECT followed by an unconditional UPDATE).
+///
+/// The grant's times are those of the moment the statement won the row (`{grant_times}`),
+/// not of its start: a take that waited for the row lock (behind the holder's release, or
+/// its `verify` transaction) would otherwise record a grant instant from before the previous
+/// holder let go, and a lease shorter than its ttl by the wait.
 const TAKE_ON_CONFLICT: &str = "\
     INSERT INTO dibs_leases (name, token, holder, fence, acquired_at, expires_at) \
     VALUES (?, ?, ?, 1, {now}, {now+ttl}) \
     ON CONFLICT (name) DO UPDATE SET token = excluded.token, holder = excluded.holder, \
-        fence = dibs_leases.fence + 1, acquired_at = excluded.acquired_at, \
-        expires_at = excluded.expires_at \
+        fence = dibs_leases.fence + 1, {grant_times} \
     WHERE dibs_leases.token IS NULL OR dibs_leases.expires_at <= {now}";
 
 /// MySQL/MariaDB: no WHERE on an upsert, so every column is conditional. MySQL assigns left
@@ -71,6 +75,11 @@ const TAKE_ON_CONFLICT: &str = "\
 /// equals ours only if this statement wrote it. (`ON DUPLICATE KEY UPDATE` takes an exclusive
 /// record lock on the existing primary key, not the shared lock of a failed plain INSERT,
 /// which is what makes contenders deadlock.)
+///
+/// As on PostgreSQL, the grant is stamped when the statement won the row: `UTC_TIMESTAMP(6)`
+/// is the statement's start, before any wait for the row lock, so the time waited (`SYSDATE`
+/// runs on, `NOW` does not; both in the session's zone) is added. The expiry is the new
+/// `acquired_at` plus the ttl (the ttl being the difference of the two inserted values).
 const TAKE_ON_DUPLICATE_KEY: &str = "\
     INSERT INTO dibs_leases (name, token, holder, fence, acquired_at, expires_at) \
     VALUES (?, ?, ?, 1, {now}, {now+ttl}) \
@@ -78,8 +87,11 @@ const TAKE_ON_DUPLICATE_KEY: &str = "\
         token = IF(token IS NULL OR expires_at <= {now}, VALUES(token), token), \
         fence = IF(token = VALUES(token), fence + 1, fence), \
         holder = IF(token = VALUES(token), VALUES(holder), holder), \
-        acquired_at = IF(token = VALUES(token), VALUES(acquired_at), acquired_at), \
-        expires_at = IF(token = VALUES(token), VALUES(expires_at), expires_at)";
+        acquired_at = IF(token = VALUES(token), UTC_TIMESTAMP(6) + INTERVAL \
+            GREATEST(0, TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6))) MICROSECOND, acquired_at), \
+        expires_at = IF(token = VALUES(token), acquired_at + INTERVAL \
+            TIMESTAMPDIFF(MICROSECOND, VALUES(acquired_at), VALUES(expires_at)) MICROSECOND, \
+            expires_at)";
 
 const SELECT_LEASES: &str = "\
     SELECT name, token, holder, fence, acquired_at, expires_at, {now} AS db_now \
@@ -195,7 +207,8 @@ impl Lease {
         &self.holder
     }
 
-    /// When it was granted (database clock).
+    /// When it was granted (database clock): the moment the take won the row, after any wait
+    /// for the row lock, so never before the previous holder released it or it expired.
     pub fn acquired_at(&self) -> DateTime<Utc> {
         self.acquired_at
     }

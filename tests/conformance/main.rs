@@ -3,6 +3,7 @@
 
 mod support;
 
+mod contention;
 mod foundation;
 mod inputs;
 mod jobs;

@@ -124,18 +124,23 @@ impl TestDb {
         &self.url
     }
 
-    /// A new connection with dibs's session settings.
+    /// A new connection with dibs's session settings (which `AnyConnection::connect`
+    /// applies).
     pub fn connect(&self) -> AnyConnection {
-        let mut conn = AnyConnection::connect(&self.url).expect("connect to the test database");
-        SessionSetup::default()
-            .apply(&mut conn)
-            .expect("session settings");
-        conn
+        AnyConnection::connect(&self.url).expect("connect to the test database")
     }
 
     /// A new connection without any session settings, as a user's own connection may be.
     pub fn connect_raw(&self) -> AnyConnection {
-        AnyConnection::connect(&self.url).expect("connect to the test database")
+        AnyConnection::connect_raw(&self.url).expect("connect to the test database")
+    }
+
+    /// A new connection with these session settings.
+    #[allow(dead_code)]
+    pub fn connect_with(&self, setup: &SessionSetup) -> AnyConnection {
+        let mut conn = self.connect_raw();
+        setup.apply(&mut conn).expect("session settings");
+        conn
     }
 
     pub fn pool(&self, max_size: u32) -> Pool {

@@ -124,13 +124,16 @@ fn worker(url: &str) {
                 Ok(())
             };
             if ctx.id % 2 == 0 {
-                let outcome = dibs::transaction(&mut conn, |conn| {
+                // The effect commits only with the completion: a claim lost meanwhile (it
+                // lapsed on a busy machine and the job was rescued) rolls the effect back.
+                dibs::transaction(&mut conn, |conn| {
                     insert(conn)?;
-                    jobs::complete(conn, &[ctx.claim()])
+                    let outcome = jobs::complete(conn, &[ctx.claim()])?;
+                    if outcome != [jobs::Outcome::Done] {
+                        return Err(JobError::retry(format!("completion: {outcome:?}")));
+                    }
+                    Ok(())
                 })?;
-                if outcome != [jobs::Outcome::Done] {
-                    return Err(JobError::retry(format!("completion: {outcome:?}")));
-                }
             } else {
                 insert(&mut conn)?;
             }

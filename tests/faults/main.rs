@@ -12,4 +12,5 @@ mod support;
 mod child;
 mod hostile;
 mod processes;
+mod script;
 mod serial;
