@@ -352,6 +352,7 @@ fn job_json(job: &jobs::Job) -> serde_json::Value {
            "attempt": job.attempt, "max_attempts": job.max_attempts, "priority": job.priority,
            "due_at": job.due_at, "created_at": job.created_at, "finished_at": job.finished_at,
            "claim_expires_at": job.claim_expires_at, "last_error": job.last_error,
+           "lapses": job.lapses, "cancel_requested_at": job.cancel_requested_at,
            "payload": String::from_utf8_lossy(&job.payload)})
 }
 
@@ -446,10 +447,24 @@ fn jobs_command(pool: &Pool, command: JobsCommand, out: &Out) -> Outcome {
             if !jobs::cancel(&mut conn, id)? {
                 return Err(Failure::new(
                     1,
-                    format!("job {id} is not waiting or running (or does not exist)"),
+                    format!(
+                        "job {id} is not waiting or running, or was asked to cancel already \
+                         (or does not exist)"
+                    ),
                 ));
             }
-            out.print(json!({"cancelled": id}), || format!("job {id} cancelled"));
+            // A running job is asked: it is cancelled when its handler stops.
+            let running = jobs::get(&mut conn, id)?.is_some_and(|j| j.state == JobState::Running);
+            out.print(json!({"cancelled": id, "running": running}), || {
+                if running {
+                    format!(
+                        "job {id} asked to cancel: its worker stops it at its next heartbeat, \
+                         and it is cancelled when its handler returns"
+                    )
+                } else {
+                    format!("job {id} cancelled")
+                }
+            });
         }
         JobsCommand::Prune {
             queue,
