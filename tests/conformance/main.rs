@@ -3,6 +3,7 @@
 
 mod support;
 
+mod attacks3;
 mod contention;
 mod foundation;
 mod inputs;
