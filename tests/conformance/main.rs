@@ -4,6 +4,7 @@
 mod support;
 
 mod attacks2;
+mod attacks3;
 mod contention;
 mod foundation;
 mod inputs;
