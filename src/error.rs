@@ -140,10 +140,7 @@ impl Error {
     /// server's message, which PostgreSQL translates when `lc_messages` is not English.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Database(DieselError::DatabaseError(kind, info)) => {
-                matches!(kind, DatabaseErrorKind::SerializationFailure)
-                    || is_transient_message(info.message())
-            }
+            Error::Database(error) => is_transient(error),
             Error::Pool(_) | Error::Timeout { .. } => true,
             _ => false,
         }
@@ -160,14 +157,12 @@ impl Error {
     /// progress", 4031 "disconnected by the server because of inactivity" (MySQL 8);
     /// PostgreSQL's 57P01-57P03 ("terminating connection ...") and libpq's lost-connection
     /// messages.
+    ///
+    /// A COMMIT that failed, followed by a rollback that failed too (diesel's
+    /// `RollbackErrorOnCommit`), is judged by both: the commit may have been applied.
     pub fn is_outcome_unknown(&self) -> bool {
         match self {
-            Error::Database(DieselError::DatabaseError(kind, info)) => {
-                matches!(
-                    kind,
-                    DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand
-                ) || is_lost_connection_message(info.message())
-            }
+            Error::Database(error) => is_lost_connection(error),
             _ => false,
         }
     }
@@ -184,6 +179,38 @@ impl Error {
 }
 
 /// Messages of the transient errors diesel does not give a kind for (see `is_retryable`).
+/// A transient conflict, also behind a failed commit's rollback.
+fn is_transient(error: &DieselError) -> bool {
+    match error {
+        DieselError::DatabaseError(kind, info) => {
+            matches!(kind, DatabaseErrorKind::SerializationFailure)
+                || is_transient_message(info.message())
+        }
+        DieselError::RollbackErrorOnCommit {
+            commit_error,
+            rollback_error,
+        } => is_transient(commit_error) && !is_lost_connection(rollback_error),
+        _ => false,
+    }
+}
+
+/// A connection that broke during the call, also behind a failed commit's rollback.
+fn is_lost_connection(error: &DieselError) -> bool {
+    match error {
+        DieselError::DatabaseError(kind, info) => {
+            matches!(
+                kind,
+                DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand
+            ) || is_lost_connection_message(info.message())
+        }
+        DieselError::RollbackErrorOnCommit {
+            commit_error,
+            rollback_error,
+        } => is_lost_connection(commit_error) || is_lost_connection(rollback_error),
+        _ => false,
+    }
+}
+
 fn is_transient_message(message: &str) -> bool {
     const TRANSIENT: &[&str] = &[
         "deadlock detected",                       // PostgreSQL 40P01

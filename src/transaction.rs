@@ -1,6 +1,8 @@
 //! Transactions of the right kind per backend, and the guard for operations that need a bare
 //! connection.
 
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+
 use diesel::connection::TransactionManager;
 use diesel::result::Error as DieselError;
 
@@ -53,8 +55,21 @@ where
         Err(DieselError::AlreadyInTransaction) => dispatch!(conn, c => begin_nested(c))?,
         Err(e) => return Err(e.into()),
     }
-    let outcome = f(conn);
-    finish_any(conn, outcome)
+    let outcome = catch_unwind(AssertUnwindSafe(|| f(conn)));
+    match outcome {
+        Ok(outcome) => finish_any(conn, outcome),
+        Err(panic) => {
+            // A panic the caller catches must not leave the transaction open on a connection
+            // it keeps (its next transaction would be a savepoint of it, committing nothing;
+            // on SQLite it would keep the write lock): roll back, then go on unwinding.
+            let _ = dispatch!(conn, c => rollback_after_panic(c));
+            resume_unwind(panic)
+        }
+    }
+}
+
+fn rollback_after_panic<D: Dialect>(conn: &mut D) -> diesel::QueryResult<()> {
+    D::TransactionManager::rollback_transaction(conn)
 }
 
 fn begin_nested<D: Dialect>(conn: &mut D) -> diesel::QueryResult<()> {
@@ -108,8 +123,13 @@ where
     // `begin_bare` then refuses).
     let _turn = conn.write_turn()?;
     begin_bare(conn, operation)?;
-    let outcome = f(conn);
-    finish(conn, outcome)
+    match catch_unwind(AssertUnwindSafe(|| f(conn))) {
+        Ok(outcome) => finish(conn, outcome),
+        Err(panic) => {
+            let _ = rollback_after_panic(conn);
+            resume_unwind(panic)
+        }
+    }
 }
 
 /// For a single write statement that may run on a bare connection (autocommit): this

@@ -105,6 +105,15 @@ pub(crate) const END_OF_INSTANTS_SECS: i64 = 253_402_300_800;
 /// far-future instant meant as "never" (`DateTime::<Utc>::MAX_UTC`) is refused rather than
 /// stored as something else.
 pub(crate) fn instant(field: &'static str, at: DateTime<Utc>) -> Result<()> {
+    use chrono::Timelike;
+    // chrono writes a leap second as a nanosecond part past one second, which MariaDB turns
+    // into the zero date.
+    if at.nanosecond() >= 1_000_000_000 {
+        return Err(Error::invalid(
+            field,
+            format!("{at} is a leap second, which not every database dibs supports stores"),
+        ));
+    }
     let secs = at.timestamp();
     if (EARLIEST_INSTANT_SECS..END_OF_INSTANTS_SECS).contains(&secs) {
         return Ok(());

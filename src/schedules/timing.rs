@@ -62,10 +62,24 @@ impl Timing {
             Timing::Every(interval) => after
                 .checked_add_signed(*interval)
                 .ok_or_else(|| out_of_range(after)),
-            Timing::Cron(cron, tz) => cron
-                .find_next_occurrence(&after.with_timezone(tz), false)
-                .map(|at| at.with_timezone(&Utc))
-                .map_err(|e| Error::invalid("cron expression", format!("no next tick: {e}"))),
+            Timing::Cron(cron, tz) => {
+                let next = |from: DateTime<Utc>, inclusive: bool| {
+                    cron.find_next_occurrence(&from.with_timezone(tz), inclusive)
+                        .map(|at| at.with_timezone(&Utc))
+                };
+                // The cron library gives up on a day the zone skipped (Samoa's 2011-12-30):
+                // search again from the day after, where local time exists.
+                let mut found = next(after, false);
+                for days in 1..=SKIPPED_DAYS_SEARCHED {
+                    if found.is_ok() {
+                        break;
+                    }
+                    if let Some(later) = after.checked_add_signed(chrono::Duration::days(days)) {
+                        found = next(later, true);
+                    }
+                }
+                found.map_err(|e| Error::invalid("cron expression", format!("no next tick: {e}")))
+            }
         }
     }
 
@@ -149,6 +163,10 @@ impl Timing {
         }
     }
 }
+
+/// How many days past `after` a cron search starts again when the cron library gives up on a
+/// day its zone skipped.
+const SKIPPED_DAYS_SEARCHED: i64 = 2;
 
 /// How far [`Timing::newest_at_or_before`] walks forward from the backward search's answer
 /// (a DST gap moves at most a tick or two past it).

@@ -19,6 +19,9 @@ use diesel::sql_types::Text;
 
 use crate::support::{TestDb, conformance, count};
 
+/// A named write through one of dibs's calls.
+type WriteOp = Box<dyn Fn(&mut AnyConnection) -> dibs::Result<()> + Send>;
+
 conformance!(
     a_write_on_a_second_connection_inside_a_transaction_fails_retryably_in_time,
     a_timed_out_turn_leaves_the_queue_usable,
@@ -194,10 +197,7 @@ fn schedule_writes_wait_their_turn_like_job_writes(backend: Backend) {
     let mut setup = db.connect();
     let schedule = Schedule::every("s", Duration::from_secs(3600), job("scheduled"));
     schedules::upsert(&mut setup, &schedule).expect("a schedule to change");
-    let ops: Vec<(
-        &str,
-        Box<dyn Fn(&mut AnyConnection) -> dibs::Result<()> + Send>,
-    )> = vec![
+    let ops: Vec<(&str, WriteOp)> = vec![
         (
             "schedules::upsert",
             Box::new(move |c| schedules::upsert(c, &schedule)),
@@ -222,10 +222,7 @@ fn schedule_writes_wait_their_turn_like_job_writes(backend: Backend) {
 /// take their turn).
 fn job_single_writes_wait_their_turn(backend: Backend) {
     let db = TestDb::migrated(backend);
-    let ops: Vec<(
-        &str,
-        Box<dyn Fn(&mut AnyConnection) -> dibs::Result<()> + Send>,
-    )> = vec![
+    let ops: Vec<(&str, WriteOp)> = vec![
         (
             "jobs::enqueue",
             Box::new(|c| jobs::enqueue(c, &job("x")).map(drop)),
@@ -259,7 +256,7 @@ fn check_turns(db: &TestDb, backend: Backend, ops: Vec<(&str, Op)>) {
         let outcome = dibs::transaction(&mut a, |a| {
             jobs::enqueue(a, &job("holder"))?;
             Ok::<_, Error>(bounded(name, Duration::from_secs(30), move || {
-                op(&mut *b.lock().unwrap())
+                op(&mut b.lock().unwrap())
             }))
         })
         .expect("the holder's transaction");

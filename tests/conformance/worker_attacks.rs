@@ -684,7 +684,8 @@ fn limits_hold_across_two_workers_with_timeouts(backend: Backend) {
         .map(|_| {
             NewJob::new("lim2", "slow", vec![])
                 .limit("two", 2)
-                .max_attempts(3)
+                // Room for extra timeouts on a loaded machine: runs are counted, not timed.
+                .max_attempts(20)
         })
         .collect();
     jobs::enqueue_many(&mut conn, &batch).unwrap();
@@ -701,7 +702,7 @@ fn limits_hold_across_two_workers_with_timeouts(backend: Backend) {
             .raw_handler("slow", move |ctx: &JobContext, _: &[u8]| {
                 let now = running.fetch_add(1, Ordering::SeqCst) + 1;
                 most.fetch_max(now, Ordering::SeqCst);
-                let dur = if ctx.attempt == 1 { 300 } else { 30 };
+                let dur = if ctx.attempt == 1 { 400 } else { 0 };
                 std::thread::sleep(Duration::from_millis(dur));
                 running.fetch_sub(1, Ordering::SeqCst);
                 ran.fetch_add(1, Ordering::SeqCst);
@@ -714,7 +715,7 @@ fn limits_hold_across_two_workers_with_timeouts(backend: Backend) {
                     max: Duration::from_millis(1),
                 },
             )
-            .timeout("slow", Duration::from_millis(50))
+            .timeout("slow", Duration::from_millis(100))
             .start()
             .unwrap()
     };
@@ -737,7 +738,10 @@ fn limits_hold_across_two_workers_with_timeouts(backend: Backend) {
         "{} handlers of a limit-2 key at once; A {ra:?}, B {rb:?}",
         most.load(Ordering::SeqCst)
     );
-    assert_eq!(ra.timed_out + rb.timed_out, 8, "A {ra:?}, B {rb:?}");
+    // Every first run times out; a later one may too on a loaded machine. Each run is
+    // recorded once: timed out or completed.
+    let timed_out = ra.timed_out + rb.timed_out;
+    assert!(timed_out >= 8, "A {ra:?}, B {rb:?}");
     assert_eq!(ra.completed + rb.completed, 8, "A {ra:?}, B {rb:?}");
-    assert_eq!(ran.load(Ordering::SeqCst), 16);
+    assert_eq!(ran.load(Ordering::SeqCst), timed_out + 8);
 }

@@ -112,7 +112,6 @@ fn worker(url: &str) {
         .poll_interval(Duration::from_millis(50))
         .raw_handler("effect", move |ctx: &JobContext, _: &[u8]| {
             std::thread::sleep(Duration::from_millis(10 + (ctx.id as u64 * 7919) % 41));
-            let mut conn = effects.get()?;
             let backend = effects.backend();
             let insert = |conn: &mut dibs::PooledConnection| -> Result<(), dibs::Error> {
                 diesel::sql_query(sql(
@@ -126,21 +125,34 @@ fn worker(url: &str) {
                 .execute(&mut **conn)?;
                 Ok(())
             };
-            if ctx.id % 2 == 0 {
-                // The effect commits only with the completion: a claim lost meanwhile (it
-                // lapsed on a busy machine and the job was rescued) rolls the effect back.
-                dibs::transaction(&mut conn, |conn| {
-                    insert(conn)?;
-                    let outcome = jobs::complete(conn, &[ctx.claim()])?;
-                    if outcome != [jobs::Outcome::Done] {
-                        return Err(JobError::retry(format!("completion: {outcome:?}")));
+            // Each job has one attempt: a busy database (SQLite's lock, a full pool, on a
+            // loaded machine) is waited out here rather than failing the job for good.
+            let mut tries = 0;
+            loop {
+                let written = effects.get().and_then(|mut conn| {
+                    if ctx.id % 2 == 1 {
+                        return insert(&mut conn).map(|()| true);
                     }
-                    Ok(())
-                })?;
-            } else {
-                insert(&mut conn)?;
+                    // The effect commits only with the completion: a claim lost meanwhile
+                    // (it lapsed on a busy machine and the job was rescued) rolls it back.
+                    dibs::transaction(&mut conn, |conn| {
+                        insert(conn)?;
+                        let outcome = jobs::complete(conn, &[ctx.claim()])?;
+                        if outcome != [jobs::Outcome::Done] {
+                            return Err(diesel::result::Error::RollbackTransaction.into());
+                        }
+                        Ok(true)
+                    })
+                });
+                match written {
+                    Ok(_) => return Ok(()),
+                    Err(e) if e.is_retryable() && tries < 100 => {
+                        tries += 1;
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => return Err(JobError::retry(format!("effect: {e}"))),
+                }
             }
-            Ok(())
         })
         .start()
         .expect("start the worker");
