@@ -39,7 +39,13 @@
 //!   token; completing, failing, renewing or giving it back is fenced by that token, so a
 //!   worker whose claim lapsed and was rescued changes nothing. Handlers run at least once;
 //!   completing inside the transaction of the handler's own writes makes those writes happen
-//!   exactly once.
+//!   exactly once. A lapsed claim uses no attempt (a worker may die holding jobs it claimed
+//!   ahead and never started) but counts as a lapse; [`jobs::MAX_LAPSES`] of them make a job
+//!   dead, so a job that takes its worker down every time cannot loop forever.
+//! - **A run ends when its handler returns.** A worker records a run (and frees the job's
+//!   concurrency-limit slot) only then: a run past its timeout or whose job was cancelled
+//!   keeps its claim, renewed, while the handler runs, so no second run of the job starts
+//!   meanwhile and at most n handlers of a `limit(key, n)` run at once.
 //! - **Bad input changes nothing.** It is an [`Error::InvalidInput`] before any statement.
 //!   Instants given to dibs (a job's due time, a retry time) must lie in the years 1 to 9999,
 //!   what every backend stores and orders correctly (MySQL's `DATETIME` ends in 9999, SQLite
