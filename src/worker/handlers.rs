@@ -2,7 +2,6 @@
 //! panic), and hands the run to the finisher. They need no connection of their own.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
@@ -88,9 +87,6 @@ pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
             }
         },
     };
-    if stop.load(Ordering::SeqCst) {
-        tracing::debug!("the run ended after its stop flag was raised");
-    }
     match outcome {
         Ok(()) => Settle::Complete(job.claim()),
         Err(HandlerFailure::Undecodable(message)) => Settle::Fail {

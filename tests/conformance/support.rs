@@ -295,3 +295,35 @@ pub fn now_sql(backend: Backend) -> &'static str {
         Backend::Mysql => "UTC_TIMESTAMP(6)",
     }
 }
+
+/// Handler runs as (job id, start, end), by this process's clock.
+pub type Intervals = Arc<std::sync::Mutex<Vec<(i64, std::time::Instant, std::time::Instant)>>>;
+
+/// The pairs of runs (by job id) whose intervals overlap.
+pub fn overlaps(intervals: &[(i64, std::time::Instant, std::time::Instant)]) -> Vec<(i64, i64)> {
+    let mut found = Vec::new();
+    for (i, a) in intervals.iter().enumerate() {
+        for b in &intervals[i + 1..] {
+            if a.1 < b.2 && b.1 < a.2 {
+                found.push((a.0, b.0));
+            }
+        }
+    }
+    found
+}
+
+/// Waits until `done(report)` or `limit` passes; returns the last report.
+pub fn wait_for(
+    worker: &dibs::worker::WorkerHandle,
+    limit: std::time::Duration,
+    done: impl Fn(&dibs::worker::Report) -> bool,
+) -> dibs::worker::Report {
+    let until = std::time::Instant::now() + limit;
+    loop {
+        let report = worker.report();
+        if done(&report) || std::time::Instant::now() > until {
+            return report;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}

@@ -9,7 +9,7 @@ use dibs::jobs::{self, Backoff, JobState, NewJob};
 use dibs::worker::{JobContext, JobError, Report, Worker, WorkerHandle};
 use dibs::{Backend, Pool};
 
-use crate::support::{TestDb, conformance, count};
+use crate::support::{TestDb, conformance, count, wait_for};
 
 conformance!(
     four_threads_process_two_thousand_jobs_once,
@@ -23,18 +23,6 @@ conformance!(
     a_cancelled_job_raises_the_flag_at_the_next_heartbeat,
     the_builder_refuses_what_cannot_work,
 );
-
-/// Waits until `done(report)` or `limit` passes; returns the last report.
-fn wait_for(worker: &WorkerHandle, limit: Duration, done: impl Fn(&Report) -> bool) -> Report {
-    let until = Clock::now() + limit;
-    loop {
-        let report = worker.report();
-        if done(&report) || Clock::now() > until {
-            return report;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 fn pool(db: &TestDb) -> Pool {
     db.pool(8)

@@ -1,8 +1,7 @@
 //! Attacks on the worker's promises (an outside tester's suite): shutdown while a handler
 //! holds a limit key, cancels at shutdown, retry instants the database refuses, claims lost
 //! and re-claimed by the same worker, retries due at once on two workers, and exact report
-//! counts. Tests that pass document a promise that held; see the commit message for which
-//! fail.
+//! counts. Each test that failed when written was fixed in the library; all now hold.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -12,10 +11,10 @@ use std::time::{Duration, Instant as Clock};
 use chrono::{DateTime, TimeZone, Utc};
 use dibs::Backend;
 use dibs::jobs::{self, Backoff, JobState, NewJob};
-use dibs::worker::{JobContext, JobError, Report, Worker, WorkerHandle};
+use dibs::worker::{JobContext, JobError, Report, Worker};
 use diesel::connection::SimpleConnection;
 
-use crate::support::{TestDb, conformance, count};
+use crate::support::{Intervals, TestDb, conformance, count, overlaps, wait_for};
 
 conformance!(
     shutdown_past_grace_keeps_the_limit_until_the_handler_returns,
@@ -30,37 +29,12 @@ conformance!(
     limits_hold_across_two_workers_with_timeouts,
 );
 
-fn wait_for(worker: &WorkerHandle, limit: Duration, done: impl Fn(&Report) -> bool) -> Report {
-    let until = Clock::now() + limit;
-    loop {
-        let report = worker.report();
-        if done(&report) || Clock::now() > until {
-            return report;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 fn wait_flag(flag: &AtomicBool, limit: Duration) {
     let until = Clock::now() + limit;
     while !flag.load(Ordering::SeqCst) {
         assert!(Clock::now() < until, "timed out waiting for a flag");
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-type Intervals = Arc<Mutex<Vec<(i64, Clock, Clock)>>>;
-
-fn overlaps(intervals: &[(i64, Clock, Clock)]) -> Vec<(i64, i64)> {
-    let mut found = Vec::new();
-    for (i, a) in intervals.iter().enumerate() {
-        for b in &intervals[i + 1..] {
-            if a.1 < b.2 && b.1 < a.2 {
-                found.push((a.0, b.0));
-            }
-        }
-    }
-    found
 }
 
 /// Under `limit(key, 1)`, worker A runs a handler that ignores `should_stop` for 1.5 s and is
@@ -578,22 +552,41 @@ fn a_cancelled_claimed_ahead_job_never_runs(backend: Backend) {
         .start()
         .unwrap();
     wait_for(&worker, Duration::from_secs(20), |r| r.completed >= 200);
-    // The blocker first, then targets behind it in one claim.
-    let mut batch = vec![NewJob::new("ahead", "block", vec![]).priority(-1)];
-    batch.extend((0..20).map(|_| NewJob::new("ahead", "target", vec![])));
-    let ids: Vec<i64> = jobs::enqueue_many(&mut conn, &batch)
-        .unwrap()
-        .iter()
-        .map(|e| e.id)
-        .collect();
-    wait_flag(&blocking, Duration::from_secs(20));
-    // Some targets are claimed ahead (running in the database, not started).
-    std::thread::sleep(Duration::from_millis(200));
-    let claimed_ahead: Vec<i64> = ids[1..]
-        .iter()
-        .copied()
-        .filter(|id| jobs::get(&mut conn, *id).unwrap().unwrap().state == JobState::Running)
-        .collect();
+    // The blocker first, then targets behind it in one claim. Whether a claim takes targets
+    // ahead depends on the moving average of run times: a round with none is run again.
+    let mut claimed_ahead: Vec<i64> = Vec::new();
+    for _round in 0..5 {
+        let mut batch = vec![NewJob::new("ahead", "block", vec![]).priority(-1)];
+        batch.extend((0..20).map(|_| NewJob::new("ahead", "target", vec![])));
+        let ids: Vec<i64> = jobs::enqueue_many(&mut conn, &batch)
+            .unwrap()
+            .iter()
+            .map(|e| e.id)
+            .collect();
+        wait_flag(&blocking, Duration::from_secs(20));
+        // Some targets are claimed ahead (running in the database, not started).
+        std::thread::sleep(Duration::from_millis(200));
+        claimed_ahead = ids[1..]
+            .iter()
+            .copied()
+            .filter(|id| jobs::get(&mut conn, *id).unwrap().unwrap().state == JobState::Running)
+            .collect();
+        if !claimed_ahead.is_empty() {
+            break;
+        }
+        release.store(true, Ordering::SeqCst);
+        let until = Clock::now() + Duration::from_secs(20);
+        while count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state IN ('waiting', 'running')",
+        ) > 0
+            && Clock::now() < until
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        blocking.store(false, Ordering::SeqCst);
+        release.store(false, Ordering::SeqCst);
+    }
     for id in &claimed_ahead {
         assert!(jobs::cancel(&mut conn, *id).unwrap());
     }

@@ -13,7 +13,7 @@ use dibs::jobs::{self, Backoff, JobState, NewJob};
 use dibs::worker::{JobContext, JobError, Worker};
 use dibs::{AnyConnection, Backend};
 
-use crate::support::{TestDb, conformance, count};
+use crate::support::{Intervals, TestDb, conformance, count, overlaps};
 
 conformance!(
     a_retry_claimed_while_the_first_run_is_recorded_runs_once,
@@ -270,20 +270,6 @@ fn a_job_whose_claims_keep_lapsing_ends_dead(backend: Backend) {
     }
     let job = jobs::get(&mut conn, id).unwrap().unwrap();
     assert_eq!(job.state, JobState::Dead);
-}
-
-type Intervals = Arc<Mutex<Vec<(i64, Clock, Clock)>>>;
-
-fn overlaps(intervals: &[(i64, Clock, Clock)]) -> Vec<(i64, i64)> {
-    let mut found = Vec::new();
-    for (i, a) in intervals.iter().enumerate() {
-        for b in &intervals[i + 1..] {
-            if a.1 < b.2 && b.1 < a.2 {
-                found.push((a.0, b.0));
-            }
-        }
-    }
-    found
 }
 
 /// Under `limit(key, 1)`, a run past its timeout whose handler ignores `should_stop` for a
