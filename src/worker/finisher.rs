@@ -82,18 +82,8 @@ pub(super) fn finisher(shared: &Shared) {
 /// Whether an error may go away on its own (a lost connection, a restart, a deadlock, a
 /// busy database), so a record is worth retrying for as long as it lasts.
 fn may_pass(error: &Error) -> bool {
-    error.is_retryable()
-        || error.is_outcome_unknown()
-        || matches!(
-            error,
-            Error::Pool(_)
-                | Error::Connect { .. }
-                | Error::Database(diesel::result::Error::DatabaseError(
-                    diesel::result::DatabaseErrorKind::ClosedConnection
-                        | diesel::result::DatabaseErrorKind::UnableToSendCommand,
-                    _,
-                ))
-        )
+    // Lost connections and a full pool are already outcome-unknown or retryable.
+    error.is_retryable() || error.is_outcome_unknown() || matches!(error, Error::Connect { .. })
 }
 
 #[derive(Clone, Copy)]
