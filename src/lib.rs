@@ -104,6 +104,7 @@ pub mod lease;
 mod migrate;
 mod pool;
 pub mod schedules;
+pub mod schema;
 pub mod sql_types;
 mod transaction;
 mod validate;

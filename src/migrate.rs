@@ -77,9 +77,9 @@ pub fn schema_version<C: DibsConnection>(conn: &mut C) -> Result<Option<String>>
         }
     };
     let versions: Vec<Version> = dispatch!(conn, c => {
-        let exists = diesel::sql_query(table_exists).get_result::<Count>(c)?.n > 0;
+        let exists = crate::backend::statement::statement(table_exists).get_result::<Count>(c)?.n > 0;
         if exists {
-            diesel::sql_query("SELECT version FROM __diesel_schema_migrations").load::<Version>(c)
+            crate::backend::statement::statement("SELECT version FROM __diesel_schema_migrations").load::<Version>(c)
         } else {
             Ok(Vec::new())
         }

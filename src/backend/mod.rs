@@ -20,6 +20,7 @@ mod mysql;
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+pub(crate) mod statement;
 pub(crate) mod turns;
 
 #[cfg(feature = "mysql")]
@@ -329,7 +330,8 @@ pub(crate) enum Upsert {
 }
 
 /// The fragments of SQL that differ per backend. Statements are written once as templates
-/// with `?` parameters, `{now}` (the database clock) and `{now+ttl}` (the clock plus a
+/// with `?` parameters (numbered by diesel where the backend wants `$1`: see
+/// [`statement`]), `{now}` (the database clock) and `{now+ttl}` (the clock plus a
 /// parameter in microseconds), and rendered per backend by [`Syntax::render`].
 #[derive(Debug)]
 pub(crate) struct Syntax {
@@ -341,8 +343,6 @@ pub(crate) struct Syntax {
     /// `acquired_at` and `expires_at`, read once the statement holds the row (the inserted
     /// values are from the statement's start, which is before any wait for the row lock).
     pub grant_times: &'static str,
-    /// PostgreSQL numbers its parameters (`$1`); the others use `?`.
-    pub numbered_params: bool,
     /// How conditional upserts are written.
     pub upsert: Upsert,
     /// Whether `INSERT`/`UPDATE ... RETURNING` exists (not on MySQL/MariaDB).
@@ -366,6 +366,13 @@ pub(crate) struct Syntax {
     pub claim_index: &'static str,
 }
 
+/// The database's clock, as each backend's `database_now` reads it.
+#[derive(diesel::QueryableByName)]
+pub(crate) struct Now {
+    #[diesel(sql_type = crate::sql_types::Instant)]
+    pub now: DateTime<Utc>,
+}
+
 /// The PostgreSQL channel that enqueues notify and idle workers listen to.
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) const NOTIFY_CHANNEL: &str = "dibs_jobs";
@@ -373,29 +380,14 @@ pub(crate) const NOTIFY_CHANNEL: &str = "dibs_jobs";
 impl Syntax {
     /// Renders a statement template for this backend.
     pub fn render(&self, template: &str) -> String {
-        let sql = template
+        template
             .replace("{now+ttl}", self.now_plus_micros)
             .replace("{now}", self.now)
             .replace("{grant_times}", self.grant_times)
             .replace("{for_update}", self.for_update)
             .replace("{skip_locked}", self.skip_locked)
             .replace("{random_token}", self.random_token)
-            .replace("{claim_index}", self.claim_index);
-        if !self.numbered_params {
-            return sql;
-        }
-        let mut out = String::with_capacity(sql.len() + 8);
-        let mut n = 0;
-        for ch in sql.chars() {
-            if ch == '?' {
-                n += 1;
-                out.push('$');
-                out.push_str(&n.to_string());
-            } else {
-                out.push(ch);
-            }
-        }
-        out
+            .replace("{claim_index}", self.claim_index)
     }
 }
 

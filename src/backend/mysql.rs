@@ -3,12 +3,12 @@
 use chrono::{DateTime, NaiveDateTime, Utc};
 use diesel::connection::{AnsiTransactionManager, SimpleConnection};
 use diesel::deserialize::{self, FromSql};
-use diesel::dsl::sql;
 use diesel::mysql::{Mysql, MysqlConnection, MysqlValue};
 use diesel::serialize::{self, Output, ToSql};
 use diesel::sql_types::{Binary, Datetime, Integer, Nullable};
 use diesel::{QueryResult, RunQueryDsl};
 
+use super::statement::statement;
 use super::{Dialect, Syntax, Upsert};
 use crate::pool::SessionSetup;
 use crate::sql_types::{Instant, Token, token_from_bytes};
@@ -26,7 +26,6 @@ static SYNTAX: Syntax = Syntax {
     now_plus_micros: "(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)",
     // Not used: the take is written for ON DUPLICATE KEY UPDATE (see the lease module).
     grant_times: "",
-    numbered_params: false,
     upsert: Upsert::OnDuplicateKey,
     returning: false,
     for_update: " FOR UPDATE",
@@ -36,6 +35,13 @@ static SYNTAX: Syntax = Syntax {
     notify_in_returning: "",
     claim_index: " FORCE INDEX (dibs_jobs_claim)",
 };
+
+/// What `GET_LOCK` and `RELEASE_LOCK` return: 1 done, 0 timed out, NULL on an error.
+#[derive(diesel::QueryableByName)]
+struct LockResult {
+    #[diesel(sql_type = Nullable<Integer>)]
+    got: Option<i32>,
+}
 
 impl Dialect for MysqlConnection {
     fn syntax(&self) -> &'static Syntax {
@@ -61,27 +67,27 @@ impl Dialect for MysqlConnection {
     }
 
     fn database_now(&mut self) -> QueryResult<DateTime<Utc>> {
-        diesel::select(sql::<Instant>(NOW)).get_result(self)
+        Ok(statement("SELECT UTC_TIMESTAMP(6) AS now")
+            .get_result::<super::Now>(self)?
+            .now)
     }
 
     fn migrate(&mut self) -> Result<Vec<String>> {
         // DDL commits implicitly, so no transaction can hold the set together: each migration
         // is one DDL statement, and a named lock (per database) serializes migrators.
         require_bare(self, "run_migrations")?;
-        let got: Option<i32> = diesel::select(sql::<Nullable<Integer>>(&format!(
-            "GET_LOCK(CONCAT('dibs.migrate.', DATABASE()), {MIGRATION_LOCK_WAIT_SECONDS})"
-        )))
-        .get_result(self)?;
+        let got = statement("SELECT GET_LOCK(CONCAT('dibs.migrate.', DATABASE()), ?) AS got")
+            .bind::<Integer, _>(MIGRATION_LOCK_WAIT_SECONDS)
+            .get_result::<LockResult>(self)?
+            .got;
         if got != Some(1) {
             return Err(Error::Timeout {
                 what: "the migration lock (another process is running dibs's migrations)",
             });
         }
         let outcome = migrate::run_harness(self, migrate::MYSQL);
-        let released = diesel::select(sql::<Nullable<Integer>>(
-            "RELEASE_LOCK(CONCAT('dibs.migrate.', DATABASE()))",
-        ))
-        .get_result::<Option<i32>>(self);
+        let released = statement("SELECT RELEASE_LOCK(CONCAT('dibs.migrate.', DATABASE())) AS got")
+            .get_result::<LockResult>(self);
         let applied = outcome?;
         released?;
         Ok(applied)

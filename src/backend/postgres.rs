@@ -5,12 +5,12 @@ use std::io::Write;
 use chrono::{DateTime, Utc};
 use diesel::connection::AnsiTransactionManager;
 use diesel::deserialize::{self, FromSql};
-use diesel::dsl::sql;
 use diesel::pg::{Pg, PgConnection, PgValue};
 use diesel::serialize::{self, IsNull, Output, ToSql};
-use diesel::sql_types::{Binary, Timestamptz};
+use diesel::sql_types::{BigInt, Binary, Timestamptz};
 use diesel::{QueryResult, RunQueryDsl};
 
+use super::statement::statement;
 use super::{Dialect, Syntax, Upsert};
 use crate::pool::SessionSetup;
 use crate::sql_types::{Instant, Token, token_from_bytes};
@@ -32,7 +32,6 @@ static SYNTAX: Syntax = Syntax {
     // clock_timestamp(), read once, after the wait for the row lock.
     grant_times: "(acquired_at, expires_at) = (SELECT c.t, c.t + (excluded.expires_at - \
         excluded.acquired_at) FROM (SELECT clock_timestamp() AS t) AS c)",
-    numbered_params: true,
     upsert: Upsert::OnConflictWhere,
     returning: true,
     for_update: " FOR UPDATE",
@@ -59,17 +58,18 @@ impl Dialect for PgConnection {
     }
 
     fn database_now(&mut self) -> QueryResult<DateTime<Utc>> {
-        diesel::select(sql::<Instant>(NOW)).get_result(self)
+        Ok(statement("SELECT statement_timestamp() AS now")
+            .get_result::<super::Now>(self)?
+            .now)
     }
 
     fn migrate(&mut self) -> Result<Vec<String>> {
         // DDL is transactional here: the whole set commits or nothing does, and the lock is
         // released by the commit.
         bare_write_transaction(self, "run_migrations", |conn| {
-            diesel::sql_query(format!(
-                "SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"
-            ))
-            .execute(conn)?;
+            statement("SELECT pg_advisory_xact_lock(?)")
+                .bind::<BigInt, _>(MIGRATION_LOCK_KEY)
+                .execute(conn)?;
             migrate::run_harness(conn, migrate::POSTGRES)
         })
     }

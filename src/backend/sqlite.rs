@@ -5,13 +5,13 @@ use std::time::Duration;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
 use diesel::deserialize::{self, FromSql};
-use diesel::dsl::sql;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel::serialize::{self, IsNull, Output, ToSql};
 use diesel::sql_types::{BigInt, Binary, Nullable, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection, SqliteValue};
 use diesel::{QueryResult, RunQueryDsl};
 
+use super::statement::statement;
 use super::turns::{self, Turn};
 use super::{Dialect, Syntax, Upsert};
 use crate::pool::{SessionSetup, Synchronous};
@@ -27,7 +27,6 @@ static SYNTAX: Syntax = Syntax {
     now_plus_micros: "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ? / 1000000.0))",
     // A statement never waits for a lock: the IMMEDIATE transaction has the database's.
     grant_times: "acquired_at = excluded.acquired_at, expires_at = excluded.expires_at",
-    numbered_params: false,
     upsert: Upsert::OnConflictWhere,
     returning: true,
     for_update: "",
@@ -82,7 +81,7 @@ impl Dialect for SqliteConnection {
         if in_transaction {
             return Ok(None);
         }
-        let target = diesel::sql_query(WRITE_TARGET).get_result::<WriteTarget>(self)?;
+        let target = statement(WRITE_TARGET).get_result::<WriteTarget>(self)?;
         let file = target.file.unwrap_or_default();
         if file.is_empty() {
             return Ok(None);
@@ -103,7 +102,11 @@ impl Dialect for SqliteConnection {
     }
 
     fn database_now(&mut self) -> QueryResult<DateTime<Utc>> {
-        diesel::select(sql::<Instant>(NOW)).get_result(self)
+        Ok(
+            statement("SELECT strftime('%Y-%m-%d %H:%M:%f','now') AS now")
+                .get_result::<super::Now>(self)?
+                .now,
+        )
     }
 
     fn migrate(&mut self) -> Result<Vec<String>> {

@@ -6,6 +6,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
 use super::{JobState, MAX_BATCH};
+use crate::backend::statement::statement;
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::sql_types::Instant;
 use crate::transaction::write_turn;
@@ -149,7 +150,7 @@ pub fn cancel<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
     // SQLite: this process's writers take turns (see `dibs::transaction`).
     let _turn = write_turn(conn)?;
     let changed = dispatch!(conn, c => {
-        diesel::sql_query(c.syntax().render(CANCEL)).bind::<BigInt, _>(id).execute(c)
+        statement(c.syntax().render(CANCEL)).bind::<BigInt, _>(id).execute(c)
     })?;
     Ok(changed == 1)
 }
@@ -162,7 +163,7 @@ pub fn retry_dead<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
     let _turn = write_turn(conn)?;
     let changed = dispatch!(conn, c => {
         let sql = c.syntax().render(&format!("{RETRY_DEAD}id = ?"));
-        diesel::sql_query(sql).bind::<BigInt, _>(id).execute(c)
+        statement(sql).bind::<BigInt, _>(id).execute(c)
     })
     .map_err(dedup_conflict)?;
     Ok(changed == 1)
@@ -181,7 +182,7 @@ pub fn retry_dead_of_kind<C: DibsConnection>(
     let _turn = write_turn(conn)?;
     let changed = dispatch!(conn, c => {
         let sql = c.syntax().render(&format!("{RETRY_DEAD}queue = ? AND kind = ?"));
-        diesel::sql_query(sql).bind::<Text, _>(queue).bind::<Text, _>(kind).execute(c)
+        statement(sql).bind::<Text, _>(queue).bind::<Text, _>(kind).execute(c)
     })
     .map_err(dedup_conflict)?;
     Ok(changed)
@@ -208,7 +209,7 @@ pub fn pause<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<()> {
             Upsert::OnConflictWhere => PAUSE_ON_CONFLICT,
             Upsert::OnDuplicateKey => PAUSE_ON_DUPLICATE_KEY,
         };
-        diesel::sql_query(syntax.render(sql)).bind::<Text, _>(queue).execute(c)
+        statement(syntax.render(sql)).bind::<Text, _>(queue).execute(c)
     })?;
     Ok(())
 }
@@ -220,7 +221,7 @@ pub fn resume<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<()> {
     let _turn = write_turn(conn)?;
     dispatch!(conn, c => {
         let sql = c.syntax().render("DELETE FROM dibs_queue_pauses WHERE queue = ?");
-        diesel::sql_query(sql).bind::<Text, _>(queue).execute(c)
+        statement(sql).bind::<Text, _>(queue).execute(c)
     })?;
     Ok(())
 }
@@ -230,7 +231,7 @@ pub fn is_paused<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<bool> {
     validate::name("queue", queue)?;
     let paused = dispatch!(conn, c => {
         let sql = c.syntax().render("SELECT COUNT(*) AS n FROM dibs_queue_pauses WHERE queue = ?");
-        diesel::sql_query(sql).bind::<Text, _>(queue).get_result::<Count>(c)
+        statement(sql).bind::<Text, _>(queue).get_result::<Count>(c)
     })?;
     Ok(paused.n > 0)
 }
@@ -242,7 +243,7 @@ pub fn history<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Vec<FailedRun
         let sql = c.syntax().render(
             "SELECT attempt, error, failed_at FROM dibs_job_errors WHERE job_id = ? ORDER BY id",
         );
-        diesel::sql_query(sql).bind::<BigInt, _>(id).load::<FailedRun>(c)
+        statement(sql).bind::<BigInt, _>(id).load::<FailedRun>(c)
     })?)
 }
 
@@ -251,9 +252,9 @@ pub fn history<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Vec<FailedRun
 pub fn stats<C: DibsConnection>(conn: &mut C) -> Result<Stats> {
     let now = crate::database_now(conn)?;
     let (counts, paused, running) = dispatch!(conn, c => {
-        let counts = diesel::sql_query(COUNTS).load::<CountRow>(c)?;
-        let paused = diesel::sql_query("SELECT queue FROM dibs_queue_pauses").load::<QueueRow>(c)?;
-        let running = diesel::sql_query(c.syntax().render(RUNNING))
+        let counts = statement(COUNTS).load::<CountRow>(c)?;
+        let paused = statement("SELECT queue FROM dibs_queue_pauses").load::<QueueRow>(c)?;
+        let running = statement(c.syntax().render(RUNNING))
             .bind::<BigInt, _>(MAX_BATCH as i64)
             .load::<RunningJob>(c)?;
         Ok::<_, Error>((counts, paused, running))
@@ -298,12 +299,16 @@ pub fn stats<C: DibsConnection>(conn: &mut C) -> Result<Stats> {
 /// Which jobs [`list`] returns: every field set narrows the list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobFilter {
+    /// Only these jobs (at most [`MAX_BATCH`] ids).
+    pub ids: Option<Vec<i64>>,
     /// Only this queue.
     pub queue: Option<String>,
     /// Only jobs in this state.
     pub state: Option<JobState>,
     /// Only this kind.
     pub kind: Option<String>,
+    /// Only jobs with this dedup key.
+    pub dedup_key: Option<String>,
     /// At most this many (1 to [`MAX_BATCH`]; default 100), newest first.
     pub limit: usize,
 }
@@ -311,32 +316,49 @@ pub struct JobFilter {
 impl Default for JobFilter {
     fn default() -> Self {
         JobFilter {
+            ids: None,
             queue: None,
             state: None,
             kind: None,
+            dedup_key: None,
             limit: 100,
         }
     }
 }
 
-/// Jobs matching `filter`, newest (highest id) first.
+/// Jobs matching `filter`, newest (highest id) first. Built with diesel's query builder on
+/// [`crate::schema::dibs_jobs`]: for other filters, query the table yourself.
 ///
 /// ```
 /// # fn main() -> Result<(), dibs::Error> {
 /// use dibs::jobs::{self, JobFilter, JobState, NewJob};
 /// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
 /// # dibs::run_migrations(&mut conn)?;
-/// jobs::enqueue(&mut conn, &NewJob::new("mail", "welcome", vec![]))?;
+/// jobs::enqueue(&mut conn, &NewJob::new("mail", "welcome", vec![]).dedup_key("user-7"))?;
 /// let waiting = jobs::list(&mut conn, &JobFilter { queue: Some("mail".into()), state: Some(JobState::Waiting), ..JobFilter::default() })?;
 /// assert_eq!(waiting.len(), 1);
+/// let by_key = jobs::list(&mut conn, &JobFilter { dedup_key: Some("user-7".into()), ..JobFilter::default() })?;
+/// assert_eq!(by_key[0].id, waiting[0].id);
 /// # Ok(()) }
 /// ```
 pub fn list<C: DibsConnection>(conn: &mut C, filter: &JobFilter) -> Result<Vec<super::Job>> {
+    use crate::schema::dibs_jobs;
     if filter.limit == 0 || filter.limit > MAX_BATCH {
         return Err(Error::invalid(
             "limit",
             format!("{} is not between 1 and {MAX_BATCH}", filter.limit),
         ));
+    }
+    if let Some(ids) = &filter.ids {
+        if ids.len() > MAX_BATCH {
+            return Err(Error::invalid(
+                "ids",
+                format!("{} ids, the most is {MAX_BATCH}", ids.len()),
+            ));
+        }
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
     }
     if let Some(queue) = &filter.queue {
         validate::name("queue", queue)?;
@@ -344,36 +366,31 @@ pub fn list<C: DibsConnection>(conn: &mut C, filter: &JobFilter) -> Result<Vec<s
     if let Some(kind) = &filter.kind {
         validate::name("kind", kind)?;
     }
-    let mut conditions = Vec::new();
-    if filter.queue.is_some() {
-        conditions.push("queue = ?");
+    if let Some(key) = &filter.dedup_key {
+        validate::name("dedup key", key)?;
     }
-    if filter.state.is_some() {
-        conditions.push("state = ?");
-    }
-    if filter.kind.is_some() {
-        conditions.push("kind = ?");
-    }
-    let mut sql = format!("SELECT {} FROM dibs_jobs", super::JOB_COLUMNS);
-    if !conditions.is_empty() {
-        sql.push_str(" WHERE ");
-        sql.push_str(&conditions.join(" AND "));
-    }
-    sql.push_str(" ORDER BY id DESC LIMIT ?");
-    let rows = dispatch!(conn, c => {
-        let mut query = diesel::sql_query(c.syntax().render(&sql)).into_boxed();
+    Ok(dispatch!(conn, c => {
+        let mut query = dibs_jobs::table.select(super::Job::as_select()).into_boxed();
+        if let Some(ids) = &filter.ids {
+            query = query.filter(dibs_jobs::id.eq_any(ids));
+        }
         if let Some(queue) = &filter.queue {
-            query = query.bind::<Text, _>(queue.as_str());
+            query = query.filter(dibs_jobs::queue.eq(queue));
         }
         if let Some(state) = filter.state {
-            query = query.bind::<Text, _>(state.as_str());
+            query = query.filter(dibs_jobs::state.eq(state));
         }
         if let Some(kind) = &filter.kind {
-            query = query.bind::<Text, _>(kind.as_str());
+            query = query.filter(dibs_jobs::kind.eq(kind));
         }
-        query.bind::<BigInt, _>(filter.limit as i64).load::<super::model::JobRow>(c)
-    })?;
-    rows.into_iter().map(super::Job::from_row).collect()
+        if let Some(key) = &filter.dedup_key {
+            query = query.filter(dibs_jobs::dedup_key.eq(key));
+        }
+        query
+            .order(dibs_jobs::id.desc())
+            .limit(filter.limit as i64)
+            .load(c)
+    })?)
 }
 
 /// What one run printed and how it ended, from [`outputs`].
@@ -426,7 +443,7 @@ pub fn record_output<C: DibsConnection>(
     // SQLite: this process's writers take turns (see `dibs::transaction`).
     let _turn = write_turn(conn)?;
     dispatch!(conn, c => {
-        diesel::sql_query(c.syntax().render(RECORD_OUTPUT))
+        statement(c.syntax().render(RECORD_OUTPUT))
             .bind::<BigInt, _>(id)
             .bind::<Integer, _>(attempt as i32)
             .bind::<Nullable<Integer>, _>(exit_code)
@@ -439,7 +456,7 @@ pub fn record_output<C: DibsConnection>(
 /// The recorded outputs of job `id`'s runs, oldest first.
 pub fn outputs<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Vec<RunOutput>> {
     Ok(dispatch!(conn, c => {
-        diesel::sql_query(c.syntax().render(
+        statement(c.syntax().render(
             "SELECT attempt, exit_code, output, finished_at FROM dibs_job_outputs \
              WHERE job_id = ? ORDER BY id",
         ))

@@ -42,6 +42,7 @@ use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 
+use crate::backend::statement::{Statement, row, statement};
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::sql_types::Instant;
 use crate::transaction::{bare_write_transaction, write_turn};
@@ -58,9 +59,9 @@ pub use model::{
 use model::{Candidate, IdRow, IdStateRow, InsertedRow, JobRow, LockedClaim, StateRow};
 pub use retention::{Finished, Retention, prune};
 
-const JOB_COLUMNS: &str = "id, queue, kind, payload, priority, state, attempt, max_attempts, \
-    due_at, created_at, claim_token, claim_expires_at, finished_at, last_error, lapses, \
-    cancel_requested_at";
+/// What a claim reads back of the jobs it claimed ([`model::JobRow`]).
+const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_attempts, \
+    due_at, claim_token, claim_expires_at";
 
 const INSERT_HEAD: &str = "INSERT INTO dibs_jobs \
     (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, dedup_key, \
@@ -117,14 +118,14 @@ const LIMIT_LOCK_ON_DUPLICATE_KEY: &str = "\
 const LIMIT_RUNNING: &str =
     "SELECT COUNT(*) AS n FROM dibs_jobs WHERE limit_key = ? AND state = 'running'";
 
-/// Claim, step 3: claim exactly the accepted ids (listed inline: they are our own integers),
+/// Claim, step 3: claim exactly the accepted ids (a bound list, see `backend::statement`),
 /// each with its own random token. The WHERE is the primary key alone, so no other index can
 /// serve it (a `state = ...` condition could be served by the stalled-claims index on MySQL,
 /// locking other rows). RETURNING where there is one; MySQL reads them back.
 const CLAIM_MARK: &str = "\
     UPDATE dibs_jobs SET state = 'running', attempt = attempt + 1, \
         claim_token = {random_token}, claimed_at = {now}, claim_expires_at = {now+ttl} \
-    WHERE id IN ";
+    WHERE id IN {ids}";
 
 /// Rescue, step 3: return lapsed claims to the queue without using an attempt (the worker
 /// may have died before the run began: jobs claimed ahead never start), counting the lapse;
@@ -145,7 +146,7 @@ const RESCUE_SET: &str = "\
         state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' \
             WHEN lapses + 1 >= ? THEN 'dead' ELSE 'waiting' END, \
         lapses = lapses + 1 \
-    WHERE id IN ";
+    WHERE id IN {ids}";
 
 /// The error a rescued run leaves in the job's history (as in `RESCUE_SET`).
 const RESCUE_ERROR: &str = "the claim lapsed: the worker stalled or died";
@@ -161,31 +162,30 @@ const RESCUE_CANDIDATES: &str = "\
 /// Rescue, step 2: lock the candidates by primary key (`WHERE id IN` only, so no index but
 /// the primary key can serve it), skipping rows a heartbeat or a finisher holds, and read
 /// them as locked: still stalled is decided on these rows.
-const RESCUE_LOCK: &str =
-    "SELECT id, state, claim_expires_at, {now} AS db_now FROM dibs_jobs WHERE id IN ";
+const RESCUE_LOCK: &str = "SELECT id, state, claim_expires_at, {now} AS db_now FROM dibs_jobs WHERE id IN {ids}{skip_locked}";
 
 /// Finishing calls lock the rows they are about, then decide per job.
 const LOCK_STATES: &str = "\
     SELECT id, state, claim_token, attempt, max_attempts, cancel_requested_at \
-    FROM dibs_jobs WHERE id IN ";
+    FROM dibs_jobs WHERE id IN {ids}{for_update}";
 
 /// A run of a job asked to cancel ends: the job is cancelled (not completed, failed or given
 /// back), and its limit key is free.
 const FINISH_CANCELLED: &str = "\
     UPDATE dibs_jobs SET state = 'cancelled', finished_at = {now}, claim_expires_at = NULL \
-    WHERE id IN ";
+    WHERE id IN {ids}";
 
 const COMPLETE: &str = "\
     UPDATE dibs_jobs SET state = 'completed', finished_at = {now}, claim_expires_at = NULL \
-    WHERE id IN ";
+    WHERE id IN {ids}";
 
-const RENEW: &str = "UPDATE dibs_jobs SET claim_expires_at = {now+ttl} WHERE id IN ";
+const RENEW: &str = "UPDATE dibs_jobs SET claim_expires_at = {now+ttl} WHERE id IN {ids}";
 
 /// Give back: due again at once, and the run does not count.
 const GIVE_BACK: &str = "\
     UPDATE dibs_jobs SET state = 'waiting', attempt = attempt - 1, due_at = {now}, \
         claim_expires_at = NULL \
-    WHERE id IN ";
+    WHERE id IN {ids}";
 
 const FAIL_RETRY: &str = "\
     UPDATE dibs_jobs SET state = 'waiting', due_at = COALESCE(?, {now+ttl}), last_error = ?, \
@@ -207,6 +207,10 @@ const RECORD_ERROR: &str = "\
 const ERROR_CUTOFF: &str = "\
     SELECT id FROM dibs_job_errors WHERE job_id = ? ORDER BY id DESC LIMIT 1 OFFSET 20";
 const TRIM_ERRORS: &str = "DELETE FROM dibs_job_errors WHERE job_id = ? AND id <= ?";
+
+/// The id of the row a MySQL/MariaDB insert made (or, with `LAST_INSERT_ID(id)` in an
+/// upsert, found).
+const LAST_INSERT_ID: &str = "SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id";
 
 /// How many errors a job's history keeps (the newest).
 pub const MAX_ERROR_HISTORY: usize = 20;
@@ -239,11 +243,6 @@ fn check_limit(limit: usize) -> Result<i64> {
     Ok(limit as i64)
 }
 
-fn id_list(ids: impl IntoIterator<Item = i64>) -> String {
-    let list: Vec<String> = ids.into_iter().map(|id| id.to_string()).collect();
-    format!("({})", list.join(", "))
-}
-
 /// Inserts one validated job on a concrete connection (or finds the live job with its dedup
 /// key) and evaluates to `QueryResult<Enqueued>`. The id comes from RETURNING, or on MySQL
 /// from `LAST_INSERT_ID()`, exact for a single-row statement on this connection (never
@@ -261,7 +260,7 @@ macro_rules! insert_one {
         if syntax.returning {
             sql.push_str(syntax.notify_in_returning);
         }
-        let insert = diesel::sql_query(sql)
+        let insert = statement(sql)
             .bind::<Text, _>(&job.queue)
             .bind::<Text, _>(&job.kind)
             .bind::<Binary, _>(&job.payload)
@@ -279,7 +278,7 @@ macro_rules! insert_one {
             })
         } else {
             insert.execute($c).and_then(|affected| {
-                diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
+                statement(LAST_INSERT_ID)
                     .get_result::<IdRow>($c)
                     .map(|row| Enqueued {
                         id: row.id,
@@ -316,7 +315,7 @@ fn notify<'q, C: DibsConnection>(
     dispatch!(conn, c => {
         if let Some(sql) = c.syntax().notify_queue {
             for queue in queues {
-                diesel::sql_query(c.syntax().render(sql)).bind::<Text, _>(queue).execute(c)?;
+                statement(c.syntax().render(sql)).bind::<Text, _>(queue).execute(c)?;
             }
         }
         Ok::<(), Error>(())
@@ -368,30 +367,33 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                     continue;
                 }
                 for chunk in chunks(&rest[..run]) {
-                    // Rendered once as a whole, so PostgreSQL's parameters are numbered through.
                     let rows = vec![INSERT_ROW; chunk.len()].join(", ");
                     let returning = if syntax.returning { " RETURNING id" } else { "" };
                     let sql = syntax.render(&format!("{INSERT_HEAD} {rows}{returning}"));
-                    let mut insert = diesel::sql_query(sql).into_boxed();
-                    for job in chunk {
-                        let (at, delay) = job.due_params();
-                        insert = insert
-                            .bind::<Text, _>(job.queue.as_str())
-                            .bind::<Text, _>(job.kind.as_str())
-                            .bind::<Binary, _>(job.payload.as_slice())
-                            .bind::<Integer, _>(job.priority)
-                            .bind::<Integer, _>(job.max_attempts as i32)
-                            .bind::<Nullable<Instant>, _>(at)
-                            .bind::<BigInt, _>(delay)
-                            .bind::<Nullable<Text>, _>(None::<&str>)
-                            .bind::<Nullable<Text>, _>(job.limit.as_ref().map(|(key, _)| key.as_str()))
-                            .bind::<Nullable<Integer>, _>(job.limit.as_ref().map(|(_, max)| *max as i32));
-                    }
+                    let rows = chunk
+                        .iter()
+                        .map(|job| {
+                            let (at, delay) = job.due_params();
+                            row()
+                                .bind::<Text, _>(job.queue.as_str())
+                                .bind::<Text, _>(job.kind.as_str())
+                                .bind::<Binary, _>(job.payload.as_slice())
+                                .bind::<Integer, _>(job.priority)
+                                .bind::<Integer, _>(job.max_attempts as i32)
+                                .bind::<Nullable<Instant>, _>(at)
+                                .bind::<BigInt, _>(delay)
+                                .bind::<Nullable<Text>, _>(None::<&str>)
+                                .bind::<Nullable<Text>, _>(job.limit.as_ref().map(|(key, _)| key.as_str()))
+                                .bind::<Nullable<Integer>, _>(job.limit.as_ref().map(|(_, max)| *max as i32))
+                        })
+                        .collect();
+                    // The text changes with the row count: not kept prepared.
+                    let insert = statement(sql).uncached().bind_rows(rows);
                     let mut ids: Vec<i64> = match id_step {
                         None => insert.load::<IdRow>(c).map(ids_of)?,
                         Some(step) => {
                             let inserted = insert.execute(c)?;
-                            let first = diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
+                            let first = statement(LAST_INSERT_ID)
                                 .get_result::<IdRow>(c)?
                                 .id;
                             if inserted != chunk.len() {
@@ -441,9 +443,9 @@ struct AutoIncrement {
 /// MySQL 8's default) does not promise that: `None`, one statement per row.
 fn consecutive_id_step<C: diesel::Connection>(c: &mut C) -> Result<Option<i64>>
 where
-    diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'static, C, AutoIncrement>,
+    Statement: diesel::query_dsl::LoadQuery<'static, C, AutoIncrement>,
 {
-    let row = diesel::sql_query(
+    let row = statement(
         "SELECT CAST(@@innodb_autoinc_lock_mode AS SIGNED) AS lock_mode, \
                 CAST(@@auto_increment_increment AS SIGNED) AS step",
     )
@@ -497,7 +499,7 @@ pub fn claim<C: DibsConnection>(
             let syntax = c.syntax();
             // A paused queue yields no candidates (the pick's NOT EXISTS), in the same
             // statement: no extra round trip on the hot path.
-            let candidates = diesel::sql_query(syntax.render(CLAIM_PICK))
+            let candidates = statement(syntax.render(CLAIM_PICK))
                 .bind::<Text, _>(queue)
                 .bind::<Text, _>(queue)
                 .bind::<BigInt, _>(limit)
@@ -506,15 +508,16 @@ pub fn claim<C: DibsConnection>(
             if ids.is_empty() {
                 return Ok(Vec::new());
             }
-            let list = id_list(ids);
-            let mark = format!("{}{list}", syntax.render(CLAIM_MARK));
+            let mark = syntax.render(CLAIM_MARK);
             if syntax.returning {
-                return Ok(diesel::sql_query(format!("{mark} RETURNING {JOB_COLUMNS}"))
+                return Ok(statement(format!("{mark} RETURNING {CLAIMED_COLUMNS}"))
                     .bind::<BigInt, _>(micros)
+                    .bind_ids(ids)
                     .load::<JobRow>(c)?);
             }
-            diesel::sql_query(mark).bind::<BigInt, _>(micros).execute(c)?;
-            Ok(diesel::sql_query(format!("SELECT {JOB_COLUMNS} FROM dibs_jobs WHERE id IN {list}"))
+            statement(mark).bind::<BigInt, _>(micros).bind_ids(ids.iter().copied()).execute(c)?;
+            Ok(statement(format!("SELECT {CLAIMED_COLUMNS} FROM dibs_jobs WHERE id IN {{ids}}"))
+                .bind_ids(ids)
                 .load::<JobRow>(c)?)
         })
     })?;
@@ -547,8 +550,8 @@ fn within_limits<C: DibsConnection>(conn: &mut C, candidates: Vec<Candidate>) ->
                 Upsert::OnConflictWhere => LIMIT_LOCK_ON_CONFLICT,
                 Upsert::OnDuplicateKey => LIMIT_LOCK_ON_DUPLICATE_KEY,
             };
-            diesel::sql_query(syntax.render(lock)).bind::<Text, _>(key).execute(c)?;
-            diesel::sql_query(syntax.render(LIMIT_RUNNING))
+            statement(syntax.render(lock)).bind::<Text, _>(key).execute(c)?;
+            statement(syntax.render(LIMIT_RUNNING))
                 .bind::<Text, _>(key)
                 .get_result::<manage::Count>(c)
         })?;
@@ -580,21 +583,18 @@ pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> 
     let rows: Vec<IdStateRow> = dispatch!(conn, c => {
         bare_write_transaction(c, "rescuing stalled jobs", |c| {
             let syntax = c.syntax();
-            let candidates: Vec<i64> = diesel::sql_query(syntax.render(RESCUE_CANDIDATES))
+            let candidates: Vec<i64> = statement(syntax.render(RESCUE_CANDIDATES))
                 .bind::<BigInt, _>(limit)
                 .load::<IdRow>(c)
                 .map(ids_of)?;
             if candidates.is_empty() {
                 return Ok(Vec::new());
             }
-            let lock = format!(
-                "{}{}{}",
-                syntax.render(RESCUE_LOCK),
-                id_list(candidates),
-                syntax.skip_locked
-            );
             let mut ids = Vec::new();
-            for row in diesel::sql_query(lock).load::<LockedClaim>(c)? {
+            let locked = statement(syntax.render(RESCUE_LOCK))
+                .bind_ids(candidates)
+                .load::<LockedClaim>(c)?;
+            for row in locked {
                 let stalled = JobState::parse(&row.state)? == JobState::Running
                     && row.claim_expires_at.is_some_and(|at| at <= row.db_now);
                 if stalled {
@@ -608,12 +608,13 @@ pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> 
             for id in &ids {
                 record_error(c, *id, None, RESCUE_ERROR)?;
             }
-            let list = id_list(ids.iter().copied());
-            diesel::sql_query(format!("{}{list}", syntax.render(RESCUE_SET)))
+            statement(syntax.render(RESCUE_SET))
                 .bind::<Integer, _>(MAX_LAPSES as i32)
                 .bind::<Integer, _>(MAX_LAPSES as i32)
+                .bind_ids(ids.iter().copied())
                 .execute(c)?;
-            Ok(diesel::sql_query(format!("SELECT id, state FROM dibs_jobs WHERE id IN {list}"))
+            Ok(statement("SELECT id, state FROM dibs_jobs WHERE id IN {ids}")
+                .bind_ids(ids)
                 .load::<IdStateRow>(c)?)
         })
     })?;
@@ -684,12 +685,9 @@ fn finish<C: DibsConnection>(
     check_claims(claims)?;
     transaction(conn, |conn| {
         let states: Vec<StateRow> = dispatch!(conn, c => {
-            let sql = format!(
-                "{LOCK_STATES}{}{}",
-                id_list(claims.iter().map(|claim| claim.id)),
-                c.syntax().for_update
-            );
-            diesel::sql_query(sql).load::<StateRow>(c)
+            statement(c.syntax().render(LOCK_STATES))
+                .bind_ids(claims.iter().map(|claim| claim.id))
+                .load::<StateRow>(c)
         })?;
         let by_id: HashMap<i64, &StateRow> = states.iter().map(|row| (row.id, row)).collect();
         let mut outcomes = Vec::with_capacity(claims.len());
@@ -726,10 +724,9 @@ fn finish<C: DibsConnection>(
             apply_finish(conn, &apply, &finish)?;
         }
         if !cancel.is_empty() {
-            let list = id_list(cancel.iter().map(|row| row.id));
+            let ids = cancel.iter().map(|row| row.id);
             dispatch!(conn, c => {
-                let sql = format!("{}{list}", c.syntax().render(FINISH_CANCELLED));
-                diesel::sql_query(sql).execute(c)
+                statement(c.syntax().render(FINISH_CANCELLED)).bind_ids(ids).execute(c)
             })?;
         }
         Ok(outcomes)
@@ -741,7 +738,7 @@ fn apply_finish<C: DibsConnection>(
     rows: &[&StateRow],
     finish: &Finish<'_>,
 ) -> Result<()> {
-    let list = id_list(rows.iter().map(|row| row.id));
+    let ids = rows.iter().map(|row| row.id);
     let batch_update = match finish {
         Finish::Complete => Some((COMPLETE, None)),
         Finish::GiveBack => Some((GIVE_BACK, None)),
@@ -751,10 +748,10 @@ fn apply_finish<C: DibsConnection>(
     match (batch_update, finish) {
         (Some((template, micros)), _) => {
             dispatch!(conn, c => {
-                let sql = format!("{}{list}", c.syntax().render(template));
+                let sql = c.syntax().render(template);
                 match micros {
-                    Some(micros) => diesel::sql_query(sql).bind::<BigInt, _>(micros).execute(c),
-                    None => diesel::sql_query(sql).execute(c),
+                    Some(micros) => statement(sql).bind::<BigInt, _>(micros).bind_ids(ids).execute(c),
+                    None => statement(sql).bind_ids(ids).execute(c),
                 }
             })?;
         }
@@ -777,13 +774,13 @@ fn apply_finish<C: DibsConnection>(
                 dispatch!(conn, c => {
                     let syntax = c.syntax();
                     match retry_at {
-                        Some((at, micros)) => diesel::sql_query(syntax.render(FAIL_RETRY))
+                        Some((at, micros)) => statement(syntax.render(FAIL_RETRY))
                             .bind::<Nullable<Instant>, _>(at)
                             .bind::<BigInt, _>(micros)
                             .bind::<Text, _>(error)
                             .bind::<BigInt, _>(row.id)
                             .execute(c),
-                        None => diesel::sql_query(syntax.render(FAIL_DEAD))
+                        None => statement(syntax.render(FAIL_DEAD))
                             .bind::<Text, _>(error)
                             .bind::<BigInt, _>(row.id)
                             .execute(c),
@@ -806,17 +803,17 @@ fn record_error<C: DibsConnection>(
 ) -> Result<()> {
     dispatch!(conn, c => {
         let syntax = c.syntax();
-        diesel::sql_query(syntax.render(RECORD_ERROR))
+        statement(syntax.render(RECORD_ERROR))
             .bind::<Nullable<Integer>, _>(attempt)
             .bind::<Text, _>(error)
             .bind::<BigInt, _>(id)
             .execute(c)?;
-        let cutoff = diesel::sql_query(syntax.render(ERROR_CUTOFF))
+        let cutoff = statement(syntax.render(ERROR_CUTOFF))
             .bind::<BigInt, _>(id)
             .get_result::<IdRow>(c)
             .optional()?;
         if let Some(cutoff) = cutoff {
-            diesel::sql_query(syntax.render(TRIM_ERRORS))
+            statement(syntax.render(TRIM_ERRORS))
                 .bind::<BigInt, _>(id)
                 .bind::<BigInt, _>(cutoff.id)
                 .execute(c)?;
@@ -907,12 +904,14 @@ pub fn fail<C: DibsConnection>(
 
 /// A job as stored, or `None` if there is no job with this id.
 pub fn get<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Option<Job>> {
-    let row = dispatch!(conn, c => {
-        diesel::sql_query(format!("SELECT {JOB_COLUMNS} FROM dibs_jobs WHERE id = {id}"))
-            .get_result::<JobRow>(c)
+    use crate::schema::dibs_jobs;
+    Ok(dispatch!(conn, c => {
+        dibs_jobs::table
+            .find(id)
+            .select(Job::as_select())
+            .get_result(c)
             .optional()
-    })?;
-    row.map(Job::from_row).transpose()
+    })?)
 }
 
 #[cfg(test)]

@@ -3,8 +3,12 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use diesel::QueryableByName;
+use diesel::backend::Backend;
+use diesel::deserialize::{self, FromSql, FromSqlRow};
+use diesel::expression::AsExpression;
+use diesel::serialize::{self, Output, ToSql};
 use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
+use diesel::{Queryable, QueryableByName, Selectable};
 use uuid::Uuid;
 
 use super::{MAX_ATTEMPTS, MAX_PAYLOAD_BYTES};
@@ -181,8 +185,10 @@ pub struct Enqueued {
     pub existing: bool,
 }
 
-/// Where a job is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Where a job is in its life. Stored as text (`dibs_jobs.state`); usable in diesel queries:
+/// `dibs_jobs::state.eq(JobState::Waiting)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, AsExpression, FromSqlRow)]
+#[diesel(sql_type = Text)]
 pub enum JobState {
     /// Waiting to be claimed, now or at its due time (retries included).
     Waiting,
@@ -197,7 +203,7 @@ pub enum JobState {
 }
 
 impl JobState {
-    /// The state as stored: `waiting`, `running`, `completed` or `dead`.
+    /// The state as stored: `waiting`, `running`, `completed`, `dead` or `cancelled`.
     pub fn as_str(self) -> &'static str {
         match self {
             JobState::Waiting => "waiting",
@@ -221,6 +227,25 @@ impl JobState {
                 ),
             )),
         }
+    }
+}
+
+impl<DB: Backend> FromSql<Text, DB> for JobState
+where
+    String: FromSql<Text, DB>,
+{
+    fn from_sql(bytes: DB::RawValue<'_>) -> deserialize::Result<Self> {
+        let text = <String as FromSql<Text, DB>>::from_sql(bytes)?;
+        JobState::parse(&text).map_err(|e| e.to_string().into())
+    }
+}
+
+impl<DB: Backend> ToSql<Text, DB> for JobState
+where
+    str: ToSql<Text, DB>,
+{
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, DB>) -> serialize::Result {
+        <str as ToSql<Text, DB>>::to_sql(self.as_str(), out)
     }
 }
 
@@ -297,8 +322,11 @@ impl ClaimedJob {
     }
 }
 
-/// A job as stored, from [`super::get`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A job as stored: the model of a `dibs_jobs` row ([`crate::schema::dibs_jobs`]), from
+/// [`super::get`] and [`super::list`], and for your own queries:
+/// `dibs_jobs::table.select(Job::as_select())`.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable)]
+#[diesel(table_name = crate::schema::dibs_jobs)]
 pub struct Job {
     /// Its id.
     pub id: i64,
@@ -313,47 +341,38 @@ pub struct Job {
     /// Its state.
     pub state: JobState,
     /// Runs started so far.
+    #[diesel(deserialize_as = i32)]
     pub attempt: u32,
     /// Runs allowed.
+    #[diesel(deserialize_as = i32)]
     pub max_attempts: u32,
     /// When it is (or was) due.
     pub due_at: DateTime<Utc>,
     /// When it was enqueued.
     pub created_at: DateTime<Utc>,
+    /// When its current (or last) claim was made.
+    pub claimed_at: Option<DateTime<Utc>>,
     /// When the current claim lapses, while running.
     pub claim_expires_at: Option<DateTime<Utc>>,
     /// When it completed or died.
     pub finished_at: Option<DateTime<Utc>>,
     /// The error of the last failed run.
     pub last_error: Option<String>,
+    /// Its dedup key, if it has one.
+    pub dedup_key: Option<String>,
+    /// How many enqueues its dedup key folded into it.
+    pub dedup_hits: i64,
+    /// Its concurrency-limit key, if it has one.
+    pub limit_key: Option<String>,
+    /// The most jobs of its limit key that run at once.
+    pub limit_max: Option<i32>,
     /// How many of its claims lapsed (its worker died or stalled); dead at
     /// [`super::MAX_LAPSES`].
+    #[diesel(deserialize_as = i32)]
     pub lapses: u32,
     /// When a cancel was asked for while it ran: it stays running until its worker stops the
     /// run (or the claim lapses), then it is cancelled.
     pub cancel_requested_at: Option<DateTime<Utc>>,
-}
-
-impl Job {
-    pub(crate) fn from_row(row: JobRow) -> Result<Job> {
-        Ok(Job {
-            state: JobState::parse(&row.state)?,
-            id: row.id,
-            queue: row.queue,
-            kind: row.kind,
-            payload: row.payload,
-            priority: row.priority,
-            attempt: u32::try_from(row.attempt).unwrap_or(0),
-            max_attempts: u32::try_from(row.max_attempts).unwrap_or(0),
-            due_at: row.due_at,
-            created_at: row.created_at,
-            claim_expires_at: row.claim_expires_at,
-            finished_at: row.finished_at,
-            last_error: row.last_error,
-            lapses: u32::try_from(row.lapses).unwrap_or(0),
-            cancel_requested_at: row.cancel_requested_at,
-        })
-    }
 }
 
 /// What a call about one claimed job did.
@@ -433,6 +452,7 @@ pub struct Rescued {
     pub cancelled: Vec<i64>,
 }
 
+/// A claimed job's row, as the claim reads it back.
 #[derive(QueryableByName)]
 pub(crate) struct JobRow {
     #[diesel(sql_type = BigInt)]
@@ -445,28 +465,16 @@ pub(crate) struct JobRow {
     pub payload: Vec<u8>,
     #[diesel(sql_type = Integer)]
     pub priority: i32,
-    #[diesel(sql_type = Text)]
-    pub state: String,
     #[diesel(sql_type = Integer)]
     pub attempt: i32,
     #[diesel(sql_type = Integer)]
     pub max_attempts: i32,
     #[diesel(sql_type = Instant)]
     pub due_at: DateTime<Utc>,
-    #[diesel(sql_type = Instant)]
-    pub created_at: DateTime<Utc>,
     #[diesel(sql_type = Nullable<Token>)]
     pub claim_token: Option<Uuid>,
     #[diesel(sql_type = Nullable<Instant>)]
     pub claim_expires_at: Option<DateTime<Utc>>,
-    #[diesel(sql_type = Nullable<Instant>)]
-    pub finished_at: Option<DateTime<Utc>>,
-    #[diesel(sql_type = Nullable<Text>)]
-    pub last_error: Option<String>,
-    #[diesel(sql_type = Integer)]
-    pub lapses: i32,
-    #[diesel(sql_type = Nullable<Instant>)]
-    pub cancel_requested_at: Option<DateTime<Utc>>,
 }
 
 /// What finishing calls read (and lock) before deciding.

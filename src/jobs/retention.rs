@@ -7,7 +7,8 @@ use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable, Text};
 
-use super::{IdRow, check_limit, id_list, ids_of};
+use super::{IdRow, check_limit, ids_of};
+use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
 use crate::sql_types::Instant;
 use crate::transaction::bare_write_transaction;
@@ -70,7 +71,7 @@ const OLDER_THAN: &str = "\
 
 /// Locks the picked rows by primary key alone (see `CLAIM_MARK` on why not by state), to
 /// re-check their state before deleting.
-const LOCK_PICKED: &str = "SELECT id, state FROM dibs_jobs WHERE id IN ";
+const LOCK_PICKED: &str = "SELECT id, state FROM dibs_jobs WHERE id IN {ids}{for_update}";
 
 #[derive(QueryableByName)]
 struct At {
@@ -117,7 +118,7 @@ pub fn prune<C: DibsConnection>(
             let mut cutoff: Option<DateTime<Utc>> = None;
             if let Some(n) = newest.filter(|n| *n > 0) {
                 let offset = i64::try_from(n - 1).map_err(|_| Error::invalid("newest", "too large"))?;
-                let nth = diesel::sql_query(syntax.render(NTH_NEWEST))
+                let nth = statement(syntax.render(NTH_NEWEST))
                     .bind::<Text, _>(queue)
                     .bind::<Text, _>(state)
                     .bind::<BigInt, _>(offset)
@@ -129,7 +130,7 @@ pub fn prune<C: DibsConnection>(
                 }
             }
             if let Some(micros) = age_micros {
-                let at = diesel::sql_query(syntax.render(NOW_PLUS))
+                let at = statement(syntax.render(NOW_PLUS))
                     .bind::<BigInt, _>(-micros)
                     .get_result::<At>(c)?
                     .at;
@@ -141,7 +142,7 @@ pub fn prune<C: DibsConnection>(
             }
             // DeleteAll: no cutoff; the far future stands in for "any finish time".
             let before = cutoff.unwrap_or(DateTime::<Utc>::MAX_UTC);
-            let picked: Vec<i64> = diesel::sql_query(syntax.render(OLDER_THAN))
+            let picked: Vec<i64> = statement(syntax.render(OLDER_THAN))
                 .bind::<Text, _>(queue)
                 .bind::<Text, _>(state)
                 .bind::<Instant, _>(clamp(before))
@@ -151,8 +152,8 @@ pub fn prune<C: DibsConnection>(
             if picked.is_empty() {
                 return Ok(0);
             }
-            let locked = format!("{LOCK_PICKED}{}{}", id_list(picked), syntax.for_update);
-            let doomed: Vec<i64> = diesel::sql_query(locked)
+            let doomed: Vec<i64> = statement(syntax.render(LOCK_PICKED))
+                .bind_ids(picked)
                 .load::<IdState>(c)?
                 .into_iter()
                 .filter(|row| row.state == state)
@@ -161,10 +162,10 @@ pub fn prune<C: DibsConnection>(
             if doomed.is_empty() {
                 return Ok(0);
             }
-            let list = id_list(doomed);
-            let deleted = diesel::sql_query(format!("DELETE FROM dibs_jobs WHERE id IN {list}")).execute(c)?;
-            diesel::sql_query(format!("DELETE FROM dibs_job_errors WHERE job_id IN {list}")).execute(c)?;
-            diesel::sql_query(format!("DELETE FROM dibs_job_outputs WHERE job_id IN {list}")).execute(c)?;
+            let ids = || doomed.iter().copied();
+            let deleted = statement("DELETE FROM dibs_jobs WHERE id IN {ids}").bind_ids(ids()).execute(c)?;
+            statement("DELETE FROM dibs_job_errors WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+            statement("DELETE FROM dibs_job_outputs WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
             Ok(deleted)
         })
     })

@@ -46,6 +46,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use uuid::Uuid;
 
+use crate::backend::statement::statement;
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::sql_types::{Instant, Token};
 use crate::transaction::bare_write_transaction;
@@ -242,7 +243,7 @@ impl Lease {
         let renewed: Option<DateTime<Utc>> = dispatch!(conn, c => {
             bare_write_transaction(c, "renewing a lease", |c| {
                 let syntax = c.syntax();
-                let changed = diesel::sql_query(syntax.render(RENEW))
+                let changed = statement(syntax.render(RENEW))
                     .bind::<BigInt, _>(micros)
                     .bind::<Text, _>(name)
                     .bind::<Token, _>(token)
@@ -250,7 +251,7 @@ impl Lease {
                 if changed == 0 {
                     return Ok(None);
                 }
-                let row = diesel::sql_query(syntax.render(&format!("{SELECT_LEASES} WHERE name = ?")))
+                let row = statement(syntax.render(&format!("{SELECT_LEASES} WHERE name = ?")))
                     .bind::<Text, _>(name)
                     .get_result::<LeaseRow>(c)?;
                 Ok(Some(row.expires_at))
@@ -277,7 +278,7 @@ impl Lease {
         let released = dispatch!(conn, c => {
             bare_write_transaction(c, "releasing a lease", |c| {
                 let sql = c.syntax().render(RELEASE);
-                Ok(diesel::sql_query(sql)
+                Ok(statement(sql)
                     .bind::<Text, _>(name)
                     .bind::<Token, _>(token)
                     .execute(c)?)
@@ -294,7 +295,7 @@ impl Lease {
         let released = crate::transaction(conn, |conn| {
             dispatch!(conn, c => {
                 let sql = c.syntax().render(RELEASE);
-                diesel::sql_query(sql)
+                statement(sql)
                     .bind::<Text, _>(name)
                     .bind::<Token, _>(token)
                     .execute(c)
@@ -333,7 +334,7 @@ impl Lease {
         let (name, token) = (self.name.as_str(), self.token);
         let matched = dispatch!(conn, c => {
             let sql = c.syntax().render(VERIFY);
-            diesel::sql_query(sql)
+            statement(sql)
                 .bind::<Text, _>(name)
                 .bind::<Token, _>(token)
                 .execute(c)
@@ -369,7 +370,7 @@ pub fn try_take<C: DibsConnection>(
                 Upsert::OnConflictWhere => TAKE_ON_CONFLICT,
                 Upsert::OnDuplicateKey => TAKE_ON_DUPLICATE_KEY,
             };
-            diesel::sql_query(syntax.render(upsert))
+            statement(syntax.render(upsert))
                 .bind::<Text, _>(name)
                 .bind::<Token, _>(token)
                 .bind::<Text, _>(holder)
@@ -377,7 +378,7 @@ pub fn try_take<C: DibsConnection>(
                 .execute(c)?;
             // The winner is decided by reading the row back, not by an affected-rows count
             // (MySQL reports 1 for an upsert that changed nothing).
-            let row = diesel::sql_query(syntax.render(&format!("{SELECT_LEASES} WHERE name = ?")))
+            let row = statement(syntax.render(&format!("{SELECT_LEASES} WHERE name = ?")))
                 .bind::<Text, _>(name)
                 .get_result::<LeaseRow>(c)?;
             Ok(row)
@@ -487,7 +488,7 @@ pub fn force_release<C: DibsConnection>(conn: &mut C, name: &str) -> Result<bool
     let released = dispatch!(conn, c => {
         bare_write_transaction(c, "force-releasing a lease", |c| {
             let sql = c.syntax().render(FORCE_RELEASE);
-            Ok(diesel::sql_query(sql).bind::<Text, _>(name).execute(c)?)
+            Ok(statement(sql).bind::<Text, _>(name).execute(c)?)
         })
     })?;
     Ok(released == 1)
@@ -498,7 +499,7 @@ pub fn inspect<C: DibsConnection>(conn: &mut C, name: &str) -> Result<Option<Lea
     validate::name("lease name", name)?;
     let row = dispatch!(conn, c => {
         let sql = c.syntax().render(&format!("{SELECT_LEASES} WHERE name = ?"));
-        diesel::sql_query(sql)
+        statement(sql)
             .bind::<Text, _>(name)
             .get_result::<LeaseRow>(c)
             .optional()
@@ -510,7 +511,7 @@ pub fn inspect<C: DibsConnection>(conn: &mut C, name: &str) -> Result<Option<Lea
 pub fn list<C: DibsConnection>(conn: &mut C) -> Result<Vec<LeaseInfo>> {
     let rows = dispatch!(conn, c => {
         let sql = c.syntax().render(&format!("{SELECT_LEASES} ORDER BY name"));
-        diesel::sql_query(sql).load::<LeaseRow>(c)
+        statement(sql).load::<LeaseRow>(c)
     })?;
     Ok(rows.into_iter().map(LeaseInfo::from).collect())
 }

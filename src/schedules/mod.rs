@@ -45,6 +45,7 @@ use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 
+use crate::backend::statement::statement;
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::jobs::{self, Due, NewJob};
 use crate::sql_types::Instant;
@@ -335,7 +336,7 @@ pub fn upsert<C: DibsConnection>(conn: &mut C, schedule: &Schedule) -> Result<()
             Upsert::OnConflictWhere => UPSERT_ON_CONFLICT,
             Upsert::OnDuplicateKey => UPSERT_ON_DUPLICATE_KEY,
         });
-        diesel::sql_query(sql)
+        statement(sql)
             .bind::<Text, _>(&schedule.name)
             .bind::<Nullable<Text>, _>(cron)
             .bind::<Nullable<BigInt>, _>(interval)
@@ -361,7 +362,7 @@ fn set_paused<C: DibsConnection>(conn: &mut C, name: &str, paused: bool) -> Resu
     let _turn = write_turn(conn)?;
     let changed = dispatch!(conn, c => {
         let sql = c.syntax().render("UPDATE dibs_schedules SET paused = ? WHERE name = ?");
-        diesel::sql_query(sql).bind::<Integer, _>(i32::from(paused)).bind::<Text, _>(name).execute(c)
+        statement(sql).bind::<Integer, _>(i32::from(paused)).bind::<Text, _>(name).execute(c)
     })?;
     Ok(changed == 1)
 }
@@ -383,7 +384,7 @@ pub fn remove<C: DibsConnection>(conn: &mut C, name: &str) -> Result<bool> {
     let _turn = write_turn(conn)?;
     let removed = dispatch!(conn, c => {
         let sql = c.syntax().render("DELETE FROM dibs_schedules WHERE name = ?");
-        diesel::sql_query(sql).bind::<Text, _>(name).execute(c)
+        statement(sql).bind::<Text, _>(name).execute(c)
     })?;
     Ok(removed == 1)
 }
@@ -392,7 +393,7 @@ pub fn remove<C: DibsConnection>(conn: &mut C, name: &str) -> Result<bool> {
 pub fn list<C: DibsConnection>(conn: &mut C) -> Result<Vec<ScheduleInfo>> {
     let rows = dispatch!(conn, c => {
         let sql = c.syntax().render(&format!("SELECT {COLUMNS} FROM dibs_schedules ORDER BY name"));
-        diesel::sql_query(sql).load::<Row>(c)
+        statement(sql).load::<Row>(c)
     })?;
     rows.iter().map(Row::info).collect()
 }
@@ -409,7 +410,7 @@ fn fire_due<D: Dialect + DibsConnection>(c: &mut D) -> Result<usize> {
     let rows: Vec<Row> = dispatch!(c, c => {
         let syntax = c.syntax();
         let sql = syntax.render(&format!("SELECT {COLUMNS} FROM dibs_schedules {DUE}{{skip_locked}}"));
-        diesel::sql_query(sql).load::<Row>(c)
+        statement(sql).load::<Row>(c)
     })?;
     let mut enqueued = 0;
     for row in rows {
@@ -431,7 +432,7 @@ fn fire_due<D: Dialect + DibsConnection>(c: &mut D) -> Result<usize> {
             }
         };
         let advanced = dispatch!(c, c => {
-            diesel::sql_query(c.syntax().render(ADVANCE))
+            statement(c.syntax().render(ADVANCE))
                 .bind::<Instant, _>(due.next)
                 .bind::<Text, _>(&row.name)
                 .bind::<Instant, _>(row.next_due_at)

@@ -370,6 +370,7 @@ fn jobs_command(pool: &Pool, command: JobsCommand, out: &Out) -> Outcome {
                 state: state.as_deref().map(parse_state).transpose()?,
                 kind,
                 limit,
+                ..JobFilter::default()
             };
             let list = jobs::list(&mut conn, &filter)?;
             out.print(json!(list.iter().map(job_json).collect::<Vec<_>>()), || {

@@ -1,0 +1,221 @@
+//! dibs's tables, as diesel `table!` definitions: the contract of what dibs stores, for
+//! querying and joining dibs's tables from your own diesel code.
+//!
+//! Column types are the ones that mean the same on every backend: names are `Text` (stored
+//! byte-exact: `COLLATE "C"` on PostgreSQL, `VARBINARY` on MySQL/MariaDB, SQLite's binary
+//! collation), instants are [`Instant`](crate::sql_types::Instant) (`chrono::DateTime<Utc>`),
+//! tokens [`Token`](crate::sql_types::Token) (`uuid::Uuid`). They work on `SqliteConnection`,
+//! `PgConnection`, `MysqlConnection`, [`AnyConnection`](crate::AnyConnection) and pooled
+//! connections of each. A conformance test checks these definitions against the migrated
+//! database on every backend. The models that select them are [`Job`](crate::jobs::Job),
+//! [`FailedRun`](crate::jobs::FailedRun), [`RunOutput`](crate::jobs::RunOutput),
+//! [`LeaseRecord`](crate::lease::LeaseRecord) and [`ScheduleRecord`](crate::schedules::ScheduleRecord).
+//!
+//! Read them freely; write them only through dibs's functions, which keep the invariants
+//! (claim tokens, fences, limits) that a plain UPDATE would not.
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use diesel::prelude::*;
+//! use dibs::jobs::{Job, JobState, NewJob};
+//! use dibs::schema::dibs_jobs;
+//!
+//! let mut conn = dibs::AnyConnection::connect(":memory:")?;
+//! dibs::run_migrations(&mut conn)?;
+//! dibs::jobs::enqueue(&mut conn, &NewJob::new("mail", "welcome", vec![]))?;
+//!
+//! let waiting: Vec<Job> = dibs_jobs::table
+//!     .filter(dibs_jobs::queue.eq("mail"))
+//!     .filter(dibs_jobs::state.eq(JobState::Waiting))
+//!     .select(Job::as_select())
+//!     .load(&mut conn)?;
+//! assert_eq!(waiting.len(), 1);
+//! # Ok(()) }
+//! ```
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::sql_types::{Instant, Token};
+
+    /// Leases: one row per name, never deleted (so fences never go back).
+    dibs_leases (name) {
+        /// The lease's name.
+        name -> Text,
+        /// The current grant's token; NULL once released.
+        token -> Nullable<Token>,
+        /// The last holder's label.
+        holder -> Text,
+        /// The last grant's fence.
+        fence -> BigInt,
+        /// When the last grant was made.
+        acquired_at -> Instant,
+        /// When it expires (or expired, or was released).
+        expires_at -> Instant,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::sql_types::{Instant, Token};
+
+    /// Jobs.
+    dibs_jobs (id) {
+        /// The job's id.
+        id -> BigInt,
+        /// Its queue.
+        queue -> Text,
+        /// Its kind.
+        kind -> Text,
+        /// Its payload.
+        payload -> Binary,
+        /// Lower runs first.
+        priority -> Integer,
+        /// `waiting`, `running`, `completed`, `dead` or `cancelled` ([`JobState`](crate::jobs::JobState)).
+        state -> Text,
+        /// Runs started (a lapsed claim's run is given back).
+        attempt -> Integer,
+        /// Runs allowed.
+        max_attempts -> Integer,
+        /// When it is (or was) due.
+        due_at -> Instant,
+        /// When it was enqueued.
+        created_at -> Instant,
+        /// The current claim's token, while running.
+        claim_token -> Nullable<Token>,
+        /// When the current (or last) claim was made.
+        claimed_at -> Nullable<Instant>,
+        /// When the current claim lapses unless renewed.
+        claim_expires_at -> Nullable<Instant>,
+        /// When it completed, died or was cancelled.
+        finished_at -> Nullable<Instant>,
+        /// The last failed run's error.
+        last_error -> Nullable<Text>,
+        /// Its dedup key: unique per queue among live (waiting or running) jobs.
+        dedup_key -> Nullable<Text>,
+        /// Enqueues folded into it by its dedup key.
+        dedup_hits -> BigInt,
+        /// Its concurrency-limit key.
+        limit_key -> Nullable<Text>,
+        /// The most jobs of its limit key that run at once.
+        limit_max -> Nullable<Integer>,
+        /// Claims of it that lapsed.
+        lapses -> Integer,
+        /// When a cancel was asked for while it ran.
+        cancel_requested_at -> Nullable<Instant>,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::sql_types::Instant;
+
+    /// The errors of jobs' failed runs (the newest 20 per job).
+    dibs_job_errors (id) {
+        /// The entry's id.
+        id -> BigInt,
+        /// The job's id.
+        job_id -> BigInt,
+        /// Which run failed.
+        attempt -> Integer,
+        /// Its error.
+        error -> Text,
+        /// When.
+        failed_at -> Instant,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::sql_types::Instant;
+
+    /// What runs printed and how they exited (jobs whose runs report it).
+    dibs_job_outputs (id) {
+        /// The entry's id.
+        id -> BigInt,
+        /// The job's id.
+        job_id -> BigInt,
+        /// Which run.
+        attempt -> Integer,
+        /// Its exit code, if it exited with one.
+        exit_code -> Nullable<Integer>,
+        /// What it printed (the tail).
+        output -> Binary,
+        /// When it was recorded.
+        finished_at -> Instant,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::sql_types::Instant;
+
+    /// Paused queues: claims skip them.
+    dibs_queue_pauses (queue) {
+        /// The queue.
+        queue -> Text,
+        /// Since when.
+        paused_at -> Instant,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::sql_types::Instant;
+
+    /// Recurring schedules.
+    dibs_schedules (name) {
+        /// Its name.
+        name -> Text,
+        /// Its cron expression (or NULL with an interval).
+        cron -> Nullable<Text>,
+        /// Its interval in microseconds (or NULL with a cron expression).
+        interval_micros -> Nullable<BigInt>,
+        /// The time zone of its cron expression.
+        time_zone -> Text,
+        /// Its jobs' queue.
+        queue -> Text,
+        /// Their kind.
+        kind -> Text,
+        /// Their payload.
+        payload -> Binary,
+        /// Their priority.
+        priority -> Integer,
+        /// Their attempts.
+        max_attempts -> Integer,
+        /// 1: fire every missed tick after downtime.
+        catch_up -> Integer,
+        /// 1: paused.
+        paused -> Integer,
+        /// Its next tick.
+        next_due_at -> Instant,
+        /// Its jobs' dedup key.
+        dedup_key -> Nullable<Text>,
+        /// Its jobs' concurrency-limit key.
+        limit_key -> Nullable<Text>,
+        /// Its jobs' concurrency limit.
+        limit_max -> Nullable<Integer>,
+        /// How long after each tick its job is due, in microseconds.
+        delay_micros -> BigInt,
+    }
+}
+
+diesel::table! {
+    /// Concurrency-limit keys: claimers of a key serialize on its row.
+    dibs_limit_keys (limit_key) {
+        /// The key.
+        limit_key -> Text,
+    }
+}
+
+diesel::joinable!(dibs_job_errors -> dibs_jobs (job_id));
+diesel::joinable!(dibs_job_outputs -> dibs_jobs (job_id));
+
+diesel::allow_tables_to_appear_in_same_query!(
+    dibs_leases,
+    dibs_jobs,
+    dibs_job_errors,
+    dibs_job_outputs,
+    dibs_queue_pauses,
+    dibs_schedules,
+    dibs_limit_keys,
+);
