@@ -112,6 +112,9 @@ mod wake;
 pub mod worker;
 
 pub use backend::{AnyConnection, Backend, BackendConnection, DibsConnection};
+/// The diesel backend of [`AnyConnection`] (the one its queries are built for): dibs's SQL
+/// types ([`sql_types::Instant`], [`sql_types::Token`]) and [`schema`] work with it.
+pub type AnyBackend = <AnyConnection as diesel::Connection>::Backend;
 pub use error::{Error, Result};
 pub use lease::LeaseGuard;
 pub use migrate::{VERSION_PREFIX, run_migrations, schema_version};

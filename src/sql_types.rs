@@ -2,6 +2,7 @@
 //!
 //! Their `FromSql`/`ToSql` implementations live in the backend files (`src/backend/*.rs`).
 
+use diesel::expression::{AppearsOnTable, Expression, SelectableExpression, ValidGrouping};
 use diesel::query_builder::QueryId;
 use diesel::sql_types::SqlType;
 
@@ -34,6 +35,35 @@ pub struct Instant;
 #[cfg_attr(feature = "mysql", diesel(mysql_type(name = "Blob")))]
 #[cfg_attr(feature = "sqlite", diesel(sqlite_type(name = "Binary")))]
 pub struct Token;
+
+/// The database's clock as a diesel expression of type [`Instant`], spelled as dibs spells it
+/// on each backend (`statement_timestamp()`, `UTC_TIMESTAMP(6)`, SQLite's `strftime`): for
+/// your own queries that compare against the instants dibs stores.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use diesel::prelude::*;
+/// use dibs::schema::dibs_leases;
+/// use dibs::sql_types::DatabaseNow;
+/// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// # dibs::run_migrations(&mut conn)?;
+/// dibs::lease::try_take(&mut conn, "backup", std::time::Duration::from_secs(60), "me")?;
+/// let held: i64 = dibs_leases::table
+///     .filter(dibs_leases::token.is_not_null().and(dibs_leases::expires_at.gt(DatabaseNow)))
+///     .count()
+///     .get_result(&mut conn)?;
+/// assert_eq!(held, 1);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, Default, QueryId, ValidGrouping)]
+pub struct DatabaseNow;
+
+impl Expression for DatabaseNow {
+    type SqlType = Instant;
+}
+
+impl<QS> SelectableExpression<QS> for DatabaseNow {}
+impl<QS> AppearsOnTable<QS> for DatabaseNow {}
 
 /// The layout of [`Instant`] on SQLite.
 #[cfg(feature = "sqlite")]

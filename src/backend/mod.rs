@@ -260,6 +260,59 @@ any_connection!(Postgres(PgConnection));
 #[cfg(all(not(feature = "sqlite"), not(feature = "postgres"), feature = "mysql"))]
 any_connection!(Mysql(MysqlConnection));
 
+/// dibs's portable SQL types through [`AnyConnection`]'s backend, so that queries on
+/// [`crate::schema`] (and your own columns of these types) run on an `AnyConnection` or a pool
+/// of it: each value is handed to the backend the connection has.
+mod any_backend_types {
+    use chrono::{DateTime, Utc};
+    use diesel::backend::Backend;
+    use diesel::deserialize::{self, FromSql};
+    use diesel::serialize::{self, IsNull, Output, ToSql};
+    use diesel::sql_types::HasSqlType;
+
+    use super::MultiBackend;
+    use crate::sql_types::{Instant, Token};
+
+    macro_rules! portable {
+        ($sql_type:ident, $rust:ty) => {
+            impl HasSqlType<$sql_type> for MultiBackend {
+                fn metadata(lookup: &mut Self::MetadataLookup) -> Self::TypeMetadata {
+                    MultiBackend::lookup_sql_type::<$sql_type>(lookup)
+                }
+            }
+
+            impl FromSql<$sql_type, MultiBackend> for $rust {
+                fn from_sql(
+                    bytes: <MultiBackend as Backend>::RawValue<'_>,
+                ) -> deserialize::Result<Self> {
+                    bytes.from_sql::<Self, $sql_type>()
+                }
+            }
+
+            impl ToSql<$sql_type, MultiBackend> for $rust {
+                fn to_sql<'b>(
+                    &'b self,
+                    out: &mut Output<'b, '_, MultiBackend>,
+                ) -> serialize::Result {
+                    out.set_value(($sql_type, self));
+                    Ok(IsNull::No)
+                }
+            }
+        };
+    }
+    portable!(Instant, DateTime<Utc>);
+
+    impl diesel::query_builder::QueryFragment<MultiBackend> for crate::sql_types::DatabaseNow {
+        fn walk_ast<'b>(
+            &'b self,
+            pass: diesel::query_builder::AstPass<'_, 'b, MultiBackend>,
+        ) -> diesel::QueryResult<()> {
+            MultiBackend::walk_variant_ast(self, pass)
+        }
+    }
+    portable!(Token, uuid::Uuid);
+}
+
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 impl AnyConnection {
     /// Connects to the database a URL names (see [`Backend::from_url`] for the schemes), with

@@ -94,6 +94,16 @@ impl Dialect for MysqlConnection {
     }
 }
 
+impl diesel::query_builder::QueryFragment<Mysql> for crate::sql_types::DatabaseNow {
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, Mysql>,
+    ) -> QueryResult<()> {
+        out.push_sql(NOW);
+        Ok(())
+    }
+}
+
 impl FromSql<Instant, Mysql> for DateTime<Utc> {
     fn from_sql(value: MysqlValue<'_>) -> deserialize::Result<Self> {
         Ok(<NaiveDateTime as FromSql<Datetime, Mysql>>::from_sql(value)?.and_utc())

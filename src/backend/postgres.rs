@@ -75,6 +75,16 @@ impl Dialect for PgConnection {
     }
 }
 
+impl diesel::query_builder::QueryFragment<Pg> for crate::sql_types::DatabaseNow {
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, Pg>,
+    ) -> QueryResult<()> {
+        out.push_sql(NOW);
+        Ok(())
+    }
+}
+
 impl FromSql<Instant, Pg> for DateTime<Utc> {
     fn from_sql(value: PgValue<'_>) -> deserialize::Result<Self> {
         <DateTime<Utc> as FromSql<Timestamptz, Pg>>::from_sql(value)

@@ -118,6 +118,16 @@ impl Dialect for SqliteConnection {
     }
 }
 
+impl diesel::query_builder::QueryFragment<Sqlite> for crate::sql_types::DatabaseNow {
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, Sqlite>,
+    ) -> QueryResult<()> {
+        out.push_sql(NOW);
+        Ok(())
+    }
+}
+
 impl FromSql<Instant, Sqlite> for DateTime<Utc> {
     fn from_sql(value: SqliteValue<'_, '_, '_>) -> deserialize::Result<Self> {
         let text = <String as FromSql<Text, Sqlite>>::from_sql(value)?;

@@ -50,17 +50,16 @@ const RUNNING: &str = "\
     SELECT id, queue, kind, attempt, claim_expires_at FROM dibs_jobs \
     WHERE state = 'running' ORDER BY claim_expires_at LIMIT ?";
 
-/// One failed run of a job, from [`history`].
-#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+/// One failed run of a job, from [`history`]: the model of a `dibs_job_errors` row
+/// ([`crate::schema::dibs_job_errors`]).
+#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable)]
+#[diesel(table_name = crate::schema::dibs_job_errors)]
 pub struct FailedRun {
     /// Which run failed.
-    #[diesel(sql_type = Integer)]
     pub attempt: i32,
     /// Its error (at most 4 KiB).
-    #[diesel(sql_type = Text)]
     pub error: String,
     /// When (database clock).
-    #[diesel(sql_type = Instant)]
     pub failed_at: DateTime<Utc>,
 }
 
@@ -239,11 +238,13 @@ pub fn is_paused<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<bool> {
 /// The errors of a job's failed runs, oldest first (the newest
 /// [`MAX_ERROR_HISTORY`](super::MAX_ERROR_HISTORY) are kept).
 pub fn history<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Vec<FailedRun>> {
+    use crate::schema::dibs_job_errors;
     Ok(dispatch!(conn, c => {
-        let sql = c.syntax().render(
-            "SELECT attempt, error, failed_at FROM dibs_job_errors WHERE job_id = ? ORDER BY id",
-        );
-        statement(sql).bind::<BigInt, _>(id).load::<FailedRun>(c)
+        dibs_job_errors::table
+            .filter(dibs_job_errors::job_id.eq(id))
+            .order(dibs_job_errors::id)
+            .select(FailedRun::as_select())
+            .load(c)
     })?)
 }
 
@@ -393,20 +394,18 @@ pub fn list<C: DibsConnection>(conn: &mut C, filter: &JobFilter) -> Result<Vec<s
     })?)
 }
 
-/// What one run printed and how it ended, from [`outputs`].
-#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+/// What one run printed and how it ended, from [`outputs`]: the model of a
+/// `dibs_job_outputs` row ([`crate::schema::dibs_job_outputs`]).
+#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable)]
+#[diesel(table_name = crate::schema::dibs_job_outputs)]
 pub struct RunOutput {
     /// Which run.
-    #[diesel(sql_type = Integer)]
     pub attempt: i32,
     /// Its exit code, if it exited with one.
-    #[diesel(sql_type = Nullable<Integer>)]
     pub exit_code: Option<i32>,
     /// What it printed (at most [`MAX_OUTPUT_BYTES`]).
-    #[diesel(sql_type = diesel::sql_types::Binary)]
     pub output: Vec<u8>,
     /// When it was recorded (database clock).
-    #[diesel(sql_type = Instant)]
     pub finished_at: DateTime<Utc>,
 }
 
@@ -455,12 +454,12 @@ pub fn record_output<C: DibsConnection>(
 
 /// The recorded outputs of job `id`'s runs, oldest first.
 pub fn outputs<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Vec<RunOutput>> {
+    use crate::schema::dibs_job_outputs;
     Ok(dispatch!(conn, c => {
-        statement(c.syntax().render(
-            "SELECT attempt, exit_code, output, finished_at FROM dibs_job_outputs \
-             WHERE job_id = ? ORDER BY id",
-        ))
-        .bind::<BigInt, _>(id)
-        .load::<RunOutput>(c)
+        dibs_job_outputs::table
+            .filter(dibs_job_outputs::job_id.eq(id))
+            .order(dibs_job_outputs::id)
+            .select(RunOutput::as_select())
+            .load(c)
     })?)
 }

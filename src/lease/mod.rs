@@ -43,12 +43,12 @@ use std::time::{Duration, Instant as Clock};
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::{BigInt, Text};
 use uuid::Uuid;
 
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, Upsert, dispatch};
-use crate::sql_types::{Instant, Token};
+use crate::sql_types::{DatabaseNow, Token};
 use crate::transaction::bare_write_transaction;
 use crate::{DibsConnection, Error, Result, validate};
 
@@ -94,9 +94,9 @@ const TAKE_ON_DUPLICATE_KEY: &str = "\
             TIMESTAMPDIFF(MICROSECOND, VALUES(acquired_at), VALUES(expires_at)) MICROSECOND, \
             expires_at)";
 
-const SELECT_LEASES: &str = "\
-    SELECT name, token, holder, fence, acquired_at, expires_at, {now} AS db_now \
-    FROM dibs_leases";
+/// A lease row, read back after a take or a renewal.
+const SELECT_LEASE: &str = "\
+    SELECT name, token, holder, fence, acquired_at, expires_at FROM dibs_leases WHERE name = ?";
 
 /// Only the current token, and only while not lapsed: a renewal after the lease lapsed says
 /// "lost" even if nobody took it over.
@@ -123,22 +123,25 @@ const VERIFY: &str = "\
     UPDATE dibs_leases SET fence = fence \
     WHERE name = ? AND token = ? AND expires_at > {now}";
 
-#[derive(QueryableByName)]
-struct LeaseRow {
-    #[diesel(sql_type = Text)]
-    name: String,
-    #[diesel(sql_type = Nullable<Token>)]
-    token: Option<Uuid>,
-    #[diesel(sql_type = Text)]
-    holder: String,
-    #[diesel(sql_type = BigInt)]
-    fence: i64,
-    #[diesel(sql_type = Instant)]
-    acquired_at: DateTime<Utc>,
-    #[diesel(sql_type = Instant)]
-    expires_at: DateTime<Utc>,
-    #[diesel(sql_type = Instant)]
-    db_now: DateTime<Utc>,
+/// A lease as stored: the model of a `dibs_leases` row ([`crate::schema::dibs_leases`]), for
+/// your own queries; [`inspect`] and [`list`] read these (with the database's now, to say
+/// whether each is held).
+#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, QueryableByName)]
+#[diesel(table_name = crate::schema::dibs_leases)]
+pub struct LeaseRecord {
+    /// The lease's name.
+    pub name: String,
+    /// The current grant's token; `None` once released. Whoever has it can renew and release
+    /// the lease: show it to no one.
+    pub token: Option<Uuid>,
+    /// The label of the last holder.
+    pub holder: String,
+    /// The fence of the last grant.
+    pub fence: i64,
+    /// When the last grant was made (database clock).
+    pub acquired_at: DateTime<Utc>,
+    /// When it expires or expired; for a released lease, when it was released.
+    pub expires_at: DateTime<Utc>,
 }
 
 /// A lease this caller was granted. It stays a record of the grant after it is lost or
@@ -173,16 +176,16 @@ pub struct LeaseInfo {
     pub now: DateTime<Utc>,
 }
 
-impl From<LeaseRow> for LeaseInfo {
-    fn from(row: LeaseRow) -> Self {
+impl LeaseInfo {
+    fn new(record: LeaseRecord, now: DateTime<Utc>) -> Self {
         LeaseInfo {
-            held: row.token.is_some() && row.db_now < row.expires_at,
-            name: row.name,
-            holder: row.holder,
-            fence: row.fence,
-            acquired_at: row.acquired_at,
-            expires_at: row.expires_at,
-            now: row.db_now,
+            held: record.token.is_some() && now < record.expires_at,
+            name: record.name,
+            holder: record.holder,
+            fence: record.fence,
+            acquired_at: record.acquired_at,
+            expires_at: record.expires_at,
+            now,
         }
     }
 }
@@ -251,9 +254,9 @@ impl Lease {
                 if changed == 0 {
                     return Ok(None);
                 }
-                let row = statement(syntax.render(&format!("{SELECT_LEASES} WHERE name = ?")))
+                let row = statement(SELECT_LEASE)
                     .bind::<Text, _>(name)
-                    .get_result::<LeaseRow>(c)?;
+                    .get_result::<LeaseRecord>(c)?;
                 Ok(Some(row.expires_at))
             })
         })?;
@@ -378,9 +381,9 @@ pub fn try_take<C: DibsConnection>(
                 .execute(c)?;
             // The winner is decided by reading the row back, not by an affected-rows count
             // (MySQL reports 1 for an upsert that changed nothing).
-            let row = statement(syntax.render(&format!("{SELECT_LEASES} WHERE name = ?")))
+            let row = statement(SELECT_LEASE)
                 .bind::<Text, _>(name)
-                .get_result::<LeaseRow>(c)?;
+                .get_result::<LeaseRecord>(c)?;
             Ok(row)
         })
     })?;
@@ -496,22 +499,29 @@ pub fn force_release<C: DibsConnection>(conn: &mut C, name: &str) -> Result<bool
 
 /// The lease row for `name`, or `None` if it was never taken.
 pub fn inspect<C: DibsConnection>(conn: &mut C, name: &str) -> Result<Option<LeaseInfo>> {
+    use crate::schema::dibs_leases;
     validate::name("lease name", name)?;
     let row = dispatch!(conn, c => {
-        let sql = c.syntax().render(&format!("{SELECT_LEASES} WHERE name = ?"));
-        statement(sql)
-            .bind::<Text, _>(name)
-            .get_result::<LeaseRow>(c)
+        dibs_leases::table
+            .find(name)
+            .select((LeaseRecord::as_select(), DatabaseNow))
+            .get_result::<(LeaseRecord, DateTime<Utc>)>(c)
             .optional()
     })?;
-    Ok(row.map(LeaseInfo::from))
+    Ok(row.map(|(record, now)| LeaseInfo::new(record, now)))
 }
 
 /// Every lease row, by name.
 pub fn list<C: DibsConnection>(conn: &mut C) -> Result<Vec<LeaseInfo>> {
+    use crate::schema::dibs_leases;
     let rows = dispatch!(conn, c => {
-        let sql = c.syntax().render(&format!("{SELECT_LEASES} ORDER BY name"));
-        statement(sql).load::<LeaseRow>(c)
+        dibs_leases::table
+            .order(dibs_leases::name)
+            .select((LeaseRecord::as_select(), DatabaseNow))
+            .load::<(LeaseRecord, DateTime<Utc>)>(c)
     })?;
-    Ok(rows.into_iter().map(LeaseInfo::from).collect())
+    Ok(rows
+        .into_iter()
+        .map(|(record, now)| LeaseInfo::new(record, now))
+        .collect())
 }

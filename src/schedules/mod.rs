@@ -158,45 +158,55 @@ pub struct ScheduleInfo {
     pub next_due_at: DateTime<Utc>,
 }
 
+/// A schedule as stored: the model of a `dibs_schedules` row
+/// ([`crate::schema::dibs_schedules`]), for your own queries; [`list`] reads these.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, QueryableByName)]
+#[diesel(table_name = crate::schema::dibs_schedules)]
+pub struct ScheduleRecord {
+    /// Its name.
+    pub name: String,
+    /// Its cron expression (or `None` with an interval).
+    pub cron: Option<String>,
+    /// Its interval in microseconds (or `None` with a cron expression).
+    pub interval_micros: Option<i64>,
+    /// The time zone of its cron expression.
+    pub time_zone: String,
+    /// Its jobs' queue.
+    pub queue: String,
+    /// Their kind.
+    pub kind: String,
+    /// Their payload.
+    pub payload: Vec<u8>,
+    /// Their priority.
+    pub priority: i32,
+    /// Their attempts.
+    pub max_attempts: i32,
+    /// Their dedup key.
+    pub dedup_key: Option<String>,
+    /// Their concurrency-limit key.
+    pub limit_key: Option<String>,
+    /// Their concurrency limit.
+    pub limit_max: Option<i32>,
+    /// How long after each tick its job is due, in microseconds.
+    pub delay_micros: i64,
+    /// 1: fire every missed tick after downtime.
+    pub catch_up: i32,
+    /// 1: paused.
+    pub paused: i32,
+    /// Its next tick (database clock).
+    pub next_due_at: DateTime<Utc>,
+}
+
+/// A due schedule and the database's now, as a scheduler reads them.
 #[derive(QueryableByName)]
-struct Row {
-    #[diesel(sql_type = Text)]
-    name: String,
-    #[diesel(sql_type = Nullable<Text>)]
-    cron: Option<String>,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    interval_micros: Option<i64>,
-    #[diesel(sql_type = Text)]
-    time_zone: String,
-    #[diesel(sql_type = Text)]
-    queue: String,
-    #[diesel(sql_type = Text)]
-    kind: String,
-    #[diesel(sql_type = Binary)]
-    payload: Vec<u8>,
-    #[diesel(sql_type = Integer)]
-    priority: i32,
-    #[diesel(sql_type = Integer)]
-    max_attempts: i32,
-    #[diesel(sql_type = Nullable<Text>)]
-    dedup_key: Option<String>,
-    #[diesel(sql_type = Nullable<Text>)]
-    limit_key: Option<String>,
-    #[diesel(sql_type = Nullable<Integer>)]
-    limit_max: Option<i32>,
-    #[diesel(sql_type = BigInt)]
-    delay_micros: i64,
-    #[diesel(sql_type = Integer)]
-    catch_up: i32,
-    #[diesel(sql_type = Integer)]
-    paused: i32,
-    #[diesel(sql_type = Instant)]
-    next_due_at: DateTime<Utc>,
+struct DueRow {
+    #[diesel(embed)]
+    record: ScheduleRecord,
     #[diesel(sql_type = Instant)]
     db_now: DateTime<Utc>,
 }
 
-impl Row {
+impl ScheduleRecord {
     fn spec(&self) -> Result<Spec> {
         match (&self.cron, self.interval_micros) {
             (Some(cron), _) => Ok(Spec::Cron(cron.clone())),
@@ -391,11 +401,14 @@ pub fn remove<C: DibsConnection>(conn: &mut C, name: &str) -> Result<bool> {
 
 /// Every schedule, by name, with its next tick.
 pub fn list<C: DibsConnection>(conn: &mut C) -> Result<Vec<ScheduleInfo>> {
-    let rows = dispatch!(conn, c => {
-        let sql = c.syntax().render(&format!("SELECT {COLUMNS} FROM dibs_schedules ORDER BY name"));
-        statement(sql).load::<Row>(c)
+    use crate::schema::dibs_schedules;
+    let rows: Vec<ScheduleRecord> = dispatch!(conn, c => {
+        dibs_schedules::table
+            .order(dibs_schedules::name)
+            .select(ScheduleRecord::as_select())
+            .load(c)
     })?;
-    rows.iter().map(Row::info).collect()
+    rows.iter().map(ScheduleRecord::info).collect()
 }
 
 /// Fires every due tick of every schedule (by the database's clock) and returns how many jobs
@@ -407,13 +420,17 @@ pub fn tick<C: DibsConnection>(conn: &mut C) -> Result<usize> {
 }
 
 fn fire_due<D: Dialect + DibsConnection>(c: &mut D) -> Result<usize> {
-    let rows: Vec<Row> = dispatch!(c, c => {
+    let rows: Vec<DueRow> = dispatch!(c, c => {
         let syntax = c.syntax();
         let sql = syntax.render(&format!("SELECT {COLUMNS} FROM dibs_schedules {DUE}{{skip_locked}}"));
-        statement(sql).load::<Row>(c)
+        statement(sql).load::<DueRow>(c)
     })?;
     let mut enqueued = 0;
-    for row in rows {
+    for DueRow {
+        record: row,
+        db_now,
+    } in rows
+    {
         let timing = match Timing::new(&row.spec()?, &row.time_zone) {
             Ok(timing) => timing,
             Err(e) => {
@@ -422,7 +439,7 @@ fn fire_due<D: Dialect + DibsConnection>(c: &mut D) -> Result<usize> {
                 continue;
             }
         };
-        let due = match timing.due(row.next_due_at, row.db_now, row.catch_up != 0) {
+        let due = match timing.due(row.next_due_at, db_now, row.catch_up != 0) {
             Ok(due) => due,
             Err(e) => {
                 // Its ticks cannot be computed (a cron whose next tick the cron library cannot
