@@ -13,6 +13,7 @@ mod leases;
 mod limits;
 mod queue_ops;
 mod schedules;
+mod statements;
 mod worker;
 mod worker_attacks;
 mod worker_runs;
