@@ -66,6 +66,21 @@
 //! (diesel's `establish`) has none until you call [`SessionSetup::apply`]: on SQLite, without a
 //! busy timeout, any write that meets another connection's write lock fails at once.
 //!
+//! ## Your own queries on dibs's tables
+//!
+//! [`schema`] has a diesel `table!` for every dibs table, and the models that read them are
+//! public ([`jobs::Job`], [`jobs::FailedRun`], [`jobs::RunOutput`], [`lease::LeaseRecord`],
+//! [`schedules::ScheduleRecord`]): join your tables to dibs's jobs with diesel's query
+//! builder, on any backend and on [`AnyConnection`] ([`AnyBackend`] knows dibs's portable
+//! [`sql_types`]). A conformance test checks the schema against the migrations on every
+//! backend. Read them freely; change them only through dibs's functions.
+//!
+//! dibs's own statements are prepared once per connection and then only executed: the query
+//! builder where it says what dibs means, and its tuned per-backend SQL as cacheable
+//! statements with bound values (no value is ever formatted into SQL text; id lists are
+//! bound in a few fixed lengths). A multi-row insert, whose text changes with its row
+//! count, is the one statement prepared each time.
+//!
 //! ## Caller's transactions
 //!
 //! Some operations join the caller's open transaction, so their writes commit or roll back
