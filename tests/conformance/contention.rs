@@ -83,7 +83,14 @@ fn a_busy_writer_does_not_starve_the_other_writers_of_its_process(backend: Backe
     let mut failures = Vec::new();
     let mut completed = 0;
     let mut longest = Duration::ZERO;
-    for round in 0..ROUNDS {
+    // At least ROUNDS rounds, and on until the hog has committed twice meanwhile: on a fast
+    // machine (or server) eight rounds can end inside one of its transactions.
+    let mut round = 0;
+    let give_up = Clock::now() + Duration::from_secs(60);
+    while round < ROUNDS
+        || (hog_transactions.load(Ordering::SeqCst) - before < 2 && Clock::now() < give_up)
+    {
+        round += 1;
         let asked = Clock::now();
         match jobs::enqueue(&mut conn, &NewJob::new("mine", "k", vec![round as u8])) {
             Ok(_) => {}
@@ -117,10 +124,10 @@ fn a_busy_writer_does_not_starve_the_other_writers_of_its_process(backend: Backe
         "{} writes failed beside a busy writer: {failures:#?}",
         failures.len()
     );
-    assert_eq!(completed, ROUNDS);
+    assert_eq!(completed, round);
     assert!(hog_meanwhile > 0, "the hog kept writing meanwhile");
     println!(
-        "{backend}: {ROUNDS} rounds of enqueue + claim + complete beside a writer that holds \
+        "{backend}: {round} rounds of enqueue + claim + complete beside a writer that holds \
          the lock back to back ({hog_meanwhile} of its transactions meanwhile): 0 failed, \
          longest round {longest:?}; control (plain SQL, no turns): {control_starved} of 3 \
          writes starved"
