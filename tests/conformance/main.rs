@@ -13,6 +13,7 @@ mod leases;
 mod limits;
 mod queue_ops;
 mod schedules;
+mod schema_contract;
 mod worker;
 mod worker_attacks;
 mod worker_runs;
