@@ -4,7 +4,9 @@
 //! Column types are the ones that mean the same on every backend: names are `Text` (stored
 //! byte-exact: `COLLATE "C"` on PostgreSQL, `VARBINARY` on MySQL/MariaDB, SQLite's binary
 //! collation), instants are [`Instant`](crate::sql_types::Instant) (`chrono::DateTime<Utc>`),
-//! tokens [`Token`](crate::sql_types::Token) (`uuid::Uuid`). They work on `SqliteConnection`,
+//! tokens [`Token`](crate::sql_types::Token) (`uuid::Uuid`); bind your own values against them
+//! as [`InstantValue`](crate::sql_types::InstantValue) and
+//! [`TokenValue`](crate::sql_types::TokenValue). They work on `SqliteConnection`,
 //! `PgConnection`, `MysqlConnection`, [`AnyConnection`](crate::AnyConnection) and pooled
 //! connections of each. A conformance test checks these definitions against the migrated
 //! database on every backend. The models that select them are [`Job`](crate::jobs::Job),

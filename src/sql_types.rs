@@ -2,8 +2,12 @@
 //!
 //! Their `FromSql`/`ToSql` implementations live in the backend files (`src/backend/*.rs`).
 
-use diesel::expression::{AppearsOnTable, Expression, SelectableExpression, ValidGrouping};
+use diesel::backend::Backend;
+use diesel::expression::{
+    AppearsOnTable, AsExpression, Expression, SelectableExpression, ValidGrouping,
+};
 use diesel::query_builder::QueryId;
+use diesel::serialize::{self, Output, ToSql};
 use diesel::sql_types::SqlType;
 
 /// An instant in UTC, with microseconds where the database keeps them.
@@ -64,6 +68,56 @@ impl Expression for DatabaseNow {
 
 impl<QS> SelectableExpression<QS> for DatabaseNow {}
 impl<QS> AppearsOnTable<QS> for DatabaseNow {}
+
+/// A `chrono::DateTime<Utc>` to bind as an [`Instant`] in your own queries:
+/// `dibs_jobs::due_at.lt(InstantValue(cutoff))` (also against `Nullable<Instant>` columns).
+///
+/// A plain `DateTime<Utc>` cannot be: diesel binds it as its own timestamp types, and Rust's
+/// coherence rules keep any crate but diesel from making it an [`Instant`] expression.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use diesel::prelude::*;
+/// use dibs::schema::dibs_jobs;
+/// use dibs::sql_types::InstantValue;
+/// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// # dibs::run_migrations(&mut conn)?;
+/// let in_an_hour = chrono::Utc::now() + chrono::Duration::hours(1);
+/// let due_soon: i64 = dibs_jobs::table
+///     .filter(dibs_jobs::due_at.lt(InstantValue(in_an_hour)))
+///     .count()
+///     .get_result(&mut conn)?;
+/// # assert_eq!(due_soon, 0);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, AsExpression)]
+#[diesel(sql_type = Instant)]
+pub struct InstantValue(pub chrono::DateTime<chrono::Utc>);
+
+impl<DB: Backend> ToSql<Instant, DB> for InstantValue
+where
+    chrono::DateTime<chrono::Utc>: ToSql<Instant, DB>,
+{
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, DB>) -> serialize::Result {
+        self.0.to_sql(out)
+    }
+}
+
+/// A `uuid::Uuid` to bind as a [`Token`] in your own queries:
+/// `dibs_leases::token.eq(TokenValue(lease.token()))`. (A plain `Uuid` cannot be, for the
+/// reason given at [`InstantValue`].)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, AsExpression)]
+#[diesel(sql_type = Token)]
+pub struct TokenValue(pub uuid::Uuid);
+
+impl<DB: Backend> ToSql<Token, DB> for TokenValue
+where
+    uuid::Uuid: ToSql<Token, DB>,
+{
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, DB>) -> serialize::Result {
+        self.0.to_sql(out)
+    }
+}
 
 /// The layout of [`Instant`] on SQLite.
 #[cfg(feature = "sqlite")]

@@ -13,6 +13,7 @@ mod leases;
 mod limits;
 mod queue_ops;
 mod schedules;
+mod schema_contract;
 mod statements;
 mod worker;
 mod worker_attacks;
