@@ -5,6 +5,7 @@ mod support;
 
 mod attacks2;
 mod attacks3;
+mod attacks4;
 mod contention;
 mod foundation;
 mod inputs;
