@@ -211,6 +211,47 @@ fn is_lost_connection(error: &DieselError) -> bool {
     }
 }
 
+/// PostgreSQL refuses a prepared statement whose result columns changed type since it was
+/// prepared (a migration changed a column dibs reads). dibs then forgets every statement the
+/// connection has prepared (`backend::postgres::forget_stale_plans`), so the call can be
+/// repeated as it is.
+const STALE_PLAN: &str = "cached plan must not change result type";
+
+/// The error or the result of a call that might carry a database error.
+pub(crate) trait DatabaseFailure {
+    /// The database error behind it, if there is one.
+    fn database_error(&self) -> Option<&DieselError>;
+
+    /// Whether it is PostgreSQL refusing a prepared statement after a column type changed.
+    fn is_stale_plan(&self) -> bool {
+        match self.database_error() {
+            Some(DieselError::DatabaseError(_, info)) => info.message().contains(STALE_PLAN),
+            _ => false,
+        }
+    }
+}
+
+impl DatabaseFailure for DieselError {
+    fn database_error(&self) -> Option<&DieselError> {
+        Some(self)
+    }
+}
+
+impl DatabaseFailure for Error {
+    fn database_error(&self) -> Option<&DieselError> {
+        match self {
+            Error::Database(error) => Some(error),
+            _ => None,
+        }
+    }
+}
+
+impl<T, E: DatabaseFailure> DatabaseFailure for std::result::Result<T, E> {
+    fn database_error(&self) -> Option<&DieselError> {
+        self.as_ref().err().and_then(E::database_error)
+    }
+}
+
 fn is_transient_message(message: &str) -> bool {
     const TRANSIENT: &[&str] = &[
         "deadlock detected",                       // PostgreSQL 40P01
@@ -221,6 +262,7 @@ fn is_transient_message(message: &str) -> bool {
         "Record has changed since last read",      // MariaDB 1020
         "database is locked",                      // SQLITE_BUSY
         "database table is locked",                // SQLITE_LOCKED (shared cache)
+        STALE_PLAN,                                // PostgreSQL 0A000, see below
     ];
     TRANSIENT.iter().any(|t| message.contains(t))
 }

@@ -86,7 +86,7 @@ where
     C: DibsConnection,
     E: From<DieselError>,
 {
-    dispatch!(conn, c => finish(c, outcome))
+    dispatch!(any conn, c => finish(c, outcome))
 }
 
 /// Commits after `Ok` and rolls back after `Err`, like diesel's own `transaction`, for a

@@ -154,13 +154,31 @@ pub trait DibsConnection: sealed::Sealed + Send {
 
 /// Runs `$body` with `$c` bound to the concrete connection behind `$conn`. `$body` is written
 /// once and compiled per backend, so it calls a trait that each backend implements.
+///
+/// On PostgreSQL a result that is a refused stale prepared statement makes the connection
+/// forget its prepared statements (see `postgres::forget_stale_plans`). `dispatch!(any ...)`
+/// skips that, for a body whose error type dibs cannot look into (a caller's own).
 macro_rules! dispatch {
-    ($conn:expr, $c:ident => $body:expr) => {
+    (any $conn:expr, $c:ident => $body:expr) => {
         match $crate::DibsConnection::backend_connection($conn) {
             #[cfg(feature = "sqlite")]
             $crate::BackendConnection::Sqlite($c) => $body,
             #[cfg(feature = "postgres")]
             $crate::BackendConnection::Postgres($c) => $body,
+            #[cfg(feature = "mysql")]
+            $crate::BackendConnection::Mysql($c) => $body,
+        }
+    };
+    ($conn:expr, $c:ident => $body:expr) => {
+        match $crate::DibsConnection::backend_connection($conn) {
+            #[cfg(feature = "sqlite")]
+            $crate::BackendConnection::Sqlite($c) => $body,
+            #[cfg(feature = "postgres")]
+            $crate::BackendConnection::Postgres($c) => {
+                let result = $body;
+                $crate::backend::postgres::forget_stale_plans($c, &result);
+                result
+            }
             #[cfg(feature = "mysql")]
             $crate::BackendConnection::Mysql($c) => $body,
         }

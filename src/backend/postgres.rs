@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use chrono::{DateTime, Utc};
-use diesel::connection::AnsiTransactionManager;
+use diesel::connection::{AnsiTransactionManager, CacheSize, Connection, SimpleConnection};
 use diesel::deserialize::{self, FromSql};
 use diesel::pg::{Pg, PgConnection, PgValue};
 use diesel::serialize::{self, IsNull, Output, ToSql};
@@ -12,6 +12,7 @@ use diesel::{QueryResult, RunQueryDsl};
 
 use super::statement::statement;
 use super::{Dialect, Syntax, Upsert};
+use crate::error::DatabaseFailure;
 use crate::pool::SessionSetup;
 use crate::sql_types::{Instant, Token, token_from_bytes};
 use crate::transaction::bare_write_transaction;
@@ -109,6 +110,23 @@ impl ToSql<Token, Pg> for uuid::Uuid {
         out.write_all(self.as_bytes())?;
         Ok(IsNull::No)
     }
+}
+
+/// After PostgreSQL refused a prepared statement because a column it returns changed type
+/// (a migration ran meanwhile; MySQL/MariaDB and SQLite prepare again by themselves), forgets
+/// every statement this connection prepared, so that the call can be repeated and the next
+/// one prepares afresh. Without this, diesel would keep the refused statement and every later
+/// call of it on this connection would fail the same way, for the connection's life.
+pub(crate) fn forget_stale_plans(conn: &mut PgConnection, result: &impl DatabaseFailure) {
+    if !result.is_stale_plan() {
+        return;
+    }
+    tracing::warn!("a column changed type under dibs's prepared statements: preparing them again");
+    // Frees them on the server; fails harmlessly inside an aborted transaction (diesel keeps
+    // numbering new statements past the old names, so none collides).
+    let _ = conn.batch_execute("DEALLOCATE ALL");
+    conn.set_prepared_statement_cache_size(CacheSize::Disabled);
+    conn.set_prepared_statement_cache_size(CacheSize::Unbounded);
 }
 
 /// Starts listening for enqueue notifications on `conn` (a dedicated connection).

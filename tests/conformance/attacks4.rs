@@ -24,6 +24,7 @@ conformance!(
     one_connection_survives_errors_and_rolled_back_transactions,
     an_error_raised_inside_a_cached_statement_leaves_it_usable,
     cached_statements_survive_an_added_column_and_migrations,
+    a_changed_column_type_costs_one_retryable_error,
     prepared_statements_per_connection_are_bounded,
 );
 
@@ -721,4 +722,55 @@ fn prepared_statements_per_connection_are_bounded(backend: Backend) {
             "{backend}: one connection holds {per_connection} prepared statements"
         );
     }
+}
+
+/// A migration changes the type of a column dibs reads (here `last_error`; a future dibs
+/// migration, or a user's, may retype any column). PostgreSQL then refuses every statement
+/// prepared before that returns the column ("cached plan must not change result type"), and
+/// diesel would keep the refused statement: every later call failed, for the connection's
+/// life, also in a pool (found by this attack; it failed 3 of 3 rounds before the fix). Now
+/// the first call fails with a retryable error and the connection forgets its prepared
+/// statements; every later call works. MariaDB and SQLite prepare again by themselves.
+fn a_changed_column_type_costs_one_retryable_error(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    exercise(&mut conn, 0);
+    let (alter, back) = match backend {
+        // SQLite has no column types to change; it prepares again on any schema change.
+        Backend::Sqlite => return,
+        Backend::Postgres => (
+            "ALTER TABLE dibs_jobs ALTER COLUMN last_error TYPE varchar(20000)",
+            "ALTER TABLE dibs_jobs ALTER COLUMN last_error TYPE text",
+        ),
+        Backend::Mysql => (
+            "ALTER TABLE dibs_jobs MODIFY last_error MEDIUMTEXT",
+            "ALTER TABLE dibs_jobs MODIFY last_error TEXT",
+        ),
+    };
+    let id = jobs::enqueue(&mut conn, &NewJob::new("typed", "k", vec![]))
+        .unwrap()
+        .id;
+    jobs::get(&mut conn, id).unwrap();
+    db.connect().batch_execute(alter).unwrap();
+    if let Err(e) = jobs::get(&mut conn, id) {
+        assert!(e.is_retryable(), "{backend}: not retryable: {e}");
+    }
+    for round in 1..=3 {
+        exercise(&mut conn, round);
+    }
+    // The same through a pool of one, changing the type back.
+    let pool = db.pool(1);
+    jobs::get(&mut pool.get().unwrap(), id).unwrap();
+    db.connect().batch_execute(back).unwrap();
+    if let Err(e) = jobs::get(&mut pool.get().unwrap(), id) {
+        assert!(e.is_retryable(), "{backend}: not retryable: {e}");
+    }
+    let failed: Vec<String> = (0..3)
+        .filter_map(|_| jobs::get(&mut pool.get().unwrap(), id).err())
+        .map(|e| e.to_string())
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{backend}: pooled gets failed: {failed:?}"
+    );
 }
