@@ -1,0 +1,254 @@
+//! Claiming due jobs (within their concurrency limits) and rescuing lapsed claims.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Integer, Text};
+
+use super::finish::record_error;
+use super::model::{Candidate, IdRow, IdStateRow, JobRow, LockedClaim};
+use super::{ClaimedJob, JobState, MAX_LAPSES, Rescued, check_limit, ids_of, manage};
+use crate::backend::statement::statement;
+use crate::backend::{Dialect, Upsert, dispatch};
+use crate::transaction::bare_write_transaction;
+use crate::{DibsConnection, Result, validate};
+
+/// What a claim reads back of the jobs it claimed ([`model::JobRow`]).
+const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_attempts, \
+    due_at, claim_token, claim_expires_at";
+
+/// Claim, step 1 of 3: lock the jobs to claim, in order, skipping rows other claimers hold
+/// (SQLite: the IMMEDIATE transaction serializes claimers). Nothing from a paused queue.
+/// Subqueries are plain reads: a locking clause does not lock what they read. Jobs whose
+/// limit key is already
+/// saturated are left out, so they do not crowd out the others; this read of the running
+/// counts is only a filter (step 2 decides under the key's lock). The index on
+/// `(queue, [state,] priority, due_at, id)` serves filter and order, so InnoDB reads (and
+/// locks) only the rows it returns. MySQL rejects LIMIT in an `IN (subquery)`, hence
+/// separate statements.
+const CLAIM_PICK: &str = "\
+    SELECT id, limit_key, limit_max FROM dibs_jobs{claim_index} \
+    WHERE queue = ? AND state = 'waiting' AND due_at <= {now} \
+      AND NOT EXISTS (SELECT 1 FROM dibs_queue_pauses p WHERE p.queue = ?) \
+      AND (limit_key IS NULL OR limit_key NOT IN ( \
+          SELECT r.limit_key FROM dibs_jobs r \
+          WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
+          GROUP BY r.limit_key HAVING COUNT(*) >= MIN(r.limit_max))) \
+    ORDER BY priority, due_at, id LIMIT ?{skip_locked}";
+
+/// Claim, step 2, per limit key among the candidates (in key order, so claimers never wait
+/// on each other in a cycle): take the key's lock (an upsert locks its row until commit),
+/// then count its running jobs. Every claim of a key holds that lock while it decides, so
+/// the count cannot be overtaken; finishing jobs only lower it.
+const LIMIT_LOCK_ON_CONFLICT: &str = "\
+    INSERT INTO dibs_limit_keys (limit_key) VALUES (?) \
+    ON CONFLICT (limit_key) DO UPDATE SET limit_key = excluded.limit_key";
+const LIMIT_LOCK_ON_DUPLICATE_KEY: &str = "\
+    INSERT INTO dibs_limit_keys (limit_key) VALUES (?) \
+    ON DUPLICATE KEY UPDATE limit_key = VALUES(limit_key)";
+const LIMIT_RUNNING: &str =
+    "SELECT COUNT(*) AS n FROM dibs_jobs WHERE limit_key = ? AND state = 'running'";
+
+/// Claim, step 3: claim exactly the accepted ids (a bound list, see `backend::statement`),
+/// each with its own random token. The WHERE is the primary key alone, so no other index can
+/// serve it (a `state = ...` condition could be served by the stalled-claims index on MySQL,
+/// locking other rows). RETURNING where there is one; MySQL reads them back.
+const CLAIM_MARK: &str = "\
+    UPDATE dibs_jobs SET state = 'running', attempt = attempt + 1, \
+        claim_token = {random_token}, claimed_at = {now}, claim_expires_at = {now+ttl} \
+    WHERE id IN {ids}";
+
+/// Rescue, step 3: return lapsed claims to the queue without using an attempt (the worker
+/// may have died before the run began: jobs claimed ahead never start), counting the lapse;
+/// a job asked to cancel is cancelled; a job whose claims lapsed [`MAX_LAPSES`] times (it
+/// takes its worker down every time) is dead. Only rows this transaction holds locked and
+/// found stalled (step 2), so a job completed or renewed meanwhile is left alone. The WHERE
+/// is the primary key alone: with a condition on `state`, MariaDB may serve the UPDATE from
+/// an index on `state` and lock rows other transactions hold (that deadlocked with
+/// heartbeats in the race test). MySQL assigns left to right, reading the values assigned
+/// before: `state` and `lapses` come last, so every CASE reads the row as it was.
+const RESCUE_SET: &str = "\
+    UPDATE dibs_jobs SET \
+        finished_at = CASE WHEN cancel_requested_at IS NOT NULL OR lapses + 1 >= ? \
+            THEN {now} ELSE NULL END, \
+        last_error = 'the claim lapsed: the worker stalled or died', \
+        attempt = attempt - 1, \
+        claim_token = NULL, claim_expires_at = NULL, due_at = {now}, \
+        state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' \
+            WHEN lapses + 1 >= ? THEN 'dead' ELSE 'waiting' END, \
+        lapses = lapses + 1 \
+    WHERE id IN {ids}";
+
+/// The error a rescued run leaves in the job's history (as in `RESCUE_SET`).
+const RESCUE_ERROR: &str = "the claim lapsed: the worker stalled or died";
+
+/// Rescue, step 1: candidates, by a plain read of the stalled-claims index. Not a locking
+/// read: on MariaDB 10.11 a `FOR UPDATE SKIP LOCKED` scan of this secondary index waits for
+/// (instead of skipping) entries a concurrent heartbeat is rewriting, while the heartbeat
+/// waits for entries the scan locked: a deadlock (seen in the heartbeat/rescue race test).
+const RESCUE_CANDIDATES: &str = "\
+    SELECT id FROM dibs_jobs WHERE state = 'running' AND claim_expires_at <= {now} \
+    ORDER BY claim_expires_at LIMIT ?";
+
+/// Rescue, step 2: lock the candidates by primary key (`WHERE id IN` only, so no index but
+/// the primary key can serve it), skipping rows a heartbeat or a finisher holds, and read
+/// them as locked: still stalled is decided on these rows.
+const RESCUE_LOCK: &str = "SELECT id, state, claim_expires_at, {now} AS db_now FROM dibs_jobs WHERE id IN {ids}{skip_locked}";
+
+/// Claims up to `limit` due jobs of `queue` for `ttl`, by priority, then due time, then id.
+/// Atomic: no job is ever held by two claimers. Each job comes with its attempt number
+/// (counting this run) and a fresh claim token. Needs a bare connection.
+///
+/// In one transaction (READ COMMITTED on PostgreSQL and MySQL/MariaDB, IMMEDIATE on SQLite):
+/// `SELECT ... FOR UPDATE SKIP LOCKED` of the ids in order (no locking clause on SQLite),
+/// the concurrency limits of any limit keys among them decided under each key's lock, then
+/// `UPDATE` by that id list (`RETURNING` on PostgreSQL and SQLite, a read back on MySQL).
+pub fn claim<C: DibsConnection>(
+    conn: &mut C,
+    queue: &str,
+    limit: usize,
+    ttl: Duration,
+) -> Result<Vec<ClaimedJob>> {
+    validate::name("queue", queue)?;
+    let micros = validate::ttl(ttl)?;
+    let limit = check_limit(limit)?;
+    let rows: Vec<JobRow> = dispatch!(conn, c => {
+        bare_write_transaction(c, "claiming jobs", |c| {
+            let syntax = c.syntax();
+            // A paused queue yields no candidates (the pick's NOT EXISTS), in the same
+            // statement: no extra round trip on the hot path.
+            let candidates = statement(syntax.render(CLAIM_PICK))
+                .bind::<Text, _>(queue)
+                .bind::<Text, _>(queue)
+                .bind::<BigInt, _>(limit)
+                .load::<Candidate>(c)?;
+            let ids = within_limits(c, candidates)?;
+            if ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mark = syntax.render(CLAIM_MARK);
+            if syntax.returning {
+                return Ok(statement(format!("{mark} RETURNING {CLAIMED_COLUMNS}"))
+                    .bind::<BigInt, _>(micros)
+                    .bind_ids(ids)
+                    .load::<JobRow>(c)?);
+            }
+            statement(mark).bind::<BigInt, _>(micros).bind_ids(ids.iter().copied()).execute(c)?;
+            Ok(statement(format!("SELECT {CLAIMED_COLUMNS} FROM dibs_jobs WHERE id IN {{ids}}"))
+                .bind_ids(ids)
+                .load::<JobRow>(c)?)
+        })
+    })?;
+    let mut claimed = rows
+        .into_iter()
+        .map(ClaimedJob::from_row)
+        .collect::<Result<Vec<_>>>()?;
+    // The order the claim took them in (RETURNING has none).
+    claimed.sort_by_key(|job| (job.priority, job.due_at, job.id));
+    Ok(claimed)
+}
+
+/// Keeps the candidates without a limit key, and of each key as many as its limit allows
+/// (deciding under the key's lock), in the candidates' order.
+fn within_limits<C: DibsConnection>(conn: &mut C, candidates: Vec<Candidate>) -> Result<Vec<i64>> {
+    let mut keys: Vec<&str> = candidates
+        .iter()
+        .filter_map(|c| c.limit_key.as_deref())
+        .collect();
+    if keys.is_empty() {
+        return Ok(candidates.iter().map(|c| c.id).collect());
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    let mut running: HashMap<&str, i64> = HashMap::new();
+    for key in keys {
+        let n = dispatch!(conn, c => {
+            let syntax = c.syntax();
+            let lock = match syntax.upsert {
+                Upsert::OnConflictWhere => LIMIT_LOCK_ON_CONFLICT,
+                Upsert::OnDuplicateKey => LIMIT_LOCK_ON_DUPLICATE_KEY,
+            };
+            statement(syntax.render(lock)).bind::<Text, _>(key).execute(c)?;
+            statement(syntax.render(LIMIT_RUNNING))
+                .bind::<Text, _>(key)
+                .get_result::<manage::Count>(c)
+        })?;
+        running.insert(key, n.n);
+    }
+    let mut accepted = Vec::with_capacity(candidates.len());
+    for candidate in &candidates {
+        match (candidate.limit_key.as_deref(), candidate.limit_max) {
+            (Some(key), Some(max)) => {
+                let count = running.entry(key).or_insert(0);
+                if *count < i64::from(max) {
+                    *count += 1;
+                    accepted.push(candidate.id);
+                }
+            }
+            _ => accepted.push(candidate.id),
+        }
+    }
+    Ok(accepted)
+}
+
+/// Returns stalled jobs (running, claim lapsed by the database's clock) to the queue, due at
+/// once, up to `limit` per call. A lapsed claim uses no attempt (the worker may have died
+/// before the run began: jobs it claimed ahead never started) but counts as a lapse: a job
+/// whose claims lapsed [`MAX_LAPSES`] times is dead. A job asked to cancel while it ran is
+/// cancelled. Needs a bare connection.
+pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
+    let limit = check_limit(limit)?;
+    let rows: Vec<IdStateRow> = dispatch!(conn, c => {
+        bare_write_transaction(c, "rescuing stalled jobs", |c| {
+            let syntax = c.syntax();
+            let candidates: Vec<i64> = statement(syntax.render(RESCUE_CANDIDATES))
+                .bind::<BigInt, _>(limit)
+                .load::<IdRow>(c)
+                .map(ids_of)?;
+            if candidates.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut ids = Vec::new();
+            let locked = statement(syntax.render(RESCUE_LOCK))
+                .bind_ids(candidates)
+                .load::<LockedClaim>(c)?;
+            for row in locked {
+                let stalled = JobState::parse(&row.state)? == JobState::Running
+                    && row.claim_expires_at.is_some_and(|at| at <= row.db_now);
+                if stalled {
+                    ids.push(row.id);
+                }
+            }
+            if ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            // The history names the run that lapsed: before the attempt is given back.
+            for id in &ids {
+                record_error(c, *id, None, RESCUE_ERROR)?;
+            }
+            statement(syntax.render(RESCUE_SET))
+                .bind::<Integer, _>(MAX_LAPSES as i32)
+                .bind::<Integer, _>(MAX_LAPSES as i32)
+                .bind_ids(ids.iter().copied())
+                .execute(c)?;
+            Ok(statement("SELECT id, state FROM dibs_jobs WHERE id IN {ids}")
+                .bind_ids(ids)
+                .load::<IdStateRow>(c)?)
+        })
+    })?;
+    let mut rescued = Rescued::default();
+    for row in rows {
+        match JobState::parse(&row.state)? {
+            JobState::Waiting => rescued.requeued.push(row.id),
+            JobState::Dead => rescued.dead.push(row.id),
+            JobState::Cancelled => rescued.cancelled.push(row.id),
+            // Not possible for rows this transaction locked and found stalled.
+            JobState::Running | JobState::Completed => {}
+        }
+    }
+    rescued.requeued.sort_unstable();
+    rescued.dead.sort_unstable();
+    rescued.cancelled.sort_unstable();
+    Ok(rescued)
+}

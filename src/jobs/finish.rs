@@ -1,0 +1,327 @@
+//! Finishing claims: complete, fail, renew and give back, each fenced by its claim token.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+
+use super::model::{IdRow, StateRow};
+use super::{JobClaim, JobState, MAX_BATCH, MAX_ERROR_BYTES, Outcome, Retry};
+use crate::backend::statement::statement;
+use crate::backend::{Dialect, dispatch};
+use crate::sql_types::Instant;
+use crate::{DibsConnection, Error, Result, transaction, validate};
+
+/// Finishing calls lock the rows they are about, then decide per job.
+const LOCK_STATES: &str = "\
+    SELECT id, state, claim_token, attempt, max_attempts, cancel_requested_at \
+    FROM dibs_jobs WHERE id IN {ids}{for_update}";
+
+/// A run of a job asked to cancel ends: the job is cancelled (not completed, failed or given
+/// back), and its limit key is free.
+const FINISH_CANCELLED: &str = "\
+    UPDATE dibs_jobs SET state = 'cancelled', finished_at = {now}, claim_expires_at = NULL \
+    WHERE id IN {ids}";
+
+const COMPLETE: &str = "\
+    UPDATE dibs_jobs SET state = 'completed', finished_at = {now}, claim_expires_at = NULL \
+    WHERE id IN {ids}";
+
+const RENEW: &str = "UPDATE dibs_jobs SET claim_expires_at = {now+ttl} WHERE id IN {ids}";
+
+/// Give back: due again at once, and the run does not count.
+const GIVE_BACK: &str = "\
+    UPDATE dibs_jobs SET state = 'waiting', attempt = attempt - 1, due_at = {now}, \
+        claim_expires_at = NULL \
+    WHERE id IN {ids}";
+
+const FAIL_RETRY: &str = "\
+    UPDATE dibs_jobs SET state = 'waiting', due_at = COALESCE(?, {now+ttl}), last_error = ?, \
+        claim_expires_at = NULL \
+    WHERE id = ?";
+
+const FAIL_DEAD: &str = "\
+    UPDATE dibs_jobs SET state = 'dead', finished_at = {now}, last_error = ?, \
+        claim_expires_at = NULL \
+    WHERE id = ?";
+
+const RECORD_ERROR: &str = "\
+    INSERT INTO dibs_job_errors (job_id, attempt, error, failed_at) \
+    SELECT id, COALESCE(?, attempt), ?, {now} FROM dibs_jobs WHERE id = ?";
+
+/// The id of the newest error past the ones a job's history keeps: it and older ones go. A
+/// plain read, then a delete by range (in one statement, MySQL's subquery of the delete
+/// takes shared locks on the index, and two trims deadlocked in the rescue race test).
+const ERROR_CUTOFF: &str = "\
+    SELECT id FROM dibs_job_errors WHERE job_id = ? ORDER BY id DESC LIMIT 1 OFFSET 20";
+const TRIM_ERRORS: &str = "DELETE FROM dibs_job_errors WHERE job_id = ? AND id <= ?";
+
+/// What a finishing call does to the jobs it may act on.
+enum Finish<'a> {
+    Complete,
+    Renew(i64),
+    GiveBack,
+    Fail { error: &'a str, retry: Retry },
+}
+
+impl Finish<'_> {
+    /// The state this call leaves a job in with the same token, to recognise a repeat.
+    fn already_done(&self, state: JobState) -> bool {
+        match self {
+            Finish::Complete => state == JobState::Completed,
+            Finish::GiveBack => state == JobState::Waiting,
+            Finish::Fail { .. } => matches!(state, JobState::Waiting | JobState::Dead),
+            Finish::Renew(_) => false,
+        }
+    }
+}
+
+fn check_claims(claims: &[JobClaim]) -> Result<()> {
+    if claims.is_empty() {
+        return Err(Error::invalid("claims", "an empty batch"));
+    }
+    if claims.len() > MAX_BATCH {
+        return Err(Error::invalid(
+            "claims",
+            format!("more than {MAX_BATCH} in one call"),
+        ));
+    }
+    let mut seen = HashSet::new();
+    if let Some(dup) = claims.iter().find(|c| !seen.insert(c.id)) {
+        return Err(Error::invalid(
+            "claims",
+            format!("job {} is listed twice", dup.id),
+        ));
+    }
+    Ok(())
+}
+
+/// Locks the claimed rows, decides per job (Done if this token still holds it running,
+/// AlreadyDone if this call was applied before, Lost otherwise), and applies `finish` to the
+/// Done ones, in one transaction: the caller's (in a savepoint) or one of dibs's kind.
+fn finish<C: DibsConnection>(
+    conn: &mut C,
+    claims: &[JobClaim],
+    finish: Finish<'_>,
+) -> Result<Vec<Outcome>> {
+    check_claims(claims)?;
+    transaction(conn, |conn| {
+        let states: Vec<StateRow> = dispatch!(conn, c => {
+            statement(c.syntax().render(LOCK_STATES))
+                .bind_ids(claims.iter().map(|claim| claim.id))
+                .load::<StateRow>(c)
+        })?;
+        let by_id: HashMap<i64, &StateRow> = states.iter().map(|row| (row.id, row)).collect();
+        let mut outcomes = Vec::with_capacity(claims.len());
+        let mut apply: Vec<&StateRow> = Vec::new();
+        let mut cancel: Vec<&StateRow> = Vec::new();
+        for claim in claims {
+            let outcome = match by_id.get(&claim.id) {
+                Some(row) if row.claim_token == Some(claim.token) => {
+                    let state = JobState::parse(&row.state)?;
+                    if state == JobState::Running && row.cancel_requested_at.is_some() {
+                        // A renewal keeps the claim (and its limit slot) while the handler
+                        // stops; every other end of the run cancels the job.
+                        match finish {
+                            Finish::Renew(_) => apply.push(row),
+                            _ => cancel.push(row),
+                        }
+                        Outcome::Cancelled
+                    } else if state == JobState::Running {
+                        apply.push(row);
+                        Outcome::Done
+                    } else if state == JobState::Cancelled {
+                        Outcome::Cancelled
+                    } else if finish.already_done(state) {
+                        Outcome::AlreadyDone
+                    } else {
+                        Outcome::Lost
+                    }
+                }
+                _ => Outcome::Lost,
+            };
+            outcomes.push(outcome);
+        }
+        if !apply.is_empty() {
+            apply_finish(conn, &apply, &finish)?;
+        }
+        if !cancel.is_empty() {
+            let ids = cancel.iter().map(|row| row.id);
+            dispatch!(conn, c => {
+                statement(c.syntax().render(FINISH_CANCELLED)).bind_ids(ids).execute(c)
+            })?;
+        }
+        Ok(outcomes)
+    })
+}
+
+fn apply_finish<C: DibsConnection>(
+    conn: &mut C,
+    rows: &[&StateRow],
+    finish: &Finish<'_>,
+) -> Result<()> {
+    let ids = rows.iter().map(|row| row.id);
+    let batch_update = match finish {
+        Finish::Complete => Some((COMPLETE, None)),
+        Finish::GiveBack => Some((GIVE_BACK, None)),
+        Finish::Renew(micros) => Some((RENEW, Some(*micros))),
+        Finish::Fail { .. } => None,
+    };
+    match (batch_update, finish) {
+        (Some((template, micros)), _) => {
+            dispatch!(conn, c => {
+                let sql = c.syntax().render(template);
+                match micros {
+                    Some(micros) => statement(sql).bind::<BigInt, _>(micros).bind_ids(ids).execute(c),
+                    None => statement(sql).bind_ids(ids).execute(c),
+                }
+            })?;
+        }
+        (None, Finish::Complete | Finish::GiveBack | Finish::Renew(_)) => {}
+        (None, Finish::Fail { error, retry }) => {
+            let error = storable(error);
+            let error = truncate(&error, MAX_ERROR_BYTES);
+            for row in rows {
+                let attempt = u32::try_from(row.attempt).unwrap_or(0);
+                let exhausted = row.attempt >= row.max_attempts;
+                let retry_at: Option<(Option<DateTime<Utc>>, i64)> = match retry {
+                    _ if exhausted => None,
+                    Retry::Never => None,
+                    Retry::At(at) => Some((Some(*at), 0)),
+                    Retry::After(delay) => Some((None, validate::delay_micros(*delay)?)),
+                    Retry::Backoff(backoff) => {
+                        Some((None, validate::delay_micros(backoff.jittered(attempt))?))
+                    }
+                };
+                dispatch!(conn, c => {
+                    let syntax = c.syntax();
+                    match retry_at {
+                        Some((at, micros)) => statement(syntax.render(FAIL_RETRY))
+                            .bind::<Nullable<Instant>, _>(at)
+                            .bind::<BigInt, _>(micros)
+                            .bind::<Text, _>(error)
+                            .bind::<BigInt, _>(row.id)
+                            .execute(c),
+                        None => statement(syntax.render(FAIL_DEAD))
+                            .bind::<Text, _>(error)
+                            .bind::<BigInt, _>(row.id)
+                            .execute(c),
+                    }
+                })?;
+                record_error(conn, row.id, Some(row.attempt), error)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Keeps the error of a failed run in the job's history (`attempt` None: the job's current
+/// attempt), then trims the history to the newest [`MAX_ERROR_HISTORY`] entries.
+pub(super) fn record_error<C: DibsConnection>(
+    conn: &mut C,
+    id: i64,
+    attempt: Option<i32>,
+    error: &str,
+) -> Result<()> {
+    dispatch!(conn, c => {
+        let syntax = c.syntax();
+        statement(syntax.render(RECORD_ERROR))
+            .bind::<Nullable<Integer>, _>(attempt)
+            .bind::<Text, _>(error)
+            .bind::<BigInt, _>(id)
+            .execute(c)?;
+        let cutoff = statement(syntax.render(ERROR_CUTOFF))
+            .bind::<BigInt, _>(id)
+            .get_result::<IdRow>(c)
+            .optional()?;
+        if let Some(cutoff) = cutoff {
+            statement(syntax.render(TRIM_ERRORS))
+                .bind::<BigInt, _>(id)
+                .bind::<BigInt, _>(cutoff.id)
+                .execute(c)?;
+        }
+        Ok::<(), Error>(())
+    })
+}
+
+/// An error message any backend can store: PostgreSQL's text refuses NUL, which a panic
+/// message or an error from C can hold; it becomes U+FFFD, the replacement character.
+fn storable(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        std::borrow::Cow::Owned(text.replace('\0', "\u{fffd}"))
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}
+
+/// Cuts `text` to at most `max` bytes at a character boundary.
+fn truncate(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Marks claimed jobs completed. Inside the caller's transaction it commits (or rolls back)
+/// with the handler's own writes: the exactly-once way to finish a job, provided the caller
+/// rolls back when the outcome is not [`Outcome::Done`] (the call itself succeeds then).
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # use std::time::Duration;
+/// # use dibs::jobs::{self, NewJob, Outcome};
+/// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// # dibs::run_migrations(&mut conn)?;
+/// # jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]))?;
+/// let job = jobs::claim(&mut conn, "q", 1, Duration::from_secs(60))?.remove(0);
+/// dibs::transaction(&mut conn, |conn| -> Result<(), Box<dyn std::error::Error>> {
+///     // ... the handler's own writes on `conn` ...
+///     let outcome = jobs::complete(conn, &[job.claim()])?;
+///     if outcome != [Outcome::Done] {
+///         // The claim was lost (or the job cancelled): roll the writes back with it.
+///         return Err(format!("completion: {outcome:?}").into());
+///     }
+///     Ok(())
+/// })?;
+/// # Ok(()) }
+/// ```
+pub fn complete<C: DibsConnection>(conn: &mut C, claims: &[JobClaim]) -> Result<Vec<Outcome>> {
+    finish(conn, claims, Finish::Complete)
+}
+
+/// Extends claims to the database's now + `ttl` (a heartbeat). `Lost` for a claim that was
+/// rescued or taken over: the worker should stop.
+pub fn renew<C: DibsConnection>(
+    conn: &mut C,
+    claims: &[JobClaim],
+    ttl: Duration,
+) -> Result<Vec<Outcome>> {
+    let micros = validate::ttl(ttl)?;
+    finish(conn, claims, Finish::Renew(micros))
+}
+
+/// Puts claimed jobs back, due at once; the run does not count as an attempt.
+pub fn give_back<C: DibsConnection>(conn: &mut C, claims: &[JobClaim]) -> Result<Vec<Outcome>> {
+    finish(conn, claims, Finish::GiveBack)
+}
+
+/// Records a failed run: with attempts left and a `retry` other than [`Retry::Never`], the
+/// job waits for its retry; otherwise it is dead. The error (cut to
+/// [`MAX_ERROR_BYTES`]) is kept with the job. A [`Retry::At`] outside the years 1 to 9999 or a
+/// [`Retry::After`] longer than 366 days is [`Error::InvalidInput`], before any statement.
+pub fn fail<C: DibsConnection>(
+    conn: &mut C,
+    claim: JobClaim,
+    error: &str,
+    retry: Retry,
+) -> Result<Outcome> {
+    validate::retry(&retry)?;
+    let outcomes = finish(conn, &[claim], Finish::Fail { error, retry })?;
+    Ok(outcomes.into_iter().next().unwrap_or(Outcome::Lost))
+}
