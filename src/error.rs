@@ -218,6 +218,7 @@ fn is_lost_connection(error: &DieselError) -> bool {
 const STALE_PLAN: &str = "cached plan must not change result type";
 
 /// The error or the result of a call that might carry a database error.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) trait DatabaseFailure {
     /// The database error behind it, if there is one.
     fn database_error(&self) -> Option<&DieselError>;

@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use dibs::jobs::{self, NewJob};
-use dibs::schedules::{self, Schedule};
 use dibs::{AnyConnection, Backend};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -289,16 +288,16 @@ fn cron_expressions_zones_and_urls_never_panic() {
         .run(&(expression, zone), |(expression, zone)| {
             let mut held = cell.borrow_mut();
             let conn: &mut AnyConnection = &mut held;
-            let schedule = Schedule::cron(
+            let schedule = dibs::schedules::Schedule::cron(
                 "hostile",
                 expression.as_str(),
                 NewJob::new("q", "k", vec![]),
             )
             .time_zone(zone.as_str());
             let before = count(conn, "SELECT COUNT(*) AS n FROM dibs_schedules");
-            match schedules::upsert(conn, &schedule) {
+            match dibs::schedules::upsert(conn, &schedule) {
                 Ok(()) => {
-                    schedules::remove(conn, "hostile").unwrap();
+                    dibs::schedules::remove(conn, "hostile").unwrap();
                 }
                 Err(e) => {
                     prop_assert!(e.is_invalid_input(), "{expression:?} in {zone:?}: {e:?}");
