@@ -205,7 +205,7 @@ pub fn run(url: &str, args: RunArgs) -> Outcome {
         ));
     }
 
-    let guard = take(&pool, name, ttl, &holder, wait, args.no_wait)?;
+    let guard = take(&pool, name, ttl, &holder, wait, args.no_wait, &say)?;
     let fence = guard.fence();
     say(format!("took {name:?} (fence {fence}) as {holder:?}"));
 
@@ -268,9 +268,11 @@ fn take(
     holder: &str,
     wait: Duration,
     no_wait: bool,
+    say: &dyn Fn(String),
 ) -> Result<LeaseGuard, Failure> {
     let deadline = Instant::now() + wait;
     let mut backoff = Duration::from_millis(20);
+    let mut said = no_wait;
     loop {
         if let Some(&signal) = take_signals().first() {
             return Err(Failure::new(
@@ -283,6 +285,10 @@ fn take(
         }
         match LeaseGuard::try_take_pooled(pool, name, ttl, holder) {
             Ok(Some(guard)) => return Ok(guard),
+            Ok(None) if !said => {
+                said = true;
+                say(format!("{name:?} is held; waiting up to {wait:?}"));
+            }
             Ok(None) => {}
             Err(e) if e.is_retryable() => {}
             Err(e) => return Err(e.into()),
@@ -447,20 +453,20 @@ fn why_lost(pool: &Pool, name: &str, fence: i64, ttl: Duration, gap: Duration) -
         .get()
         .and_then(|mut c| dibs::lease::inspect(&mut c, name))
     {
-        Ok(Some(info)) if info.fence > fence && info.held => {
-            format!("{:?} holds it now (fence {})", info.holder, info.fence)
-        }
         Ok(Some(info)) if info.fence > fence => format!(
-            "it was taken since (fence {} by {:?})",
-            info.fence, info.holder
+            "it was force-released (`dibs leases release --force`) or expired, and {:?} took \
+             it since (fence {}{})",
+            info.holder,
+            info.fence,
+            if info.held { ", holding it now" } else { "" }
         ),
         Ok(Some(info)) if info.held => {
             "renewals did not succeed before its local deadline (the database was slow or \
              unreachable)"
                 .into()
         }
-        Ok(Some(_)) => "it was released by someone else (`dibs leases release --force`?) or \
-                        expired before a renewal reached the database"
+        Ok(Some(_)) => "it was force-released (`dibs leases release --force`) or expired \
+                        before a renewal reached the database"
             .into(),
         Ok(None) => "its row was deleted".into(),
         Err(e) => format!("renewals failed, and the database cannot be reached now ({e})"),
