@@ -137,6 +137,29 @@ fn signal_group(pgid: i32, signal: libc::c_int) -> bool {
     unsafe { libc::kill(-pgid, signal) == 0 }
 }
 
+/// Whether a live process is left in the group `pgid`. Zombies do not count: one whose parent
+/// died waits for init to reap it, which some containers' init does late.
+fn group_lives(pgid: i32) -> bool {
+    #[cfg(target_os = "linux")]
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        let pgid = pgid.to_string();
+        return dir.flatten().any(|entry| {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                return false;
+            };
+            // pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                return false;
+            };
+            let mut fields = rest.split_whitespace();
+            let state = fields.next().unwrap_or("Z");
+            let group = fields.nth(1).unwrap_or("");
+            !matches!(state, "Z" | "X") && group == pgid
+        });
+    }
+    signal_group(pgid, 0)
+}
+
 fn hostname() -> String {
     let mut buffer = [0u8; 256];
     // SAFETY: the buffer is writable for its length; the result is NUL-terminated or cut.
@@ -392,12 +415,15 @@ fn supervise(
     };
     // What the command left running in its group goes too: the next holder must not run
     // beside it.
-    if signal_group(pgid, libc::SIGTERM) {
+    if group_lives(pgid) {
+        signal_group(pgid, libc::SIGTERM);
         let until = Instant::now() + grace;
-        while signal_group(pgid, 0) && Instant::now() < until {
+        while group_lives(pgid) && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));
         }
-        signal_group(pgid, libc::SIGKILL);
+        if group_lives(pgid) {
+            signal_group(pgid, libc::SIGKILL);
+        }
     }
     let exited = status.map_or("no exit status".into(), describe);
     // Held now means held throughout: loss is sticky.
