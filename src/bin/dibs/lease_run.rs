@@ -23,8 +23,9 @@ pub const ABOUT: &str = "\
 Takes the lease NAME (waiting up to --wait for its holder to let go), runs COMMAND in its
 own process group with DIBS_LEASE_NAME, DIBS_LEASE_FENCE and DIBS_LEASE_TOKEN in its
 environment, renews the lease every ttl/3 while it runs, and releases it when it exits. So
-two `dibs lease run` of the same name, on any hosts sharing the database, never run their
-commands at once.
+two `dibs lease run` of the same name, on any hosts sharing the database, do not run their
+commands at once while each keeps the lease; one that loses it stops its command (below),
+and the next holder may start during that command's grace.
 
 If the lease is lost while the command runs (renewals did not succeed in time, this process
 was paused past the ttl, or an operator ran `dibs leases release NAME --force`), the command
