@@ -12,6 +12,8 @@ use serde_json::Value;
 
 use support::{TestDb, conformance};
 
+mod lease_run;
+
 conformance!(
     the_command_runs_and_steers_the_queue,
     leases_and_schedules_from_the_command

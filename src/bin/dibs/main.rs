@@ -1,6 +1,7 @@
 //! `dibs`: see and steer dibs's tables, run shell-command jobs, and watch a demo.
 
 mod demo;
+mod lease_run;
 mod output;
 mod work;
 
@@ -18,7 +19,8 @@ use output::{Out, age, table};
 const EXIT_CODES: &str = "\
 Exit codes: 0 done; 1 the operation failed (database error, or nothing to act on: no such
 job, lease or schedule); 2 bad arguments or input; 3 cannot connect to the database; 4 the
-database has no dibs tables yet (run `dibs migrate`).";
+database has no dibs tables yet (run `dibs migrate`). `dibs lease run` has its own table
+(see `dibs lease run --help`): the command's status, 75 held, 76 lease lost.";
 
 /// Leases and a job queue in your database: inspect and steer them.
 #[derive(Parser)]
@@ -45,8 +47,8 @@ enum Command {
     /// List, show, retry, cancel and prune jobs.
     #[command(subcommand)]
     Jobs(JobsCommand),
-    /// List and release leases.
-    #[command(subcommand)]
+    /// List and release leases, and run a command while holding one (`dibs lease run`).
+    #[command(subcommand, alias = "lease")]
     Leases(LeasesCommand),
     /// List, add, pause, resume and remove recurring schedules.
     #[command(subcommand)]
@@ -110,6 +112,10 @@ enum LeasesCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Run a command while holding the lease NAME, so runs of it never overlap (cron jobs):
+    /// `dibs lease run NAME [--ttl 30s] [--wait 10m | --no-wait] -- COMMAND [ARGS...]`.
+    #[command(after_help = lease_run::ABOUT)]
+    Run(lease_run::RunArgs),
 }
 
 #[derive(Subcommand)]
@@ -208,7 +214,10 @@ fn main() -> ExitCode {
     match run(cli, &out) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            eprintln!("dibs: {}", failure.message);
+            // `dibs lease run` passes its command's status on without a message.
+            if !failure.message.is_empty() {
+                eprintln!("dibs: {}", failure.message);
+            }
             ExitCode::from(failure.code)
         }
     }
@@ -252,6 +261,7 @@ fn run(cli: Cli, out: &Out) -> Outcome {
         }
         Command::Stats => stats(&open(&url, 2, true)?, out),
         Command::Jobs(command) => jobs_command(&open(&url, 2, true)?, command, out),
+        Command::Leases(LeasesCommand::Run(args)) => lease_run::run(&url, args),
         Command::Leases(command) => leases_command(&open(&url, 2, true)?, command, out),
         Command::Schedules(command) => schedules_command(&open(&url, 2, true)?, command, out),
         Command::Enqueue(args) => enqueue(&open(&url, 2, true)?, args, out),
@@ -541,6 +551,10 @@ fn leases_command(pool: &Pool, command: LeasesCommand, out: &Out) -> Outcome {
                 return Err(Failure::new(1, format!("no lease {name:?} is held")));
             }
             out.print(json!({"released": name}), || format!("released {name:?}"));
+        }
+        // Dispatched in `run`, before a pool of this size is opened.
+        LeasesCommand::Run(_) => {
+            return Err(Failure::new(1, "`lease run` reached the wrong place"));
         }
     }
     Ok(())
