@@ -8,7 +8,7 @@ use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use super::{JobState, MAX_BATCH};
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, Upsert, dispatch};
-use crate::sql_types::Instant;
+use crate::sql_types::{DatabaseNow, Instant};
 use crate::transaction::write_turn;
 use crate::{DibsConnection, Error, Result, validate};
 
@@ -24,13 +24,6 @@ const CANCEL: &str = "\
             ELSE cancel_requested_at END, \
         state = CASE WHEN state = 'waiting' THEN 'cancelled' ELSE state END \
     WHERE id = ? AND (state = 'waiting' OR (state = 'running' AND cancel_requested_at IS NULL))";
-
-/// A dead job runs again from its first attempt, due at once.
-const RETRY_DEAD: &str = "\
-    UPDATE dibs_jobs SET state = 'waiting', attempt = 0, lapses = 0, due_at = {now}, \
-        finished_at = NULL, \
-        claim_token = NULL, claim_expires_at = NULL \
-    WHERE state = 'dead' AND ";
 
 const PAUSE_ON_CONFLICT: &str = "\
     INSERT INTO dibs_queue_pauses (queue, paused_at) VALUES (?, {now}) \
@@ -160,9 +153,11 @@ pub fn cancel<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
 pub fn retry_dead<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
     // SQLite: this process's writers take turns (see `dibs::transaction`).
     let _turn = write_turn(conn)?;
+    use crate::schema::dibs_jobs;
     let changed = dispatch!(conn, c => {
-        let sql = c.syntax().render(&format!("{RETRY_DEAD}id = ?"));
-        statement(sql).bind::<BigInt, _>(id).execute(c)
+        diesel::update(dibs_jobs::table.find(id).filter(dibs_jobs::state.eq(JobState::Dead)))
+            .set(retried())
+            .execute(c)
     })
     .map_err(dedup_conflict)?;
     Ok(changed == 1)
@@ -179,12 +174,42 @@ pub fn retry_dead_of_kind<C: DibsConnection>(
     validate::name("kind", kind)?;
     // SQLite: this process's writers take turns (see `dibs::transaction`).
     let _turn = write_turn(conn)?;
+    use crate::schema::dibs_jobs;
     let changed = dispatch!(conn, c => {
-        let sql = c.syntax().render(&format!("{RETRY_DEAD}queue = ? AND kind = ?"));
-        statement(sql).bind::<Text, _>(queue).bind::<Text, _>(kind).execute(c)
+        diesel::update(
+            dibs_jobs::table
+                .filter(dibs_jobs::state.eq(JobState::Dead))
+                .filter(dibs_jobs::queue.eq(queue))
+                .filter(dibs_jobs::kind.eq(kind)),
+        )
+        .set(retried())
+        .execute(c)
     })
     .map_err(dedup_conflict)?;
     Ok(changed)
+}
+
+/// A dead job runs again from its first attempt, due at once (database clock).
+#[allow(clippy::type_complexity)]
+fn retried() -> (
+    diesel::dsl::Eq<crate::schema::dibs_jobs::state, JobState>,
+    diesel::dsl::Eq<crate::schema::dibs_jobs::attempt, i32>,
+    diesel::dsl::Eq<crate::schema::dibs_jobs::lapses, i32>,
+    diesel::dsl::Eq<crate::schema::dibs_jobs::due_at, DatabaseNow>,
+    diesel::dsl::Eq<crate::schema::dibs_jobs::finished_at, Option<DateTime<Utc>>>,
+    diesel::dsl::Eq<crate::schema::dibs_jobs::claim_token, Option<uuid::Uuid>>,
+    diesel::dsl::Eq<crate::schema::dibs_jobs::claim_expires_at, Option<DateTime<Utc>>>,
+) {
+    use crate::schema::dibs_jobs::*;
+    (
+        state.eq(JobState::Waiting),
+        attempt.eq(0),
+        lapses.eq(0),
+        due_at.eq(DatabaseNow),
+        finished_at.eq(None),
+        claim_token.eq(None),
+        claim_expires_at.eq(None),
+    )
 }
 
 fn dedup_conflict(error: diesel::result::Error) -> Error {
@@ -218,21 +243,22 @@ pub fn resume<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<()> {
     validate::name("queue", queue)?;
     // SQLite: this process's writers take turns (see `dibs::transaction`).
     let _turn = write_turn(conn)?;
-    dispatch!(conn, c => {
-        let sql = c.syntax().render("DELETE FROM dibs_queue_pauses WHERE queue = ?");
-        statement(sql).bind::<Text, _>(queue).execute(c)
-    })?;
+    use crate::schema::dibs_queue_pauses;
+    dispatch!(conn, c => diesel::delete(dibs_queue_pauses::table.find(queue)).execute(c))?;
     Ok(())
 }
 
 /// Whether a queue is paused.
 pub fn is_paused<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<bool> {
     validate::name("queue", queue)?;
-    let paused = dispatch!(conn, c => {
-        let sql = c.syntax().render("SELECT COUNT(*) AS n FROM dibs_queue_pauses WHERE queue = ?");
-        statement(sql).bind::<Text, _>(queue).get_result::<Count>(c)
+    use crate::schema::dibs_queue_pauses;
+    let paused: i64 = dispatch!(conn, c => {
+        dibs_queue_pauses::table
+            .filter(dibs_queue_pauses::queue.eq(queue))
+            .count()
+            .get_result(c)
     })?;
-    Ok(paused.n > 0)
+    Ok(paused > 0)
 }
 
 /// The errors of a job's failed runs, oldest first (the newest
