@@ -23,13 +23,13 @@ conformance!(
 );
 
 /// Generous bound for anything that should take a second or two.
-const LONG: Duration = Duration::from_secs(60);
+pub(super) const LONG: Duration = Duration::from_secs(60);
 
 /// A `dibs lease run` process; killed (SIGKILL, and so its command, by PDEATHSIG) if the test
 /// fails first.
-struct Runner {
-    child: Child,
-    stderr: PathBuf,
+pub(super) struct Runner {
+    pub(super) child: Child,
+    pub(super) stderr: PathBuf,
 }
 
 impl Drop for Runner {
@@ -40,7 +40,7 @@ impl Drop for Runner {
 }
 
 impl Runner {
-    fn start(url: &str, dir: &Path, tag: &str, args: &[&str]) -> Runner {
+    pub(super) fn start(url: &str, dir: &Path, tag: &str, args: &[&str]) -> Runner {
         let stderr = dir.join(format!("{tag}.stderr"));
         let child = Command::new(env!("CARGO_BIN_EXE_dibs"))
             .arg("--database-url")
@@ -58,11 +58,11 @@ impl Runner {
         Runner { child, stderr }
     }
 
-    fn pid(&self) -> i32 {
+    pub(super) fn pid(&self) -> i32 {
         self.child.id() as i32
     }
 
-    fn signal(&self, signal: &str) {
+    pub(super) fn signal(&self, signal: &str) {
         let status = Command::new("kill")
             .args([&format!("-{signal}"), &self.pid().to_string()])
             .status()
@@ -71,7 +71,7 @@ impl Runner {
     }
 
     /// Waits for it to exit, at most `limit`.
-    fn exit(&mut self, limit: Duration) -> ExitStatus {
+    pub(super) fn exit(&mut self, limit: Duration) -> ExitStatus {
         let until = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
@@ -86,12 +86,12 @@ impl Runner {
         }
     }
 
-    fn stderr(&self) -> String {
+    pub(super) fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
     }
 }
 
-fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+pub(super) fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
     let until = Instant::now() + limit;
     while !done() {
         assert!(Instant::now() < until, "{what}: not within {limit:?}");
@@ -99,11 +99,11 @@ fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-fn read(path: &Path) -> String {
+pub(super) fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
-fn read_number(path: &Path) -> i64 {
+pub(super) fn read_number(path: &Path) -> i64 {
     wait_until(LONG, &format!("{} written", path.display()), || {
         read(path).ends_with('\n')
     });
@@ -111,7 +111,7 @@ fn read_number(path: &Path) -> i64 {
 }
 
 /// Whether any live (not zombie) process is in the process group `pgid`.
-fn group_alive(pgid: i64) -> bool {
+pub(super) fn group_alive(pgid: i64) -> bool {
     std::fs::read_dir("/proc")
         .expect("/proc")
         .flatten()
@@ -130,7 +130,7 @@ fn group_alive(pgid: i64) -> bool {
 }
 
 /// (held, fence) of the lease `name`, as `dibs leases list` says.
-fn lease_state(url: &str, name: &str) -> (bool, i64) {
+pub(super) fn lease_state(url: &str, name: &str) -> (bool, i64) {
     let list = json(url, &["leases", "list"]);
     let lease = list
         .as_array()

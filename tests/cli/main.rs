@@ -13,6 +13,7 @@ use serde_json::Value;
 use support::{TestDb, conformance};
 
 mod lease_run;
+mod lease_run_attacks;
 
 conformance!(
     the_command_runs_and_steers_the_queue,

@@ -2,10 +2,10 @@
 //! name never overlap (cron jobs on several hosts, deploy steps, backups).
 
 use std::ffi::OsString;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -79,6 +79,20 @@ pub struct RunArgs {
     command: Vec<OsString>,
 }
 
+/// Writes a line to stderr, ignoring a stderr that is gone (a closed pipe): dibs's statuses
+/// must not become a panic's.
+fn warn(text: &str) {
+    let _ = writeln!(std::io::stderr(), "dibs lease run: {text}");
+}
+
+/// How long to wait for the database to say why a lease was lost before saying what this
+/// process knows: a partitioned network can hang a query for as long as TCP keeps trying.
+const WHY_WAIT: Duration = Duration::from_secs(5);
+
+/// Set once the command runs: until then a signal the main thread does not pick up (it is
+/// stuck connecting or asking for the lease on an unreachable database) ends the process.
+static COMMAND_STARTED: AtomicBool = AtomicBool::new(false);
+
 /// Signals received and not yet handled, one bit per signal number.
 static PENDING: AtomicU64 = AtomicU64::new(0);
 
@@ -111,6 +125,36 @@ fn catch_signals() -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// Before the command runs, a signal left unhandled for a second means the main thread is
+/// stuck (connecting, or asking for the lease, on a database that does not answer): end the
+/// process with 128 + the signal, as if it had not been caught. No command runs yet; a lease
+/// a stuck request may still grant expires after its ttl.
+fn watch_signals_until_the_command_starts() {
+    std::thread::spawn(|| {
+        let mut seen_since: Option<Instant> = None;
+        while !COMMAND_STARTED.load(Ordering::SeqCst) {
+            let pending = PENDING.load(Ordering::SeqCst);
+            match (pending, seen_since) {
+                (0, _) => seen_since = None,
+                (_, None) => seen_since = Some(Instant::now()),
+                (bits, Some(since)) if since.elapsed() >= Duration::from_secs(1) => {
+                    let signal = FORWARDED
+                        .into_iter()
+                        .find(|s| bits & (1 << s) != 0)
+                        .unwrap_or(libc::SIGTERM);
+                    warn(&format!(
+                        "{} while the database did not answer: the command did not run",
+                        signal_name(signal)
+                    ));
+                    std::process::exit(128 + signal);
+                }
+                _ => {}
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
 }
 
 /// The signals received since the last call.
@@ -205,20 +249,20 @@ pub fn run(url: &str, args: RunArgs) -> Outcome {
         false => parse_duration(&args.wait)?,
     };
     let grace = parse_duration(&args.grace)?;
-    if args.name.is_empty() {
-        return Err(Failure::new(2, "the lease name must not be empty"));
-    }
     let holder = args
         .holder
         .clone()
         .unwrap_or_else(|| format!("{}:{}", hostname(), std::process::id()));
+    // Bad input is refused before anything touches the database (or creates an SQLite file).
+    check_input(&args.name, &holder, ttl)?;
     let name = args.name.as_str();
     let say = |text: String| {
         if args.verbose {
-            eprintln!("dibs lease run: {text}");
+            warn(&text);
         }
     };
     catch_signals()?;
+    watch_signals_until_the_command_starts();
     // One connection the guard keeps for its renewals, fresh ones after a failure, and one to
     // say why a lease was lost.
     let pool = Pool::options().max_size(4).open(url)?;
@@ -266,6 +310,7 @@ pub fn run(url: &str, args: RunArgs) -> Outcome {
             });
         }
     }
+    COMMAND_STARTED.store(true, Ordering::SeqCst);
     let child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
@@ -283,6 +328,39 @@ pub fn run(url: &str, args: RunArgs) -> Outcome {
     };
     supervise(&pool, guard, child, name, ttl, grace, &say)
 }
+
+/// The checks the library makes of a lease name, a holder label and a ttl, made here so that
+/// they come before connecting.
+fn check_input(name: &str, holder: &str, ttl: Duration) -> Result<(), Failure> {
+    let refuse = |message: String| Err(Failure::new(2, message));
+    if name.is_empty() {
+        return refuse("the lease name must not be empty".into());
+    }
+    if name.len() > dibs::MAX_NAME_BYTES {
+        return refuse(format!(
+            "the lease name is {} bytes long, the limit is {}",
+            name.len(),
+            dibs::MAX_NAME_BYTES
+        ));
+    }
+    if holder.len() > MAX_HOLDER_BYTES {
+        return refuse(format!(
+            "--holder is {} bytes long, the limit is {MAX_HOLDER_BYTES}",
+            holder.len()
+        ));
+    }
+    if ttl > MAX_TTL {
+        return refuse(format!(
+            "--ttl {ttl:?} is longer than {} days",
+            MAX_TTL.as_secs() / 86400
+        ));
+    }
+    Ok(())
+}
+
+/// The longest holder label and ttl dibs stores (as `dibs::lease` checks them).
+const MAX_HOLDER_BYTES: usize = 255;
+const MAX_TTL: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// Takes the lease, waiting up to `wait`; a signal meanwhile gives up (exit 128 + signal).
 fn take(
@@ -446,22 +524,34 @@ fn supervise(
         ));
     }
     match guard.release() {
-        Ok(_) => say(format!("released {name:?} (fence {fence})")),
-        Err(e) => {
-            eprintln!("dibs lease run: could not release {name:?} ({e}); it expires within {ttl:?}")
+        Ok(true) => say(format!("released {name:?} (fence {fence})")),
+        Ok(false) => {
+            // The token was gone at the release: force-released (or expired) after the last
+            // renewal, so the command may have run beside the next holder. Not "held
+            // throughout".
+            let why = why_lost(pool, name, fence, ttl, longest_gap);
+            return Err(Failure::new(
+                LOST,
+                format!(
+                    "lost the lease {name:?} (fence {fence}): {why}; found at the release,                      after the command had ended ({exited})"
+                ),
+            ));
         }
+        Err(e) => warn(&format!(
+            "could not release {name:?} ({e}); it expires within {ttl:?}"
+        )),
     }
     let code = status.map_or(1, status_code);
     if let Some((Stop::Signal(signal), _)) = stop {
-        eprintln!(
-            "dibs lease run: {} forwarded to the command; it ended ({exited}){}",
+        warn(&format!(
+            "{} forwarded to the command; it ended ({exited}){}",
             signal_name(signal),
             if killed {
                 format!(" after SIGKILL at the end of the {grace:?} grace")
             } else {
                 String::new()
             }
-        );
+        ));
     }
     match code {
         0 => Ok(()),
@@ -476,10 +566,21 @@ fn why_lost(pool: &Pool, name: &str, fence: i64, ttl: Duration, gap: Duration) -
     } else {
         String::new()
     };
-    let now = match pool
-        .get()
-        .and_then(|mut c| dibs::lease::inspect(&mut c, name))
-    {
+    // Asked on another thread: on a partitioned network the query can hang for hours.
+    let (tell, answer) = std::sync::mpsc::channel();
+    let (asker_pool, asker_name) = (pool.clone(), name.to_string());
+    std::thread::spawn(move || {
+        let info = asker_pool
+            .get()
+            .and_then(|mut c| dibs::lease::inspect(&mut c, &asker_name));
+        let _ = tell.send(info);
+    });
+    let Ok(info) = answer.recv_timeout(WHY_WAIT) else {
+        return format!(
+            "{paused}renewals did not succeed before its local deadline, and the database              does not answer now"
+        );
+    };
+    let now = match info {
         Ok(Some(info)) if info.fence > fence => format!(
             "it was force-released (`dibs leases release --force`) or expired, and {:?} took \
              it since (fence {}{})",

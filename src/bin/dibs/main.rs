@@ -8,6 +8,8 @@ mod work;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use std::io::Write;
+
 use clap::{Args, Parser, Subcommand};
 use dibs::jobs::{self, Finished, JobFilter, JobState, NewJob, Retention};
 use dibs::schedules::{self, Schedule};
@@ -216,7 +218,8 @@ fn main() -> ExitCode {
         Err(failure) => {
             // `dibs lease run` passes its command's status on without a message.
             if !failure.message.is_empty() {
-                eprintln!("dibs: {}", failure.message);
+                // A closed stderr (a log reader gone) must not turn the status into a panic.
+                let _ = writeln!(std::io::stderr(), "dibs: {}", failure.message);
             }
             ExitCode::from(failure.code)
         }
