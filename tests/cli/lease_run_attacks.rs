@@ -1,7 +1,7 @@
 //! Attacks on `dibs lease run`: a database that goes away or hangs, a runner killed, commands
 //! that escape, exit at once or misuse their output, signals at awkward moments, hostile
-//! arguments, and a force-release racing a waiting runner. Tests whose doc comment starts with
-//! Tests that found a defect say so in their doc comment, with what broke and why.
+//! arguments, and a force-release racing a waiting runner. Tests that found a defect say so in
+//! their doc comment, with what broke and why.
 //!
 //! Timing bounds are wide (a loaded machine): each bounds a latency far above what it should
 //! be, never measures it tightly.
