@@ -1026,7 +1026,7 @@ fn expires_at(url: &str, name: &str) -> String {
 /// reached"), and never let the release on drop delay the exit beyond RELEASE_WAIT.
 #[cfg(feature = "postgres")]
 #[test]
-fn lease_run_attack_partition_after_a_lock_timeout_hangs_the_runner() {
+fn lease_run_attack_partition_after_a_lock_timeout_ends_the_runner() {
     let backend = Backend::Postgres;
     let db = TestDb::migrated(backend);
     let database = url::Url::parse(db.url()).unwrap().path()[1..].to_string();
