@@ -135,7 +135,7 @@ pub use lease::LeaseGuard;
 pub use migrate::{VERSION_PREFIX, run_migrations, schema_version};
 pub use pool::{ConnectionManager, Pool, PoolOptions, PooledConnection, SessionSetup, Synchronous};
 pub use transaction::transaction;
-pub use validate::MAX_NAME_BYTES;
+pub use validate::{MAX_LABEL_BYTES, MAX_NAME_BYTES, MAX_TTL};
 
 use backend::{Dialect, dispatch};
 

@@ -343,24 +343,21 @@ fn check_input(name: &str, holder: &str, ttl: Duration) -> Result<(), Failure> {
             dibs::MAX_NAME_BYTES
         ));
     }
-    if holder.len() > MAX_HOLDER_BYTES {
+    if holder.len() > dibs::MAX_LABEL_BYTES {
         return refuse(format!(
-            "--holder is {} bytes long, the limit is {MAX_HOLDER_BYTES}",
-            holder.len()
+            "--holder is {} bytes long, the limit is {}",
+            holder.len(),
+            dibs::MAX_LABEL_BYTES
         ));
     }
-    if ttl > MAX_TTL {
+    if ttl > dibs::MAX_TTL {
         return refuse(format!(
             "--ttl {ttl:?} is longer than {} days",
-            MAX_TTL.as_secs() / 86400
+            dibs::MAX_TTL.as_secs() / 86400
         ));
     }
     Ok(())
 }
-
-/// The longest holder label and ttl dibs stores (as `dibs::lease` checks them).
-const MAX_HOLDER_BYTES: usize = 255;
-const MAX_TTL: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// Takes the lease, waiting up to `wait`; a signal meanwhile gives up (exit 128 + signal).
 fn take(
