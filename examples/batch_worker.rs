@@ -146,7 +146,7 @@ fn run(
         .queue(QUEUE)
         .threads(threads)
         // Short claims, so the jobs a killed run held come back soon.
-        .lease_ttl(Duration::from_secs(2))
+        .claim_ttl(Duration::from_secs(2))
         .poll_interval(Duration::from_millis(200))
         .raw_handler("checksum", move |ctx: &JobContext, payload: &[u8]| {
             let path = String::from_utf8_lossy(payload).into_owned();

@@ -114,13 +114,17 @@
 
 mod backend;
 mod error;
+pub mod events;
 pub mod jobs;
 pub mod lease;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 mod migrate;
 mod pool;
 pub mod schedules;
 pub mod schema;
 pub mod sql_types;
+pub mod testing;
 mod transaction;
 mod validate;
 mod wake;

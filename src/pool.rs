@@ -248,7 +248,18 @@ impl PoolOptions {
     /// rejected login is a prompt [`Error::Connect`] with the server's message, not r2d2's
     /// timeout with the cause flattened into a string.
     ///
-    /// `:memory:` is refused: every pooled connection would have its own empty database.
+    /// An in-memory SQLite database (`:memory:`) needs `max_size(1)`: the pool's one
+    /// connection holds the database for the pool's life, never closed for being idle (for
+    /// tests: [`crate::testing`]). With more connections it is refused: each would have its
+    /// own empty database.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), dibs::Error> {
+    /// let pool = dibs::Pool::options().max_size(1).open(":memory:")?;
+    /// dibs::run_migrations(&mut pool.get()?)?;
+    /// assert!(dibs::Pool::open(":memory:").is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn open(self, url: &str) -> Result<Pool> {
         if self.max_size == 0 {
             return Err(Error::invalid(
@@ -257,20 +268,30 @@ impl PoolOptions {
             ));
         }
         let (backend, target) = Backend::from_url(url)?;
-        if backend == Backend::Sqlite && (target == ":memory:" || target.contains("mode=memory")) {
+        let in_memory =
+            backend == Backend::Sqlite && (target == ":memory:" || target.contains("mode=memory"));
+        if in_memory && self.max_size != 1 {
             return Err(Error::invalid(
                 "database url",
-                "an in-memory SQLite database cannot be pooled (each connection would get its \
-                 own empty database); use a file",
+                "an in-memory SQLite database can be pooled only with max_size(1) (each \
+                 connection would get its own empty database); use a file",
             ));
         }
         let session_for_dedicated = self.session.clone();
         let mut probe = AnyConnection::connect_raw(url)?;
         self.session.apply(&mut probe)?;
         drop(probe);
+        // In memory, the one connection is the database: opened now, kept for good.
+        let (min_idle, idle_timeout) = if in_memory {
+            (1, None)
+        } else {
+            (0, Some(Duration::from_secs(600)))
+        };
         let inner = r2d2::Pool::builder()
             .max_size(self.max_size)
-            .min_idle(Some(0))
+            .min_idle(Some(min_idle))
+            .idle_timeout(idle_timeout)
+            .max_lifetime(idle_timeout.and(Some(Duration::from_secs(1800))))
             .connection_timeout(self.connection_timeout)
             .connection_customizer(Box::new(self.session.clone()))
             .build(ConnectionManager {

@@ -16,7 +16,7 @@ use crate::{DibsConnection, Result, validate};
 
 /// What a claim reads back of the jobs it claimed ([`model::JobRow`]).
 const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_attempts, \
-    due_at, claim_token, claim_expires_at";
+    due_at, created_at, claimed_at, claim_token, claim_expires_at";
 
 /// Claim, step 1 of 3: lock the jobs to claim, in order, skipping rows other claimers hold
 /// (SQLite: the IMMEDIATE transaction serializes claimers). Nothing from a paused queue.

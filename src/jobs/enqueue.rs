@@ -99,6 +99,10 @@ pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued
     let enqueued = dispatch!(conn, c => insert_one!(c, job))?;
     drop(turn);
     crate::wake::wake([job.queue.as_str()]);
+    #[cfg(feature = "metrics")]
+    if !enqueued.existing {
+        crate::metrics::record_enqueued(&job.queue, 1);
+    }
     Ok(enqueued)
 }
 
@@ -217,6 +221,15 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
         .map(|(job, _)| job.queue.as_str())
         .collect();
     notify(conn, fresh.iter().copied())?;
+    #[cfg(feature = "metrics")]
+    for queue in &fresh {
+        let n = jobs
+            .iter()
+            .zip(&enqueued)
+            .filter(|(job, e)| !e.existing && job.queue == *queue)
+            .count();
+        crate::metrics::record_enqueued(queue, n);
+    }
     crate::wake::wake(fresh);
     Ok(enqueued)
 }

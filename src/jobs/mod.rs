@@ -37,6 +37,8 @@ mod finish;
 mod manage;
 mod model;
 mod retention;
+mod stub_tmp;
+mod typed;
 
 use diesel::prelude::*;
 
@@ -56,6 +58,8 @@ pub use model::{
     Backoff, ClaimedJob, Due, Enqueued, Job, JobClaim, JobState, NewJob, Outcome, Rescued, Retry,
 };
 pub use retention::{Finished, Retention, prune};
+pub use stub_tmp::{MAX_FREE_SNOOZES, claim_kinds, snooze};
+pub use typed::{JobArgs, enqueue_job, enqueue_jobs};
 
 /// How many errors a job's history keeps (the newest).
 pub const MAX_ERROR_HISTORY: usize = 20;

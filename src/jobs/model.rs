@@ -280,6 +280,10 @@ pub struct ClaimedJob {
     pub token: Uuid,
     /// When it was due.
     pub due_at: DateTime<Utc>,
+    /// When it was enqueued (database clock).
+    pub created_at: DateTime<Utc>,
+    /// When this claim was made (database clock).
+    pub claimed_at: DateTime<Utc>,
     /// When the claim lapses unless renewed (database clock).
     pub claim_expires_at: DateTime<Utc>,
 }
@@ -310,6 +314,8 @@ impl ClaimedJob {
             claim_expires_at: row
                 .claim_expires_at
                 .ok_or_else(|| broken("a claim expiry"))?,
+            claimed_at: row.claimed_at.ok_or_else(|| broken("a claim time"))?,
+            created_at: row.created_at,
             id: row.id,
             queue: row.queue,
             kind: row.kind,
@@ -471,6 +477,10 @@ pub(crate) struct JobRow {
     pub max_attempts: i32,
     #[diesel(sql_type = Instant)]
     pub due_at: DateTime<Utc>,
+    #[diesel(sql_type = Instant)]
+    pub created_at: DateTime<Utc>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub claimed_at: Option<DateTime<Utc>>,
     #[diesel(sql_type = Nullable<Token>)]
     pub claim_token: Option<Uuid>,
     #[diesel(sql_type = Nullable<Instant>)]

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use super::Task;
 use super::connection::Connection;
-use super::runs::Shared;
+use super::runs::{RunInfo, Shared};
+use crate::events::Event;
 use crate::jobs::{self, Finished, Retention};
 
 /// How often a worker that runs schedules fires them.
@@ -20,7 +21,7 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
     let mut conn = Connection::new(&config.pool);
     let mut idle = Duration::from_millis(10);
     let mut error_pause = Duration::from_millis(100);
-    let rescue_every = (config.lease_ttl / 2).min(Duration::from_secs(30));
+    let rescue_every = (config.claim_ttl / 2).min(Duration::from_secs(30));
     let mut next_rescue = Instant::now();
     let mut next_prune = Instant::now();
     let mut next_schedules = Instant::now();
@@ -53,13 +54,15 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
         };
         if config.run_schedules && Instant::now() >= next_schedules {
             next_schedules = Instant::now() + SCHEDULES_EVERY;
-            if let Err(e) = conn.with(crate::schedules::tick) {
-                tracing::warn!(error = %e, "firing schedules failed");
+            match conn.with(crate::schedules::tick) {
+                Ok(0) => {}
+                Ok(enqueued) => shared.emit(Event::SchedulesFired { enqueued }),
+                Err(e) => tracing::warn!(error = %e, "firing schedules failed"),
             }
         }
         if !config.retention.is_empty() && Instant::now() >= next_prune {
             next_prune = Instant::now() + PRUNE_EVERY;
-            prune_all(&mut conn, &config.retention);
+            prune_all(shared, &mut conn, &config.retention);
         }
         if Instant::now() >= next_rescue {
             next_rescue = Instant::now() + rescue_every;
@@ -69,12 +72,11 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
                         && rescued.dead.is_empty()
                         && rescued.cancelled.is_empty()) =>
                 {
-                    tracing::info!(
-                        requeued = rescued.requeued.len(),
-                        dead = rescued.dead.len(),
-                        cancelled = rescued.cancelled.len(),
-                        "rescued stalled jobs"
-                    );
+                    shared.emit(Event::Rescued {
+                        requeued: rescued.requeued.len(),
+                        dead: rescued.dead.len(),
+                        cancelled: rescued.cancelled.len(),
+                    });
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "rescue failed"),
@@ -84,14 +86,18 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
             return;
         };
         next_queue += 1;
-        match conn.with(|c| jobs::claim(c, queue, wanted, config.lease_ttl)) {
+        // Only kinds this worker has handlers for: other kinds wait for their workers.
+        let claim =
+            |c: &mut _| jobs::claim_kinds(c, queue, &config.kind_names, wanted, config.claim_ttl);
+        match conn.with(claim) {
             Ok(claimed) if !claimed.is_empty() => {
                 idle = Duration::from_millis(10);
                 error_pause = Duration::from_millis(100);
+                tracing::debug!(target: "dibs::worker", %queue, jobs = claimed.len(), "claimed jobs");
                 let mut state = shared.lock();
                 for job in claimed {
                     let timeout = config.kinds.get(&job.kind).and_then(|k| k.timeout);
-                    let stop = state.claimed(job.claim(), &job.kind, timeout);
+                    let stop = state.claimed(job.claim(), RunInfo::of(&job), timeout);
                     if tasks.send(Task { job, stop }).is_err() {
                         return;
                     }
@@ -124,15 +130,18 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
 }
 
 /// One pruning pass: every policy, in batches, until a batch comes back short.
-fn prune_all(conn: &mut Connection<'_>, policies: &[(String, Finished, Retention)]) {
+fn prune_all(
+    shared: &Shared,
+    conn: &mut Connection<'_>,
+    policies: &[(String, Finished, Retention)],
+) {
     for (queue, finished, policy) in policies {
+        let mut deleted = 0;
         loop {
             match conn.with(|c| jobs::prune(c, queue, *finished, *policy, jobs::MAX_BATCH)) {
-                Ok(n) if n == jobs::MAX_BATCH => continue,
+                Ok(n) if n == jobs::MAX_BATCH => deleted += n,
                 Ok(n) => {
-                    if n > 0 {
-                        tracing::debug!(%queue, deleted = n, "pruned finished jobs");
-                    }
+                    deleted += n;
                     break;
                 }
                 Err(e) => {
@@ -140,6 +149,12 @@ fn prune_all(conn: &mut Connection<'_>, policies: &[(String, Finished, Retention
                     break;
                 }
             }
+        }
+        if deleted > 0 {
+            shared.emit(Event::Pruned {
+                queue: queue.clone(),
+                deleted,
+            });
         }
     }
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use super::connection::Connection;
 use super::runs::{Settle, Shared, batches};
+use crate::events::RunOutcome;
 use crate::jobs::{self, JobClaim, Outcome, Retry};
 use crate::{Error, PooledConnection};
 
@@ -86,29 +87,23 @@ fn may_pass(error: &Error) -> bool {
     error.is_retryable() || error.is_outcome_unknown() || matches!(error, Error::Connect { .. })
 }
 
-#[derive(Clone, Copy)]
-enum Counted {
-    Completed,
-    Retried,
-    Dead,
-    GivenBack,
-}
-
 /// Records runs: completions together (one transaction per batch), give-backs together,
-/// failures one by one; counts the outcomes. Returns the runs not recorded, with why.
+/// failures and snoozes one by one; counts the outcomes and emits their events. Returns the
+/// runs not recorded, with why.
 pub(super) fn record(
     shared: &Shared,
     conn: &mut Connection<'_>,
     runs: &[Settle],
 ) -> Vec<(Settle, Error)> {
-    let mut outcomes: Vec<(Outcome, Counted)> = Vec::with_capacity(runs.len());
+    // Per recorded run: its claim, the call's answer, and what the run asked for.
+    let mut outcomes: Vec<(JobClaim, Outcome, RunOutcome)> = Vec::with_capacity(runs.len());
     let mut unrecorded = Vec::new();
     let by_claim: HashMap<JobClaim, &Settle> = runs.iter().map(|s| (s.claim(), s)).collect();
     type Call = fn(&mut PooledConnection, &[JobClaim]) -> crate::Result<Vec<Outcome>>;
-    let grouped: [(Call, Counted, Vec<JobClaim>); 2] = [
+    let grouped: [(Call, RunOutcome, Vec<JobClaim>); 2] = [
         (
             jobs::complete,
-            Counted::Completed,
+            RunOutcome::Completed,
             runs.iter()
                 .filter(|s| matches!(s, Settle::Complete(_)))
                 .map(Settle::claim)
@@ -116,22 +111,24 @@ pub(super) fn record(
         ),
         (
             jobs::give_back,
-            Counted::GivenBack,
+            RunOutcome::GivenBack,
             runs.iter()
                 .filter(|s| matches!(s, Settle::GiveBack(_)))
                 .map(Settle::claim)
                 .collect(),
         ),
     ];
-    for (call, counted, claims) in grouped {
+    for (call, asked, claims) in grouped {
         for batch in batches(&claims) {
             match conn.with(|c| call(c, &batch)) {
-                Ok(done) => outcomes.extend(done.into_iter().map(|o| (o, counted))),
+                Ok(done) => outcomes.extend(batch.iter().zip(done).map(|(c, o)| (*c, o, asked))),
                 // One by one, so one record the database refuses cannot hold up the others.
                 Err(_) if batch.len() > 1 => {
                     for claim in batch {
                         match conn.with(|c| call(c, &[claim])) {
-                            Ok(done) => outcomes.extend(done.into_iter().map(|o| (o, counted))),
+                            Ok(done) => {
+                                outcomes.extend(done.into_iter().map(|o| (claim, o, asked)))
+                            }
                             Err(e) => unrecorded.push((by_claim[&claim].clone(), e)),
                         }
                     }
@@ -141,57 +138,75 @@ pub(super) fn record(
         }
     }
     for run in runs {
-        let Settle::Fail {
-            claim,
-            message,
-            retry,
-            exhausted,
-            backoff,
-        } = run
-        else {
-            continue;
-        };
-        let counted = if *exhausted {
-            Counted::Dead
-        } else {
-            Counted::Retried
-        };
-        match conn.with(|c| jobs::fail(c, *claim, message, *retry)) {
-            Ok(outcome) => outcomes.push((outcome, counted)),
-            // The retry it asked for cannot be stored (an instant out of range): retried
-            // per the kind's policy instead, and the message says so.
-            Err(refused) if !may_pass(&refused) && !matches!(retry, Retry::Backoff(_)) => {
-                let message = format!(
-                    "{message} (the retry it asked for was refused: {refused}; retried per policy instead)"
-                );
-                let retry = Retry::Backoff(*backoff);
-                match conn.with(|c| jobs::fail(c, *claim, &message, retry)) {
-                    Ok(outcome) => outcomes.push((outcome, counted)),
+        match run {
+            Settle::Fail {
+                claim,
+                message,
+                retry,
+                exhausted,
+                backoff,
+            } => {
+                let asked = if *exhausted {
+                    RunOutcome::Dead
+                } else {
+                    RunOutcome::Retried
+                };
+                match conn.with(|c| jobs::fail(c, *claim, message, *retry)) {
+                    Ok(outcome) => outcomes.push((*claim, outcome, asked)),
+                    // The retry it asked for cannot be stored (an instant out of range):
+                    // retried per the kind's policy instead, and the message says so.
+                    Err(refused) if !may_pass(&refused) && !matches!(retry, Retry::Backoff(_)) => {
+                        let message = format!(
+                            "{message} (the retry it asked for was refused: {refused}; retried per policy instead)"
+                        );
+                        let retry = Retry::Backoff(*backoff);
+                        match conn.with(|c| jobs::fail(c, *claim, &message, retry)) {
+                            Ok(outcome) => outcomes.push((*claim, outcome, asked)),
+                            Err(e) => unrecorded.push((run.clone(), e)),
+                        }
+                    }
                     Err(e) => unrecorded.push((run.clone(), e)),
                 }
             }
-            Err(e) => unrecorded.push((run.clone(), e)),
+            Settle::Snooze { claim, delay } => {
+                match conn.with(|c| jobs::snooze(c, *claim, *delay)) {
+                    Ok(outcome) => outcomes.push((*claim, outcome, RunOutcome::Snoozed)),
+                    Err(e) => unrecorded.push((run.clone(), e)),
+                }
+            }
+            Settle::Complete(_) | Settle::GiveBack(_) => {}
         }
     }
-    let mut state = shared.lock();
-    let report = &mut state.report;
-    for (outcome, counted) in outcomes {
-        match outcome {
-            Outcome::Done | Outcome::AlreadyDone => match counted {
-                Counted::Completed => report.completed += 1,
-                Counted::Retried => report.retried += 1,
-                Counted::Dead => report.dead += 1,
-                Counted::GivenBack => report.given_back += 1,
-            },
-            Outcome::Lost => {
-                report.lost += 1;
-                tracing::warn!("a job's claim was lost before it finished");
+    let mut events = Vec::with_capacity(outcomes.len());
+    {
+        let mut state = shared.lock();
+        for (claim, outcome, asked) in outcomes {
+            let recorded = match outcome {
+                Outcome::Done | Outcome::AlreadyDone => asked,
+                Outcome::Lost => RunOutcome::Lost,
+                Outcome::Cancelled => RunOutcome::Cancelled,
+            };
+            let report = &mut state.report;
+            match recorded {
+                RunOutcome::Completed => report.completed += 1,
+                RunOutcome::Retried => report.retried += 1,
+                RunOutcome::Dead => report.dead += 1,
+                RunOutcome::Snoozed => report.snoozed += 1,
+                RunOutcome::GivenBack => report.given_back += 1,
+                RunOutcome::Lost => report.lost += 1,
+                RunOutcome::Cancelled => report.cancelled += 1,
             }
-            Outcome::Cancelled => {
-                report.cancelled += 1;
-                tracing::info!("a job was cancelled while it ran");
+            let error = match by_claim.get(&claim) {
+                Some(Settle::Fail { message, .. }) => Some(message.clone()),
+                _ => None,
+            };
+            if let Some(run) = state.runs.get(&claim) {
+                events.push(run.event(recorded, error));
             }
         }
+    }
+    for event in events {
+        shared.emit(event);
     }
     unrecorded
 }

@@ -6,9 +6,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::connection::Connection;
-use super::runs::{Config, Report, Settle, Shared, batches};
+use super::runs::{Config, Report, RunInfo, Shared, batches};
 use super::{Task, claimer, finisher, handlers, heartbeat, listener};
 use crate::Error;
+use crate::events::RunOutcome;
 use crate::jobs::{self, Outcome};
 
 /// A running worker. [`WorkerHandle::shutdown`] stops it gracefully; dropping the handle
@@ -26,24 +27,36 @@ pub struct WorkerHandle {
 /// How long shutdown waits, past the grace period, for handlers told to stop.
 const STOP_WAIT: Duration = Duration::from_secs(1);
 
-/// Runs due jobs on the calling thread until none is due (the test helper).
-pub(crate) fn run_due(config: Config) -> crate::Result<Report> {
+/// Runs due jobs on the calling thread until none is due ([`super::WorkerBuilder::drain`]).
+/// Each run goes through the same table of runs and the same recording as a started
+/// worker's, so reports and events are alike; no connection is held while a handler runs.
+pub(crate) fn drain(config: Config) -> crate::Result<Report> {
     let shared = Shared::new(config);
-    let mut conn = Connection::new(&shared.config.pool);
+    let config = &shared.config;
     loop {
         let mut ran = false;
-        for queue in &shared.config.queues {
-            let claimed = conn.with(|c| jobs::claim(c, queue, 1, shared.config.lease_ttl))?;
+        for queue in &config.queues {
+            let claimed = shared.config.pool.get().and_then(|mut c| {
+                jobs::claim_kinds(&mut c, queue, &config.kind_names, 1, config.claim_ttl)
+            })?;
             for job in claimed {
                 ran = true;
-                let task = Task {
-                    job,
-                    stop: Default::default(),
-                };
-                let settle: Settle = handlers::run_one(&shared, &task);
+                let claim = job.claim();
+                let timeout = config.kinds.get(&job.kind).and_then(|k| k.timeout);
+                let stop = shared.lock().claimed(claim, RunInfo::of(&job), timeout);
+                shared.lock().start(claim);
+                let started = Instant::now();
+                let settle = handlers::run_one(&shared, &Task { job, stop });
+                shared
+                    .lock()
+                    .returned(claim, settle.clone(), started.elapsed());
+                let mut conn = Connection::new(&config.pool);
                 if let Some((_, e)) = finisher::record(&shared, &mut conn, &[settle]).pop() {
                     tracing::warn!(error = %e, "finishing a job failed; it will be rescued");
                 }
+                let mut state = shared.lock();
+                state.recorded([claim]);
+                state.settle.clear();
             }
         }
         if !ran {
@@ -171,28 +184,33 @@ impl WorkerHandle {
             );
         }
         if !queued.is_empty() {
+            let claims: Vec<_> = queued.iter().map(|(claim, _)| *claim).collect();
             let given_back = self.shared.config.pool.get().and_then(|mut conn| {
-                let mut outcomes = Vec::with_capacity(queued.len());
-                for batch in batches(&queued) {
+                let mut outcomes = Vec::with_capacity(claims.len());
+                for batch in batches(&claims) {
                     outcomes.extend(jobs::give_back(&mut conn, &batch)?);
                 }
                 Ok(outcomes)
             });
             match given_back {
                 Ok(outcomes) => {
-                    self.shared.count(|r| {
-                        for outcome in &outcomes {
-                            match outcome {
-                                Outcome::Done | Outcome::AlreadyDone => r.given_back += 1,
-                                Outcome::Cancelled => r.cancelled += 1,
-                                Outcome::Lost => r.lost += 1,
-                            }
-                        }
-                    });
                     tracing::info!(
                         jobs = outcomes.len(),
                         "shutdown: gave back jobs claimed ahead"
                     );
+                    for ((_, run), outcome) in queued.iter().zip(outcomes) {
+                        let recorded = match outcome {
+                            Outcome::Done | Outcome::AlreadyDone => RunOutcome::GivenBack,
+                            Outcome::Cancelled => RunOutcome::Cancelled,
+                            Outcome::Lost => RunOutcome::Lost,
+                        };
+                        self.shared.count(|r| match recorded {
+                            RunOutcome::GivenBack => r.given_back += 1,
+                            RunOutcome::Cancelled => r.cancelled += 1,
+                            _ => r.lost += 1,
+                        });
+                        self.shared.emit(run.event(recorded, None));
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "shutdown: giving back unfinished jobs failed; their claims will lapse")

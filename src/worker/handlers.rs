@@ -30,7 +30,7 @@ pub(super) fn run_handlers(shared: &Shared, inbox: &Mutex<Receiver<Task>>) {
         let mut state = shared.lock();
         let timed_out = state.runs.get(&claim).and_then(|run| {
             run.timed_out
-                .then(|| (run.timeout.unwrap_or_default(), run.kind.clone()))
+                .then(|| (run.timeout.unwrap_or_default(), run.info.kind.clone()))
         });
         let settle = match timed_out {
             // Shutdown asked it to stop: its job goes back to the queue, no attempt used.
@@ -56,18 +56,34 @@ pub(super) fn run_handlers(shared: &Shared, inbox: &Mutex<Receiver<Task>>) {
 /// Runs one job's handler (catching a panic) and says how to record the run.
 pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
     let Task { job, stop } = task;
-    let span = tracing::info_span!("dibs.job", job.id = job.id, queue = %job.queue, kind = %job.kind, attempt = job.attempt);
-    let _entered = span.enter();
     let ctx = JobContext {
         id: job.id,
         queue: job.queue.clone(),
         kind: job.kind.clone(),
         attempt: job.attempt,
         max_attempts: job.max_attempts,
+        enqueued_at: job.created_at,
+        due_at: job.due_at,
+        claimed_at: job.claimed_at,
         claim: job.claim(),
         stop: stop.clone(),
     };
+    let span = tracing::info_span!(
+        target: "dibs::worker",
+        "dibs.job",
+        job.id = job.id,
+        queue = %job.queue,
+        kind = %job.kind,
+        attempt = job.attempt,
+        queue_wait_ms = ctx.queue_wait().as_secs_f64() * 1000.0,
+        result = tracing::field::Empty,
+        run_ms = tracing::field::Empty,
+    );
+    let _entered = span.enter();
+    let started = std::time::Instant::now();
+    let mut panicked = false;
     let outcome = match shared.config.kinds.get(&job.kind) {
+        // Not claimed (the claim asks only for kinds with handlers): kept for safety.
         None => Err(HandlerFailure::Job(JobError::retry(format!(
             "no handler for kind {:?} on this worker",
             job.kind
@@ -75,7 +91,7 @@ pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
         Some(kind) => match catch_unwind(AssertUnwindSafe(|| (kind.handler)(&ctx, &job.payload))) {
             Ok(outcome) => outcome,
             Err(panic) => {
-                shared.count(|r| r.panicked += 1);
+                panicked = true;
                 let message = panic
                     .downcast_ref::<&str>()
                     .map(|s| s.to_string())
@@ -87,6 +103,22 @@ pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
             }
         },
     };
+    span.record("run_ms", started.elapsed().as_secs_f64() * 1000.0);
+    span.record(
+        "result",
+        match (&outcome, panicked) {
+            (_, true) => "panic",
+            (Ok(()), _) => "ok",
+            (Err(_), _) => "error",
+        },
+    );
+    if panicked {
+        let mut state = shared.lock();
+        state.report.panicked += 1;
+        if let Some(run) = state.runs.get_mut(&job.claim()) {
+            run.panicked = true;
+        }
+    }
     match outcome {
         Ok(()) => Settle::Complete(job.claim()),
         Err(HandlerFailure::Undecodable(message)) => Settle::Fail {
@@ -111,7 +143,13 @@ fn failed(shared: &Shared, job: &ClaimedJob, kind: &str, error: JobError) -> Set
     let retry = match error.action {
         Action::Retry => Retry::Backoff(backoff),
         Action::RetryAt(at) => Retry::At(at),
-        Action::Fail => Retry::Never,
+        Action::Dead => Retry::Never,
+        Action::Snooze(delay) => {
+            return Settle::Snooze {
+                claim: job.claim(),
+                delay,
+            };
+        }
     };
     Settle::Fail {
         claim: job.claim(),

@@ -11,7 +11,7 @@ use crate::jobs::{self, JobClaim, Outcome};
 pub(super) fn heartbeat(shared: &Shared) {
     let config = &shared.config;
     let mut conn = Connection::new(&config.pool);
-    let period = config.lease_ttl / 3;
+    let period = config.claim_ttl / 3;
     let mut next_beat = Instant::now() + period;
     loop {
         // Sleep until the next beat or the earliest timeout, whichever comes first; other
@@ -34,7 +34,7 @@ pub(super) fn heartbeat(shared: &Shared) {
         next_beat = Instant::now() + period;
         let claims: Vec<JobClaim> = shared.lock().runs.keys().copied().collect();
         for batch in batches(&claims) {
-            match conn.with(|c| jobs::renew(c, &batch, config.lease_ttl)) {
+            match conn.with(|c| jobs::renew(c, &batch, config.claim_ttl)) {
                 Ok(outcomes) => {
                     let mut state = shared.lock();
                     for (claim, outcome) in batch.iter().zip(outcomes) {

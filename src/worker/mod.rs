@@ -49,119 +49,29 @@ mod finisher;
 mod handle;
 mod handlers;
 mod heartbeat;
+mod job;
 mod listener;
 mod runs;
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-
-use crate::jobs::{Backoff, Finished, JobClaim, Retention};
+use crate::events::Hook;
+use crate::jobs::{Backoff, Finished, JobArgs, Retention};
 use crate::{Error, Pool, Result, validate};
 
+pub use crate::events::{Event, RunEvent, RunOutcome};
 pub use handle::WorkerHandle;
+pub(crate) use job::Action;
+pub use job::{JobContext, JobError};
 pub use runs::Report;
 
 /// A claimed job on its way to a handler thread, with its run's stop flag.
 struct Task {
     job: crate::jobs::ClaimedJob,
     stop: Arc<AtomicBool>,
-}
-
-/// Why a handler's run did not succeed, and what to do about it. Any `std::error::Error`
-/// converts into a retry (so `?` works in handlers).
-pub struct JobError {
-    message: String,
-    action: Action,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Action {
-    /// Retry per the kind's policy.
-    Retry,
-    /// Retry at this instant.
-    RetryAt(DateTime<Utc>),
-    /// Dead now.
-    Fail,
-}
-
-impl JobError {
-    /// Retry per the kind's retry policy (attempts permitting).
-    pub fn retry(message: impl Into<String>) -> Self {
-        JobError {
-            message: message.into(),
-            action: Action::Retry,
-        }
-    }
-
-    /// Retry at `at` (attempts permitting).
-    pub fn retry_at(message: impl Into<String>, at: DateTime<Utc>) -> Self {
-        JobError {
-            message: message.into(),
-            action: Action::RetryAt(at),
-        }
-    }
-
-    /// Fail for good: the job is dead now, whatever attempts it has left.
-    pub fn fail(message: impl Into<String>) -> Self {
-        JobError {
-            message: message.into(),
-            action: Action::Fail,
-        }
-    }
-
-    /// The message kept with the job.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-}
-
-impl<E: std::error::Error> From<E> for JobError {
-    fn from(error: E) -> Self {
-        JobError::retry(error.to_string())
-    }
-}
-
-impl fmt::Debug for JobError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "JobError({:?}, {:?})", self.action, self.message)
-    }
-}
-
-/// What a handler knows about the job it runs.
-pub struct JobContext {
-    /// The job's id.
-    pub id: i64,
-    /// Its queue.
-    pub queue: String,
-    /// Its kind.
-    pub kind: String,
-    /// Which run this is (1 for the first).
-    pub attempt: u32,
-    /// How many runs it may have.
-    pub max_attempts: u32,
-    pub(crate) claim: JobClaim,
-    pub(crate) stop: Arc<AtomicBool>,
-}
-
-impl JobContext {
-    /// True once the worker has given up on this run: its claim was lost (rescued, taken
-    /// over or cancelled), it passed its timeout, or the worker is shutting down past its
-    /// grace period. A long handler should check it and return.
-    pub fn should_stop(&self) -> bool {
-        self.stop.load(Ordering::SeqCst)
-    }
-
-    /// The claim, to complete the job inside the handler's own transaction
-    /// (`dibs::jobs::complete`): the handler's writes and the completion then commit together.
-    /// The worker's own completion afterwards answers "already done".
-    pub fn claim(&self) -> JobClaim {
-        self.claim
-    }
 }
 
 type Handler = dyn Fn(&JobContext, &[u8]) -> std::result::Result<(), HandlerFailure> + Send + Sync;
@@ -173,10 +83,10 @@ pub(crate) enum HandlerFailure {
     Undecodable(String),
 }
 
-/// Per kind: the handler, its retry policy and its timeout.
+/// Per kind: the handler, its retry policy (`None`: the worker's) and its timeout.
 pub(crate) struct KindConfig {
     pub handler: Arc<Handler>,
-    pub backoff: Backoff,
+    pub backoff: Option<Backoff>,
     pub timeout: Option<Duration>,
 }
 
@@ -186,12 +96,13 @@ pub struct WorkerBuilder {
     queues: Vec<String>,
     threads: usize,
     kinds: HashMap<String, KindConfig>,
-    lease_ttl: Duration,
+    claim_ttl: Duration,
     poll_interval: Duration,
     backoff: Backoff,
     retention: Vec<(String, Finished, Retention)>,
     run_schedules: bool,
     prefetch: usize,
+    hooks: Vec<Hook>,
     error: Option<Error>,
 }
 
@@ -199,7 +110,7 @@ pub struct WorkerBuilder {
 pub struct Worker;
 
 impl Worker {
-    /// A worker on `pool`'s database. Defaults: 4 threads, lease ttl 30 s (renewed every
+    /// A worker on `pool`'s database. Defaults: 4 threads, claim ttl 30 s (renewed every
     /// 10 s), poll interval 1 s, exponential backoff from 1 s to 1 h.
     pub fn builder(pool: Pool) -> WorkerBuilder {
         WorkerBuilder {
@@ -207,21 +118,26 @@ impl Worker {
             queues: Vec::new(),
             threads: 4,
             kinds: HashMap::new(),
-            lease_ttl: Duration::from_secs(30),
+            claim_ttl: Duration::from_secs(30),
             poll_interval: Duration::from_secs(1),
             backoff: Backoff::default(),
             retention: Vec::new(),
             run_schedules: false,
             prefetch: 100,
+            hooks: Vec::new(),
             error: None,
         }
     }
 }
 
 impl WorkerBuilder {
-    /// Serve this queue (call once per queue).
+    /// Serve this queue (call once per queue). [`WorkerBuilder::register`] adds its type's
+    /// queue itself.
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
-        self.queues.push(queue.into());
+        let queue = queue.into();
+        if !self.queues.contains(&queue) {
+            self.queues.push(queue);
+        }
         self
     }
 
@@ -241,10 +157,18 @@ impl WorkerBuilder {
         self
     }
 
-    /// How long a claim lasts between heartbeats (default 30 s; heartbeats every third).
-    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.lease_ttl = ttl;
+    /// How long a claim on a job lasts between heartbeats (default 30 s; heartbeats every
+    /// third): a worker that dies leaves its jobs to be rescued this long after its last
+    /// heartbeat.
+    pub fn claim_ttl(mut self, ttl: Duration) -> Self {
+        self.claim_ttl = ttl;
         self
+    }
+
+    /// Renamed [`WorkerBuilder::claim_ttl`]: it is a job claim's ttl, not a lease's.
+    #[deprecated(since = "0.2.0", note = "renamed `claim_ttl`")]
+    pub fn lease_ttl(self, ttl: Duration) -> Self {
+        self.claim_ttl(ttl)
     }
 
     /// The longest pause between two claims while idle (default 1 s). Idle polling starts at
@@ -271,18 +195,83 @@ impl WorkerBuilder {
         }
     }
 
-    /// Runs jobs of `kind` with `handler`, their payload decoded from JSON into `T`. A payload
-    /// that does not decode makes the job dead at once, without retries.
+    /// Runs jobs of type `T` ([`JobArgs`]) with `handler`, which gets the payload decoded:
+    /// serves `T::QUEUE`, with `T::BACKOFF` and `T::TIMEOUT`. A payload that does not decode
+    /// as `T` makes the job dead at once, without retries, its error naming the type.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), dibs::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = dibs::Pool::open(&dir.path().join("t.db").display().to_string())?;
+    /// # dibs::run_migrations(&mut pool.get()?)?;
+    /// use dibs::jobs::{self, JobArgs};
+    /// use dibs::worker::{JobContext, JobError, Worker};
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct Resize { image: String, width: u32 }
+    /// impl JobArgs for Resize {
+    ///     const KIND: &'static str = "resize";
+    ///     const QUEUE: &'static str = "images";
+    /// }
+    ///
+    /// jobs::enqueue_job(&mut pool.get()?, &Resize { image: "a.png".into(), width: 64 })?;
+    /// let report = Worker::builder(pool)
+    ///     .register(|_ctx: &JobContext, job: Resize| {
+    ///         if job.width == 0 {
+    ///             return Err(JobError::dead("width 0"));
+    ///         }
+    ///         Ok(())
+    ///     })
+    ///     .drain()?;
+    /// assert_eq!(report.completed, 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn register<T, F>(self, handler: F) -> Self
+    where
+        T: JobArgs + 'static,
+        F: Fn(&JobContext, T) -> std::result::Result<(), JobError> + Send + Sync + 'static,
+    {
+        let mut builder = self.queue(T::QUEUE).decoding(T::KIND.to_string(), handler);
+        if let Some(config) = builder.kinds.get_mut(T::KIND) {
+            config.backoff = T::BACKOFF;
+            config.timeout = T::TIMEOUT;
+        }
+        if let Some(backoff) = T::BACKOFF {
+            builder.check_backoff(backoff);
+        }
+        if T::TIMEOUT.is_some_and(|t| t.is_zero()) {
+            builder
+                .error
+                .get_or_insert(Error::invalid("timeout", "must be longer than zero"));
+        }
+        builder
+    }
+
+    /// Runs jobs of `kind` with `handler`, their payload decoded from JSON into `T` (for
+    /// kinds chosen at run time; [`WorkerBuilder::register`] ties a type to its kind). A
+    /// payload that does not decode makes the job dead at once, without retries.
     pub fn handler<T, F>(self, kind: impl Into<String>, handler: F) -> Self
     where
         T: serde::de::DeserializeOwned,
         F: Fn(&JobContext, T) -> std::result::Result<(), JobError> + Send + Sync + 'static,
     {
+        self.decoding(kind.into(), handler)
+    }
+
+    fn decoding<T, F>(self, kind: String, handler: F) -> Self
+    where
+        T: serde::de::DeserializeOwned,
+        F: Fn(&JobContext, T) -> std::result::Result<(), JobError> + Send + Sync + 'static,
+    {
         self.add(
-            kind.into(),
+            kind,
             Arc::new(move |ctx: &JobContext, payload: &[u8]| {
                 let value: T = serde_json::from_slice(payload).map_err(|e| {
-                    HandlerFailure::Undecodable(format!("the payload does not decode: {e}"))
+                    HandlerFailure::Undecodable(format!(
+                        "the payload does not decode as {} (kind {:?}): {e}",
+                        std::any::type_name::<T>(),
+                        ctx.kind
+                    ))
                 })?;
                 handler(ctx, value).map_err(HandlerFailure::Job)
             }),
@@ -306,12 +295,15 @@ impl WorkerBuilder {
         if let Err(e) = validate::name("kind", &kind) {
             self.error.get_or_insert(e);
         }
-        let backoff = self.backoff;
+        if self.kinds.contains_key(&kind) {
+            self.error
+                .get_or_insert(Error::invalid("kind", format!("{kind:?} has two handlers")));
+        }
         self.kinds.insert(
             kind,
             KindConfig {
                 handler,
-                backoff,
+                backoff: None,
                 timeout: None,
             },
         );
@@ -322,7 +314,7 @@ impl WorkerBuilder {
     pub fn kind_backoff(mut self, kind: &str, backoff: Backoff) -> Self {
         self.check_backoff(backoff);
         match self.kinds.get_mut(kind) {
-            Some(config) => config.backoff = backoff,
+            Some(config) => config.backoff = Some(backoff),
             None => {
                 self.error.get_or_insert(Error::invalid(
                     "kind",
@@ -374,9 +366,48 @@ impl WorkerBuilder {
         self
     }
 
-    /// For an application's own tests: runs every due job of the worker's queues on the
-    /// calling thread, one at a time, with the handlers given, until none is due; returns
-    /// what happened. No threads, no heartbeats (claims last the lease ttl).
+    /// Calls `hook` with every [`Event`] of this worker (call again to add hooks): each run
+    /// as recorded, each rescue, prune and schedules pass. Hooks run on the worker's own
+    /// threads (the finisher's, the claimer's): keep them quick. A worker without hooks
+    /// builds no events for them.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), dibs::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = dibs::Pool::open(&dir.path().join("t.db").display().to_string())?;
+    /// # dibs::run_migrations(&mut pool.get()?)?;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::sync::Arc;
+    /// use dibs::jobs::{self, NewJob};
+    /// use dibs::worker::{Event, JobContext, RunOutcome, Worker};
+    ///
+    /// jobs::enqueue(&mut pool.get()?, &NewJob::new("q", "k", vec![]))?;
+    /// let completed = Arc::new(AtomicUsize::new(0));
+    /// let counter = completed.clone();
+    /// Worker::builder(pool)
+    ///     .queue("q")
+    ///     .raw_handler("k", |_: &JobContext, _: &[u8]| Ok(()))
+    ///     .on_event(move |event: &Event| {
+    ///         if let Event::Run(run) = event {
+    ///             if run.outcome == RunOutcome::Completed {
+    ///                 counter.fetch_add(1, Ordering::Relaxed);
+    ///             }
+    ///         }
+    ///     })
+    ///     .drain()?;
+    /// assert_eq!(completed.load(Ordering::Relaxed), 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn on_event(mut self, hook: impl Fn(&Event) + Send + Sync + 'static) -> Self {
+        self.hooks.push(Arc::new(hook));
+        self
+    }
+
+    /// Runs every due job of the worker's queues (of the kinds it has handlers for) on the
+    /// calling thread, one at a time, until none is due, including jobs that handlers
+    /// enqueue meanwhile; returns what happened. For tests and one-shot passes: no threads,
+    /// no heartbeats (claims last the claim ttl), and a pool of any size (the drain holds no
+    /// connection while a handler runs). See also [`crate::testing`].
     ///
     /// ```
     /// # fn main() -> Result<(), dibs::Error> {
@@ -389,20 +420,28 @@ impl WorkerBuilder {
     /// let report = Worker::builder(pool)
     ///     .queue("mail")
     ///     .raw_handler("welcome", |_: &JobContext, to: &[u8]| { assert_eq!(to, b"ada"); Ok(()) })
-    ///     .run_due()?;
+    ///     .drain()?;
     /// assert_eq!(report.completed, 1);
     /// # Ok(()) }
     /// ```
+    pub fn drain(self) -> Result<Report> {
+        handle::drain(self.checked(1)?)
+    }
+
+    /// Renamed [`WorkerBuilder::drain`], which no longer needs a pool of `threads + 3`.
+    #[deprecated(since = "0.2.0", note = "renamed `drain`")]
     pub fn run_due(self) -> Result<Report> {
-        handle::run_due(self.checked()?)
+        self.drain()
     }
 
     /// Checks the configuration and starts the worker's threads.
     pub fn start(self) -> Result<WorkerHandle> {
-        handle::start(self.checked()?)
+        let needed = self.threads as u32 + 3;
+        handle::start(self.checked(needed)?)
     }
 
-    fn checked(self) -> Result<runs::Config> {
+    /// Checks the configuration; the pool must have `needed` connections.
+    fn checked(self, needed: u32) -> Result<runs::Config> {
         if let Some(error) = self.error {
             return Err(error);
         }
@@ -427,17 +466,16 @@ impl WorkerBuilder {
                 format!("{} is not between 1 and 1000", self.threads),
             ));
         }
-        validate::ttl(self.lease_ttl)?;
-        if self.lease_ttl < Duration::from_millis(30) {
+        validate::ttl(self.claim_ttl)?;
+        if self.claim_ttl < Duration::from_millis(30) {
             return Err(Error::invalid(
-                "lease ttl",
+                "claim ttl",
                 "heartbeats need at least 30 ms",
             ));
         }
         if self.poll_interval.is_zero() {
             return Err(Error::invalid("poll interval", "must be longer than zero"));
         }
-        let needed = self.threads as u32 + 3;
         if self.pool.max_size() < needed {
             return Err(Error::invalid(
                 "pool",
@@ -451,16 +489,33 @@ impl WorkerBuilder {
         for (queue, _, _) in &self.retention {
             validate::name("queue", queue)?;
         }
+        let mut kind_names: Vec<String> = self.kinds.keys().cloned().collect();
+        kind_names.sort_unstable();
+        let backoff = self.backoff;
+        let kinds = self
+            .kinds
+            .into_iter()
+            .map(|(kind, config)| {
+                let config = runs::Kind {
+                    handler: config.handler,
+                    backoff: config.backoff.unwrap_or(backoff),
+                    timeout: config.timeout,
+                };
+                (kind, config)
+            })
+            .collect();
         Ok(runs::Config {
             pool: self.pool,
             queues: self.queues,
             threads: self.threads,
-            kinds: self.kinds,
-            lease_ttl: self.lease_ttl,
+            kinds,
+            kind_names,
+            claim_ttl: self.claim_ttl,
             poll_interval: self.poll_interval,
             retention: self.retention,
             run_schedules: self.run_schedules,
             prefetch: self.prefetch.min(crate::jobs::MAX_BATCH),
+            hooks: self.hooks,
         })
     }
 }

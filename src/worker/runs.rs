@@ -19,21 +19,32 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::KindConfig;
-use crate::jobs::{Backoff, JobClaim, Retry};
+use super::Handler;
+use crate::events::{self, Event, Hook, RunEvent, RunOutcome};
+use crate::jobs::{Backoff, ClaimedJob, JobClaim, Retry};
 use crate::{Pool, jobs};
 
 pub(crate) struct Config {
     pub pool: Pool,
     pub queues: Vec<String>,
     pub threads: usize,
-    pub kinds: HashMap<String, KindConfig>,
-    pub lease_ttl: Duration,
+    pub kinds: HashMap<String, Kind>,
+    /// The kinds the worker claims (those it has handlers for), sorted.
+    pub kind_names: Vec<String>,
+    pub claim_ttl: Duration,
     pub poll_interval: Duration,
     pub retention: Vec<(String, jobs::Finished, jobs::Retention)>,
     pub run_schedules: bool,
     /// The most jobs claimed ahead of the threads.
     pub prefetch: usize,
+    pub hooks: Vec<Hook>,
+}
+
+/// A kind this worker runs: its handler, retry policy and timeout.
+pub(crate) struct Kind {
+    pub handler: Arc<Handler>,
+    pub backoff: Backoff,
+    pub timeout: Option<Duration>,
 }
 
 /// What a worker did, from its start until [`super::WorkerHandle::shutdown`] returned.
@@ -43,6 +54,8 @@ pub struct Report {
     pub completed: usize,
     /// Runs that failed and left the job waiting for a retry.
     pub retried: usize,
+    /// Runs that snoozed their job ([`super::JobError::snooze`]).
+    pub snoozed: usize,
     /// Runs after which the job is dead (failed for good, attempts used up, undecodable).
     pub dead: usize,
     /// Runs whose claim was lost before they finished (rescued or taken over).
@@ -72,14 +85,63 @@ pub(super) enum Phase {
     Finishing,
 }
 
+/// What a claimed job's events say about it.
+#[derive(Debug, Clone)]
+pub(super) struct RunInfo {
+    pub id: i64,
+    pub queue: Arc<str>,
+    pub kind: Arc<str>,
+    pub attempt: u32,
+    pub max_attempts: u32,
+    /// From its due time to this claim, by the database's clock.
+    pub queue_wait: Duration,
+}
+
+impl RunInfo {
+    pub fn of(job: &ClaimedJob) -> RunInfo {
+        RunInfo {
+            id: job.id,
+            queue: Arc::from(job.queue.as_str()),
+            kind: Arc::from(job.kind.as_str()),
+            attempt: job.attempt,
+            max_attempts: job.max_attempts,
+            queue_wait: (job.claimed_at - job.due_at).to_std().unwrap_or_default(),
+        }
+    }
+}
+
 /// One claim this worker holds.
 pub(super) struct Run {
-    pub kind: String,
+    pub info: RunInfo,
     pub stop: Arc<AtomicBool>,
     pub phase: Phase,
     pub timeout: Option<Duration>,
     /// Past its timeout: recorded as a timed-out failure when the handler returns.
     pub timed_out: bool,
+    /// Its handler panicked.
+    pub panicked: bool,
+    /// How long its handler ran, once it returned.
+    pub run_time: Option<Duration>,
+}
+
+impl Run {
+    /// The event of this run, recorded with `outcome`.
+    pub fn event(&self, outcome: RunOutcome, error: Option<String>) -> Event {
+        let info = &self.info;
+        Event::Run(RunEvent {
+            id: info.id,
+            queue: info.queue.clone(),
+            kind: info.kind.clone(),
+            attempt: info.attempt,
+            max_attempts: info.max_attempts,
+            outcome,
+            error,
+            run_time: self.run_time,
+            queue_wait: info.queue_wait,
+            panicked: self.panicked,
+            timed_out: self.timed_out,
+        })
+    }
 }
 
 /// How a run is to be recorded (by the finisher).
@@ -94,6 +156,11 @@ pub(super) enum Settle {
         /// The kind's policy: used instead of `retry` if the database cannot store it.
         backoff: Backoff,
     },
+    /// Back in the queue after `delay`, without using an attempt (within the bound).
+    Snooze {
+        claim: JobClaim,
+        delay: Duration,
+    },
     /// Not started: its claim ended first, or the worker is stopping.
     GiveBack(JobClaim),
 }
@@ -101,9 +168,10 @@ pub(super) enum Settle {
 impl Settle {
     pub fn claim(&self) -> JobClaim {
         match self {
-            Settle::Complete(claim) | Settle::Fail { claim, .. } | Settle::GiveBack(claim) => {
-                *claim
-            }
+            Settle::Complete(claim)
+            | Settle::Fail { claim, .. }
+            | Settle::Snooze { claim, .. }
+            | Settle::GiveBack(claim) => *claim,
         }
     }
 }
@@ -179,7 +247,7 @@ impl State {
     pub fn claimed(
         &mut self,
         claim: JobClaim,
-        kind: &str,
+        info: RunInfo,
         timeout: Option<Duration>,
     ) -> Arc<AtomicBool> {
         let stop = Arc::new(AtomicBool::new(false));
@@ -187,11 +255,13 @@ impl State {
         self.runs.insert(
             claim,
             Run {
-                kind: kind.to_string(),
+                info,
                 stop: stop.clone(),
                 phase: Phase::Queued,
                 timeout,
                 timed_out: false,
+                panicked: false,
+                run_time: None,
             },
         );
         stop
@@ -229,6 +299,7 @@ impl State {
         });
         if let Some(run) = self.runs.get_mut(&claim) {
             run.phase = Phase::Finishing;
+            run.run_time = Some(Duration::from_secs_f64(took));
             self.settle.push(settle);
         }
         self.woken = true;
@@ -291,22 +362,25 @@ impl State {
     /// handler: those are not given back while the handler may still be working on them
     /// (no second run may start meanwhile, and the job keeps its limit slot); their claims
     /// lapse, unrenewed, and a rescue returns them without using an attempt.
-    pub fn take_unfinished(&mut self) -> (Vec<JobClaim>, usize) {
+    pub fn take_unfinished(&mut self) -> (Vec<(JobClaim, Run)>, usize) {
         let mut queued = Vec::new();
         let mut running = 0;
-        self.runs.retain(|claim, run| match run.phase {
-            Phase::Finishing => true,
-            Phase::Queued => {
-                run.stop.store(true, Ordering::SeqCst);
-                queued.push(*claim);
-                false
+        let unfinished: Vec<JobClaim> = self
+            .runs
+            .iter()
+            .filter(|(_, run)| run.phase != Phase::Finishing)
+            .map(|(claim, _)| *claim)
+            .collect();
+        for claim in unfinished {
+            let Some(run) = self.runs.remove(&claim) else {
+                continue;
+            };
+            run.stop.store(true, Ordering::SeqCst);
+            match run.phase {
+                Phase::Queued => queued.push((claim, run)),
+                _ => running += 1,
             }
-            Phase::Active(_) => {
-                run.stop.store(true, Ordering::SeqCst);
-                running += 1;
-                false
-            }
-        });
+        }
         (queued, running)
     }
 }
@@ -348,6 +422,17 @@ impl Shared {
 
     pub fn count(&self, f: impl FnOnce(&mut Report)) {
         f(&mut self.lock().report);
+    }
+
+    /// Logs `event`, counts it as metrics (with the feature) and hands it to the hooks.
+    /// Call without the state's lock held: hooks may be slow.
+    pub fn emit(&self, event: Event) {
+        events::log(&event);
+        #[cfg(feature = "metrics")]
+        crate::metrics::record_event(&event);
+        for hook in &self.config.hooks {
+            hook(&event);
+        }
     }
 }
 

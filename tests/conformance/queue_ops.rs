@@ -609,13 +609,13 @@ fn the_test_helper_runs_due_jobs_on_the_calling_thread(backend: Backend) {
         .handler("add", move |_: &JobContext, (a, b): (i32, i32)| {
             assert_eq!(std::thread::current().id(), caller);
             if a + b == 0 {
-                return Err(JobError::fail("nothing to add"));
+                return Err(JobError::dead("nothing to add"));
             }
             seen.lock().unwrap().push(a + b);
             Ok(())
         })
         .raw_handler("later", |_: &JobContext, _: &[u8]| Ok(()))
-        .run_due()
+        .drain()
         .unwrap();
     assert_eq!((report.completed, report.dead), (2, 1), "{report:?}");
     assert_eq!(*sums.lock().unwrap(), vec![5, 42]);

@@ -231,7 +231,7 @@ fn panics_retries_failures_and_bad_payloads(backend: Backend) {
             Err(JobError::retry_at("not yet", later))
         })
         .raw_handler("fail", |_: &JobContext, _: &[u8]| {
-            Err(JobError::fail("never will"))
+            Err(JobError::dead("never will"))
         })
         .handler("typed", |_: &JobContext, t: Typed| {
             assert_eq!(t.n, 7);
@@ -294,7 +294,7 @@ fn a_long_handler_keeps_its_job_through_heartbeats(backend: Backend) {
     let a = Worker::builder(pool.clone())
         .queue("long")
         .threads(1)
-        .lease_ttl(ttl)
+        .claim_ttl(ttl)
         .poll_interval(Duration::from_millis(20))
         .raw_handler("long", move |ctx: &JobContext, _: &[u8]| {
             std::thread::sleep(ttl * 4);
@@ -311,7 +311,7 @@ fn a_long_handler_keeps_its_job_through_heartbeats(backend: Backend) {
     let b = Worker::builder(pool_b)
         .queue("long")
         .threads(2)
-        .lease_ttl(ttl)
+        .claim_ttl(ttl)
         .poll_interval(Duration::from_millis(10))
         .raw_handler("long", move |_: &JobContext, _: &[u8]| {
             stolen_by_b.fetch_add(1, Ordering::SeqCst);
@@ -354,7 +354,7 @@ fn a_handler_past_its_timeout_is_failed_without_extra_concurrency(backend: Backe
     let worker = Worker::builder(pool.clone())
         .queue("to")
         .threads(1)
-        .lease_ttl(Duration::from_secs(3))
+        .claim_ttl(Duration::from_secs(3))
         .poll_interval(Duration::from_millis(20))
         .raw_handler("slow", move |ctx: &JobContext, _: &[u8]| {
             track(&r1, &m1);
@@ -611,7 +611,7 @@ fn the_builder_refuses_what_cannot_work(backend: Backend) {
             Worker::builder(pool.clone())
                 .queue("q")
                 .raw_handler("k", ok)
-                .lease_ttl(Duration::from_millis(5))
+                .claim_ttl(Duration::from_millis(5))
                 .start()
                 .err(),
         ),
@@ -644,7 +644,7 @@ fn survives_dropped_connections(backend: Backend) {
     let worker = Worker::builder(pool.clone())
         .queue("drop")
         .threads(4)
-        .lease_ttl(Duration::from_millis(600))
+        .claim_ttl(Duration::from_millis(600))
         .poll_interval(Duration::from_millis(50))
         .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
             *seen.lock().unwrap().entry(ctx.id).or_default() += 1;
@@ -730,7 +730,7 @@ fn a_cancelled_job_raises_the_flag_at_the_next_heartbeat(backend: Backend) {
     let worker = Worker::builder(pool.clone())
         .queue("cx")
         .threads(1)
-        .lease_ttl(ttl)
+        .claim_ttl(ttl)
         .poll_interval(Duration::from_millis(20))
         .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
             s.store(true, Ordering::SeqCst);

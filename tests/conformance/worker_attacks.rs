@@ -164,7 +164,7 @@ fn a_cancel_at_shutdown_is_counted_and_ends_the_job_cancelled(backend: Backend) 
     let worker = Worker::builder(db.pool(8))
         .queue("cx")
         .threads(1)
-        .lease_ttl(Duration::from_millis(600))
+        .claim_ttl(Duration::from_millis(600))
         .poll_interval(Duration::from_millis(10))
         .raw_handler("k", move |_: &JobContext, _: &[u8]| {
             s.store(true, Ordering::SeqCst);
@@ -233,7 +233,7 @@ fn a_refused_retry_instant_falls_back_to_the_kinds_backoff(backend: Backend) {
         let worker = Worker::builder(db.pool(8))
             .queue("at")
             .threads(1)
-            .lease_ttl(Duration::from_millis(900))
+            .claim_ttl(Duration::from_millis(900))
             .poll_interval(Duration::from_millis(10))
             .raw_handler("k", move |_: &JobContext, _: &[u8]| {
                 r.fetch_add(1, Ordering::SeqCst);
@@ -295,7 +295,7 @@ fn a_refused_retry_instant_does_not_block_other_jobs(backend: Backend) {
     let worker = Worker::builder(db.pool(8))
         .queue("mix")
         .threads(2)
-        .lease_ttl(Duration::from_millis(900))
+        .claim_ttl(Duration::from_millis(900))
         .poll_interval(Duration::from_millis(10))
         .raw_handler("bad", move |_: &JobContext, _: &[u8]| {
             Err(JobError::retry_at("in year 10000", far))
@@ -352,7 +352,7 @@ fn a_lost_claim_reclaimed_by_the_same_worker_runs_and_counts_once_each(backend: 
     let worker = Worker::builder(db.pool(8))
         .queue("lost")
         .threads(3)
-        .lease_ttl(Duration::from_millis(900))
+        .claim_ttl(Duration::from_millis(900))
         .poll_interval(Duration::from_millis(10))
         .raw_handler("k", move |ctx: &JobContext, payload: &[u8]| {
             let n = {
@@ -461,7 +461,7 @@ fn two_workers_with_retries_due_at_once_run_each_attempt_once(backend: Backend) 
         Worker::builder(db.pool(12))
             .queue("again")
             .threads(4)
-            .lease_ttl(Duration::from_secs(1))
+            .claim_ttl(Duration::from_secs(1))
             .poll_interval(Duration::from_millis(10))
             .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
                 runs.lock()
@@ -534,7 +534,7 @@ fn a_cancelled_claimed_ahead_job_never_runs(backend: Backend) {
     let worker = Worker::builder(db.pool(8))
         .queue("ahead")
         .threads(1)
-        .lease_ttl(Duration::from_millis(600))
+        .claim_ttl(Duration::from_millis(600))
         .poll_interval(Duration::from_millis(10))
         .raw_handler("quick", |_: &JobContext, _: &[u8]| Ok(()))
         .raw_handler("block", move |_: &JobContext, _: &[u8]| {
@@ -639,7 +639,7 @@ fn a_cancelled_run_that_panics_is_not_counted_as_retried_or_panicked_alone(backe
     let worker = Worker::builder(db.pool(8))
         .queue("cp")
         .threads(1)
-        .lease_ttl(Duration::from_millis(600))
+        .claim_ttl(Duration::from_millis(600))
         .poll_interval(Duration::from_millis(10))
         .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
             s.store(true, Ordering::SeqCst);
@@ -690,7 +690,7 @@ fn limits_hold_across_two_workers_with_timeouts(backend: Backend) {
         Worker::builder(db.pool(8))
             .queue("lim2")
             .threads(3)
-            .lease_ttl(Duration::from_millis(600))
+            .claim_ttl(Duration::from_millis(600))
             .poll_interval(Duration::from_millis(5))
             .raw_handler("slow", move |ctx: &JobContext, _: &[u8]| {
                 let now = running.fetch_add(1, Ordering::SeqCst) + 1;

@@ -60,7 +60,7 @@ fn a_retry_claimed_while_the_first_run_is_recorded_runs_once(backend: Backend) {
         .threads(8)
         // Short enough that an orphaned claim lapses and is rescued within the test, long
         // enough that heartbeats on a loaded machine keep the others.
-        .lease_ttl(Duration::from_secs(3))
+        .claim_ttl(Duration::from_secs(3))
         .poll_interval(Duration::from_millis(20))
         .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
             seen.lock()
@@ -212,7 +212,7 @@ fn the_builder_refuses_a_backoff_no_retry_could_use(backend: Backend) {
         .queue("q")
         .backoff(too_long)
         .raw_handler("k", |_: &JobContext, _: &[u8]| Ok(()))
-        .run_due();
+        .drain();
     assert!(
         default.as_ref().err().is_some_and(|e| e.is_invalid_input()),
         "{default:?}"
@@ -290,7 +290,7 @@ fn a_timed_out_run_holds_its_limit_until_the_handler_returns(backend: Backend) {
     let worker = Worker::builder(db.pool(8))
         .queue("lim")
         .threads(3)
-        .lease_ttl(Duration::from_millis(600))
+        .claim_ttl(Duration::from_millis(600))
         .poll_interval(Duration::from_millis(10))
         .raw_handler("slow", move |ctx: &JobContext, _: &[u8]| {
             let start = Clock::now();
@@ -342,7 +342,7 @@ fn a_cancelled_run_holds_its_limit_until_the_handler_returns(backend: Backend) {
     let worker = Worker::builder(pool.clone())
         .queue("lim")
         .threads(2)
-        .lease_ttl(Duration::from_millis(600))
+        .claim_ttl(Duration::from_millis(600))
         .poll_interval(Duration::from_millis(10))
         .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
             let start = Clock::now();

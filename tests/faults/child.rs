@@ -108,7 +108,7 @@ fn worker(url: &str) {
         // Long enough that heartbeats keep every live claim on a loaded machine (on SQLite,
         // 4 processes' writers wait on one file lock), short enough that a kill's claims
         // lapse within the run.
-        .lease_ttl(Duration::from_millis(3000))
+        .claim_ttl(Duration::from_millis(3000))
         .poll_interval(Duration::from_millis(50))
         .raw_handler("effect", move |ctx: &JobContext, _: &[u8]| {
             std::thread::sleep(Duration::from_millis(10 + (ctx.id as u64 * 7919) % 41));

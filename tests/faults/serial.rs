@@ -190,7 +190,7 @@ fn survives_a_server_restart(backend: Backend) {
     let worker = Worker::builder(pool.clone())
         .queue("restart")
         .threads(4)
-        .lease_ttl(Duration::from_secs(20))
+        .claim_ttl(Duration::from_secs(20))
         .poll_interval(Duration::from_millis(100))
         .raw_handler("k", move |_: &JobContext, _: &[u8]| {
             *seen.lock().unwrap() += 1;

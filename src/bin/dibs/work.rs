@@ -49,6 +49,32 @@ pub struct WorkArgs {
     /// The first retry's delay (doubling up to an hour).
     #[arg(long, default_value = "1s")]
     retry_after: String,
+    /// How to log each job and the worker's warnings, on stderr: `human` lines or `json`
+    /// objects (one per line). RUST_LOG overrides which (default: info).
+    #[arg(long, value_enum, default_value_t = LogFormat::Human)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+/// Logs dibs's tracing events (a line per job, rescues, warnings) to stderr; a stderr that
+/// is gone is ignored, like dibs's own messages.
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(true);
+    // A second subscriber (a test calling twice) is refused: keep the first.
+    let _ = match format {
+        LogFormat::Human => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -80,6 +106,7 @@ pub fn run(url: &str, args: WorkArgs) -> Outcome {
     let grace = parse_duration(&args.grace)?;
     let retry_after = parse_duration(&args.retry_after)?;
     let threads = args.threads;
+    init_logging(args.log_format);
     let pool = Pool::options().max_size(threads as u32 * 2 + 4).open(url)?;
     if dibs::schema_version(&mut pool.get()?)?.is_none() {
         return Err(Failure::new(

@@ -1,0 +1,115 @@
+//! Typed jobs: a payload type declares its kind, queue and options once ([`JobArgs`]), and
+//! is enqueued by value ([`enqueue_job`], [`enqueue_jobs`]) and run by a handler that gets
+//! it decoded ([`crate::worker::WorkerBuilder::register`]).
+
+use std::time::Duration;
+
+use super::{Backoff, Enqueued, NewJob, enqueue, enqueue_many};
+use crate::{DibsConnection, Result};
+
+/// A job's arguments as a Rust type: what it is (its kind), where it goes (its queue) and
+/// how it runs (attempts, priority, retry policy, timeout, and a dedup key or concurrency
+/// limit derived from the value). Stored as JSON.
+///
+/// Only [`KIND`](JobArgs::KIND) is required. The kind names the handler: keep it stable
+/// across deploys (renaming the type is fine; renaming the kind strands waiting jobs).
+///
+/// ```
+/// use std::time::Duration;
+/// use dibs::jobs::JobArgs;
+///
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct SyncAccount { account: u64 }
+///
+/// impl JobArgs for SyncAccount {
+///     const KIND: &'static str = "sync_account";
+///     const QUEUE: &'static str = "sync";
+///     const MAX_ATTEMPTS: u32 = 5;
+///     const TIMEOUT: Option<Duration> = Some(Duration::from_secs(600));
+///     // One sync per account at a time, across every worker.
+///     fn limit(&self) -> Option<(String, u32)> {
+///         Some((format!("account:{}", self.account), 1))
+///     }
+/// }
+/// ```
+pub trait JobArgs: serde::Serialize + serde::de::DeserializeOwned {
+    /// The job's kind: which handler runs it (1 to [`crate::MAX_NAME_BYTES`] bytes).
+    const KIND: &'static str;
+    /// The queue its jobs go to (default `"default"`). A worker that registers this type
+    /// serves this queue.
+    const QUEUE: &'static str = "default";
+    /// Runs a job may have before it is dead (default 25).
+    const MAX_ATTEMPTS: u32 = 25;
+    /// Lower runs first (default 0).
+    const PRIORITY: i32 = 0;
+    /// The retry policy of this kind (default `None`: the worker's).
+    const BACKOFF: Option<Backoff> = None;
+    /// How long a run may take before it is asked to stop and recorded as failed (default
+    /// `None`: no timeout). See [`crate::worker::WorkerBuilder::timeout`].
+    const TIMEOUT: Option<Duration> = None;
+
+    /// A deduplication key for this value (default none): see [`NewJob::dedup_key`].
+    fn dedup_key(&self) -> Option<String> {
+        None
+    }
+
+    /// A concurrency limit for this value, `(key, max)` (default none): see
+    /// [`NewJob::limit`].
+    fn limit(&self) -> Option<(String, u32)> {
+        None
+    }
+
+    /// The job to enqueue for this value, with the type's options applied. Adjust it before
+    /// enqueueing (a delay, a due time) with [`NewJob`]'s methods:
+    /// `jobs::enqueue(conn, &value.to_job()?.delay(Duration::from_secs(60)))`.
+    fn to_job(&self) -> Result<NewJob> {
+        let mut job = NewJob::json(Self::QUEUE, Self::KIND, self)?
+            .max_attempts(Self::MAX_ATTEMPTS)
+            .priority(Self::PRIORITY);
+        if let Some(key) = self.dedup_key() {
+            job = job.dedup_key(key);
+        }
+        if let Some((key, max)) = self.limit() {
+            job = job.limit(key, max);
+        }
+        Ok(job)
+    }
+}
+
+/// Enqueues a typed job with its type's options: [`super::enqueue`] of
+/// [`JobArgs::to_job`]. Joins the caller's transaction, so the job exists only if it
+/// commits.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use dibs::jobs::{self, JobArgs};
+///
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct Welcome { to: String }
+/// impl JobArgs for Welcome {
+///     const KIND: &'static str = "welcome";
+///     const QUEUE: &'static str = "mail";
+/// }
+///
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// dibs::run_migrations(&mut conn)?;
+/// let job = jobs::enqueue_job(&mut conn, &Welcome { to: "ada@example.com".into() })?;
+/// assert_eq!(jobs::get(&mut conn, job.id)?.unwrap().queue, "mail");
+/// # Ok(()) }
+/// ```
+pub fn enqueue_job<C: DibsConnection, T: JobArgs>(conn: &mut C, value: &T) -> Result<Enqueued> {
+    enqueue(conn, &value.to_job()?)
+}
+
+/// Enqueues typed jobs of one type in one transaction ([`super::enqueue_many`]): nothing is
+/// written if any is invalid. One [`Enqueued`] per value, in order.
+pub fn enqueue_jobs<C: DibsConnection, T: JobArgs>(
+    conn: &mut C,
+    values: &[T],
+) -> Result<Vec<Enqueued>> {
+    let jobs = values
+        .iter()
+        .map(JobArgs::to_job)
+        .collect::<Result<Vec<_>>>()?;
+    enqueue_many(conn, &jobs)
+}

@@ -1,0 +1,139 @@
+//! Helpers for an application's own tests: unit-test a handler with a [`JobContext`] made
+//! here, check what code under test enqueued ([`enqueued`], [`assert_enqueued`]), and run
+//! queued jobs inline ([`drain`]). They work on every backend, SQLite in memory included.
+//!
+//! ```
+//! # fn main() -> Result<(), dibs::Error> {
+//! use dibs::jobs::{self, JobArgs};
+//! use dibs::testing;
+//! use dibs::worker::{JobContext, JobError, Worker};
+//!
+//! #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+//! struct Welcome { to: String }
+//! impl JobArgs for Welcome {
+//!     const KIND: &'static str = "welcome";
+//!     const QUEUE: &'static str = "mail";
+//! }
+//!
+//! fn send_welcome(_ctx: &JobContext, job: Welcome) -> Result<(), JobError> {
+//!     if job.to.is_empty() {
+//!         return Err(JobError::dead("no recipient"));
+//!     }
+//!     Ok(())
+//! }
+//!
+//! // A handler alone: no database.
+//! assert!(send_welcome(&testing::job_context::<Welcome>(), Welcome { to: "".into() }).unwrap_err().is_dead());
+//!
+//! // What the code under test enqueued, then run it inline.
+//! let pool = dibs::Pool::open(":memory:")?;
+//! dibs::run_migrations(&mut pool.get()?)?;
+//! jobs::enqueue_job(&mut pool.get()?, &Welcome { to: "ada@example.com".into() })?;
+//! testing::assert_enqueued(&mut pool.get()?, &Welcome { to: "ada@example.com".into() });
+//! let report = testing::drain(Worker::builder(pool.clone()).register(send_welcome))?;
+//! assert_eq!(report.completed, 1);
+//! assert!(testing::enqueued::<Welcome, _>(&mut pool.get()?)?.is_empty());
+//! # Ok(()) }
+//! ```
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use diesel::prelude::*;
+
+use crate::backend::dispatch;
+use crate::jobs::{JobArgs, JobClaim, JobState};
+use crate::schema::dibs_jobs;
+use crate::worker::{JobContext, Report, WorkerBuilder};
+use crate::{DibsConnection, Error, Result};
+
+/// A [`JobContext`] for calling a handler of `T` directly in a unit test: job id 0 on
+/// `T::QUEUE`, kind `T::KIND`, first attempt of `T::MAX_ATTEMPTS`, all instants the host's
+/// now, and a claim that no database knows (completing it answers `Lost`). Its fields are
+/// public: change the attempt to test a last try.
+pub fn job_context<T: JobArgs>() -> JobContext {
+    let mut ctx = context(T::QUEUE, T::KIND);
+    ctx.max_attempts = T::MAX_ATTEMPTS;
+    ctx
+}
+
+/// A [`JobContext`] for a handler of a kind given by name: see [`job_context`].
+pub fn context(queue: &str, kind: &str) -> JobContext {
+    let now = chrono::Utc::now();
+    JobContext {
+        id: 0,
+        queue: queue.to_string(),
+        kind: kind.to_string(),
+        attempt: 1,
+        max_attempts: 25,
+        enqueued_at: now,
+        due_at: now,
+        claimed_at: now,
+        claim: JobClaim {
+            id: 0,
+            token: uuid::Uuid::new_v4(),
+        },
+        stop: Arc::new(AtomicBool::new(false)),
+    }
+}
+
+/// Makes `ctx.should_stop()` true, as a worker does at a timeout, a cancel or a shutdown:
+/// to test that a long handler returns when asked.
+pub fn request_stop(ctx: &JobContext) {
+    ctx.stop.store(true, Ordering::SeqCst);
+}
+
+/// The waiting jobs of type `T` (on `T::QUEUE`, of kind `T::KIND`), decoded, oldest first.
+/// A payload that does not decode as `T` is an [`Error::InvalidInput`] naming the job.
+pub fn enqueued<T: JobArgs, C: DibsConnection>(conn: &mut C) -> Result<Vec<T>> {
+    let rows: Vec<(i64, Vec<u8>)> = dispatch!(conn, c => {
+        dibs_jobs::table
+            .filter(dibs_jobs::queue.eq(T::QUEUE))
+            .filter(dibs_jobs::kind.eq(T::KIND))
+            .filter(dibs_jobs::state.eq(JobState::Waiting))
+            .order(dibs_jobs::id)
+            .select((dibs_jobs::id, dibs_jobs::payload))
+            .load(c)
+    })?;
+    rows.into_iter()
+        .map(|(id, payload)| {
+            serde_json::from_slice(&payload).map_err(|e| {
+                Error::invalid(
+                    "payload",
+                    format!(
+                        "job {id} of kind {:?} does not decode as {}: {e}",
+                        T::KIND,
+                        std::any::type_name::<T>()
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Asserts that a job equal to `expected` is waiting (on `T::QUEUE`, of kind `T::KIND`).
+/// A test assertion: it panics, listing what is waiting, when there is none, and when the
+/// jobs cannot be read.
+#[track_caller]
+pub fn assert_enqueued<T: JobArgs + PartialEq + Debug, C: DibsConnection>(
+    conn: &mut C,
+    expected: &T,
+) {
+    match enqueued::<T, C>(conn) {
+        Ok(waiting) if waiting.contains(expected) => {}
+        Ok(waiting) => panic!(
+            "no waiting {:?} job equal to {expected:?} on queue {:?}; waiting: {waiting:?}",
+            T::KIND,
+            T::QUEUE
+        ),
+        Err(e) => panic!("cannot read the waiting {:?} jobs: {e}", T::KIND),
+    }
+}
+
+/// Runs every due job the worker has handlers for on the calling thread, one at a time,
+/// until none is due (jobs that handlers enqueue included), and returns the report: the
+/// same as [`WorkerBuilder::drain`].
+pub fn drain(worker: WorkerBuilder) -> Result<Report> {
+    worker.drain()
+}

@@ -1,0 +1,179 @@
+//! What a handler gets ([`JobContext`]) and what it returns when a run does not succeed
+//! ([`JobError`]).
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::jobs::JobClaim;
+
+/// Why a handler's run did not succeed, and what to do about it.
+///
+/// `?` works in handlers on anything that converts into a
+/// `Box<dyn std::error::Error + Send + Sync>`: every error type that is `Send + Sync`
+/// (diesel's, dibs's, `std::io::Error`, ...), `String`, `&str`, the box itself, and
+/// `anyhow::Error`. Such an error is a retry per the kind's policy ([`JobError::retry`]).
+///
+/// ```
+/// use dibs::worker::{JobContext, JobError};
+///
+/// fn handler(_ctx: &JobContext, path: String) -> Result<(), JobError> {
+///     if path.is_empty() {
+///         return Err(JobError::dead("no path: retrying cannot help"));
+///     }
+///     let _bytes = std::fs::read(&path)?; // an io::Error: retried per policy
+///     Err("not finished yet")?             // a &str: retried per policy
+/// }
+/// ```
+pub struct JobError {
+    pub(crate) message: String,
+    pub(crate) action: Action,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Action {
+    /// Retry per the kind's policy.
+    Retry,
+    /// Retry at this instant.
+    RetryAt(DateTime<Utc>),
+    /// Dead now.
+    Dead,
+    /// Back in the queue after this long, without using an attempt.
+    Snooze(Duration),
+}
+
+impl JobError {
+    /// Retry per the kind's retry policy (attempts permitting); dead when they are used up.
+    pub fn retry(message: impl Into<String>) -> Self {
+        JobError {
+            message: message.into(),
+            action: Action::Retry,
+        }
+    }
+
+    /// Retry at `at` (attempts permitting): an instant in the years 1 to 9999, else the
+    /// run is retried per the kind's policy and the job's error says why.
+    pub fn retry_at(message: impl Into<String>, at: DateTime<Utc>) -> Self {
+        JobError {
+            message: message.into(),
+            action: Action::RetryAt(at),
+        }
+    }
+
+    /// The job is dead now, whatever attempts it has left: retrying cannot help.
+    pub fn dead(message: impl Into<String>) -> Self {
+        JobError {
+            message: message.into(),
+            action: Action::Dead,
+        }
+    }
+
+    /// Renamed [`JobError::dead`]: "fail" read as "a failed run", which
+    /// [`crate::jobs::fail`] records and retries.
+    #[deprecated(since = "0.2.0", note = "renamed `JobError::dead`")]
+    pub fn fail(message: impl Into<String>) -> Self {
+        JobError::dead(message)
+    }
+
+    /// Not now: the job goes back to the queue, due after `delay` (database clock), and this
+    /// run does not use an attempt (like River's `JobSnooze` or Oban's `{:snooze, s}`), for
+    /// a handler that finds the job cannot run yet (a resource busy, a result not ready).
+    ///
+    /// Bounded, so a job cannot snooze forever unnoticed: every snooze is counted
+    /// ([`crate::jobs::Job::snoozes`], the worker's [`crate::worker::Event`]s and its
+    /// report), and past [`MAX_FREE_SNOOZES`](crate::jobs::MAX_FREE_SNOOZES) of them a snooze uses an attempt like a
+    /// retry, so a job that always snoozes ends dead when its attempts run out, its error
+    /// history saying so. `delay` is at most 366 days (a longer one is cut to that).
+    pub fn snooze(delay: Duration) -> Self {
+        JobError {
+            message: format!("snoozed for {delay:?}"),
+            action: Action::Snooze(delay.min(crate::MAX_TTL)),
+        }
+    }
+
+    /// The message kept with the job.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether this error makes the job dead now ([`JobError::dead`]).
+    pub fn is_dead(&self) -> bool {
+        self.action == Action::Dead
+    }
+
+    /// The delay of a [`JobError::snooze`].
+    pub fn snoozed_for(&self) -> Option<Duration> {
+        match self.action {
+            Action::Snooze(delay) => Some(delay),
+            _ => None,
+        }
+    }
+}
+
+/// Any error that boxes as `Box<dyn Error + Send + Sync>` is a retry per policy: this covers
+/// `Send + Sync` error types, `String`, `&str`, the box itself and `anyhow::Error`.
+impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> From<E> for JobError {
+    fn from(error: E) -> Self {
+        JobError::retry(error.into().to_string())
+    }
+}
+
+impl fmt::Debug for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "JobError({:?}, {:?})", self.action, self.message)
+    }
+}
+
+impl fmt::Display for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// What a handler knows about the job it runs. Instants are the database's clock.
+/// For a handler's unit tests, [`crate::testing::job_context`] makes one.
+#[derive(Debug, Clone)]
+pub struct JobContext {
+    /// The job's id.
+    pub id: i64,
+    /// Its queue.
+    pub queue: String,
+    /// Its kind.
+    pub kind: String,
+    /// Which run this is (1 for the first).
+    pub attempt: u32,
+    /// How many runs it may have.
+    pub max_attempts: u32,
+    /// When the job was enqueued.
+    pub enqueued_at: DateTime<Utc>,
+    /// When this run became due (its first due time, or its retry's or snooze's).
+    pub due_at: DateTime<Utc>,
+    /// When this run was claimed: `claimed_at - due_at` is the time it waited in the queue.
+    pub claimed_at: DateTime<Utc>,
+    pub(crate) claim: JobClaim,
+    pub(crate) stop: Arc<AtomicBool>,
+}
+
+impl JobContext {
+    /// True once the worker has given up on this run: its claim was lost (rescued, taken
+    /// over or cancelled), it passed its timeout, or the worker is shutting down past its
+    /// grace period. A long handler should check it and return.
+    pub fn should_stop(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// The claim, to complete the job inside the handler's own transaction
+    /// (`dibs::jobs::complete`): the handler's writes and the completion then commit together.
+    /// The worker's own completion afterwards answers "already done".
+    pub fn claim(&self) -> JobClaim {
+        self.claim
+    }
+
+    /// How long this run waited between becoming due and being claimed.
+    pub fn queue_wait(&self) -> Duration {
+        (self.claimed_at - self.due_at).to_std().unwrap_or_default()
+    }
+}
