@@ -10,9 +10,11 @@
 //! per-connection settings, migrations, the database clock, transactions of the right kind,
 //! an error type that says what a caller can do), [leases](lease) (named locks with fencing
 //! tokens, and a [`LeaseGuard`] that renews them), the [job queue](jobs) with deduplication,
-//! retention and concurrency limits, [workers](worker) that run it on plain threads (short
-//! jobs claimed and recorded in batches, each still fenced by its own claim), and recurring
-//! [schedules]. The `cli` feature adds the `dibs` command (inspect and steer the tables, run
+//! retention and concurrency limits, typed jobs ([`jobs::JobArgs`]), [workers](worker) that
+//! run it on plain threads (short jobs claimed and recorded in batches, each still fenced by
+//! its own claim; only kinds they have handlers for), what workers report
+//! ([events](events), `tracing`, and `dibs::metrics` with the `metrics` feature), helpers for
+//! applications' tests ([testing]), and recurring [schedules]. The `cli` feature adds the `dibs` command (inspect and steer the tables, run
 //! shell-command jobs, a demo). The repository's README.md is the tour; BENCHMARKS.md and
 //! RELIABILITY.md hold the measured figures and the fault scenarios.
 //!
@@ -42,6 +44,13 @@
 //!   exactly once. A lapsed claim uses no attempt (a worker may die holding jobs it claimed
 //!   ahead and never started) but counts as a lapse; [`jobs::MAX_LAPSES`] of them make a job
 //!   dead, so a job that takes its worker down every time cannot loop forever.
+//! - **A worker runs only kinds it has handlers for.** Its claim asks for those kinds in
+//!   SQL: jobs of other kinds (a rolling deploy, a mixed fleet) wait for their own workers,
+//!   never claimed, their attempts untouched.
+//! - **A snooze uses no attempt, within a bound.** A handler's
+//!   [`JobError::snooze`](worker::JobError::snooze) puts its job back without using an
+//!   attempt, [`jobs::MAX_FREE_SNOOZES`] times at most; later snoozes use attempts, so a job
+//!   cannot snooze forever unnoticed.
 //! - **A run ends when its handler returns.** A worker records a run (and frees the job's
 //!   concurrency-limit slot) only then: a run past its timeout or whose job was cancelled
 //!   keeps its claim, renewed, while the handler runs, so no second run of the job starts

@@ -26,7 +26,7 @@
 //! assert!(send_welcome(&testing::job_context::<Welcome>(), Welcome { to: "".into() }).unwrap_err().is_dead());
 //!
 //! // What the code under test enqueued, then run it inline.
-//! let pool = dibs::Pool::open(":memory:")?;
+//! let pool = dibs::Pool::options().max_size(1).open(":memory:")?;
 //! dibs::run_migrations(&mut pool.get()?)?;
 //! jobs::enqueue_job(&mut pool.get()?, &Welcome { to: "ada@example.com".into() })?;
 //! testing::assert_enqueued(&mut pool.get()?, &Welcome { to: "ada@example.com".into() });

@@ -177,3 +177,53 @@ impl JobContext {
         (self.claimed_at - self.due_at).to_std().unwrap_or_default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io() -> Result<(), JobError> {
+        std::fs::read("/a/path/that/does/not/exist")?;
+        Ok(())
+    }
+    fn text() -> Result<(), JobError> {
+        Err(format!("a {}", "String"))?
+    }
+    fn str_slice() -> Result<(), JobError> {
+        Err("a &str")?
+    }
+    fn boxed() -> Result<(), JobError> {
+        let error: Box<dyn std::error::Error + Send + Sync> = "a box".into();
+        Err(error)?
+    }
+    fn any() -> Result<(), JobError> {
+        Err(anyhow::anyhow!("an anyhow"))?
+    }
+    fn dibs_error() -> Result<(), JobError> {
+        Err(crate::Error::invalid("queue", "bad"))?
+    }
+
+    #[test]
+    fn question_mark_makes_a_retry_from_any_error() {
+        for (result, text) in [
+            (io(), "No such file"),
+            (text(), "a String"),
+            (str_slice(), "a &str"),
+            (boxed(), "a box"),
+            (any(), "an anyhow"),
+            (dibs_error(), "bad"),
+        ] {
+            let error = result.unwrap_err();
+            assert_eq!(error.action, Action::Retry, "{error:?}");
+            assert!(error.message().contains(text), "{error:?}");
+        }
+    }
+
+    #[test]
+    fn snooze_is_bounded_to_the_longest_delay_stored() {
+        let error = JobError::snooze(Duration::from_secs(400 * 24 * 3600));
+        assert_eq!(error.snoozed_for(), Some(crate::MAX_TTL));
+        assert!(!error.is_dead());
+        assert!(JobError::dead("x").is_dead());
+    }
+}

@@ -12,32 +12,42 @@
 //! recording leaves the job running under its claim: it is rescued when the claim lapses,
 //! never lost.
 //!
+//! A worker claims only jobs of kinds it has handlers for: jobs of other kinds wait for
+//! their own workers, attempts untouched. Every recorded run is an [`Event`] (to hooks,
+//! `tracing`, and metrics with the feature): see [`crate::events`].
+//!
 //! ```
 //! # fn main() -> Result<(), dibs::Error> {
 //! # let dir = tempfile::tempdir().unwrap();
 //! # let url = dir.path().join("app.db").display().to_string();
 //! use std::time::Duration;
-//! use dibs::jobs::{self, NewJob};
+//! use dibs::jobs::{self, JobArgs};
 //! use dibs::worker::{JobContext, JobError, Worker};
 //!
-//! #[derive(serde::Deserialize)]
+//! #[derive(serde::Serialize, serde::Deserialize)]
 //! struct Welcome { to: String }
+//! impl JobArgs for Welcome {
+//!     const KIND: &'static str = "welcome";
+//!     const QUEUE: &'static str = "mail";
+//! }
 //!
 //! let pool = dibs::Pool::open(&url)?;
 //! dibs::run_migrations(&mut pool.get()?)?;
-//! jobs::enqueue(&mut pool.get()?, &NewJob::json("mail", "welcome", &serde_json::json!({"to": "ada"}))?)?;
+//! jobs::enqueue_job(&mut pool.get()?, &Welcome { to: "ada".into() })?;
 //!
 //! let worker = Worker::builder(pool.clone())
-//!     .queue("mail")
 //!     .threads(2)
-//!     .handler("welcome", |_ctx: &JobContext, job: Welcome| {
+//!     .register(|_ctx: &JobContext, job: Welcome| {
 //!         if job.to.is_empty() {
-//!             return Err(JobError::fail("no recipient"));
+//!             return Err(JobError::dead("no recipient"));
 //!         }
 //!         Ok(()) // send it
 //!     })
 //!     .start()?;
-//! # std::thread::sleep(Duration::from_millis(300));
+//! # let until = std::time::Instant::now() + Duration::from_secs(30);
+//! # while worker.report().completed < 1 && std::time::Instant::now() < until {
+//! #     std::thread::sleep(Duration::from_millis(10));
+//! # }
 //! let report = worker.shutdown(Duration::from_secs(5));
 //! # assert_eq!(report.completed, 1);
 //! # Ok(()) }
