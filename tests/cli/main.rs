@@ -14,6 +14,7 @@ use support::{TestDb, conformance};
 
 mod lease_run;
 mod lease_run_attacks;
+mod work_logs;
 
 conformance!(
     the_command_runs_and_steers_the_queue,

@@ -69,6 +69,7 @@ fn init_logging(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(true);
     // A second subscriber (a test calling twice) is refused: keep the first.
     let _ = match format {
@@ -133,20 +134,27 @@ pub fn run(url: &str, args: WorkArgs) -> Outcome {
         builder = builder.queue(queue.as_str());
     }
     let worker = builder.start()?;
-    eprintln!(
-        "dibs work: running `{SHELL}` jobs of {} on {threads} threads; Ctrl-C to stop",
+    say(&format!(
+        "running `{SHELL}` jobs of {} on {threads} threads; Ctrl-C to stop",
         args.queues.join(", ")
-    );
+    ));
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(100));
     }
-    eprintln!("dibs work: stopping (grace {grace:?})");
+    say(&format!("stopping (grace {grace:?})"));
     let report = worker.shutdown(grace);
-    eprintln!(
-        "dibs work: {} completed, {} retried, {} dead, {} given back",
-        report.completed, report.retried, report.dead, report.given_back
-    );
+    say(&format!(
+        "{} completed, {} retried, {} snoozed, {} dead, {} given back",
+        report.completed, report.retried, report.snoozed, report.dead, report.given_back
+    ));
     Ok(())
+}
+
+/// A status line on stderr, ignoring a stderr that is gone (a closed pipe): the worker's
+/// exit status must not become a panic's.
+fn say(text: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "dibs work: {text}");
 }
 
 /// Runs one command in its own process group (a terminal's Ctrl-C reaches the worker, which
