@@ -435,6 +435,9 @@ pub(crate) struct Syntax {
     /// planner might otherwise pick another (SQLite's skip-scan plus a sort; MySQL, whose
     /// locking reads must follow the index order). PostgreSQL has no hints and needs none.
     pub claim_index: &'static str,
+    /// `{claim_kind_index}`: the same for a claim of some kinds, which the kind-leading claim
+    /// index serves (one range per kind, in claim order within it).
+    pub claim_kind_index: &'static str,
 }
 
 /// The database's clock, as each backend's `database_now` reads it.
@@ -459,6 +462,7 @@ impl Syntax {
             .replace("{skip_locked}", self.skip_locked)
             .replace("{random_token}", self.random_token)
             .replace("{claim_index}", self.claim_index)
+            .replace("{claim_kind_index}", self.claim_kind_index)
     }
 }
 

@@ -280,6 +280,10 @@ pub struct ClaimedJob {
     pub token: Uuid,
     /// When it was due.
     pub due_at: DateTime<Utc>,
+    /// When it was enqueued (database clock).
+    pub created_at: DateTime<Utc>,
+    /// When this claim was made (database clock).
+    pub claimed_at: DateTime<Utc>,
     /// When the claim lapses unless renewed (database clock).
     pub claim_expires_at: DateTime<Utc>,
 }
@@ -310,6 +314,8 @@ impl ClaimedJob {
             claim_expires_at: row
                 .claim_expires_at
                 .ok_or_else(|| broken("a claim expiry"))?,
+            claimed_at: row.claimed_at.ok_or_else(|| broken("a claim time"))?,
+            created_at: row.created_at,
             id: row.id,
             queue: row.queue,
             kind: row.kind,
@@ -373,6 +379,10 @@ pub struct Job {
     /// When a cancel was asked for while it ran: it stays running until its worker stops the
     /// run (or the claim lapses), then it is cancelled.
     pub cancel_requested_at: Option<DateTime<Utc>>,
+    /// How often its runs were snoozed ([`super::snooze`]); past
+    /// [`super::MAX_FREE_SNOOZES`] a snooze uses an attempt.
+    #[diesel(deserialize_as = i32)]
+    pub snoozes: u32,
 }
 
 /// What a call about one claimed job did.
@@ -471,8 +481,12 @@ pub(crate) struct JobRow {
     pub max_attempts: i32,
     #[diesel(sql_type = Instant)]
     pub due_at: DateTime<Utc>,
+    #[diesel(sql_type = Instant)]
+    pub created_at: DateTime<Utc>,
     #[diesel(sql_type = Nullable<Token>)]
     pub claim_token: Option<Uuid>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub claimed_at: Option<DateTime<Utc>>,
     #[diesel(sql_type = Nullable<Instant>)]
     pub claim_expires_at: Option<DateTime<Utc>>,
 }
@@ -490,6 +504,8 @@ pub(crate) struct StateRow {
     pub attempt: i32,
     #[diesel(sql_type = Integer)]
     pub max_attempts: i32,
+    #[diesel(sql_type = Integer)]
+    pub snoozes: i32,
     #[diesel(sql_type = Nullable<Instant>)]
     pub cancel_requested_at: Option<DateTime<Utc>>,
 }
