@@ -345,7 +345,11 @@ mod tests {
         assert!(sql(1).starts_with("SELECT ? WHERE kind IN (?) LIMIT ?"));
         assert!(sql(2).starts_with("SELECT ? WHERE kind IN (?, ?, ?, ?) LIMIT ?"));
         // Padding repeats the last name; the binds follow the placeholders' order.
-        assert!(sql(2).ends_with(r#"["q", "k0", "k1", "k1", "k1", 10]"#), "{}", sql(2));
+        assert!(
+            sql(2).ends_with(r#"["q", "k0", "k1", "k1", "k1", 10]"#),
+            "{}",
+            sql(2)
+        );
         let shapes: std::collections::HashSet<usize> =
             (1..=1000).map(|n| sql(n).matches('?').count()).collect();
         assert_eq!(shapes.len(), 6);

@@ -8,9 +8,7 @@ use diesel::sql_types::{BigInt, Integer, Text};
 
 use super::finish::record_error;
 use super::model::{Candidate, IdRow, IdStateRow, JobRow, LockedClaim};
-use super::{
-    ClaimedJob, JobState, MAX_KINDS, MAX_LAPSES, Rescued, check_limit, ids_of, manage,
-};
+use super::{ClaimedJob, JobState, MAX_KINDS, MAX_LAPSES, Rescued, check_limit, ids_of, manage};
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::transaction::bare_write_transaction;
@@ -196,7 +194,9 @@ fn claim_of<C: DibsConnection>(
     let micros = validate::ttl(ttl)?;
     let limit = check_limit(limit)?;
     let pick = match kinds {
-        None => CLAIM_PICK.replace("{index}", "{claim_index}").replace("{kinds}", ""),
+        None => CLAIM_PICK
+            .replace("{index}", "{claim_index}")
+            .replace("{kinds}", ""),
         Some(_) => CLAIM_PICK
             .replace("{index}", "{claim_kind_index}")
             .replace("{kinds}", KINDS_FILTER),

@@ -84,7 +84,10 @@ enum Finish<'a> {
     GiveBack,
     /// Due again after this many microseconds.
     Snooze(i64),
-    Fail { error: &'a str, retry: Retry },
+    Fail {
+        error: &'a str,
+        retry: Retry,
+    },
 }
 
 impl Finish<'_> {
@@ -406,7 +409,11 @@ pub fn fail<C: DibsConnection>(
 /// assert!(jobs::claim(&mut conn, "sync", 1, Duration::from_secs(60))?.is_empty());
 /// # Ok(()) }
 /// ```
-pub fn snooze<C: DibsConnection>(conn: &mut C, claim: JobClaim, delay: Duration) -> Result<Outcome> {
+pub fn snooze<C: DibsConnection>(
+    conn: &mut C,
+    claim: JobClaim,
+    delay: Duration,
+) -> Result<Outcome> {
     let micros = validate::delay_micros(delay)?;
     let outcomes = finish(conn, &[claim], Finish::Snooze(micros))?;
     Ok(outcomes.into_iter().next().unwrap_or(Outcome::Lost))
