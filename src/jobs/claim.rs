@@ -35,14 +35,15 @@ const CLAIM_PICK: &str = "\
           SELECT r.limit_key FROM dibs_jobs r \
           WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
           GROUP BY r.limit_key HAVING COUNT(*) >= MIN(r.limit_max))) \
-    ORDER BY priority, due_at, id LIMIT ?{skip_locked}";
+    ORDER BY {order} LIMIT ?{skip_locked}";
 
 /// A claim of some kinds: the pick also filters on the kind (a bound list, padded like the id
 /// lists, see `backend::statement`), served by `dibs_jobs_claim_kind`
 /// `(queue, [state,] kind, priority, due_at, id)`: one kind is one range of it, read in claim
 /// order, so waiting jobs of other kinds are never read nor locked however many sit ahead.
-/// Several kinds are one range each, merged into claim order by the database (a sort of the
-/// listed kinds' due jobs; see BENCHMARKS.md).
+/// Several kinds are one range each, put in claim order by a sort of the listed kinds' due
+/// jobs (`Syntax::several_kinds_order`); on MySQL/MariaDB that read locks the rows it sorts
+/// until the claim commits (others' claims skip them meanwhile).
 const KINDS_FILTER: &str = " AND kind IN {names}";
 
 /// Claim, step 2, per limit key among the candidates (in key order, so claimers never wait
@@ -193,17 +194,22 @@ fn claim_of<C: DibsConnection>(
     validate::name("queue", queue)?;
     let micros = validate::ttl(ttl)?;
     let limit = check_limit(limit)?;
-    let pick = match kinds {
-        None => CLAIM_PICK
-            .replace("{index}", "{claim_index}")
-            .replace("{kinds}", ""),
-        Some(_) => CLAIM_PICK
-            .replace("{index}", "{claim_kind_index}")
-            .replace("{kinds}", KINDS_FILTER),
-    };
     let rows: Vec<JobRow> = dispatch!(conn, c => {
         bare_write_transaction(c, "claiming jobs", |c| {
             let syntax = c.syntax();
+            let pick = match kinds {
+                None => CLAIM_PICK
+                    .replace("{index}", "{claim_index}")
+                    .replace("{kinds}", "")
+                    .replace("{order}", "priority, due_at, id"),
+                Some(kinds) => CLAIM_PICK
+                    .replace("{index}", "{claim_kind_index}")
+                    .replace("{kinds}", KINDS_FILTER)
+                    .replace("{order}", match kinds.len() {
+                        1 => "priority, due_at, id",
+                        _ => syntax.several_kinds_order,
+                    }),
+            };
             // A paused queue yields no candidates (the pick's NOT EXISTS), in the same
             // statement: no extra round trip on the hot path.
             let pick = statement(syntax.render(&pick)).bind::<Text, _>(queue);
