@@ -10,8 +10,16 @@
 //!   --samples N       enqueue -> start samples for the latency workload (default 200)
 //!   --scale           also drain with 1,000,000 finished and with 100,000 waiting jobs
 //!   --prefetch N      the workers' prefetch (default: the builder's, 100)
-//!   --only LIST       workloads to run, e.g. `C,D` (default: all)
+//!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; K and L only when listed)
+//!   --kind-index leading|appended   K/L: the kind index as migrated (leading: `(queue,
+//!                     [state,] kind, priority, due_at, id)`), or replaced by the claim index
+//!                     with kind appended `(queue, [state,] priority, due_at, id, kind)`
 //! ```
+//!
+//! K and L (kinds behind a backlog): 100,000 due jobs of kind B wait ahead of N jobs of the
+//! kinds claimed (by priority), with no worker for B; one connection claims (10 at a time)
+//! and completes until the claimed kinds are drained. K claims one kind (A), L two (A and C,
+//! half of N each). p50/p95 are per `claim_kinds` call.
 //!
 //! Servers: `DIBS_TEST_POSTGRES_URL` / `DIBS_TEST_MYSQL_URL` (defaulting to the local
 //! services); each run gets a database of its own, dropped afterwards. SQLite runs on a file
@@ -38,6 +46,7 @@ struct Options {
     scale: bool,
     prefetch: Option<usize>,
     only: Vec<char>,
+    appended_kind_index: bool,
 }
 
 fn parse_options() -> Result<Options, String> {
@@ -51,6 +60,7 @@ fn parse_options() -> Result<Options, String> {
         scale: false,
         prefetch: None,
         only: vec!['A', 'B', 'C', 'D'],
+        appended_kind_index: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -82,6 +92,13 @@ fn parse_options() -> Result<Options, String> {
                     .filter_map(|w| w.trim().chars().next())
                     .map(|c| c.to_ascii_uppercase())
                     .collect()
+            }
+            "--kind-index" => {
+                options.appended_kind_index = match args.next().unwrap_or_default().as_str() {
+                    "leading" => false,
+                    "appended" => true,
+                    other => return Err(format!("unknown --kind-index {other:?}")),
+                }
             }
             "--backend" => {
                 let name = args.next().unwrap_or_default();
@@ -461,6 +478,58 @@ fn latency(backend: Backend, options: &Options) -> Figures {
     with_latencies(0.0, latencies)
 }
 
+/// K / L. Claims of `kinds` (N jobs, spread over them) behind 100,000 due jobs of kind B
+/// ahead of them by priority, on one connection, 10 per claim, each batch completed.
+fn kinds_backlog(backend: Backend, options: &Options, kinds: &[&str]) -> Figures {
+    const BACKLOG: usize = 100_000;
+    let db = BenchDb::new(backend);
+    let mut conn = db.connect();
+    if options.appended_kind_index {
+        conn.batch_execute(match backend {
+            Backend::Mysql => {
+                "ALTER TABLE dibs_jobs DROP INDEX dibs_jobs_claim_kind, \
+                 ADD INDEX dibs_jobs_claim_kind (queue, state, priority, due_at, id, kind)"
+            }
+            _ => {
+                "DROP INDEX dibs_jobs_claim_kind; \
+                 CREATE INDEX dibs_jobs_claim_kind ON dibs_jobs (queue, priority, due_at, id, kind) \
+                 WHERE state = 'waiting'"
+            }
+        })
+        .expect("replace the kind index");
+    }
+    let mut left = BACKLOG;
+    while left > 0 {
+        let now = left.min(10_000);
+        let backlog: Vec<NewJob> = (0..now)
+            .map(|_| NewJob::new("bench", "B", vec![b'x'; options.payload]).priority(-1))
+            .collect();
+        jobs::enqueue_many(&mut conn, &backlog).expect("fill the backlog");
+        left -= now;
+    }
+    let wanted: Vec<NewJob> = (0..options.jobs)
+        .map(|i| NewJob::new("bench", kinds[i % kinds.len()], vec![b'x'; options.payload]))
+        .collect();
+    for chunk in wanted.chunks(10_000) {
+        jobs::enqueue_many(&mut conn, chunk).expect("fill");
+    }
+    settle(backend, &mut conn);
+    let ttl = Duration::from_secs(60);
+    let mut latencies = Vec::new();
+    let (mut done, started) = (0, Instant::now());
+    while done < options.jobs {
+        let t = Instant::now();
+        let claimed = jobs::claim_kinds(&mut conn, "bench", kinds, 10, ttl).expect("claim");
+        latencies.push(t.elapsed());
+        assert!(!claimed.is_empty(), "the claimed kinds ran out early");
+        assert!(claimed.iter().all(|j| j.kind != "B"), "a B job was claimed");
+        let claims: Vec<_> = claimed.iter().map(|j| j.claim()).collect();
+        jobs::complete(&mut conn, &claims).expect("complete");
+        done += claimed.len();
+    }
+    with_latencies(done as f64 / started.elapsed().as_secs_f64(), latencies)
+}
+
 /// Idle worker CPU use (fraction of one core) per latency run.
 static IDLE_CPU: Mutex<Vec<(Backend, f64)>> = Mutex::new(Vec::new());
 
@@ -608,6 +677,25 @@ fn main() {
             row(
                 "D. enqueue -> start, idle worker",
                 runs(&|| latency(backend, &options)),
+                None,
+            );
+        }
+        let index = if options.appended_kind_index {
+            "kind appended to the claim index"
+        } else {
+            "kind-leading index"
+        };
+        if wanted('K') {
+            row(
+                &format!("K. claim 1 kind behind 100,000 others, {index}"),
+                runs(&|| kinds_backlog(backend, &options, &["A"])),
+                None,
+            );
+        }
+        if wanted('L') {
+            row(
+                &format!("L. claim 2 kinds behind 100,000 others, {index}"),
+                runs(&|| kinds_backlog(backend, &options, &["A", "C"])),
                 None,
             );
         }

@@ -104,6 +104,8 @@ diesel::table! {
         lapses -> Integer,
         /// When a cancel was asked for while it ran.
         cancel_requested_at -> Nullable<Instant>,
+        /// How often its runs were snoozed ([`snooze`](crate::jobs::snooze)).
+        snoozes -> Integer,
     }
 }
 

@@ -435,6 +435,14 @@ pub(crate) struct Syntax {
     /// planner might otherwise pick another (SQLite's skip-scan plus a sort; MySQL, whose
     /// locking reads must follow the index order). PostgreSQL has no hints and needs none.
     pub claim_index: &'static str,
+    /// `{claim_kind_index}`: the same for a claim of some kinds, which the kind-leading claim
+    /// index serves (one range per kind, in claim order within it).
+    pub claim_kind_index: &'static str,
+    /// The ORDER BY of a claim of several kinds (the same order as a claim's). PostgreSQL
+    /// writes it so that no index can provide it (`priority + 0`): otherwise its planner may
+    /// read the claim index in order and check each row's kind in the table, through every
+    /// waiting job of other kinds ahead, instead of the kind index's few ranges and a sort.
+    pub several_kinds_order: &'static str,
 }
 
 /// The database's clock, as each backend's `database_now` reads it.
@@ -459,6 +467,7 @@ impl Syntax {
             .replace("{skip_locked}", self.skip_locked)
             .replace("{random_token}", self.random_token)
             .replace("{claim_index}", self.claim_index)
+            .replace("{claim_kind_index}", self.claim_kind_index)
     }
 }
 

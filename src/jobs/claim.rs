@@ -8,15 +8,15 @@ use diesel::sql_types::{BigInt, Integer, Text};
 
 use super::finish::record_error;
 use super::model::{Candidate, IdRow, IdStateRow, JobRow, LockedClaim};
-use super::{ClaimedJob, JobState, MAX_LAPSES, Rescued, check_limit, ids_of, manage};
+use super::{ClaimedJob, JobState, MAX_KINDS, MAX_LAPSES, Rescued, check_limit, ids_of, manage};
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::transaction::bare_write_transaction;
-use crate::{DibsConnection, Result, validate};
+use crate::{DibsConnection, Error, Result, validate};
 
 /// What a claim reads back of the jobs it claimed ([`model::JobRow`]).
 const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_attempts, \
-    due_at, created_at, claimed_at, claim_token, claim_expires_at";
+    due_at, created_at, claim_token, claimed_at, claim_expires_at";
 
 /// Claim, step 1 of 3: lock the jobs to claim, in order, skipping rows other claimers hold
 /// (SQLite: the IMMEDIATE transaction serializes claimers). Nothing from a paused queue.
@@ -26,16 +26,25 @@ const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_
 /// counts is only a filter (step 2 decides under the key's lock). The index on
 /// `(queue, [state,] priority, due_at, id)` serves filter and order, so InnoDB reads (and
 /// locks) only the rows it returns. MySQL rejects LIMIT in an `IN (subquery)`, hence
-/// separate statements.
+/// separate statements. `{kinds}` is empty for a claim of any kind (see [`KINDS_FILTER`]).
 const CLAIM_PICK: &str = "\
-    SELECT id, limit_key, limit_max FROM dibs_jobs{claim_index} \
-    WHERE queue = ? AND state = 'waiting' AND due_at <= {now} \
+    SELECT id, limit_key, limit_max FROM dibs_jobs{index} \
+    WHERE queue = ? AND state = 'waiting' AND due_at <= {now}{kinds} \
       AND NOT EXISTS (SELECT 1 FROM dibs_queue_pauses p WHERE p.queue = ?) \
       AND (limit_key IS NULL OR limit_key NOT IN ( \
           SELECT r.limit_key FROM dibs_jobs r \
           WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
           GROUP BY r.limit_key HAVING COUNT(*) >= MIN(r.limit_max))) \
-    ORDER BY priority, due_at, id LIMIT ?{skip_locked}";
+    ORDER BY {order} LIMIT ?{skip_locked}";
+
+/// A claim of some kinds: the pick also filters on the kind (a bound list, padded like the id
+/// lists, see `backend::statement`), served by `dibs_jobs_claim_kind`
+/// `(queue, [state,] kind, priority, due_at, id)`: one kind is one range of it, read in claim
+/// order, so waiting jobs of other kinds are never read nor locked however many sit ahead.
+/// Several kinds are one range each, put in claim order by a sort of the listed kinds' due
+/// jobs (`Syntax::several_kinds_order`); on MySQL/MariaDB that read locks the rows it sorts
+/// until the claim commits (others' claims skip them meanwhile).
+const KINDS_FILTER: &str = " AND kind IN {names}";
 
 /// Claim, step 2, per limit key among the candidates (in key order, so claimers never wait
 /// on each other in a cycle): take the key's lock (an upsert locks its row until commit),
@@ -104,9 +113,81 @@ const RESCUE_LOCK: &str = "SELECT id, state, claim_expires_at, {now} AS db_now F
 /// `SELECT ... FOR UPDATE SKIP LOCKED` of the ids in order (no locking clause on SQLite),
 /// the concurrency limits of any limit keys among them decided under each key's lock, then
 /// `UPDATE` by that id list (`RETURNING` on PostgreSQL and SQLite, a read back on MySQL).
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use std::time::Duration;
+/// use dibs::jobs::{self, NewJob};
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// dibs::run_migrations(&mut conn)?;
+/// jobs::enqueue(&mut conn, &NewJob::new("mail", "welcome", vec![]))?;
+/// let claimed = jobs::claim(&mut conn, "mail", 10, Duration::from_secs(60))?;
+/// assert_eq!(claimed.len(), 1);
+/// assert!(claimed[0].claimed_at >= claimed[0].created_at);
+/// # Ok(()) }
+/// ```
 pub fn claim<C: DibsConnection>(
     conn: &mut C,
     queue: &str,
+    limit: usize,
+    ttl: Duration,
+) -> Result<Vec<ClaimedJob>> {
+    claim_of(conn, queue, None, limit, ttl)
+}
+
+/// Like [`claim`], taking only jobs whose kind is one of `kinds` (1 to [`MAX_KINDS`]; repeats
+/// are harmless), still in the queue's order: by priority, then due time, then id, across
+/// the kinds given. Jobs of other kinds are never claimed, locked or changed, however many
+/// of them wait ahead (the pick reads an index on `(queue, kind, ...)`: one range per kind).
+/// An empty list, more than [`MAX_KINDS`] kinds or an invalid name is [`Error::InvalidInput`],
+/// before any statement.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use std::time::Duration;
+/// use dibs::jobs::{self, NewJob};
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// dibs::run_migrations(&mut conn)?;
+/// jobs::enqueue(&mut conn, &NewJob::new("media", "video", vec![]))?;
+/// let thumb = jobs::enqueue(&mut conn, &NewJob::new("media", "thumbnail", vec![]))?.id;
+/// let claimed = jobs::claim_kinds(&mut conn, "media", &["thumbnail"], 10, Duration::from_secs(60))?;
+/// assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![thumb]);
+/// # Ok(()) }
+/// ```
+///
+/// [`Error::InvalidInput`]: crate::Error::InvalidInput
+pub fn claim_kinds<C: DibsConnection, K: AsRef<str>>(
+    conn: &mut C,
+    queue: &str,
+    kinds: &[K],
+    limit: usize,
+    ttl: Duration,
+) -> Result<Vec<ClaimedJob>> {
+    if kinds.is_empty() {
+        return Err(Error::invalid("kinds", "an empty list"));
+    }
+    if kinds.len() > MAX_KINDS {
+        return Err(Error::invalid(
+            "kinds",
+            format!("{} kinds, the most is {MAX_KINDS}", kinds.len()),
+        ));
+    }
+    let mut names: Vec<&str> = Vec::with_capacity(kinds.len());
+    for kind in kinds {
+        validate::name("kind", kind.as_ref())?;
+        names.push(kind.as_ref());
+    }
+    // One statement shape per list length, and a repeat is harmless in IN: sorted, unique.
+    names.sort_unstable();
+    names.dedup();
+    claim_of(conn, queue, Some(&names), limit, ttl)
+}
+
+/// [`claim`], of the given kinds only (`Some`, validated and non-empty) or of any kind.
+fn claim_of<C: DibsConnection>(
+    conn: &mut C,
+    queue: &str,
+    kinds: Option<&[&str]>,
     limit: usize,
     ttl: Duration,
 ) -> Result<Vec<ClaimedJob>> {
@@ -116,13 +197,33 @@ pub fn claim<C: DibsConnection>(
     let rows: Vec<JobRow> = dispatch!(conn, c => {
         bare_write_transaction(c, "claiming jobs", |c| {
             let syntax = c.syntax();
+            let pick = match kinds {
+                None => CLAIM_PICK
+                    .replace("{index}", "{claim_index}")
+                    .replace("{kinds}", "")
+                    .replace("{order}", "priority, due_at, id"),
+                Some(kinds) => CLAIM_PICK
+                    .replace("{index}", "{claim_kind_index}")
+                    .replace("{kinds}", KINDS_FILTER)
+                    .replace("{order}", match kinds.len() {
+                        1 => "priority, due_at, id",
+                        _ => syntax.several_kinds_order,
+                    }),
+            };
             // A paused queue yields no candidates (the pick's NOT EXISTS), in the same
             // statement: no extra round trip on the hot path.
-            let candidates = statement(syntax.render(CLAIM_PICK))
-                .bind::<Text, _>(queue)
-                .bind::<Text, _>(queue)
-                .bind::<BigInt, _>(limit)
-                .load::<Candidate>(c)?;
+            let pick = statement(syntax.render(&pick)).bind::<Text, _>(queue);
+            let candidates = match kinds {
+                None => pick
+                    .bind::<Text, _>(queue)
+                    .bind::<BigInt, _>(limit)
+                    .load::<Candidate>(c)?,
+                Some(kinds) => pick
+                    .bind_names(kinds.iter().copied())
+                    .bind::<Text, _>(queue)
+                    .bind::<BigInt, _>(limit)
+                    .load::<Candidate>(c)?,
+            };
             let ids = within_limits(c, candidates)?;
             if ids.is_empty() {
                 return Ok(Vec::new());

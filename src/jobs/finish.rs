@@ -1,4 +1,5 @@
-//! Finishing claims: complete, fail, renew and give back, each fenced by its claim token.
+//! Finishing claims: complete, fail, renew, give back and snooze, each fenced by its claim
+//! token.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -8,7 +9,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
 use super::model::{IdRow, StateRow};
-use super::{JobClaim, JobState, MAX_BATCH, MAX_ERROR_BYTES, Outcome, Retry};
+use super::{JobClaim, JobState, MAX_BATCH, MAX_ERROR_BYTES, MAX_FREE_SNOOZES, Outcome, Retry};
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
 use crate::sql_types::Instant;
@@ -16,7 +17,7 @@ use crate::{DibsConnection, Error, Result, transaction, validate};
 
 /// Finishing calls lock the rows they are about, then decide per job.
 const LOCK_STATES: &str = "\
-    SELECT id, state, claim_token, attempt, max_attempts, cancel_requested_at \
+    SELECT id, state, claim_token, attempt, max_attempts, snoozes, cancel_requested_at \
     FROM dibs_jobs WHERE id IN {ids}{for_update}";
 
 /// A run of a job asked to cancel ends: the job is cancelled (not completed, failed or given
@@ -35,6 +36,24 @@ const RENEW: &str = "UPDATE dibs_jobs SET claim_expires_at = {now+ttl} WHERE id 
 const GIVE_BACK: &str = "\
     UPDATE dibs_jobs SET state = 'waiting', attempt = attempt - 1, due_at = {now}, \
         claim_expires_at = NULL \
+    WHERE id IN {ids}";
+
+/// Snooze, within the free snoozes: due again at now + the delay, and the run does not count.
+const SNOOZE_FREE: &str = "\
+    UPDATE dibs_jobs SET state = 'waiting', attempt = attempt - 1, snoozes = snoozes + 1, \
+        due_at = {now+ttl}, claim_expires_at = NULL \
+    WHERE id IN {ids}";
+
+/// Snooze past the free snoozes, attempts left: due again at now + the delay; the run counts.
+const SNOOZE_PAID: &str = "\
+    UPDATE dibs_jobs SET state = 'waiting', snoozes = snoozes + 1, due_at = {now+ttl}, \
+        claim_expires_at = NULL \
+    WHERE id IN {ids}";
+
+/// Snooze past the free snoozes by a job out of attempts: dead.
+const SNOOZE_DEAD: &str = "\
+    UPDATE dibs_jobs SET state = 'dead', snoozes = snoozes + 1, finished_at = {now}, \
+        last_error = ?, claim_expires_at = NULL \
     WHERE id IN {ids}";
 
 const FAIL_RETRY: &str = "\
@@ -63,7 +82,12 @@ enum Finish<'a> {
     Complete,
     Renew(i64),
     GiveBack,
-    Fail { error: &'a str, retry: Retry },
+    /// Due again after this many microseconds.
+    Snooze(i64),
+    Fail {
+        error: &'a str,
+        retry: Retry,
+    },
 }
 
 impl Finish<'_> {
@@ -72,7 +96,9 @@ impl Finish<'_> {
         match self {
             Finish::Complete => state == JobState::Completed,
             Finish::GiveBack => state == JobState::Waiting,
-            Finish::Fail { .. } => matches!(state, JobState::Waiting | JobState::Dead),
+            Finish::Fail { .. } | Finish::Snooze(_) => {
+                matches!(state, JobState::Waiting | JobState::Dead)
+            }
             Finish::Renew(_) => false,
         }
     }
@@ -167,7 +193,7 @@ fn apply_finish<C: DibsConnection>(
         Finish::Complete => Some((COMPLETE, None)),
         Finish::GiveBack => Some((GIVE_BACK, None)),
         Finish::Renew(micros) => Some((RENEW, Some(*micros))),
-        Finish::Fail { .. } => None,
+        Finish::Fail { .. } | Finish::Snooze(_) => None,
     };
     match (batch_update, finish) {
         (Some((template, micros)), _) => {
@@ -180,6 +206,11 @@ fn apply_finish<C: DibsConnection>(
             })?;
         }
         (None, Finish::Complete | Finish::GiveBack | Finish::Renew(_)) => {}
+        (None, Finish::Snooze(micros)) => {
+            for row in rows {
+                apply_snooze(conn, row, *micros)?;
+            }
+        }
         (None, Finish::Fail { error, retry }) => {
             let error = storable(error);
             let error = truncate(&error, MAX_ERROR_BYTES);
@@ -215,6 +246,34 @@ fn apply_finish<C: DibsConnection>(
         }
     }
     Ok(())
+}
+
+/// Snoozes one claimed job: free (the attempt given back) for its first
+/// [`MAX_FREE_SNOOZES`] snoozes, then the run counts, and a job out of attempts is dead.
+fn apply_snooze<C: DibsConnection>(conn: &mut C, row: &StateRow, micros: i64) -> Result<()> {
+    let snoozes = i64::from(row.snoozes) + 1;
+    if row.snoozes < MAX_FREE_SNOOZES as i32 || row.attempt < row.max_attempts {
+        let template = if row.snoozes < MAX_FREE_SNOOZES as i32 {
+            SNOOZE_FREE
+        } else {
+            SNOOZE_PAID
+        };
+        dispatch!(conn, c => {
+            statement(c.syntax().render(template))
+                .bind::<BigInt, _>(micros)
+                .bind_ids([row.id])
+                .execute(c)
+        })?;
+        return Ok(());
+    }
+    let error = format!("snoozed {snoozes} times; out of attempts");
+    dispatch!(conn, c => {
+        statement(c.syntax().render(SNOOZE_DEAD))
+            .bind::<Text, _>(error.as_str())
+            .bind_ids([row.id])
+            .execute(c)
+    })?;
+    record_error(conn, row.id, Some(row.attempt), &error)
 }
 
 /// Keeps the error of a failed run in the job's history (`attempt` None: the job's current
@@ -323,5 +382,39 @@ pub fn fail<C: DibsConnection>(
 ) -> Result<Outcome> {
     validate::retry(&retry)?;
     let outcomes = finish(conn, &[claim], Finish::Fail { error, retry })?;
+    Ok(outcomes.into_iter().next().unwrap_or(Outcome::Lost))
+}
+
+/// Puts a claimed job back for later: waiting again, due at the database's now + `delay`
+/// (zero: at once), its claim ended. The run does not use an attempt, for the job's first
+/// [`MAX_FREE_SNOOZES`] snoozes (counted in [`Job::snoozes`](super::Job::snoozes)); every
+/// further snooze uses one, and a job whose attempts are then used up is dead, with the error
+/// "snoozed N times; out of attempts". Fenced by the claim's token like [`fail`]: a repeat
+/// of the call answers [`Outcome::AlreadyDone`], a lost claim [`Outcome::Lost`], a job asked
+/// to cancel is cancelled ([`Outcome::Cancelled`]). A `delay` longer than 366 days is
+/// [`Error::InvalidInput`], before any statement.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use std::time::Duration;
+/// use dibs::jobs::{self, NewJob, Outcome};
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// dibs::run_migrations(&mut conn)?;
+/// let id = jobs::enqueue(&mut conn, &NewJob::new("sync", "account", vec![]))?.id;
+/// let job = jobs::claim(&mut conn, "sync", 1, Duration::from_secs(60))?.remove(0);
+/// // The remote side asks us to come back in a minute: no attempt used.
+/// assert_eq!(jobs::snooze(&mut conn, job.claim(), Duration::from_secs(60))?, Outcome::Done);
+/// let stored = jobs::get(&mut conn, id)?.unwrap();
+/// assert_eq!((stored.attempt, stored.snoozes), (0, 1));
+/// assert!(jobs::claim(&mut conn, "sync", 1, Duration::from_secs(60))?.is_empty());
+/// # Ok(()) }
+/// ```
+pub fn snooze<C: DibsConnection>(
+    conn: &mut C,
+    claim: JobClaim,
+    delay: Duration,
+) -> Result<Outcome> {
+    let micros = validate::delay_micros(delay)?;
+    let outcomes = finish(conn, &[claim], Finish::Snooze(micros))?;
     Ok(outcomes.into_iter().next().unwrap_or(Outcome::Lost))
 }

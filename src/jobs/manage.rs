@@ -189,12 +189,14 @@ pub fn retry_dead_of_kind<C: DibsConnection>(
     Ok(changed)
 }
 
-/// A dead job runs again from its first attempt, due at once (database clock).
+/// A dead job runs again from its first attempt (no lapses, no snoozes), due at once
+/// (database clock).
 #[allow(clippy::type_complexity)]
 fn retried() -> (
     diesel::dsl::Eq<crate::schema::dibs_jobs::state, JobState>,
     diesel::dsl::Eq<crate::schema::dibs_jobs::attempt, i32>,
     diesel::dsl::Eq<crate::schema::dibs_jobs::lapses, i32>,
+    diesel::dsl::Eq<crate::schema::dibs_jobs::snoozes, i32>,
     diesel::dsl::Eq<crate::schema::dibs_jobs::due_at, DatabaseNow>,
     diesel::dsl::Eq<crate::schema::dibs_jobs::finished_at, Option<DateTime<Utc>>>,
     diesel::dsl::Eq<crate::schema::dibs_jobs::claim_token, Option<uuid::Uuid>>,
@@ -205,6 +207,7 @@ fn retried() -> (
         state.eq(JobState::Waiting),
         attempt.eq(0),
         lapses.eq(0),
+        snoozes.eq(0),
         due_at.eq(DatabaseNow),
         finished_at.eq(None),
         claim_token.eq(None),

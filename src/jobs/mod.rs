@@ -8,8 +8,8 @@
 //! | operation | connection | notes |
 //! |---|---|---|
 //! | [`enqueue`], [`enqueue_many`] | any, joins the caller's transaction | a rolled-back transaction leaves no job |
-//! | [`claim`] | bare | atomic: no job is ever held by two claimers |
-//! | [`complete`], [`fail`], [`renew`], [`give_back`] | any; inside the caller's transaction they commit with it | fenced by the claim token, one [`Outcome`] per job |
+//! | [`claim`], [`claim_kinds`] | bare | atomic: no job is ever held by two claimers |
+//! | [`complete`], [`fail`], [`renew`], [`give_back`], [`snooze`] | any; inside the caller's transaction they commit with it | fenced by the claim token, one [`Outcome`] per job |
 //! | [`rescue`] | bare | returns stalled jobs (claim lapsed) to the queue, or marks them dead |
 //! | [`get`] | any | a job's state |
 //!
@@ -37,7 +37,6 @@ mod finish;
 mod manage;
 mod model;
 mod retention;
-mod stub_tmp;
 mod typed;
 
 use diesel::prelude::*;
@@ -45,9 +44,9 @@ use diesel::prelude::*;
 use crate::backend::dispatch;
 use crate::{DibsConnection, Error, Result};
 
-pub use claim::{claim, rescue};
+pub use claim::{claim, claim_kinds, rescue};
 pub use enqueue::{INSERT_CHUNK_BYTES, INSERT_CHUNK_ROWS, enqueue, enqueue_many};
-pub use finish::{complete, fail, give_back, renew};
+pub use finish::{complete, fail, give_back, renew, snooze};
 pub use manage::{
     FailedRun, JobFilter, MAX_OUTPUT_BYTES, QueueStats, RunOutput, RunningJob, Stats, cancel,
     history, is_paused, list, outputs, pause, record_output, resume, retry_dead,
@@ -58,7 +57,6 @@ pub use model::{
     Backoff, ClaimedJob, Due, Enqueued, Job, JobClaim, JobState, NewJob, Outcome, Rescued, Retry,
 };
 pub use retention::{Finished, Retention, prune};
-pub use stub_tmp::{MAX_FREE_SNOOZES, claim_kinds, snooze};
 pub use typed::{JobArgs, enqueue_job, enqueue_jobs};
 
 /// How many errors a job's history keeps (the newest).
@@ -70,6 +68,12 @@ pub const MAX_PAYLOAD_BYTES: usize = 8 * 1024 * 1024;
 /// time) is dead: a job that takes its worker down cannot loop forever. A lapsed claim uses
 /// no attempt, since the worker may have died before the run began.
 pub const MAX_LAPSES: u32 = 5;
+/// A job's runs may be snoozed ([`snooze`]) this many times without using an attempt; every
+/// further snooze uses one (and a job out of attempts is then dead), so a job that snoozes
+/// forever cannot stay in the queue forever.
+pub const MAX_FREE_SNOOZES: u32 = 100;
+/// The most kinds one [`claim_kinds`] takes.
+pub const MAX_KINDS: usize = 1000;
 /// The most attempts a job may have.
 pub const MAX_ATTEMPTS: u32 = 1000;
 /// The most jobs one claim or one batch call handles.

@@ -379,6 +379,10 @@ pub struct Job {
     /// When a cancel was asked for while it ran: it stays running until its worker stops the
     /// run (or the claim lapses), then it is cancelled.
     pub cancel_requested_at: Option<DateTime<Utc>>,
+    /// How often its runs were snoozed ([`super::snooze`]); past
+    /// [`super::MAX_FREE_SNOOZES`] a snooze uses an attempt.
+    #[diesel(deserialize_as = i32)]
+    pub snoozes: u32,
 }
 
 /// What a call about one claimed job did.
@@ -479,10 +483,10 @@ pub(crate) struct JobRow {
     pub due_at: DateTime<Utc>,
     #[diesel(sql_type = Instant)]
     pub created_at: DateTime<Utc>,
-    #[diesel(sql_type = Nullable<Instant>)]
-    pub claimed_at: Option<DateTime<Utc>>,
     #[diesel(sql_type = Nullable<Token>)]
     pub claim_token: Option<Uuid>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub claimed_at: Option<DateTime<Utc>>,
     #[diesel(sql_type = Nullable<Instant>)]
     pub claim_expires_at: Option<DateTime<Utc>>,
 }
@@ -500,6 +504,8 @@ pub(crate) struct StateRow {
     pub attempt: i32,
     #[diesel(sql_type = Integer)]
     pub max_attempts: i32,
+    #[diesel(sql_type = Integer)]
+    pub snoozes: i32,
     #[diesel(sql_type = Nullable<Instant>)]
     pub cancel_requested_at: Option<DateTime<Utc>>,
 }

@@ -808,7 +808,7 @@ fn claim_is_served_by_an_index_with_many_finished_jobs(backend: Backend) {
     assert_eq!(jobs::claim(&mut conn, "plan", 100, TTL).unwrap().len(), 20);
 }
 
-fn explain(conn: &mut AnyConnection, sql: &str) -> String {
+pub(crate) fn explain(conn: &mut AnyConnection, sql: &str) -> String {
     #[derive(QueryableByName)]
     struct PgPlan {
         #[diesel(sql_type = Text, column_name = "QUERY PLAN")]

@@ -115,6 +115,7 @@ fn schema_tables() -> Vec<TableSpec> {
             limit_max,
             lapses,
             cancel_requested_at,
+            snoozes,
         }),
         table_spec!(dibs_job_errors {
             id,

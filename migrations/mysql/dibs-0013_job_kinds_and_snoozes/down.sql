@@ -1,0 +1,1 @@
+ALTER TABLE dibs_jobs DROP INDEX dibs_jobs_claim_kind, DROP COLUMN snoozes;

@@ -1,0 +1,339 @@
+//! Claims of some kinds (`jobs::claim_kinds`): other kinds are never claimed nor changed, the
+//! queue's order holds across the kinds given, bad input changes nothing, the kind index
+//! serves the pick; and what a claim reports of its times.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant as Clock};
+
+use dibs::jobs::{self, JobState, NewJob, Outcome};
+use dibs::{AnyConnection, Backend, Error};
+use diesel::connection::SimpleConnection;
+
+use crate::support::{TestDb, conformance, count, now_sql};
+
+conformance!(
+    a_kinds_claimer_never_claims_or_changes_other_kinds,
+    claims_of_several_kinds_follow_the_queue_order,
+    bad_kinds_are_refused_and_change_nothing,
+    a_claim_of_one_kind_reads_the_kind_index_past_other_kinds,
+    a_claim_reports_when_the_job_was_enqueued_and_claimed,
+);
+
+const TTL: Duration = Duration::from_secs(60);
+
+/// 8 threads claim kind A (in batches, completing each) until A is drained, while as many
+/// jobs of kind B wait, interleaved with A's and some ahead of them: every A job completed
+/// exactly once, every B job untouched (waiting, attempt 0, never claimed).
+fn a_kinds_claimer_never_claims_or_changes_other_kinds(backend: Backend) {
+    const PER_KIND: usize = 400;
+    const THREADS: usize = 8;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let (mut batch, mut kinds) = (Vec::new(), Vec::new());
+    for i in 0..PER_KIND {
+        // B ahead of A by priority for half of them, so a claim of any kind would take B.
+        let b_priority = if i % 2 == 0 { -1 } else { 1 };
+        batch.push(NewJob::new("mixed", "B", vec![]).priority(b_priority));
+        batch.push(NewJob::new("mixed", "A", vec![]));
+        kinds.extend(["B", "A"]);
+    }
+    let ids = jobs::enqueue_many(&mut conn, &batch).unwrap();
+    let kind_of: HashMap<i64, &str> = ids.iter().map(|e| e.id).zip(kinds).collect();
+    let done = Arc::new(AtomicUsize::new(0));
+    let completions: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
+    let claimed_kinds: Arc<Mutex<Vec<String>>> = Arc::default();
+    let threads: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let mut conn = db.connect();
+            let (done, completions, claimed_kinds) =
+                (done.clone(), completions.clone(), claimed_kinds.clone());
+            std::thread::spawn(move || {
+                let give_up = Clock::now() + Duration::from_secs(60);
+                while done.load(Ordering::SeqCst) < PER_KIND && Clock::now() < give_up {
+                    let jobs = jobs::claim_kinds(&mut conn, "mixed", &["A"], 7, TTL)
+                        .expect("claim_kinds must not fail");
+                    if jobs.is_empty() {
+                        std::thread::sleep(Duration::from_millis(2));
+                        continue;
+                    }
+                    claimed_kinds
+                        .lock()
+                        .unwrap()
+                        .extend(jobs.iter().map(|j| j.kind.clone()));
+                    let claims: Vec<_> = jobs.iter().map(|j| j.claim()).collect();
+                    let outcomes = jobs::complete(&mut conn, &claims).expect("complete");
+                    let mut map = completions.lock().unwrap();
+                    for (job, outcome) in jobs.iter().zip(outcomes) {
+                        if outcome == Outcome::Done {
+                            *map.entry(job.id).or_default() += 1;
+                            done.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("a claimer panicked");
+    }
+    let claimed_kinds = claimed_kinds.lock().unwrap();
+    assert!(
+        claimed_kinds.iter().all(|k| k == "A"),
+        "a claim of kind A handed out another kind"
+    );
+    let map = completions.lock().unwrap();
+    for (id, kind) in &kind_of {
+        let job = jobs::get(&mut conn, *id).unwrap().expect("the job exists");
+        if *kind == "A" {
+            assert_eq!(map.get(id), Some(&1), "job {id} completions");
+            assert_eq!(job.state, JobState::Completed, "job {id}");
+            assert_eq!(job.attempt, 1, "job {id}");
+        } else {
+            assert_eq!(map.get(id), None, "B job {id} was completed");
+            assert_eq!(job.state, JobState::Waiting, "B job {id}");
+            assert_eq!(job.attempt, 0, "B job {id}");
+            assert_eq!(job.claimed_at, None, "B job {id} was claimed");
+        }
+    }
+    assert_eq!(map.len(), PER_KIND);
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE kind = 'A' AND state = 'completed'"
+        ),
+        PER_KIND as i64
+    );
+    // And B is still all there for a claimer of B.
+    let b = jobs::claim_kinds(&mut conn, "mixed", &["B"], 1000, TTL).unwrap();
+    assert_eq!(b.len(), PER_KIND);
+}
+
+/// Jobs of kinds A, C (claimed) and B (not), with priorities and due times that interleave:
+/// a claim of [C, A] takes A's and C's by priority, then due time, then id, never a B.
+fn claims_of_several_kinds_follow_the_queue_order(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    // (kind, priority, due in the past by this many seconds)
+    let spec: &[(&str, i32, i64)] = &[
+        ("A", 5, 10),
+        ("B", 0, 50),
+        ("C", 5, 20),
+        ("A", 0, 1),
+        ("C", 0, 30),
+        ("B", -5, 60),
+        ("A", 5, 10),
+        ("C", -1, 0),
+        ("A", 9, 40),
+        ("B", 1, 5),
+        ("C", 5, 10),
+    ];
+    let base = dibs::database_now(&mut conn).unwrap();
+    let mut expected = Vec::new();
+    for (kind, priority, ago) in spec {
+        let at = base - chrono::Duration::seconds(*ago);
+        let id = jobs::enqueue(
+            &mut conn,
+            &NewJob::new("order", *kind, vec![])
+                .priority(*priority)
+                .at(at),
+        )
+        .unwrap()
+        .id;
+        if *kind != "B" {
+            expected.push((*priority, at, id));
+        }
+    }
+    expected.sort();
+    let expected: Vec<i64> = expected.into_iter().map(|e| e.2).collect();
+    // A repeat in the list is harmless; three at a time, then the rest.
+    let mut got = Vec::new();
+    loop {
+        let batch = jobs::claim_kinds(&mut conn, "order", &["C", "A", "C"], 3, TTL).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        assert!(batch.iter().all(|j| j.kind != "B"), "{batch:?}");
+        got.extend(batch.iter().map(|j| j.id));
+    }
+    assert_eq!(got, expected);
+    // Several kinds in one claim return the same order.
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let mut expected = Vec::new();
+    for (kind, priority, ago) in spec {
+        let at = base - chrono::Duration::seconds(*ago);
+        let job = NewJob::new("order", *kind, vec![])
+            .priority(*priority)
+            .at(at);
+        let id = jobs::enqueue(&mut conn, &job).unwrap().id;
+        if *kind != "A" {
+            expected.push((*priority, at, id));
+        }
+    }
+    expected.sort();
+    let got: Vec<i64> = jobs::claim_kinds(&mut conn, "order", &["B", "C"], 100, TTL)
+        .unwrap()
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(got, expected.into_iter().map(|e| e.2).collect::<Vec<_>>());
+}
+
+fn bad_kinds_are_refused_and_change_nothing(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let id = jobs::enqueue(&mut conn, &NewJob::new("bad", "A", vec![]))
+        .unwrap()
+        .id;
+    let too_many: Vec<String> = (0..=jobs::MAX_KINDS).map(|i| format!("k{i}")).collect();
+    let long = "k".repeat(256);
+    let cases: Vec<(&str, Vec<String>)> = vec![
+        ("empty list", vec![]),
+        ("too many", too_many),
+        ("empty name", vec!["A".into(), String::new()]),
+        ("too long", vec![long, "A".into()]),
+    ];
+    for (what, kinds) in cases {
+        match jobs::claim_kinds(&mut conn, "bad", &kinds, 10, TTL) {
+            Err(Error::InvalidInput { .. }) => {}
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    let none: &[&str] = &[];
+    assert!(matches!(
+        jobs::claim_kinds(&mut conn, "bad", none, 10, TTL),
+        Err(Error::InvalidInput { .. })
+    ));
+    // The other checks of a claim hold too.
+    for result in [
+        jobs::claim_kinds(&mut conn, "", &["A"], 10, TTL),
+        jobs::claim_kinds(&mut conn, "bad", &["A"], 0, TTL),
+        jobs::claim_kinds(&mut conn, "bad", &["A"], 10, Duration::ZERO),
+    ] {
+        assert!(
+            matches!(result, Err(Error::InvalidInput { .. })),
+            "{result:?}"
+        );
+    }
+    let job = jobs::get(&mut conn, id).unwrap().unwrap();
+    assert_eq!((job.state, job.attempt), (JobState::Waiting, 0));
+    assert_eq!(job.claimed_at, None);
+    // Exactly 1000 kinds is fine (and finds the job).
+    let mut many: Vec<String> = (1..jobs::MAX_KINDS).map(|i| format!("k{i}")).collect();
+    many.push("A".into());
+    assert_eq!(
+        jobs::claim_kinds(&mut conn, "bad", &many, 10, TTL)
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+/// 10,000 waiting jobs of kind B ahead of 20 of kind A (by priority): the pick of a claim of
+/// A reads the kind index, in order (no sort), so no B is read. The statement is the one
+/// `claim_kinds` runs for one kind (its `IN` list of one).
+fn a_claim_of_one_kind_reads_the_kind_index_past_other_kinds(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+        UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+        UNION ALL SELECT 8 UNION ALL SELECT 9)";
+    let now = now_sql(backend);
+    let payload = match backend {
+        Backend::Postgres => "'\\x00'::bytea",
+        _ => "x'00'",
+    };
+    conn.batch_execute(&format!(
+        "INSERT INTO dibs_jobs (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at) \
+         SELECT 'plan', 'B', {payload}, -1, 'waiting', 0, 1, {now}, {now} \
+         FROM {digits} a, {digits} b, {digits} c, {digits} d"
+    ))
+    .unwrap();
+    for _ in 0..20 {
+        jobs::enqueue(&mut conn, &NewJob::new("plan", "A", vec![])).unwrap();
+    }
+    conn.batch_execute(match backend {
+        Backend::Postgres => "ANALYZE dibs_jobs",
+        Backend::Mysql => "ANALYZE TABLE dibs_jobs",
+        Backend::Sqlite => "ANALYZE",
+    })
+    .unwrap();
+    let (hint, skip_locked) = match backend {
+        Backend::Sqlite => (" INDEXED BY dibs_jobs_claim_kind", ""),
+        Backend::Mysql => (
+            " FORCE INDEX (dibs_jobs_claim_kind)",
+            " FOR UPDATE SKIP LOCKED",
+        ),
+        Backend::Postgres => ("", " FOR UPDATE SKIP LOCKED"),
+    };
+    let pick = format!(
+        "SELECT id, limit_key, limit_max FROM dibs_jobs{hint} \
+         WHERE queue = 'plan' AND state = 'waiting' AND due_at <= {now} AND kind IN ('A') \
+           AND NOT EXISTS (SELECT 1 FROM dibs_queue_pauses p WHERE p.queue = 'plan') \
+           AND (limit_key IS NULL OR limit_key NOT IN ( \
+               SELECT r.limit_key FROM dibs_jobs r \
+               WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
+               GROUP BY r.limit_key HAVING COUNT(*) >= MIN(r.limit_max))) \
+         ORDER BY priority, due_at, id LIMIT 10{skip_locked}"
+    );
+    let plan = crate::jobs::explain(&mut conn, &pick);
+    println!("{backend} claim-of-one-kind plan behind 10,000 other jobs:\n{plan}");
+    match backend {
+        Backend::Postgres => {
+            assert!(plan.contains("using dibs_jobs_claim_kind"), "{plan}");
+            assert!(plan.contains("kind = 'A'"), "{plan}");
+            assert!(!plan.contains("Sort"), "{plan}");
+        }
+        Backend::Mysql => {
+            assert!(plan.contains("\"key\": \"dibs_jobs_claim_kind\""), "{plan}");
+            assert!(!plan.contains("filesort"), "{plan}");
+        }
+        Backend::Sqlite => {
+            assert!(
+                plan.contains("INDEX dibs_jobs_claim_kind (queue=? AND kind=?"),
+                "{plan}"
+            );
+            assert!(!plan.contains("TEMP B-TREE"), "{plan}");
+        }
+    }
+    let claimed = jobs::claim_kinds(&mut conn, "plan", &["A"], 100, TTL).unwrap();
+    assert_eq!(claimed.len(), 20);
+    assert!(claimed.iter().all(|j| j.kind == "A"));
+}
+
+/// A claim reads back when the job was enqueued and when it was claimed, as stored
+/// (database clock), and the claim's expiry is its claim time plus the ttl.
+fn a_claim_reports_when_the_job_was_enqueued_and_claimed(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn: AnyConnection = db.connect();
+    let id = jobs::enqueue(&mut conn, &NewJob::new("times", "A", vec![]))
+        .unwrap()
+        .id;
+    let before = dibs::database_now(&mut conn).unwrap();
+    let check = |conn: &mut AnyConnection, job: &jobs::ClaimedJob| {
+        let stored = jobs::get(conn, id).unwrap().unwrap();
+        assert_eq!(job.created_at, stored.created_at);
+        assert_eq!(Some(job.claimed_at), stored.claimed_at);
+        assert_eq!(job.due_at, stored.due_at);
+        assert!(job.created_at <= job.claimed_at, "{job:?}");
+        assert!(job.claimed_at >= before, "{job:?} claimed before {before}");
+        let ttl = job.claim_expires_at - job.claimed_at;
+        let off = ttl - chrono::Duration::from_std(TTL).unwrap();
+        assert!(off.num_milliseconds().abs() <= 1, "{job:?}");
+    };
+    let first = jobs::claim(&mut conn, "times", 1, TTL).unwrap().remove(0);
+    check(&mut conn, &first);
+    assert_eq!(
+        jobs::give_back(&mut conn, &[first.claim()]).unwrap(),
+        vec![Outcome::Done]
+    );
+    std::thread::sleep(Duration::from_millis(5));
+    let second = jobs::claim_kinds(&mut conn, "times", &["A"], 1, TTL)
+        .unwrap()
+        .remove(0);
+    check(&mut conn, &second);
+    assert!(second.claimed_at > first.claimed_at);
+    assert_eq!(second.created_at, first.created_at);
+}
