@@ -438,11 +438,6 @@ pub(crate) struct Syntax {
     /// `{claim_kind_index}`: the same for a claim of some kinds, which the kind-leading claim
     /// index serves (one range per kind, in claim order within it).
     pub claim_kind_index: &'static str,
-    /// The ORDER BY of a claim of several kinds (the same order as a claim's). PostgreSQL
-    /// writes it so that no index can provide it (`priority + 0`): otherwise its planner may
-    /// read the claim index in order and check each row's kind in the table, through every
-    /// waiting job of other kinds ahead, instead of the kind index's few ranges and a sort.
-    pub several_kinds_order: &'static str,
 }
 
 /// The database's clock, as each backend's `database_now` reads it.

@@ -35,7 +35,6 @@ static SYNTAX: Syntax = Syntax {
     notify_in_returning: "",
     claim_index: " FORCE INDEX (dibs_jobs_claim)",
     claim_kind_index: " FORCE INDEX (dibs_jobs_claim_kind)",
-    several_kinds_order: "priority, due_at, id",
 };
 
 /// What `GET_LOCK` and `RELEASE_LOCK` return: 1 done, 0 timed out, NULL on an error.

@@ -42,7 +42,6 @@ static SYNTAX: Syntax = Syntax {
     notify_in_returning: ", pg_notify('dibs_jobs', queue)",
     claim_index: "",
     claim_kind_index: "",
-    several_kinds_order: "priority + 0, due_at, id",
 };
 
 impl Dialect for PgConnection {

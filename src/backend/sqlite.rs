@@ -36,7 +36,6 @@ static SYNTAX: Syntax = Syntax {
     notify_in_returning: "",
     claim_index: " INDEXED BY dibs_jobs_claim",
     claim_kind_index: " INDEXED BY dibs_jobs_claim_kind",
-    several_kinds_order: "priority, due_at, id",
 };
 
 /// The file of the connection's main database ("" for a private in-memory or temporary one)

@@ -28,13 +28,11 @@ use diesel::backend::Backend;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::result::Error as DieselError;
 use diesel::serialize::ToSql;
-use diesel::sql_types::{BigInt, HasSqlType, Text, Untyped};
+use diesel::sql_types::{BigInt, HasSqlType, Untyped};
 use diesel::{QueryResult, RunQueryDsl};
 
 /// Where a statement's id list goes.
 const IDS: &str = "{ids}";
-/// Where a statement's list of names goes.
-const NAMES: &str = "{names}";
 
 /// The length a list of `n` values is padded to: the next power of four (1, 4, 16, ...).
 fn padded_len(n: usize) -> usize {
@@ -75,9 +73,6 @@ pub(crate) struct Bind<ST, V> {
 
 /// The ids of an `{ids}` list, padded to the list's shape.
 pub(crate) struct Ids(Vec<i64>);
-
-/// The names of a `{names}` list, padded to the list's shape.
-pub(crate) struct Names<'a>(Vec<&'a str>);
 
 /// The binds of one row of a multi-row statement, made with [`row`].
 pub(crate) struct Row<B>(B);
@@ -129,24 +124,6 @@ impl<B> Statement<B> {
         Statement {
             sql: self.sql.replacen(IDS, &placeholder_list(ids.len()), 1),
             binds: (self.binds, Ids(ids)),
-            cache: self.cache,
-        }
-    }
-
-    /// Binds a non-empty list of names (text) where the text says `{names}`, in the order of
-    /// the placeholders (bind what comes before `{names}` first): `(?, ?, ...)`, padded like
-    /// [`Statement::bind_ids`] by repeating the last name (harmless in `IN`).
-    pub fn bind_names<'a>(
-        self,
-        names: impl IntoIterator<Item = &'a str>,
-    ) -> Statement<(B, Names<'a>)> {
-        let mut names: Vec<&'a str> = names.into_iter().collect();
-        if let Some(&last) = names.last() {
-            names.resize(padded_len(names.len()), last);
-        }
-        Statement {
-            sql: self.sql.replacen(NAMES, &placeholder_list(names.len()), 1),
-            binds: (self.binds, Names(names)),
             cache: self.cache,
         }
     }
@@ -240,26 +217,6 @@ where
     }
 }
 
-impl<DB, B> Binds<DB> for (B, Names<'_>)
-where
-    DB: Backend + HasSqlType<Text>,
-    B: Binds<DB>,
-    str: ToSql<Text, DB>,
-{
-    fn walk<'b>(
-        &'b self,
-        out: &mut AstPass<'_, 'b, DB>,
-        rest: &mut dyn Iterator<Item = &'b str>,
-    ) -> QueryResult<()> {
-        self.0.walk(out, rest)?;
-        for &name in &self.1.0 {
-            out.push_bind_param::<Text, str>(name)?;
-            push_text(out, rest)?;
-        }
-        Ok(())
-    }
-}
-
 impl<DB, B, R> Binds<DB> for (B, Rows<R>)
 where
     DB: Backend,
@@ -313,6 +270,7 @@ impl<B, Conn> RunQueryDsl<Conn> for Statement<B> {}
 #[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;
+    use diesel::sql_types::Text;
 
     #[test]
     fn id_lists_have_a_few_shapes_and_placeholders_match_binds() {
@@ -327,29 +285,6 @@ mod tests {
         assert!(sql(4).starts_with("SELECT ? WHERE id IN (?, ?, ?, ?)"));
         assert_eq!(sql(5).matches('?').count(), 1 + 16);
         assert_eq!(sql(1000).matches('?').count(), 1 + 1024);
-        let shapes: std::collections::HashSet<usize> =
-            (1..=1000).map(|n| sql(n).matches('?').count()).collect();
-        assert_eq!(shapes.len(), 6);
-    }
-
-    #[test]
-    fn name_lists_have_the_same_shapes_and_bind_in_order() {
-        let kinds: Vec<String> = (0..1000).map(|i| format!("k{i}")).collect();
-        let sql = |n: usize| {
-            let s = statement("SELECT ? WHERE kind IN {names} LIMIT ?")
-                .bind::<Text, _>("q")
-                .bind_names(kinds[..n].iter().map(String::as_str))
-                .bind::<BigInt, _>(10i64);
-            diesel::debug_query::<diesel::sqlite::Sqlite, _>(&s).to_string()
-        };
-        assert!(sql(1).starts_with("SELECT ? WHERE kind IN (?) LIMIT ?"));
-        assert!(sql(2).starts_with("SELECT ? WHERE kind IN (?, ?, ?, ?) LIMIT ?"));
-        // Padding repeats the last name; the binds follow the placeholders' order.
-        assert!(
-            sql(2).ends_with(r#"["q", "k0", "k1", "k1", "k1", 10]"#),
-            "{}",
-            sql(2)
-        );
         let shapes: std::collections::HashSet<usize> =
             (1..=1000).map(|n| sql(n).matches('?').count()).collect();
         assert_eq!(shapes.len(), 6);

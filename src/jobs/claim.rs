@@ -26,25 +26,25 @@ const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_
 /// counts is only a filter (step 2 decides under the key's lock). The index on
 /// `(queue, [state,] priority, due_at, id)` serves filter and order, so InnoDB reads (and
 /// locks) only the rows it returns. MySQL rejects LIMIT in an `IN (subquery)`, hence
-/// separate statements. `{kinds}` is empty for a claim of any kind (see [`KINDS_FILTER`]).
+/// separate statements. `{kinds}` is empty for a claim of any kind (see [`KIND_FILTER`]).
 const CLAIM_PICK: &str = "\
-    SELECT id, limit_key, limit_max FROM dibs_jobs{index} \
+    SELECT id, priority, due_at, limit_key, limit_max FROM dibs_jobs{index} \
     WHERE queue = ? AND state = 'waiting' AND due_at <= {now}{kinds} \
       AND NOT EXISTS (SELECT 1 FROM dibs_queue_pauses p WHERE p.queue = ?) \
       AND (limit_key IS NULL OR limit_key NOT IN ( \
           SELECT r.limit_key FROM dibs_jobs r \
           WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
           GROUP BY r.limit_key HAVING COUNT(*) >= MIN(r.limit_max))) \
-    ORDER BY {order} LIMIT ?{skip_locked}";
+    ORDER BY priority, due_at, id LIMIT ?{skip_locked}";
 
-/// A claim of some kinds: the pick also filters on the kind (a bound list, padded like the id
-/// lists, see `backend::statement`), served by `dibs_jobs_claim_kind`
+/// A claim of some kinds picks per kind, served by `dibs_jobs_claim_kind`
 /// `(queue, [state,] kind, priority, due_at, id)`: one kind is one range of it, read in claim
-/// order, so waiting jobs of other kinds are never read nor locked however many sit ahead.
-/// Several kinds are one range each, put in claim order by a sort of the listed kinds' due
-/// jobs (`Syntax::several_kinds_order`); on MySQL/MariaDB that read locks the rows it sorts
-/// until the claim commits (others' claims skip them meanwhile).
-const KINDS_FILTER: &str = " AND kind IN {names}";
+/// order and skipping rows other claimers hold, so waiting jobs of other kinds are never read
+/// nor locked however many sit ahead. Several kinds are one such pick each (up to `limit`
+/// rows each), merged in claim order and cut to `limit`: the same jobs one pick over the
+/// listed kinds would take, without sorting (or, on MySQL/MariaDB, locking) every due job
+/// of those kinds. Rows picked and not kept stay locked only until the claim commits.
+const KIND_FILTER: &str = " AND kind = ?";
 
 /// Claim, step 2, per limit key among the candidates (in key order, so claimers never wait
 /// on each other in a cycle): take the key's lock (an upsert locks its row until commit),
@@ -197,32 +197,36 @@ fn claim_of<C: DibsConnection>(
     let rows: Vec<JobRow> = dispatch!(conn, c => {
         bare_write_transaction(c, "claiming jobs", |c| {
             let syntax = c.syntax();
-            let pick = match kinds {
-                None => CLAIM_PICK
-                    .replace("{index}", "{claim_index}")
-                    .replace("{kinds}", "")
-                    .replace("{order}", "priority, due_at, id"),
-                Some(kinds) => CLAIM_PICK
-                    .replace("{index}", "{claim_kind_index}")
-                    .replace("{kinds}", KINDS_FILTER)
-                    .replace("{order}", match kinds.len() {
-                        1 => "priority, due_at, id",
-                        _ => syntax.several_kinds_order,
-                    }),
-            };
             // A paused queue yields no candidates (the pick's NOT EXISTS), in the same
             // statement: no extra round trip on the hot path.
-            let pick = statement(syntax.render(&pick)).bind::<Text, _>(queue);
             let candidates = match kinds {
-                None => pick
-                    .bind::<Text, _>(queue)
-                    .bind::<BigInt, _>(limit)
-                    .load::<Candidate>(c)?,
-                Some(kinds) => pick
-                    .bind_names(kinds.iter().copied())
-                    .bind::<Text, _>(queue)
-                    .bind::<BigInt, _>(limit)
-                    .load::<Candidate>(c)?,
+                None => {
+                    let pick = CLAIM_PICK.replace("{index}", "{claim_index}").replace("{kinds}", "");
+                    statement(syntax.render(&pick))
+                        .bind::<Text, _>(queue)
+                        .bind::<Text, _>(queue)
+                        .bind::<BigInt, _>(limit)
+                        .load::<Candidate>(c)?
+                }
+                Some(kinds) => {
+                    let pick = syntax.render(
+                        &CLAIM_PICK.replace("{index}", "{claim_kind_index}").replace("{kinds}", KIND_FILTER),
+                    );
+                    let mut candidates = Vec::new();
+                    for kind in kinds {
+                        candidates.extend(
+                            statement(pick.clone())
+                                .bind::<Text, _>(queue)
+                                .bind::<Text, _>(*kind)
+                                .bind::<Text, _>(queue)
+                                .bind::<BigInt, _>(limit)
+                                .load::<Candidate>(c)?,
+                        );
+                    }
+                    candidates.sort_by_key(|c| (c.priority, c.due_at, c.id));
+                    candidates.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+                    candidates
+                }
             };
             let ids = within_limits(c, candidates)?;
             if ids.is_empty() {

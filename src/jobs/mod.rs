@@ -73,7 +73,7 @@ pub const MAX_LAPSES: u32 = 5;
 /// forever cannot stay in the queue forever.
 pub const MAX_FREE_SNOOZES: u32 = 100;
 /// The most kinds one [`claim_kinds`] takes.
-pub const MAX_KINDS: usize = 1000;
+pub const MAX_KINDS: usize = 100;
 /// The most attempts a job may have.
 pub const MAX_ATTEMPTS: u32 = 1000;
 /// The most jobs one claim or one batch call handles.

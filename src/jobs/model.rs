@@ -515,6 +515,10 @@ pub(crate) struct StateRow {
 pub(crate) struct Candidate {
     #[diesel(sql_type = BigInt)]
     pub id: i64,
+    #[diesel(sql_type = Integer)]
+    pub priority: i32,
+    #[diesel(sql_type = Instant)]
+    pub due_at: DateTime<Utc>,
     #[diesel(sql_type = Nullable<Text>)]
     pub limit_key: Option<String>,
     #[diesel(sql_type = Nullable<Integer>)]

@@ -470,6 +470,16 @@ impl WorkerBuilder {
                 "a worker needs at least one handler",
             ));
         }
+        if self.kinds.len() > crate::jobs::MAX_KINDS {
+            return Err(Error::invalid(
+                "handlers",
+                format!(
+                    "{} kinds; a worker claims at most {} (one indexed read each per claim)",
+                    self.kinds.len(),
+                    crate::jobs::MAX_KINDS
+                ),
+            ));
+        }
         if self.threads == 0 || self.threads > 1000 {
             return Err(Error::invalid(
                 "threads",

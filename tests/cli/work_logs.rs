@@ -8,8 +8,8 @@ use dibs::Backend;
 use dibs::jobs::{self, JobState, NewJob};
 use serde_json::{Value, json};
 
-use super::support::{TestDb, conformance};
 use super::queue_figure;
+use super::support::{TestDb, conformance};
 
 conformance!(work_logs_each_job_and_leaves_other_kinds_alone);
 
@@ -33,14 +33,23 @@ fn work_logs_each_job_and_leaves_other_kinds_alone(backend: Backend) {
             .unwrap()
             .id;
         let mut worker = Command::new(env!("CARGO_BIN_EXE_dibs"))
-            .args(["--database-url", url, "work", "--queue", "w", "--log-format", format])
+            .args([
+                "--database-url",
+                url,
+                "work",
+                "--queue",
+                "w",
+                "--log-format",
+                format,
+            ])
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let until = Instant::now() + Duration::from_secs(60);
-        while queue_figure(url, "w", "completed") < round || queue_figure(url, "w", "dead") < round {
+        while queue_figure(url, "w", "completed") < round || queue_figure(url, "w", "dead") < round
+        {
             assert!(Instant::now() < until, "the worker did not run both jobs");
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -51,7 +60,12 @@ fn work_logs_each_job_and_leaves_other_kinds_alone(backend: Backend) {
         let status = worker.wait().unwrap();
         assert!(status.success(), "{status:?}");
         let mut log = String::new();
-        worker.stderr.take().unwrap().read_to_string(&mut log).unwrap();
+        worker
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut log)
+            .unwrap();
         if format == "json" {
             let lines: Vec<Value> = log
                 .lines()
@@ -67,7 +81,10 @@ fn work_logs_each_job_and_leaves_other_kinds_alone(backend: Backend) {
             assert_eq!(outcome(ok).as_deref(), Some("completed"), "{log}");
             assert_eq!(outcome(failing).as_deref(), Some("dead"), "{log}");
             let dead = lines.iter().find(|l| l["job.id"] == failing).unwrap();
-            assert!(dead["error"].as_str().unwrap().contains("exit code 4"), "{log}");
+            assert!(
+                dead["error"].as_str().unwrap().contains("exit code 4"),
+                "{log}"
+            );
             assert_eq!(dead["kind"], "shell");
             assert!(outcome(other).is_none(), "{log}");
         } else {
@@ -77,7 +94,10 @@ fn work_logs_each_job_and_leaves_other_kinds_alone(backend: Backend) {
                     .unwrap_or_default()
             };
             assert!(line(ok).contains("job completed"), "{log}");
-            assert!(line(failing).contains("job dead") && line(failing).contains("exit code 4"), "{log}");
+            assert!(
+                line(failing).contains("job dead") && line(failing).contains("exit code 4"),
+                "{log}"
+            );
             assert!(!log.lines().any(|l| l.starts_with('{')), "{log}");
         }
         let job = jobs::get(&mut conn, other).unwrap().unwrap();

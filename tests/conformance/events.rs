@@ -25,7 +25,10 @@ conformance!(
 );
 
 /// Collects a worker's events.
-fn collector() -> (Arc<Mutex<Vec<Event>>>, impl Fn(&Event) + Send + Sync + 'static) {
+fn collector() -> (
+    Arc<Mutex<Vec<Event>>>,
+    impl Fn(&Event) + Send + Sync + 'static,
+) {
     let events: Arc<Mutex<Vec<Event>>> = Arc::default();
     let sink = events.clone();
     (events, move |event: &Event| {
@@ -193,7 +196,10 @@ fn snoozes_use_no_attempt_and_are_counted(backend: Backend) {
     assert_eq!(report.snoozed, 1, "{report:?}");
     let mut conn = pool.get().unwrap();
     let job = jobs::get(&mut conn, id).unwrap().unwrap();
-    assert_eq!((job.state, job.attempt, job.snoozes), (JobState::Waiting, 0, 1));
+    assert_eq!(
+        (job.state, job.attempt, job.snoozes),
+        (JobState::Waiting, 0, 1)
+    );
     let now = dibs::database_now(&mut conn).unwrap();
     assert!(job.due_at - now > chrono::Duration::minutes(59), "{job:?}");
     assert!(
@@ -242,11 +248,7 @@ fn metrics_count_what_the_worker_did(backend: Backend) {
             .and_then(|v| v.parse().ok())
     };
     let q = format!("queue=\"{queue}\"");
-    assert_eq!(
-        value("dibs_jobs_enqueued_total", &q),
-        Some(4.0),
-        "{text}"
-    );
+    assert_eq!(value("dibs_jobs_enqueued_total", &q), Some(4.0), "{text}");
     assert_eq!(
         value(
             "dibs_job_runs_total",

@@ -40,13 +40,7 @@ impl JobArgs for Welcome {
 fn drain_runs_follow_up_jobs_on_a_pool_of_one(backend: Backend) {
     let db = TestDb::migrated(backend);
     let pool = db.pool(1);
-    jobs::enqueue_job(
-        &mut pool.get().unwrap(),
-        &Signup {
-            user: "ada".into(),
-        },
-    )
-    .unwrap();
+    jobs::enqueue_job(&mut pool.get().unwrap(), &Signup { user: "ada".into() }).unwrap();
     let handler_pool = pool.clone();
     let report = testing::drain(
         Worker::builder(pool.clone())
@@ -97,10 +91,7 @@ fn enqueued_and_assert_enqueued_see_waiting_jobs_only(backend: Backend) {
         testing::assert_enqueued(&mut conn, &missing)
     }))
     .expect_err("no such job: the assertion fails");
-    let message = panic
-        .downcast_ref::<String>()
-        .cloned()
-        .unwrap_or_default();
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(
         message.contains("dave") && message.contains("bob"),
         "{message}"

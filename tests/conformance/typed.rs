@@ -115,7 +115,10 @@ fn a_typed_job_round_trips_with_its_options(backend: Backend) {
     let seen = seen.lock().unwrap();
     let (value, ctx) = &seen[&first.id];
     assert_eq!(value, &invoice);
-    assert_eq!((ctx.queue.as_str(), ctx.kind.as_str()), ("billing", "invoice"));
+    assert_eq!(
+        (ctx.queue.as_str(), ctx.kind.as_str()),
+        ("billing", "invoice")
+    );
     assert_eq!((ctx.attempt, ctx.max_attempts), (1, 7));
     // The context's instants are the row's, by the database's clock.
     let row = jobs::get(&mut pool.get().unwrap(), first.id)
@@ -254,10 +257,7 @@ fn eight_workers_of_one_kind_leave_the_other_kind_untouched(backend: Backend) {
     let runs = runs.lock().unwrap();
     assert_eq!(runs.len(), INVOICES, "every invoice ran");
     assert!(runs.values().all(|&n| n == 1), "an invoice ran twice");
-    assert_eq!(
-        reports.iter().map(|r| r.completed).sum::<usize>(),
-        INVOICES
-    );
+    assert_eq!(reports.iter().map(|r| r.completed).sum::<usize>(), INVOICES);
     let mut conn = pool.get().unwrap();
     let receipts = jobs::list(
         &mut conn,
