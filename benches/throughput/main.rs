@@ -11,9 +11,8 @@
 //!   --scale           also drain with 1,000,000 finished and with 100,000 waiting jobs
 //!   --prefetch N      the workers' prefetch (default: the builder's, 100)
 //!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; K and L only when listed)
-//!   --kind-index leading|appended   K/L: the kind index as migrated (leading: `(queue,
-//!                     [state,] kind, priority, due_at, id)`), or replaced by the claim index
-//!                     with kind appended `(queue, [state,] priority, due_at, id, kind)`
+//!   --events          the drain's worker has an `on_event` hook (counting events)
+//!   --metrics         a Prometheus recorder is installed (with the `metrics` feature)
 //! ```
 //!
 //! K and L (kinds behind a backlog): 100,000 due jobs of kind B wait ahead of N jobs of the
@@ -33,8 +32,11 @@ use std::time::{Duration, Instant};
 
 use dibs::jobs::{self, NewJob};
 use dibs::worker::{JobContext, JobError, Worker};
-use dibs::{AnyConnection, Backend, DibsConnection, Pool};
+use dibs::{AnyConnection, Backend, Pool};
 use diesel::connection::SimpleConnection;
+
+mod support;
+use support::*;
 
 struct Options {
     backends: Vec<Backend>,
@@ -46,7 +48,8 @@ struct Options {
     scale: bool,
     prefetch: Option<usize>,
     only: Vec<char>,
-    appended_kind_index: bool,
+    events: bool,
+    metrics: bool,
 }
 
 fn parse_options() -> Result<Options, String> {
@@ -60,7 +63,8 @@ fn parse_options() -> Result<Options, String> {
         scale: false,
         prefetch: None,
         only: vec!['A', 'B', 'C', 'D'],
-        appended_kind_index: false,
+        events: false,
+        metrics: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -93,13 +97,8 @@ fn parse_options() -> Result<Options, String> {
                     .map(|c| c.to_ascii_uppercase())
                     .collect()
             }
-            "--kind-index" => {
-                options.appended_kind_index = match args.next().unwrap_or_default().as_str() {
-                    "leading" => false,
-                    "appended" => true,
-                    other => return Err(format!("unknown --kind-index {other:?}")),
-                }
-            }
+            "--events" => options.events = true,
+            "--metrics" => options.metrics = true,
             "--backend" => {
                 let name = args.next().unwrap_or_default();
                 options.backends = match name.as_str() {
@@ -136,119 +135,6 @@ fn compiled_backends() -> Vec<Backend> {
         backends.push(Backend::Mysql);
     }
     backends
-}
-
-/// A database of the run's own.
-struct BenchDb {
-    url: String,
-    drop: Option<(String, String)>,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl BenchDb {
-    fn new(backend: Backend) -> BenchDb {
-        let server = match backend {
-            Backend::Sqlite => {
-                let dir = tempfile::tempdir().expect("a temporary directory");
-                let url = dir.path().join("bench.db").display().to_string();
-                return BenchDb::migrated(url, None, Some(dir));
-            }
-            Backend::Postgres => std::env::var("DIBS_TEST_POSTGRES_URL")
-                .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into()),
-            Backend::Mysql => std::env::var("DIBS_TEST_MYSQL_URL")
-                .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
-        };
-        let name = format!("dibs_bench_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = AnyConnection::connect(&server)
-            .unwrap_or_else(|e| panic!("cannot reach the {backend:?} server: {e}"));
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .expect("create the bench database");
-        let mut url = url::Url::parse(&server).expect("a server URL");
-        url.set_path(&name);
-        BenchDb::migrated(url.to_string(), Some((server, name)), None)
-    }
-
-    fn migrated(
-        url: String,
-        drop: Option<(String, String)>,
-        dir: Option<tempfile::TempDir>,
-    ) -> Self {
-        let mut conn = AnyConnection::connect(&url).expect("connect to the bench database");
-        dibs::run_migrations(&mut conn).expect("migrations");
-        BenchDb {
-            url,
-            drop,
-            _dir: dir,
-        }
-    }
-
-    /// A connection outside the pool with the same settings as the pool's (dibs's defaults:
-    /// on SQLite WAL and a busy timeout, so it waits for the workers' writes instead of
-    /// failing with "database is locked"). Checked, so no figure is ever measured without
-    /// WAL again.
-    fn connect(&self) -> AnyConnection {
-        let mut conn = AnyConnection::connect(&self.url).expect("connect to the bench database");
-        if conn.backend() == Backend::Sqlite {
-            #[derive(diesel::QueryableByName)]
-            struct Mode {
-                #[diesel(sql_type = diesel::sql_types::Text)]
-                journal_mode: String,
-            }
-            let mode: Mode = diesel::RunQueryDsl::get_result(
-                diesel::sql_query("PRAGMA journal_mode"),
-                &mut conn,
-            )
-            .expect("read the journal mode");
-            assert_eq!(
-                mode.journal_mode, "wal",
-                "the bench runs SQLite in WAL mode"
-            );
-        }
-        conn
-    }
-
-    fn pool(&self, size: u32) -> Pool {
-        Pool::options()
-            .max_size(size)
-            .open(&self.url)
-            .expect("open a pool")
-    }
-}
-
-impl Drop for BenchDb {
-    fn drop(&mut self) {
-        if let Some((server, name)) = &self.drop
-            && let Ok(mut admin) = AnyConnection::connect(server)
-        {
-            let _ = admin.batch_execute(&format!("DROP DATABASE {name}"));
-        }
-    }
-}
-
-/// One workload's figures for one run.
-#[derive(Clone, Copy, Default)]
-struct Figures {
-    jobs_per_s: f64,
-    p50: Option<Duration>,
-    p95: Option<Duration>,
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    Some(sorted[i])
-}
-
-fn with_latencies(jobs_per_s: f64, mut latencies: Vec<Duration>) -> Figures {
-    latencies.sort();
-    Figures {
-        jobs_per_s,
-        p50: percentile(&latencies, 0.5),
-        p95: percentile(&latencies, 0.95),
-    }
 }
 
 fn batch(options: &Options, queue: &str, n: usize) -> Vec<NewJob> {
@@ -339,14 +225,22 @@ fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64) {
     let done = Arc::new(AtomicUsize::new(0));
     let pool = db.pool(options.workers as u32 + 4);
     let counter = done.clone();
-    let started = Instant::now();
-    let worker = bench_worker(pool, options)
-        .raw_handler("noop", move |_ctx: &JobContext, _payload: &[u8]| {
+    let events = Arc::new(AtomicUsize::new(0));
+    let mut builder = bench_worker(pool, options).raw_handler(
+        "noop",
+        move |_ctx: &JobContext, _payload: &[u8]| {
             counter.fetch_add(1, Ordering::Relaxed);
             Ok::<(), JobError>(())
-        })
-        .start()
-        .expect("start the worker");
+        },
+    );
+    if options.events {
+        let events = events.clone();
+        builder = builder.on_event(move |_| {
+            events.fetch_add(1, Ordering::Relaxed);
+        });
+    }
+    let started = Instant::now();
+    let worker = builder.start().expect("start the worker");
     let mut rss = 0;
     while worker.report().completed < to_drain {
         rss = rss.max(resident_bytes("VmRSS"));
@@ -354,6 +248,12 @@ fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64) {
     }
     let took = started.elapsed();
     worker.shutdown(Duration::from_secs(10));
+    if options.events {
+        assert!(
+            events.load(Ordering::Relaxed) >= to_drain,
+            "an event per run"
+        );
+    }
     let jobs_per_s = to_drain as f64 / took.as_secs_f64();
     (with_latencies(jobs_per_s, vec![]), rss)
 }
@@ -484,20 +384,6 @@ fn kinds_backlog(backend: Backend, options: &Options, kinds: &[&str]) -> Figures
     const BACKLOG: usize = 100_000;
     let db = BenchDb::new(backend);
     let mut conn = db.connect();
-    if options.appended_kind_index {
-        conn.batch_execute(match backend {
-            Backend::Mysql => {
-                "ALTER TABLE dibs_jobs DROP INDEX dibs_jobs_claim_kind, \
-                 ADD INDEX dibs_jobs_claim_kind (queue, state, priority, due_at, id, kind)"
-            }
-            _ => {
-                "DROP INDEX dibs_jobs_claim_kind; \
-                 CREATE INDEX dibs_jobs_claim_kind ON dibs_jobs (queue, priority, due_at, id, kind) \
-                 WHERE state = 'waiting'"
-            }
-        })
-        .expect("replace the kind index");
-    }
     let mut left = BACKLOG;
     while left > 0 {
         let now = left.min(10_000);
@@ -533,78 +419,6 @@ fn kinds_backlog(backend: Backend, options: &Options, kinds: &[&str]) -> Figures
 /// Idle worker CPU use (fraction of one core) per latency run.
 static IDLE_CPU: Mutex<Vec<(Backend, f64)>> = Mutex::new(Vec::new());
 
-/// User + system CPU time of this process, in seconds (0 where /proc has none).
-fn cpu_seconds() -> f64 {
-    std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|stat| {
-            // Fields after the command name (which is in parentheses): utime is the 12th.
-            let rest = &stat[stat.rfind(')')? + 2..];
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            let ticks: f64 =
-                fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-            Some(ticks / 100.0)
-        })
-        .unwrap_or(0.0)
-}
-
-/// `VmHWM` (peak) or `VmRSS` (now) of this process, in bytes (0 where /proc has none).
-fn resident_bytes(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find(|line| line.starts_with(field))
-                .and_then(|line| line.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
-
-fn median(mut runs: Vec<Figures>) -> Figures {
-    runs.sort_by(|a, b| a.jobs_per_s.total_cmp(&b.jobs_per_s));
-    let mid = runs[runs.len() / 2];
-    let mut p50: Vec<Duration> = runs.iter().filter_map(|r| r.p50).collect();
-    let mut p95: Vec<Duration> = runs.iter().filter_map(|r| r.p95).collect();
-    p50.sort();
-    p95.sort();
-    Figures {
-        jobs_per_s: mid.jobs_per_s,
-        p50: p50.get(p50.len() / 2).copied(),
-        p95: p95.get(p95.len() / 2).copied(),
-    }
-}
-
-fn ms(d: Option<Duration>) -> String {
-    d.map_or("-".into(), |d| {
-        format!("{:.2} ms", d.as_secs_f64() * 1000.0)
-    })
-}
-
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .next()
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb / 1024 / 1024);
-    format!("{cores} cores ({cpu}), {mem} GiB")
-}
-
 fn main() {
     let options = match parse_options() {
         Ok(options) => options,
@@ -620,6 +434,18 @@ fn main() {
         options.payload,
         options.prefetch.map_or("default".into(), |p| p.to_string()),
         options.runs
+    );
+    if options.metrics {
+        install_metrics();
+    }
+    println!(
+        "event hook: {}; metrics recorder: {}",
+        if options.events { "on" } else { "off" },
+        if options.metrics {
+            "Prometheus"
+        } else {
+            "none"
+        }
     );
     println!("machine: {}", machine());
     println!();
@@ -680,21 +506,16 @@ fn main() {
                 None,
             );
         }
-        let index = if options.appended_kind_index {
-            "kind appended to the claim index"
-        } else {
-            "kind-leading index"
-        };
         if wanted('K') {
             row(
-                &format!("K. claim 1 kind behind 100,000 others, {index}"),
+                "K. claim 1 kind behind 100,000 others",
                 runs(&|| kinds_backlog(backend, &options, &["A"])),
                 None,
             );
         }
         if wanted('L') {
             row(
-                &format!("L. claim 2 kinds behind 100,000 others, {index}"),
+                "L. claim 2 kinds behind 100,000 others",
                 runs(&|| kinds_backlog(backend, &options, &["A", "C"])),
                 None,
             );
@@ -719,4 +540,18 @@ fn main() {
         "peak RSS of the process: {:.1} MiB",
         resident_bytes("VmHWM") as f64 / 1048576.0
     );
+}
+
+/// `--metrics`: a Prometheus recorder, so the workers' counters and histograms are real.
+#[cfg(feature = "metrics")]
+fn install_metrics() {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("install the Prometheus recorder");
+}
+
+#[cfg(not(feature = "metrics"))]
+fn install_metrics() {
+    eprintln!("throughput: --metrics needs the `metrics` feature");
+    std::process::exit(2);
 }
