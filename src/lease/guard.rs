@@ -69,6 +69,8 @@ struct Shared {
 }
 
 struct State {
+    /// The lease's name, for the log.
+    name: String,
     /// Local monotonic instant after which the lease counts as lost.
     deadline: Clock,
     lost: bool,
@@ -88,8 +90,14 @@ impl Shared {
 impl State {
     /// Marks the lease lost once the deadline has passed; loss is sticky.
     fn check_deadline(&mut self, now: Clock) -> bool {
-        if now >= self.deadline {
+        if now >= self.deadline && !self.lost {
             self.lost = true;
+            tracing::warn!(
+                target: "dibs::lease",
+                lease = %self.name,
+                reason = "no renewal succeeded before the local deadline",
+                "lease lost"
+            );
         }
         self.lost
     }
@@ -188,6 +196,7 @@ impl LeaseGuard {
     {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
+                name: lease.name.clone(),
                 deadline: sent + ttl - margin(ttl),
                 lost: false,
                 stop: false,
@@ -450,6 +459,14 @@ fn renew_until_stopped<C: DibsConnection>(
             }
             Ok(()) => {}
             Err(e) if e.is_lease_lost() => {
+                if !state.lost {
+                    tracing::warn!(
+                        target: "dibs::lease",
+                        lease = %lease.name,
+                        reason = "the database gave it to another holder or it was released",
+                        "lease lost"
+                    );
+                }
                 state.lost = true;
             }
             Err(e) => {

@@ -16,12 +16,14 @@ use crate::support::{TestDb, conformance, wait_for};
 conformance!(
     events_count_runs_retries_dead_rescues_and_snoozes,
     snoozes_use_no_attempt_and_are_counted,
+    tracing_has_a_span_per_run_and_a_line_per_recorded_job,
     metrics_count_what_the_worker_did,
 );
 #[cfg(not(feature = "metrics"))]
 conformance!(
     events_count_runs_retries_dead_rescues_and_snoozes,
     snoozes_use_no_attempt_and_are_counted,
+    tracing_has_a_span_per_run_and_a_line_per_recorded_job,
 );
 
 /// Collects a worker's events.
@@ -275,4 +277,128 @@ fn metrics_count_what_the_worker_did(backend: Backend) {
         Some(3.0),
         "{text}"
     );
+}
+
+/// What a tracing subscriber saw: spans by name with their fields, events by target.
+#[derive(Default)]
+struct Seen {
+    spans: Vec<(String, HashMap<String, String>)>,
+    events: Vec<(String, HashMap<String, String>)>,
+}
+
+struct Fields<'a>(&'a mut HashMap<String, String>);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(
+            field.name().to_string(),
+            format!("{value:?}").trim_matches('"').to_string(),
+        );
+    }
+}
+
+struct Recorder(Arc<Mutex<Seen>>);
+
+impl<S> tracing_subscriber::Layer<S> for Recorder
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _: &tracing::span::Id,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut fields = HashMap::new();
+        attrs.record(&mut Fields(&mut fields));
+        self.0
+            .lock()
+            .unwrap()
+            .spans
+            .push((attrs.metadata().name().to_string(), fields));
+    }
+
+    fn on_record(
+        &self,
+        _: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        // The run's result and time, recorded on the newest span at its end.
+        let mut seen = self.0.lock().unwrap();
+        if let Some((_, fields)) = seen.spans.last_mut() {
+            values.record(&mut Fields(fields));
+        }
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut fields = HashMap::new();
+        event.record(&mut Fields(&mut fields));
+        self.0
+            .lock()
+            .unwrap()
+            .events
+            .push((event.metadata().target().to_string(), fields));
+    }
+}
+
+/// A drain under a subscriber: one `dibs.job` span per run with its id, kind, attempt,
+/// queue wait and (at its end) result and run time; one `dibs::job` event per recorded run
+/// with its outcome and error.
+fn tracing_has_a_span_per_run_and_a_line_per_recorded_job(backend: Backend) {
+    use tracing_subscriber::layer::SubscriberExt;
+    let db = TestDb::migrated(backend);
+    let pool = db.pool(2);
+    let ok = jobs::enqueue(&mut pool.get().unwrap(), &NewJob::new("tr", "ok", vec![]))
+        .unwrap()
+        .id;
+    let bad = jobs::enqueue(&mut pool.get().unwrap(), &NewJob::new("tr", "bad", vec![]))
+        .unwrap()
+        .id;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let subscriber = tracing_subscriber::registry().with(Recorder(seen.clone()));
+    let report = tracing::subscriber::with_default(subscriber, || {
+        Worker::builder(pool.clone())
+            .queue("tr")
+            .raw_handler("ok", |_: &JobContext, _: &[u8]| Ok(()))
+            .raw_handler("bad", |_: &JobContext, _: &[u8]| {
+                Err(JobError::dead("broken"))
+            })
+            .drain()
+            .unwrap()
+    });
+    assert_eq!((report.completed, report.dead), (1, 1));
+    let seen = seen.lock().unwrap();
+    let span = |id: i64| {
+        seen.spans
+            .iter()
+            .find(|(name, f)| name == "dibs.job" && f.get("job.id") == Some(&id.to_string()))
+            .map(|(_, f)| f.clone())
+            .unwrap_or_else(|| panic!("no span for job {id}: {:?}", seen.spans))
+    };
+    let line = |id: i64| {
+        let lines: Vec<_> = seen
+            .events
+            .iter()
+            .filter(|(target, f)| target == "dibs::job" && f.get("job.id") == Some(&id.to_string()))
+            .collect();
+        assert_eq!(lines.len(), 1, "one line per recorded run: {lines:?}");
+        lines[0].1.clone()
+    };
+    let (ok_span, bad_span) = (span(ok), span(bad));
+    assert_eq!(ok_span["kind"], "ok");
+    assert_eq!(ok_span["attempt"], "1");
+    assert_eq!(ok_span["result"], "ok");
+    assert_eq!(bad_span["result"], "error");
+    for fields in [&ok_span, &bad_span] {
+        assert!(fields.contains_key("queue_wait_ms") && fields.contains_key("run_ms"));
+    }
+    let (ok_line, bad_line) = (line(ok), line(bad));
+    assert_eq!(ok_line["outcome"], "completed");
+    assert_eq!(
+        (bad_line["outcome"].as_str(), bad_line["error"].as_str()),
+        ("dead", "broken")
+    );
+    assert_eq!(bad_line["queue"], "tr");
+    assert!(ok_line.contains_key("run_ms") && ok_line.contains_key("queue_wait_ms"));
 }
