@@ -52,6 +52,21 @@ fn main() -> ExitCode {
         .map(|(_, a)| a)
         .collect();
     let result = match positional.first() {
+        // `batch_worker URL`: the directory comes first.
+        Some(first) if first.contains("://") || first.ends_with(".db") => {
+            eprintln!(
+                "error: {first:?} looks like a database URL, and the first argument is the directory to checksum\n\
+                 usage: batch_worker [DIR [URL]] [--threads N]   (no DIR: the self-check on this crate's src/)"
+            );
+            return ExitCode::from(2);
+        }
+        Some(dir) if !Path::new(dir.as_str()).is_dir() => {
+            eprintln!(
+                "error: {dir:?} is not a directory\n\
+                 usage: batch_worker [DIR [URL]] [--threads N]   (no DIR: the self-check on this crate's src/)"
+            );
+            return ExitCode::from(2);
+        }
         Some(dir) => {
             let url = positional.get(1).map_or("dibs-batch.db", |u| u.as_str());
             run(Path::new(dir.as_str()), url, threads, crash_after).map(|_| ())

@@ -8,8 +8,10 @@
 //! cargo run --example web_app -- URL [--port N]    # on another database
 //! ```
 //!
-//! `POST /signup` with the name as the body; `GET /jobs/ID`. A signup the app rejects after
-//! writing the row (an empty name) rolls back the whole transaction: no user, no job.
+//! Routes (`GET /` lists them): `POST /signup` with the name as the body (e.g. `curl -d ada
+//! http://127.0.0.1:8087/signup`); `GET /jobs/ID`, the welcome job's state. A signup the app
+//! rejects after writing the row (an empty name) rolls back the whole transaction: no user,
+//! no job.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -153,9 +155,21 @@ fn handle(pool: &Pool, request: &mut tiny_http::Request) -> Result<(u16, String)
                 None => Ok((404, "no such job\n".into())),
             }
         }
-        _ => Ok((404, "not found\n".into())),
+        (tiny_http::Method::Get, "/") => Ok((200, ROUTES.into())),
+        _ => Ok((404, format!("not found\n\n{ROUTES}"))),
     }
 }
+
+/// What `GET /` (and any unknown route) answers.
+const ROUTES: &str = "\
+routes:
+  POST /signup    body: a name; writes the user and enqueues their welcome email (201), or
+                  rejects an empty name with no user and no job (422)
+  GET  /jobs/ID   the welcome job's state: waiting, running, completed, dead or cancelled
+try:
+  curl -d ada http://127.0.0.1:8087/signup
+  curl http://127.0.0.1:8087/jobs/1
+";
 
 /// Why a signup did not happen.
 enum Signup {
