@@ -61,8 +61,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // A drain runs what is due; the retry and the snooze are due a few ms later.
     for _ in 0..3 {
-        let report = Worker::builder(pool.clone()).register(thumbnail).drain()?;
-        eprintln!("{report:?}");
+        let r = Worker::builder(pool.clone()).register(thumbnail).drain()?;
+        eprintln!(
+            "drained: {} completed, {} retried, {} snoozed, {} dead",
+            r.completed, r.retried, r.snoozed, r.dead
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     dibs::metrics::record_stats(&jobs::stats(&mut pool.get()?)?);
@@ -91,5 +94,6 @@ fn tracing_subscriber_init() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }

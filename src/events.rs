@@ -155,7 +155,7 @@ pub(crate) fn log(event: &Event) {
                         kind = %run.kind,
                         attempt = run.attempt,
                         max_attempts = run.max_attempts,
-                        outcome = run.outcome.as_str(),
+                        outcome = %run.outcome.as_str(),
                         run_ms,
                         queue_wait_ms = ms(run.queue_wait),
                         error = run.error.as_deref(),
