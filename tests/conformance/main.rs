@@ -14,6 +14,7 @@ mod jobs;
 mod kinds;
 mod leases;
 mod limits;
+mod privileges;
 mod queue_ops;
 mod schedules;
 mod schema_contract;

@@ -1,0 +1,146 @@
+//! The least privileges README.md's "On a server" gives the application user are enough:
+//! after migrations ran as the owner, a user with only SELECT, INSERT, UPDATE and DELETE on
+//! the tables enqueues, runs a worker (claims, limits, retries, snoozes, rescues, prunes),
+//! fires schedules, takes and releases leases, and reads stats. (SQLite has no users: file
+//! permissions only.)
+
+use std::time::Duration;
+
+use diesel::connection::SimpleConnection;
+
+use dibs::jobs::{self, Backoff, Finished, JobArgs, Retention};
+use dibs::worker::{JobContext, JobError, Worker};
+use dibs::{AnyConnection, Backend, Pool};
+use serde::{Deserialize, Serialize};
+
+use crate::support::{TestDb, server_url};
+
+#[derive(Serialize, Deserialize)]
+struct Task {
+    n: u32,
+}
+
+impl JobArgs for Task {
+    const KIND: &'static str = "task";
+    const QUEUE: &'static str = "app";
+    const BACKOFF: Option<Backoff> = Some(Backoff {
+        base: Duration::from_millis(1),
+        max: Duration::from_millis(1),
+    });
+    fn limit(&self) -> Option<(String, u32)> {
+        Some((format!("key-{}", self.n % 3), 1))
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_app_user_needs_only_row_privileges() {
+    let db = TestDb::migrated(Backend::Postgres);
+    let role = format!("dibs_w_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = AnyConnection::connect(&server_url(Backend::Postgres)).unwrap();
+    admin
+        .batch_execute(&format!("CREATE ROLE {role} LOGIN"))
+        .unwrap();
+    db.connect()
+        .batch_execute(&format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"
+        ))
+        .unwrap();
+    let mut url = url::Url::parse(db.url()).unwrap();
+    url.set_username(&role).unwrap();
+    exercise(url.as_str());
+    drop(db);
+    admin.batch_execute(&format!("DROP ROLE {role}")).unwrap();
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_app_user_needs_only_row_privileges() {
+    let db = TestDb::migrated(Backend::Mysql);
+    let user = format!(
+        "dibs_w_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..16]
+    );
+    let mut url = url::Url::parse(db.url()).unwrap();
+    let database = url.path().trim_start_matches('/').to_string();
+    let mut admin = AnyConnection::connect(&server_url(Backend::Mysql)).unwrap();
+    admin
+        .batch_execute(&format!(
+            "CREATE USER '{user}'@'%'; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON {database}.* TO '{user}'@'%'"
+        ))
+        .unwrap();
+    url.set_username(&user).unwrap();
+    exercise(url.as_str());
+    drop(db);
+    admin
+        .batch_execute(&format!("DROP USER '{user}'@'%'"))
+        .unwrap();
+}
+
+/// Everything an application and its workers do, as the restricted user.
+fn exercise(url: &str) {
+    let mut conn = AnyConnection::connect(url).expect("the app user connects");
+    // Really restricted: no DDL.
+    assert!(
+        conn.batch_execute("CREATE TABLE not_allowed (id INTEGER)")
+            .is_err(),
+        "the app user must not be able to create tables"
+    );
+    assert!(dibs::schema_version(&mut conn).unwrap().is_some());
+    let tasks: Vec<Task> = (0..30).map(|n| Task { n }).collect();
+    jobs::enqueue_jobs(&mut conn, &tasks).unwrap();
+    // A schedule the worker fires (its ticks are the tasks past the 30th).
+    dibs::schedules::upsert(
+        &mut conn,
+        &dibs::schedules::Schedule::every(
+            "tick",
+            Duration::from_millis(200),
+            Task { n: 99 }.to_job().unwrap(),
+        ),
+    )
+    .unwrap();
+    // A claim left to lapse, for the worker's rescue.
+    jobs::claim(&mut conn, "app", 1, Duration::from_millis(1)).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+
+    let pool: Pool = Pool::options().max_size(8).open(url).unwrap();
+    let worker = Worker::builder(pool.clone())
+        .threads(2)
+        .poll_interval(Duration::from_millis(20))
+        .run_schedules()
+        .retention("app", Finished::Completed, Retention::DeleteAll)
+        .register(|ctx: &JobContext, task: Task| {
+            match (task.n, ctx.attempt) {
+                (1, 1) => Err("retry once")?,
+                (2, 1) => return Err(JobError::snooze(Duration::ZERO)),
+                _ => {}
+            }
+            Ok(())
+        })
+        .start()
+        .unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    let report = loop {
+        let report = worker.report();
+        if report.completed >= 31 || std::time::Instant::now() > until {
+            break report;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let report_at_end = worker.shutdown(Duration::from_secs(5));
+    assert!(report.completed >= 31, "{report:?}");
+    assert!(
+        report_at_end.retried >= 1 && report_at_end.snoozed >= 1,
+        "{report_at_end:?}"
+    );
+
+    let mut lease = dibs::lease::try_take(&mut conn, "backup", Duration::from_secs(30), "host")
+        .unwrap()
+        .expect("free");
+    lease.renew(&mut conn, Duration::from_secs(30)).unwrap();
+    dibs::transaction(&mut conn, |c| lease.verify(c)).unwrap();
+    assert!(lease.release(&mut conn).unwrap());
+    let stats = jobs::stats(&mut conn).unwrap();
+    assert!(stats.queues.iter().any(|q| q.queue == "app"));
+}
