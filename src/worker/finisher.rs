@@ -98,6 +98,8 @@ pub(super) fn record(
     // Per recorded run: its claim, the call's answer, and what the run asked for.
     let mut outcomes: Vec<(JobClaim, Outcome, RunOutcome)> = Vec::with_capacity(runs.len());
     let mut unrecorded = Vec::new();
+    // The errors of snoozes that left their job dead (out of attempts).
+    let mut snooze_deaths: HashMap<JobClaim, String> = HashMap::new();
     let by_claim: HashMap<JobClaim, &Settle> = runs.iter().map(|s| (s.claim(), s)).collect();
     type Call = fn(&mut PooledConnection, &[JobClaim]) -> crate::Result<Vec<Outcome>>;
     let grouped: [(Call, RunOutcome, Vec<JobClaim>); 2] = [
@@ -169,8 +171,13 @@ pub(super) fn record(
                 }
             }
             Settle::Snooze { claim, delay } => {
-                match conn.with(|c| jobs::snooze(c, *claim, *delay)) {
-                    Ok(outcome) => outcomes.push((*claim, outcome, RunOutcome::Snoozed)),
+                match conn.with(|c| jobs::snooze_noting_death(c, *claim, *delay)) {
+                    Ok((outcome, None)) => outcomes.push((*claim, outcome, RunOutcome::Snoozed)),
+                    // Past the free snoozes with no attempt left: the database says dead.
+                    Ok((outcome, Some(error))) => {
+                        snooze_deaths.insert(*claim, error);
+                        outcomes.push((*claim, outcome, RunOutcome::Dead));
+                    }
                     Err(e) => unrecorded.push((run.clone(), e)),
                 }
             }
@@ -198,7 +205,7 @@ pub(super) fn record(
             }
             let error = match by_claim.get(&claim) {
                 Some(Settle::Fail { message, .. }) => Some(message.clone()),
-                _ => None,
+                _ => snooze_deaths.remove(&claim),
             };
             if let Some(run) = state.runs.get(&claim) {
                 events.push(run.event(recorded, error));
