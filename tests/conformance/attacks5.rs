@@ -22,6 +22,8 @@ conformance!(
     a_limit_key_shared_by_kinds_holds_across_kinds_and_claimers,
     odd_kind_names_match_exactly,
     job_context_times_are_the_rows_and_the_events,
+    bad_typed_consts_are_typed_errors_and_change_nothing,
+    a_drain_hook_may_use_a_pool_of_one,
 );
 
 /// `drain` promises both to run the jobs handlers enqueue and to end: a handler that always
@@ -483,5 +485,106 @@ fn job_context_times_are_the_rows_and_the_events(backend: Backend) {
     assert!(
         seen[1].0.due_at >= seen[0].0.claimed_at,
         "snoozed after the run"
+    );
+}
+
+macro_rules! bad_type {
+    ($name:ident, $kind:expr, $($rest:tt)*) => {
+        #[derive(Serialize, Deserialize)]
+        struct $name;
+        impl JobArgs for $name {
+            const KIND: &'static str = $kind;
+            const QUEUE: &'static str = "bad";
+            $($rest)*
+        }
+    };
+}
+bad_type!(NoKind, "",);
+bad_type!(NoAttempts, "no_attempts", const MAX_ATTEMPTS: u32 = 0;);
+bad_type!(
+    TooManyAttempts,
+    "too_many",
+    const MAX_ATTEMPTS: u32 = u32::MAX;
+);
+bad_type!(
+    ZeroTimeout,
+    "zero_timeout",
+    const TIMEOUT: Option<Duration> = Some(Duration::ZERO);
+);
+bad_type!(
+    LongBackoff,
+    "long_backoff",
+    const BACKOFF: Option<jobs::Backoff> = Some(jobs::Backoff {
+        base: Duration::from_secs(1),
+        max: Duration::from_secs(367 * 24 * 3600),
+    });
+);
+
+/// Bad consts of a `JobArgs` type are typed errors where they are used (enqueue for the
+/// job's own options, the builder for the worker's), never a panic, and write nothing.
+fn bad_typed_consts_are_typed_errors_and_change_nothing(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let pool = db.pool(4);
+    let mut conn = pool.get().unwrap();
+    let ok = |_: &JobContext, _: NoKind| Ok(());
+    for refused in [
+        jobs::enqueue_job(&mut conn, &NoKind).map(|_| ()),
+        jobs::enqueue_job(&mut conn, &NoAttempts).map(|_| ()),
+        jobs::enqueue_job(&mut conn, &TooManyAttempts).map(|_| ()),
+        jobs::enqueue_jobs(&mut conn, &[TooManyAttempts]).map(|_| ()),
+    ] {
+        assert!(refused.unwrap_err().is_invalid_input());
+    }
+    let builders = [
+        Worker::builder(pool.clone()).register(ok),
+        Worker::builder(pool.clone()).register(|_: &JobContext, _: ZeroTimeout| Ok(())),
+        Worker::builder(pool.clone()).register(|_: &JobContext, _: LongBackoff| Ok(())),
+    ];
+    for builder in builders {
+        assert!(builder.drain().unwrap_err().is_invalid_input());
+    }
+    let n = crate::support::count(&mut db.connect(), "SELECT COUNT(*) AS n FROM dibs_jobs");
+    assert_eq!(n, 0);
+}
+
+/// `drain` on a pool of one: a hook that reads the database when a run is recorded (a
+/// test checking what it sees) gets a connection too, as handlers do.
+fn a_drain_hook_may_use_a_pool_of_one(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let pool = dibs::Pool::options()
+        .max_size(1)
+        .connection_timeout(Duration::from_secs(3))
+        .open(db.url())
+        .unwrap();
+    let id = jobs::enqueue(&mut pool.get().unwrap(), &NewJob::new("hp", "k", vec![]))
+        .unwrap()
+        .id;
+    let states: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (sink, hook_pool) = (states.clone(), pool.clone());
+    let report = Worker::builder(pool.clone())
+        .queue("hp")
+        .raw_handler("k", |_: &JobContext, _: &[u8]| Ok(()))
+        .on_event(move |event: &Event| {
+            if let Event::Run(run) = event {
+                let seen = match hook_pool.get() {
+                    Ok(mut conn) => format!(
+                        "{:?}",
+                        jobs::get(&mut conn, run.id).map(|j| j.map(|j| j.state))
+                    ),
+                    Err(e) => format!("no connection: {e}"),
+                };
+                sink.lock().unwrap().push(seen);
+            }
+        })
+        .drain()
+        .unwrap();
+    assert_eq!(report.completed, 1);
+    assert_eq!(
+        *states.lock().unwrap(),
+        vec![format!(
+            "{:?}",
+            Ok::<_, dibs::Error>(Some(JobState::Completed))
+        )],
+        "job {id}"
     );
 }
