@@ -132,7 +132,19 @@ fn finish<C: DibsConnection>(
     claims: &[JobClaim],
     finish: Finish<'_>,
 ) -> Result<Vec<Outcome>> {
+    finish_noting(conn, claims, finish, &mut Vec::new())
+}
+
+/// [`finish`], also noting in `died` the jobs a snooze left dead (now, or by the call this
+/// one repeats), with the error it recorded.
+fn finish_noting<C: DibsConnection>(
+    conn: &mut C,
+    claims: &[JobClaim],
+    finish: Finish<'_>,
+    died: &mut Vec<(i64, String)>,
+) -> Result<Vec<Outcome>> {
     check_claims(claims)?;
+    died.clear();
     transaction(conn, |conn| {
         let states: Vec<StateRow> = dispatch!(conn, c => {
             statement(c.syntax().render(LOCK_STATES))
@@ -161,6 +173,9 @@ fn finish<C: DibsConnection>(
                     } else if state == JobState::Cancelled {
                         Outcome::Cancelled
                     } else if finish.already_done(state) {
+                        if matches!(finish, Finish::Snooze(_)) && state == JobState::Dead {
+                            died.push((row.id, out_of_attempts(i64::from(row.snoozes))));
+                        }
                         Outcome::AlreadyDone
                     } else {
                         Outcome::Lost
@@ -171,7 +186,7 @@ fn finish<C: DibsConnection>(
             outcomes.push(outcome);
         }
         if !apply.is_empty() {
-            apply_finish(conn, &apply, &finish)?;
+            apply_finish(conn, &apply, &finish, died)?;
         }
         if !cancel.is_empty() {
             let ids = cancel.iter().map(|row| row.id);
@@ -187,6 +202,7 @@ fn apply_finish<C: DibsConnection>(
     conn: &mut C,
     rows: &[&StateRow],
     finish: &Finish<'_>,
+    died: &mut Vec<(i64, String)>,
 ) -> Result<()> {
     let ids = rows.iter().map(|row| row.id);
     let batch_update = match finish {
@@ -208,7 +224,9 @@ fn apply_finish<C: DibsConnection>(
         (None, Finish::Complete | Finish::GiveBack | Finish::Renew(_)) => {}
         (None, Finish::Snooze(micros)) => {
             for row in rows {
-                apply_snooze(conn, row, *micros)?;
+                if let Some(error) = apply_snooze(conn, row, *micros)? {
+                    died.push((row.id, error));
+                }
             }
         }
         (None, Finish::Fail { error, retry }) => {
@@ -250,7 +268,12 @@ fn apply_finish<C: DibsConnection>(
 
 /// Snoozes one claimed job: free (the attempt given back) for its first
 /// [`MAX_FREE_SNOOZES`] snoozes, then the run counts, and a job out of attempts is dead.
-fn apply_snooze<C: DibsConnection>(conn: &mut C, row: &StateRow, micros: i64) -> Result<()> {
+/// Returns the error it recorded if it is dead.
+fn apply_snooze<C: DibsConnection>(
+    conn: &mut C,
+    row: &StateRow,
+    micros: i64,
+) -> Result<Option<String>> {
     let snoozes = i64::from(row.snoozes) + 1;
     if row.snoozes < MAX_FREE_SNOOZES as i32 || row.attempt < row.max_attempts {
         let template = if row.snoozes < MAX_FREE_SNOOZES as i32 {
@@ -264,16 +287,22 @@ fn apply_snooze<C: DibsConnection>(conn: &mut C, row: &StateRow, micros: i64) ->
                 .bind_ids([row.id])
                 .execute(c)
         })?;
-        return Ok(());
+        return Ok(None);
     }
-    let error = format!("snoozed {snoozes} times; out of attempts");
+    let error = out_of_attempts(snoozes);
     dispatch!(conn, c => {
         statement(c.syntax().render(SNOOZE_DEAD))
             .bind::<Text, _>(error.as_str())
             .bind_ids([row.id])
             .execute(c)
     })?;
-    record_error(conn, row.id, Some(row.attempt), &error)
+    record_error(conn, row.id, Some(row.attempt), &error)?;
+    Ok(Some(error))
+}
+
+/// The error of a job a snooze left dead.
+fn out_of_attempts(snoozes: i64) -> String {
+    format!("snoozed {snoozes} times; out of attempts")
 }
 
 /// Keeps the error of a failed run in the job's history (`attempt` None: the job's current
@@ -414,7 +443,27 @@ pub fn snooze<C: DibsConnection>(
     claim: JobClaim,
     delay: Duration,
 ) -> Result<Outcome> {
+    snooze_noting_death(conn, claim, delay).map(|(outcome, _)| outcome)
+}
+
+/// [`snooze`], also giving the error recorded if the snooze left the job dead (out of
+/// attempts past the free snoozes): the worker reports such a run as dead, as the database
+/// records it.
+pub(crate) fn snooze_noting_death<C: DibsConnection>(
+    conn: &mut C,
+    claim: JobClaim,
+    delay: Duration,
+) -> Result<(Outcome, Option<String>)> {
     let micros = validate::delay_micros(delay)?;
-    let outcomes = finish(conn, &[claim], Finish::Snooze(micros))?;
-    Ok(outcomes.into_iter().next().unwrap_or(Outcome::Lost))
+    let mut died = Vec::new();
+    let outcomes = finish_noting(conn, &[claim], Finish::Snooze(micros), &mut died)?;
+    let outcome = outcomes.into_iter().next().unwrap_or(Outcome::Lost);
+    let error = match outcome {
+        Outcome::Done | Outcome::AlreadyDone => died
+            .into_iter()
+            .find(|(id, _)| *id == claim.id)
+            .map(|(_, error)| error),
+        Outcome::Lost | Outcome::Cancelled => None,
+    };
+    Ok((outcome, error))
 }

@@ -46,6 +46,7 @@ use crate::{DibsConnection, Error, Result};
 
 pub use claim::{claim, claim_kinds, rescue};
 pub use enqueue::{INSERT_CHUNK_BYTES, INSERT_CHUNK_ROWS, enqueue, enqueue_many};
+pub(crate) use finish::snooze_noting_death;
 pub use finish::{complete, fail, give_back, renew, snooze};
 pub use manage::{
     FailedRun, JobFilter, MAX_OUTPUT_BYTES, QueueStats, RunOutput, RunningJob, Stats, cancel,

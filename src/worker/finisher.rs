@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use super::connection::Connection;
 use super::runs::{Settle, Shared, batches};
-use crate::events::RunOutcome;
+use crate::events::{Event, RunOutcome};
 use crate::jobs::{self, JobClaim, Outcome, Retry};
 use crate::{Error, PooledConnection};
 
@@ -39,7 +39,10 @@ pub(super) fn finisher(shared: &Shared) {
             state.settling = batch.len();
             batch
         };
-        let unrecorded = record(shared, &mut conn, &batch);
+        let (unrecorded, events) = record(shared, &mut conn, &batch);
+        for event in events {
+            shared.emit(event);
+        }
         let pending: HashSet<JobClaim> = unrecorded.iter().map(|(s, _)| s.claim()).collect();
         let mut state = shared.lock();
         let recorded: Vec<JobClaim> = batch
@@ -88,16 +91,19 @@ fn may_pass(error: &Error) -> bool {
 }
 
 /// Records runs: completions together (one transaction per batch), give-backs together,
-/// failures and snoozes one by one; counts the outcomes and emits their events. Returns the
-/// runs not recorded, with why.
+/// failures and snoozes one by one; counts the outcomes. Returns the runs not recorded, with
+/// why, and the events of those recorded, for the caller to emit ([`Shared::emit`]) once it
+/// can spare the connection (a drain on a pool of one: a hook may use the pool).
 pub(super) fn record(
     shared: &Shared,
     conn: &mut Connection<'_>,
     runs: &[Settle],
-) -> Vec<(Settle, Error)> {
+) -> (Vec<(Settle, Error)>, Vec<Event>) {
     // Per recorded run: its claim, the call's answer, and what the run asked for.
     let mut outcomes: Vec<(JobClaim, Outcome, RunOutcome)> = Vec::with_capacity(runs.len());
     let mut unrecorded = Vec::new();
+    // The errors of snoozes that left their job dead (out of attempts).
+    let mut snooze_deaths: HashMap<JobClaim, String> = HashMap::new();
     let by_claim: HashMap<JobClaim, &Settle> = runs.iter().map(|s| (s.claim(), s)).collect();
     type Call = fn(&mut PooledConnection, &[JobClaim]) -> crate::Result<Vec<Outcome>>;
     let grouped: [(Call, RunOutcome, Vec<JobClaim>); 2] = [
@@ -169,8 +175,13 @@ pub(super) fn record(
                 }
             }
             Settle::Snooze { claim, delay } => {
-                match conn.with(|c| jobs::snooze(c, *claim, *delay)) {
-                    Ok(outcome) => outcomes.push((*claim, outcome, RunOutcome::Snoozed)),
+                match conn.with(|c| jobs::snooze_noting_death(c, *claim, *delay)) {
+                    Ok((outcome, None)) => outcomes.push((*claim, outcome, RunOutcome::Snoozed)),
+                    // Past the free snoozes with no attempt left: the database says dead.
+                    Ok((outcome, Some(error))) => {
+                        snooze_deaths.insert(*claim, error);
+                        outcomes.push((*claim, outcome, RunOutcome::Dead));
+                    }
                     Err(e) => unrecorded.push((run.clone(), e)),
                 }
             }
@@ -198,15 +209,12 @@ pub(super) fn record(
             }
             let error = match by_claim.get(&claim) {
                 Some(Settle::Fail { message, .. }) => Some(message.clone()),
-                _ => None,
+                _ => snooze_deaths.remove(&claim),
             };
             if let Some(run) = state.runs.get(&claim) {
                 events.push(run.event(recorded, error));
             }
         }
     }
-    for event in events {
-        shared.emit(event);
-    }
-    unrecorded
+    (unrecorded, events)
 }

@@ -51,12 +51,20 @@ pub(crate) fn drain(config: Config) -> crate::Result<Report> {
                     .lock()
                     .returned(claim, settle.clone(), started.elapsed());
                 let mut conn = Connection::new(&config.pool);
-                if let Some((_, e)) = finisher::record(&shared, &mut conn, &[settle]).pop() {
+                let (mut unrecorded, events) = finisher::record(&shared, &mut conn, &[settle]);
+                // No connection held while the hooks run either: they may use the pool.
+                drop(conn);
+                if let Some((_, e)) = unrecorded.pop() {
                     tracing::warn!(error = %e, "finishing a job failed; it will be rescued");
                 }
-                let mut state = shared.lock();
-                state.recorded([claim]);
-                state.settle.clear();
+                {
+                    let mut state = shared.lock();
+                    state.recorded([claim]);
+                    state.settle.clear();
+                }
+                for event in events {
+                    shared.emit(event);
+                }
             }
         }
         if !ran {

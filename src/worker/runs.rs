@@ -323,7 +323,11 @@ impl State {
             else {
                 continue;
             };
-            let at = started + timeout;
+            // A timeout past what an Instant holds never passes (not an overflow panic that
+            // would take the heartbeat down, and the worker's claims with it).
+            let Some(at) = started.checked_add(timeout) else {
+                continue;
+            };
             if now >= at {
                 run.timed_out = true;
                 run.stop.store(true, Ordering::SeqCst);
@@ -425,13 +429,24 @@ impl Shared {
     }
 
     /// Logs `event`, counts it as metrics (with the feature) and hands it to the hooks.
-    /// Call without the state's lock held: hooks may be slow.
+    /// Call without the state's lock held: hooks may be slow. A hook that panics (a bug in
+    /// it) is logged and the other hooks still get the event: the panic must not unwind
+    /// through the worker's own thread (the finisher's: runs would stay unrecorded, their
+    /// jobs held and renewed for as long as the worker lives).
     pub fn emit(&self, event: Event) {
         events::log(&event);
         #[cfg(feature = "metrics")]
         crate::metrics::record_event(&event);
         for hook in &self.config.hooks {
-            hook(&event);
+            let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(&event)));
+            if let Err(panic) = called {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic without a message".to_string());
+                tracing::error!(target: "dibs::worker", panic = %message, "an on_event hook panicked; the worker goes on");
+            }
         }
     }
 }

@@ -6,6 +6,7 @@ mod support;
 mod attacks2;
 mod attacks3;
 mod attacks4;
+mod attacks5;
 mod contention;
 mod events;
 mod foundation;
