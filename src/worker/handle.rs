@@ -33,6 +33,7 @@ const STOP_WAIT: Duration = Duration::from_secs(1);
 pub(crate) fn drain(config: Config) -> crate::Result<Report> {
     let shared = Shared::new(config);
     let config = &shared.config;
+    let mut runs = 0;
     loop {
         let mut ran = false;
         for queue in &config.queues {
@@ -40,6 +41,20 @@ pub(crate) fn drain(config: Config) -> crate::Result<Report> {
                 jobs::claim_kinds(&mut c, queue, &config.kind_names, 1, config.claim_ttl)
             })?;
             for job in claimed {
+                if runs >= config.drain_limit {
+                    // Still due after the limit: give it back (no attempt used) and say so.
+                    shared
+                        .config
+                        .pool
+                        .get()
+                        .and_then(|mut c| jobs::give_back(&mut c, &[job.claim()]))?;
+                    return Err(Error::Timeout {
+                        what: "a drain to end: it ran its limit of runs and jobs are still due \
+                               (does a handler enqueue another job every time? see \
+                               WorkerBuilder::drain_limit)",
+                    });
+                }
+                runs += 1;
                 ran = true;
                 let claim = job.claim();
                 let timeout = config.kinds.get(&job.kind).and_then(|k| k.timeout);

@@ -113,6 +113,7 @@ pub struct WorkerBuilder {
     run_schedules: bool,
     prefetch: usize,
     hooks: Vec<Hook>,
+    drain_limit: usize,
     error: Option<Error>,
 }
 
@@ -135,6 +136,7 @@ impl Worker {
             run_schedules: false,
             prefetch: 100,
             hooks: Vec::new(),
+            drain_limit: 10_000,
             error: None,
         }
     }
@@ -415,7 +417,8 @@ impl WorkerBuilder {
 
     /// Runs every due job of the worker's queues (of the kinds it has handlers for) on the
     /// calling thread, one at a time, until none is due, including jobs that handlers
-    /// enqueue meanwhile; returns what happened. For tests and one-shot passes: no threads,
+    /// enqueue meanwhile; returns what happened. At most [`WorkerBuilder::drain_limit`] runs:
+    /// past it, with jobs still due, [`Error::Timeout`]. For tests and one-shot passes: no threads,
     /// no heartbeats (claims last the claim ttl), and a pool of any size (the drain holds no
     /// connection while a handler runs). See also [`crate::testing`].
     ///
@@ -436,6 +439,14 @@ impl WorkerBuilder {
     /// ```
     pub fn drain(self) -> Result<Report> {
         handle::drain(self.checked(1)?)
+    }
+
+    /// The most runs one [`WorkerBuilder::drain`] makes (default 10,000): a drain that
+    /// reaches it with jobs still due gives the next one back and returns
+    /// [`Error::Timeout`], instead of running forever when handlers keep enqueueing.
+    pub fn drain_limit(mut self, runs: usize) -> Self {
+        self.drain_limit = runs;
+        self
     }
 
     /// Renamed [`WorkerBuilder::drain`], which no longer needs a pool of `threads + 3`.
@@ -536,6 +547,7 @@ impl WorkerBuilder {
             run_schedules: self.run_schedules,
             prefetch: self.prefetch.min(crate::jobs::MAX_BATCH),
             hooks: self.hooks,
+            drain_limit: self.drain_limit,
         })
     }
 }

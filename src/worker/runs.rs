@@ -38,6 +38,8 @@ pub(crate) struct Config {
     /// The most jobs claimed ahead of the threads.
     pub prefetch: usize,
     pub hooks: Vec<Hook>,
+    /// The most runs one drain makes.
+    pub drain_limit: usize,
 }
 
 /// A kind this worker runs: its handler, retry policy and timeout.
