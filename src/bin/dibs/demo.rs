@@ -5,12 +5,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use dibs::jobs::{self, Backoff, Finished, NewJob, Retention};
 use dibs::lease::Wait;
 use dibs::schedules::{self, Schedule};
 use dibs::worker::{JobContext, JobError, Worker};
 use dibs::{LeaseGuard, Pool};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::output::line;
 use crate::{Failure, Outcome, database};
@@ -219,9 +219,9 @@ pub fn run(args: DemoArgs, flag_url: Option<String>) -> Outcome {
             return Err(Failure::new(1, "the demo did not finish within 10 minutes"));
         }
     }
-    progress.finish();
     let took = started.elapsed();
     let report = worker.shutdown(Duration::from_secs(5));
+    progress.finish(report.retried, report.dead)?;
     let fences = fences.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let ticks = ticks.load(Ordering::SeqCst);
     let completed = report.completed - ticks;
@@ -240,7 +240,7 @@ pub fn run(args: DemoArgs, flag_url: Option<String>) -> Outcome {
         ),
         (
             "dead",
-            format!("{} jobs failed for good after 3 attempts", report.dead),
+            format!("{} job(s) failed for good after 3 attempts", report.dead),
         ),
         (
             "throughput",
@@ -251,7 +251,10 @@ pub fn run(args: DemoArgs, flag_url: Option<String>) -> Outcome {
                 args.threads
             ),
         ),
-        ("schedule", format!("{ticks} heartbeat ticks fired, each once")),
+        (
+            "schedule",
+            format!("{ticks} heartbeat ticks fired, each once"),
+        ),
         (
             "lease",
             format!(
@@ -287,13 +290,11 @@ struct Progress {
 
 impl Progress {
     fn new(total: usize) -> Result<Progress, Failure> {
-        let bar =
-            ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stdout());
-        let style = ProgressStyle::with_template(
-            "[{bar:30}] {pos:>6}/{len} jobs  {per_sec:>12}  {msg}",
-        )
-        .map_err(|e| Failure::new(1, format!("the progress bar's template: {e}")))?
-        .progress_chars("#>.");
+        let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stdout());
+        let style =
+            ProgressStyle::with_template("[{bar:30}] {pos:>6}/{len} jobs  {per_sec:>12}  {msg}")
+                .map_err(|e| Failure::new(1, format!("the progress bar's template: {e}")))?
+                .progress_chars("#>.");
         bar.set_style(style);
         Ok(Progress {
             plain: bar.is_hidden(),
@@ -322,8 +323,8 @@ impl Progress {
             .last_line
             .get()
             .is_none_or(|at| now - at >= Duration::from_secs(2));
-        let changed = *self.last_note.borrow() != note;
-        if due || changed {
+        let new_note = !note.is_empty() && *self.last_note.borrow() != note;
+        if due || new_note {
             self.last_line.set(Some(now));
             *self.last_note.borrow_mut() = note.to_string();
             let rate = finished as f64 / self.started.elapsed().as_secs_f64().max(0.001);
@@ -335,9 +336,14 @@ impl Progress {
         Ok(())
     }
 
-    fn finish(&self) {
-        if !self.plain {
+    fn finish(&self, retried: usize, dead: usize) -> Outcome {
+        if self.plain {
+            // The count's last line, however recent the one before it.
+            self.last_line.set(None);
+            self.update(self.total, retried, dead, "")
+        } else {
             self.bar.finish();
+            Ok(())
         }
     }
 }
@@ -361,10 +367,24 @@ fn not_due(pool: &Pool) -> Result<String, Failure> {
         .count();
     Ok(match (retries, delayed) {
         (0, 0) => String::new(),
-        (r, 0) => format!("waiting for {r} retries (backoff)"),
-        (0, d) => format!("waiting for {d} delayed reports"),
-        (r, d) => format!("waiting for {r} retries (backoff) and {d} delayed reports"),
+        (r, 0) => format!("waiting for {}", retries_text(r)),
+        (0, d) => format!("waiting for {}", reports_text(d)),
+        (r, d) => format!("waiting for {} and {}", retries_text(r), reports_text(d)),
     })
+}
+
+fn retries_text(n: usize) -> String {
+    match n {
+        1 => "1 retry after its backoff".into(),
+        n => format!("{n} retries after their backoff"),
+    }
+}
+
+fn reports_text(n: usize) -> String {
+    match n {
+        1 => "1 delayed report".into(),
+        n => format!("{n} delayed reports"),
+    }
 }
 
 /// Where the demo's jobs are, and the commands that look at them.

@@ -129,7 +129,10 @@ fn show_text(job: &Job, reveal: bool) -> String {
         ("queue", Some(job.queue.clone())),
         ("kind", Some(job.kind.clone())),
         ("state", Some(job.state.as_str().to_string())),
-        ("attempts", Some(format!("{} of {}", job.attempt, job.max_attempts))),
+        (
+            "attempts",
+            Some(format!("{} of {}", job.attempt, job.max_attempts)),
+        ),
         ("priority", Some(job.priority.to_string())),
         ("created", time(Some(job.created_at))),
         ("due", time(Some(job.due_at))),
@@ -183,10 +186,22 @@ pub fn run(pool: &Pool, command: JobsCommand, out: &Out) -> Outcome {
                 ..JobFilter::default()
             };
             let list = jobs::list(&mut conn, &filter)?;
-            let value = json!(list.iter().map(|j| job_json(j, reveal_env)).collect::<Vec<_>>());
+            let value = json!(
+                list.iter()
+                    .map(|j| job_json(j, reveal_env))
+                    .collect::<Vec<_>>()
+            );
             out.print(value, || {
                 table(
-                    &["id", "queue", "kind", "state", "attempt", "due", "last error"],
+                    &[
+                        "id",
+                        "queue",
+                        "kind",
+                        "state",
+                        "attempt",
+                        "due",
+                        "last error",
+                    ],
                     list.iter().map(|j| {
                         vec![
                             j.id.to_string(),
@@ -285,9 +300,7 @@ pub fn run(pool: &Pool, command: JobsCommand, out: &Out) -> Outcome {
             };
             let policy = match (keep, older_than) {
                 (Some(n), _) => Retention::KeepNewest(n),
-                (None, Some(age)) => {
-                    Retention::KeepYoungerThan(parse_flag("--older-than", &age)?)
-                }
+                (None, Some(age)) => Retention::KeepYoungerThan(parse_flag("--older-than", &age)?),
                 (None, None) => Retention::DeleteAll,
             };
             let mut deleted = 0;

@@ -66,7 +66,10 @@ fn cron_parses(expression: &str) -> Result<(), String> {
 fn check_cron(expression: &str) -> Result<(), Failure> {
     let parts: Vec<&str> = expression.split_whitespace().collect();
     let fail = |what: String| {
-        Failure::new(2, format!("--cron {expression:?}: {what}; use {CRON_SYNTAX}"))
+        Failure::new(
+            2,
+            format!("--cron {expression:?}: {what}; use {CRON_SYNTAX}"),
+        )
     };
     if !(parts.len() == 5 || parts.len() == 6) {
         return Err(fail(format!("{} field(s)", parts.len())));
