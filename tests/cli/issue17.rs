@@ -321,6 +321,11 @@ fn read_commands_do_not_create_a_missing_sqlite_file() {
         );
         assert!(!path.exists(), "{args:?} created {}", path.display());
     }
+    // Bad arguments are refused first (exit 2), still creating nothing.
+    refused(
+        &dibs_in(dir.path(), &[], &["enqueue", "--queue", "q"]),
+        &["needs --command"],
+    );
     let out = dibs_in(dir.path(), &[("DIBS_DATABASE_URL", "other.db")], &["stats"]);
     assert!(stderr(&out).contains("other.db") && stderr(&out).contains("DIBS_DATABASE_URL"));
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);

@@ -117,9 +117,13 @@ pub fn pool(url: &str, max_size: u32) -> Result<Pool, Failure> {
         .map_err(|error| open_failure(url, error))
 }
 
-/// Opens the pool; every command but `migrate` and `demo` needs dibs's tables.
-pub fn open(url: &str, max_size: u32, need_tables: bool) -> Result<Pool, Failure> {
-    let pool = pool(url, max_size)?;
+/// Opens the pool; every command but `migrate` and `demo` needs dibs's tables (and so an
+/// SQLite file that exists: it is not created). Commands check their arguments first.
+pub fn open(target: &Target, max_size: u32, need_tables: bool) -> Result<Pool, Failure> {
+    if need_tables {
+        require_existing(target)?;
+    }
+    let pool = pool(&target.url, max_size)?;
     if need_tables && dibs::schema_version(&mut pool.get()?)?.is_none() {
         return Err(Failure::new(
             4,

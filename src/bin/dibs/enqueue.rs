@@ -103,7 +103,11 @@ pub fn new_job(args: &JobArgs) -> Result<NewJob, Failure> {
     )
 }
 
-pub fn enqueue(pool: &Pool, args: EnqueueArgs, out: &Out) -> Outcome {
+pub fn enqueue(
+    open: impl FnOnce() -> Result<Pool, Failure>,
+    args: EnqueueArgs,
+    out: &Out,
+) -> Outcome {
     let mut job = new_job(&args.job)?;
     if let Some(delay) = &args.delay {
         job = job.delay(parse_flag("--delay", delay)?);
@@ -111,7 +115,7 @@ pub fn enqueue(pool: &Pool, args: EnqueueArgs, out: &Out) -> Outcome {
     if let Some(key) = &args.dedup_key {
         job = job.dedup_key(key.as_str());
     }
-    let enqueued = jobs::enqueue(&mut pool.get()?, &job)?;
+    let enqueued = jobs::enqueue(&mut open()?.get()?, &job)?;
     out.print(
         json!({"id": enqueued.id, "existing": enqueued.existing}),
         || {

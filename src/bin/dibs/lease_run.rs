@@ -233,7 +233,7 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-pub fn run(url: &str, args: RunArgs) -> Outcome {
+pub fn run(target: &database::Target, args: RunArgs) -> Outcome {
     let ttl = parse_flag("--ttl", &args.ttl)?;
     if ttl < Duration::from_secs(1) {
         return Err(Failure::new(
@@ -265,13 +265,7 @@ pub fn run(url: &str, args: RunArgs) -> Outcome {
     watch_signals_until_the_command_starts();
     // One connection the guard keeps for its renewals, fresh ones after a failure, and one to
     // say why a lease was lost.
-    let pool = database::pool(url, 4)?;
-    if dibs::schema_version(&mut pool.get()?)?.is_none() {
-        return Err(Failure::new(
-            4,
-            "the database has no dibs tables yet: run `dibs migrate` first",
-        ));
-    }
+    let pool = database::open(target, 4, true)?;
 
     let guard = take(&pool, name, ttl, &holder, wait, args.no_wait, &say)?;
     let fence = guard.fence();

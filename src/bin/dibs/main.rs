@@ -134,31 +134,25 @@ fn run(cli: Cli, out: &Out) -> Outcome {
     }
     let target = database::target(cli.database_url.as_deref());
     database::check_url(&target.url)?;
-    if !matches!(cli.command, Command::Migrate) {
-        // Reading or changing dibs's tables: a missing SQLite file is not created.
-        database::require_existing(&target)?;
-    }
-    let url = target.url.as_str();
+    // Each command checks its arguments before it opens the database (`open` refuses an
+    // SQLite file that does not exist rather than create it, but for `migrate`).
+    let open = || database::open(&target, 2, true);
     match cli.command {
-        Command::Migrate => migrate(url, out),
-        Command::Stats => stats::stats(&database::open(url, 2, true)?, out),
-        Command::Jobs(command) => job_commands::run(&database::open(url, 2, true)?, command, out),
-        Command::Leases(LeasesCommand::Run(args)) => lease_run::run(url, args),
-        Command::Leases(command) => {
-            lease_commands::run(&database::open(url, 2, true)?, command, out)
-        }
-        Command::Schedules(command) => {
-            schedule_commands::run(&database::open(url, 2, true)?, command, out)
-        }
-        Command::Enqueue(args) => enqueue::enqueue(&database::open(url, 2, true)?, args, out),
-        Command::Work(args) => work::run(url, args),
+        Command::Migrate => migrate(&target, out),
+        Command::Stats => stats::stats(&open()?, out),
+        Command::Jobs(command) => job_commands::run(&open()?, command, out),
+        Command::Leases(LeasesCommand::Run(args)) => lease_run::run(&target, args),
+        Command::Leases(command) => lease_commands::run(&open()?, command, out),
+        Command::Schedules(command) => schedule_commands::run(open, command, out),
+        Command::Enqueue(args) => enqueue::enqueue(open, args, out),
+        Command::Work(args) => work::run(&target, args),
         Command::Demo(_) => Err(Failure::new(1, "`demo` reached the wrong place")),
     }
 }
 
 /// `dibs migrate`: the schema version reached, and how many steps this run applied.
-fn migrate(url: &str, out: &Out) -> Outcome {
-    let pool = database::open(url, 1, false)?;
+fn migrate(target: &database::Target, out: &Out) -> Outcome {
+    let pool = database::open(target, 1, false)?;
     let applied = dibs::run_migrations(&mut pool.get()?)?;
     let version = dibs::schema_version(&mut pool.get()?)?.unwrap_or_default();
     out.print(

@@ -91,8 +91,24 @@ fn check_cron(expression: &str) -> Result<(), Failure> {
     Err(fail(format!("the fields do not fit together ({whole})")))
 }
 
-pub fn run(pool: &Pool, command: SchedulesCommand, out: &Out) -> Outcome {
-    let mut conn = pool.get()?;
+pub fn run(
+    open: impl FnOnce() -> Result<Pool, Failure>,
+    command: SchedulesCommand,
+    out: &Out,
+) -> Outcome {
+    // `add` checks its arguments before the database is opened.
+    if let SchedulesCommand::Add {
+        cron, every, job, ..
+    } = &command
+    {
+        new_job(job)?;
+        match (cron, every) {
+            (Some(expr), _) => check_cron(expr)?,
+            (None, Some(every)) => drop(parse_flag("--every", every)?),
+            (None, None) => return Err(Failure::new(2, "give --cron or --every")),
+        }
+    }
+    let mut conn = open()?.get()?;
     let changed = |done: bool, name: &str, what: &str| -> Outcome {
         if !done {
             return Err(Failure::new(1, format!("no schedule {name:?}")));

@@ -110,13 +110,13 @@ pub fn check_shell_payload(payload: &[u8]) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-pub fn run(url: &str, args: WorkArgs) -> Outcome {
+pub fn run(target: &database::Target, args: WorkArgs) -> Outcome {
     let timeout = parse_flag("--timeout", &args.timeout)?;
     let grace = parse_flag("--grace", &args.grace)?;
     let retry_after = parse_flag("--retry-after", &args.retry_after)?;
     let threads = args.threads;
     init_logging(args.log_format);
-    let pool = database::open(url, threads as u32 * 2 + 4, true)?;
+    let pool = database::open(target, threads as u32 * 2 + 4, true)?;
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
