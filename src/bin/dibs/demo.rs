@@ -291,10 +291,9 @@ struct Progress {
 impl Progress {
     fn new(total: usize) -> Result<Progress, Failure> {
         let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stdout());
-        let style =
-            ProgressStyle::with_template("[{bar:30}] {pos:>6}/{len} jobs  {per_sec:>12}  {msg}")
-                .map_err(|e| Failure::new(1, format!("the progress bar's template: {e}")))?
-                .progress_chars("#>.");
+        let style = ProgressStyle::with_template("[{bar:30}] {pos:>6}/{len} jobs  {msg}")
+            .map_err(|e| Failure::new(1, format!("the progress bar's template: {e}")))?
+            .progress_chars("#>.");
         bar.set_style(style);
         Ok(Progress {
             plain: bar.is_hidden(),
@@ -307,7 +306,8 @@ impl Progress {
     }
 
     fn update(&self, finished: usize, retried: usize, dead: usize, note: &str) -> Outcome {
-        let counts = format!("retried {retried}, dead {dead}");
+        let rate = finished as f64 / self.started.elapsed().as_secs_f64().max(0.001);
+        let counts = format!("{rate:.0} jobs/s, retried {retried}, dead {dead}");
         let message = if note.is_empty() {
             counts.clone()
         } else {
@@ -327,9 +327,8 @@ impl Progress {
         if due || new_note {
             self.last_line.set(Some(now));
             *self.last_note.borrow_mut() = note.to_string();
-            let rate = finished as f64 / self.started.elapsed().as_secs_f64().max(0.001);
             line(&format!(
-                "{finished:>6}/{} jobs done, {rate:.0} jobs/s, {message}",
+                "{finished:>6}/{} jobs done, {message}",
                 self.total
             ))?;
         }
