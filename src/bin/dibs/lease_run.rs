@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use dibs::{LeaseGuard, Pool};
 
-use crate::{Failure, Outcome, parse_duration};
+use crate::{Failure, Outcome, database, duration::parse_flag};
 
 /// Not run: someone else holds the lease (at once with `--no-wait`, or after `--wait`).
 pub const HELD: u8 = 75;
@@ -233,8 +233,8 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-pub fn run(url: &str, args: RunArgs) -> Outcome {
-    let ttl = parse_duration(&args.ttl)?;
+pub fn run(target: &database::Target, args: RunArgs) -> Outcome {
+    let ttl = parse_flag("--ttl", &args.ttl)?;
     if ttl < Duration::from_secs(1) {
         return Err(Failure::new(
             2,
@@ -246,9 +246,9 @@ pub fn run(url: &str, args: RunArgs) -> Outcome {
     }
     let wait = match args.no_wait {
         true => Duration::ZERO,
-        false => parse_duration(&args.wait)?,
+        false => parse_flag("--wait", &args.wait)?,
     };
-    let grace = parse_duration(&args.grace)?;
+    let grace = parse_flag("--grace", &args.grace)?;
     let holder = args
         .holder
         .clone()
@@ -265,13 +265,7 @@ pub fn run(url: &str, args: RunArgs) -> Outcome {
     watch_signals_until_the_command_starts();
     // One connection the guard keeps for its renewals, fresh ones after a failure, and one to
     // say why a lease was lost.
-    let pool = Pool::options().max_size(4).open(url)?;
-    if dibs::schema_version(&mut pool.get()?)?.is_none() {
-        return Err(Failure::new(
-            4,
-            "the database has no dibs tables yet: run `dibs migrate` first",
-        ));
-    }
+    let pool = database::open(target, 4, true)?;
 
     let guard = take(&pool, name, ttl, &holder, wait, args.no_wait, &say)?;
     let fence = guard.fence();

@@ -1,4 +1,10 @@
-//! Tables for people, JSON for scripts.
+//! Tables for people, JSON for scripts, and writes that survive a reader gone away.
+
+use std::io::{IsTerminal, Write};
+
+use comfy_table::{Table, presets};
+
+use crate::{Failure, Outcome};
 
 /// Where a command's result goes.
 pub struct Out {
@@ -7,44 +13,54 @@ pub struct Out {
 
 impl Out {
     /// Prints `value` as JSON with `--json`, else the text `human` makes.
-    pub fn print(&self, value: serde_json::Value, human: impl FnOnce() -> String) {
+    pub fn print(&self, value: serde_json::Value, human: impl FnOnce() -> String) -> Outcome {
         if self.json {
-            println!("{value}");
+            line(&value.to_string())
         } else {
-            let text = human();
-            println!("{}", text.trim_end());
+            line(human().trim_end())
         }
     }
 }
 
-/// A plain-text table with aligned columns.
+/// Writes `text` and a newline to stdout. A reader that has gone away (`dibs ... | head`)
+/// is not an error: the output is not wanted any more, and the command's status stays that
+/// of what it did. Any other write error (a full disk) is exit code 1.
+pub fn line(text: &str) -> Outcome {
+    let mut stdout = std::io::stdout().lock();
+    let written = writeln!(stdout, "{text}").and_then(|()| stdout.flush());
+    match written {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(Failure::new(1, format!("cannot write the output: {e}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A table with aligned columns: light rules on a terminal, plain space-separated columns
+/// (no box characters) when the output goes to a file or a pipe.
 pub fn table(headers: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
-    let rows: Vec<Vec<String>> = rows.collect();
-    if rows.is_empty() {
+    let mut table = Table::new();
+    let preset = if std::io::stdout().is_terminal() {
+        presets::UTF8_HORIZONTAL_ONLY
+    } else {
+        presets::NOTHING
+    };
+    table.load_style(preset).set_header(headers.to_vec());
+    let mut empty = true;
+    for row in rows {
+        table.add_row(row);
+        empty = false;
+    }
+    if empty {
         return "(none)\n".to_string();
     }
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for row in &rows {
-        for (i, cell) in row.iter().enumerate() {
-            if let Some(width) = widths.get_mut(i) {
-                *width = (*width).max(cell.chars().count());
-            }
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut text = cells
-            .iter()
-            .zip(&widths)
-            .map(|(cell, width)| format!("{cell:<width$}"))
-            .collect::<Vec<_>>()
-            .join("  ");
-        text.truncate(text.trim_end().len());
+    let lines: Vec<String> = table.lines().collect();
+    // Each cell is padded by a space: the first column's is not needed.
+    let indent = usize::from(lines.iter().all(|line| line.starts_with(' ')));
+    let mut text = String::new();
+    for line in &lines {
+        text.push_str(line[indent..].trim_end());
         text.push('\n');
-        text
-    };
-    let mut text = line(headers.to_vec());
-    for row in &rows {
-        text.push_str(&line(row.iter().map(String::as_str).collect()));
     }
     text
 }
@@ -76,13 +92,4 @@ pub fn short(text: &str, max: usize) -> String {
     let mut cut: String = line.chars().take(max.saturating_sub(1)).collect();
     cut.push('…');
     cut
-}
-
-/// A JSON value as plain text (strings without quotes, null as empty).
-pub fn plain(value: &serde_json::Value) -> String {
-    match value {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Null => String::new(),
-        other => other.to_string(),
-    }
 }

@@ -15,7 +15,8 @@ use dibs::Pool;
 use dibs::jobs::{self, Backoff};
 use dibs::worker::{JobContext, JobError, Worker};
 
-use crate::{Failure, Outcome, parse_duration};
+use crate::duration::parse_flag;
+use crate::{Failure, Outcome, database};
 
 /// The kind of job `dibs work` runs.
 pub const SHELL: &str = "shell";
@@ -102,19 +103,20 @@ pub fn shell_payload(command: &str, env: &[String]) -> Result<Vec<u8>, Failure> 
     .map_err(|e| Failure::new(1, e.to_string()))
 }
 
-pub fn run(url: &str, args: WorkArgs) -> Outcome {
-    let timeout = parse_duration(&args.timeout)?;
-    let grace = parse_duration(&args.grace)?;
-    let retry_after = parse_duration(&args.retry_after)?;
+/// Whether `payload` is a shell job's (`{"command": ..., "env": {...}}`), and if not why.
+pub fn check_shell_payload(payload: &[u8]) -> Result<(), String> {
+    serde_json::from_slice::<ShellJob>(payload)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+pub fn run(target: &database::Target, args: WorkArgs) -> Outcome {
+    let timeout = parse_flag("--timeout", &args.timeout)?;
+    let grace = parse_flag("--grace", &args.grace)?;
+    let retry_after = parse_flag("--retry-after", &args.retry_after)?;
     let threads = args.threads;
     init_logging(args.log_format);
-    let pool = Pool::options().max_size(threads as u32 * 2 + 4).open(url)?;
-    if dibs::schema_version(&mut pool.get()?)?.is_none() {
-        return Err(Failure::new(
-            4,
-            "the database has no dibs tables yet: run `dibs migrate` first",
-        ));
-    }
+    let pool = database::open(target, threads as u32 * 2 + 4, true)?;
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))

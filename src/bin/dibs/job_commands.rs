@@ -1,0 +1,319 @@
+//! `dibs jobs`: list, show, retry, cancel and prune jobs.
+
+use clap::{Subcommand, ValueEnum};
+use dibs::Pool;
+use dibs::jobs::{self, Finished, Job, JobFilter, JobState, Retention};
+use serde_json::{Value, json};
+
+use crate::duration::parse_flag;
+use crate::output::{self, Out, table};
+use crate::work::SHELL;
+use crate::{Failure, Outcome};
+
+#[derive(Subcommand)]
+pub enum JobsCommand {
+    /// Jobs, newest first.
+    List {
+        #[arg(long)]
+        queue: Option<String>,
+        #[arg(long, value_enum)]
+        state: Option<State>,
+        #[arg(long)]
+        kind: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// With --json: show the values of shell jobs' --env variables (masked otherwise).
+        #[arg(long)]
+        reveal_env: bool,
+    },
+    /// One job, its error history and its recorded outputs. The values of a shell job's
+    /// --env variables are masked (they are often secrets) unless given --reveal-env.
+    Show {
+        id: i64,
+        /// Show the values of the job's --env variables.
+        #[arg(long)]
+        reveal_env: bool,
+    },
+    /// Run a dead job again from its first attempt.
+    Retry { id: i64 },
+    /// Cancel a waiting or running job.
+    Cancel { id: i64 },
+    /// Delete finished jobs of a queue.
+    Prune {
+        #[arg(long)]
+        queue: String,
+        #[arg(long, value_enum, default_value_t = FinishedState::Completed)]
+        state: FinishedState,
+        /// Keep the newest N.
+        #[arg(long, conflicts_with = "older_than")]
+        keep: Option<u64>,
+        /// Delete those finished longer ago than this: a whole number and a unit, ms, s, m, h
+        /// or d (e.g. 7d, 12h, 30m).
+        #[arg(long)]
+        older_than: Option<String>,
+    },
+}
+
+/// A job's state, as `--state` takes it.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum State {
+    Waiting,
+    Running,
+    Completed,
+    Dead,
+    Cancelled,
+}
+
+impl From<State> for JobState {
+    fn from(state: State) -> Self {
+        match state {
+            State::Waiting => JobState::Waiting,
+            State::Running => JobState::Running,
+            State::Completed => JobState::Completed,
+            State::Dead => JobState::Dead,
+            State::Cancelled => JobState::Cancelled,
+        }
+    }
+}
+
+/// The states `prune` deletes.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum FinishedState {
+    Completed,
+    Dead,
+    Cancelled,
+}
+
+/// What masked values show instead.
+const MASK: &str = "•••";
+
+/// A job's payload for output: JSON when it is, text otherwise; a shell job's environment
+/// values masked unless `reveal`.
+fn payload(job: &Job, reveal: bool) -> Value {
+    let Ok(mut value) = serde_json::from_slice::<Value>(&job.payload) else {
+        return json!(String::from_utf8_lossy(&job.payload));
+    };
+    if job.kind == SHELL && !reveal {
+        if let Some(env) = value.get_mut("env").and_then(Value::as_object_mut) {
+            env.values_mut().for_each(|v| *v = json!(MASK));
+        }
+    }
+    value
+}
+
+/// The payload as text (as stored, but with masked values).
+fn payload_text(job: &Job, reveal: bool) -> String {
+    match serde_json::from_slice::<Value>(&job.payload) {
+        Ok(_) => payload(job, reveal).to_string(),
+        Err(_) => String::from_utf8_lossy(&job.payload).into_owned(),
+    }
+}
+
+fn job_json(job: &Job, reveal: bool) -> Value {
+    json!({"id": job.id, "queue": job.queue, "kind": job.kind, "state": job.state.as_str(),
+           "attempt": job.attempt, "max_attempts": job.max_attempts, "priority": job.priority,
+           "due_at": job.due_at, "created_at": job.created_at, "claimed_at": job.claimed_at,
+           "finished_at": job.finished_at, "claim_expires_at": job.claim_expires_at,
+           "last_error": job.last_error, "lapses": job.lapses, "dedup_key": job.dedup_key,
+           "cancel_requested_at": job.cancel_requested_at, "payload": payload_text(job, reveal)})
+}
+
+/// `jobs show` for people: what the job is, where it stands, when, what went wrong, what it
+/// carries; empty fields left out.
+fn show_text(job: &Job, reveal: bool) -> String {
+    let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
+        t.map(|t| t.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string())
+    };
+    let mut fields: Vec<(&str, Option<String>)> = vec![
+        ("id", Some(job.id.to_string())),
+        ("queue", Some(job.queue.clone())),
+        ("kind", Some(job.kind.clone())),
+        ("state", Some(job.state.as_str().to_string())),
+        (
+            "attempts",
+            Some(format!("{} of {}", job.attempt, job.max_attempts)),
+        ),
+        ("priority", Some(job.priority.to_string())),
+        ("created", time(Some(job.created_at))),
+        ("due", time(Some(job.due_at))),
+        ("claimed", time(job.claimed_at)),
+        ("claim expires", time(job.claim_expires_at)),
+        ("cancel asked", time(job.cancel_requested_at)),
+        ("finished", time(job.finished_at)),
+        ("lapses", (job.lapses > 0).then(|| job.lapses.to_string())),
+        ("last error", job.last_error.clone()),
+        ("dedup key", job.dedup_key.clone()),
+    ];
+    let payload = payload(job, reveal);
+    match payload.get("command").and_then(Value::as_str) {
+        Some(command) if job.kind == SHELL => {
+            fields.push(("command", Some(command.to_string())));
+            let env = payload.get("env").and_then(Value::as_object);
+            for (name, value) in env.into_iter().flatten() {
+                let value = value.as_str().map_or(value.to_string(), str::to_string);
+                fields.push(("env", Some(format!("{name}={value}"))));
+            }
+        }
+        _ => fields.push(("payload", Some(payload.to_string()))),
+    }
+    let mut text = String::new();
+    for (name, value) in fields {
+        if let Some(value) = value {
+            text.push_str(&format!("{name:>13}: {value}\n"));
+        }
+    }
+    if job.kind == SHELL && !reveal && payload.get("env").is_some_and(|e| e != &json!({})) {
+        text.push_str("(env values masked: --reveal-env shows them)\n");
+    }
+    text
+}
+
+pub fn run(pool: &Pool, command: JobsCommand, out: &Out) -> Outcome {
+    let mut conn = pool.get()?;
+    match command {
+        JobsCommand::List {
+            queue,
+            state,
+            kind,
+            limit,
+            reveal_env,
+        } => {
+            let filter = JobFilter {
+                queue,
+                state: state.map(JobState::from),
+                kind,
+                limit,
+                ..JobFilter::default()
+            };
+            let list = jobs::list(&mut conn, &filter)?;
+            let value = json!(
+                list.iter()
+                    .map(|j| job_json(j, reveal_env))
+                    .collect::<Vec<_>>()
+            );
+            out.print(value, || {
+                table(
+                    &[
+                        "id",
+                        "queue",
+                        "kind",
+                        "state",
+                        "attempt",
+                        "due",
+                        "last error",
+                    ],
+                    list.iter().map(|j| {
+                        vec![
+                            j.id.to_string(),
+                            j.queue.clone(),
+                            j.kind.clone(),
+                            j.state.as_str().to_string(),
+                            format!("{}/{}", j.attempt, j.max_attempts),
+                            j.due_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                            output::short(j.last_error.as_deref().unwrap_or(""), 60),
+                        ]
+                    }),
+                )
+            })
+        }
+        JobsCommand::Show { id, reveal_env } => {
+            let job =
+                jobs::get(&mut conn, id)?.ok_or_else(|| Failure::new(1, format!("no job {id}")))?;
+            let history = jobs::history(&mut conn, id)?;
+            let outputs = jobs::outputs(&mut conn, id)?;
+            let mut value = job_json(&job, reveal_env);
+            value["errors"] = json!(history.iter().map(|h| json!({"attempt": h.attempt, "error": h.error, "failed_at": h.failed_at})).collect::<Vec<_>>());
+            value["outputs"] = json!(outputs.iter().map(|o| json!({"attempt": o.attempt, "exit_code": o.exit_code, "output": String::from_utf8_lossy(&o.output), "finished_at": o.finished_at})).collect::<Vec<_>>());
+            out.print(value, || {
+                let mut text = show_text(&job, reveal_env);
+                for h in &history {
+                    text.push_str(&format!(
+                        "run {} failed at {}: {}\n",
+                        h.attempt, h.failed_at, h.error
+                    ));
+                }
+                for o in &outputs {
+                    text.push_str(&format!(
+                        "run {} exited {} at {}:\n{}\n",
+                        o.attempt,
+                        o.exit_code
+                            .map_or("without a code".into(), |c| c.to_string()),
+                        o.finished_at,
+                        String::from_utf8_lossy(&o.output).trim_end()
+                    ));
+                }
+                text
+            })
+        }
+        JobsCommand::Retry { id } => {
+            if !jobs::retry_dead(&mut conn, id)? {
+                let why = match jobs::get(&mut conn, id)? {
+                    None => format!("no job {id}"),
+                    Some(job) => format!(
+                        "job {id} is {}, not dead: only dead jobs can be retried",
+                        job.state.as_str()
+                    ),
+                };
+                return Err(Failure::new(1, why));
+            }
+            out.print(json!({"retried": id}), || {
+                format!("job {id} will run again")
+            })
+        }
+        JobsCommand::Cancel { id } => {
+            if !jobs::cancel(&mut conn, id)? {
+                let why = match jobs::get(&mut conn, id)? {
+                    None => format!("no job {id}"),
+                    Some(job) if job.cancel_requested_at.is_some() => {
+                        format!("job {id} was asked to cancel already")
+                    }
+                    Some(job) => format!(
+                        "job {id} is {}: only waiting or running jobs can be cancelled",
+                        job.state.as_str()
+                    ),
+                };
+                return Err(Failure::new(1, why));
+            }
+            // A running job is asked: it is cancelled when its handler stops.
+            let running = jobs::get(&mut conn, id)?.is_some_and(|j| j.state == JobState::Running);
+            out.print(json!({"cancelled": id, "running": running}), || {
+                if running {
+                    format!(
+                        "job {id} asked to cancel: its worker stops it at its next heartbeat, \
+                         and it is cancelled when its handler returns"
+                    )
+                } else {
+                    format!("job {id} cancelled")
+                }
+            })
+        }
+        JobsCommand::Prune {
+            queue,
+            state,
+            keep,
+            older_than,
+        } => {
+            let finished = match state {
+                FinishedState::Completed => Finished::Completed,
+                FinishedState::Dead => Finished::Dead,
+                FinishedState::Cancelled => Finished::Cancelled,
+            };
+            let policy = match (keep, older_than) {
+                (Some(n), _) => Retention::KeepNewest(n),
+                (None, Some(age)) => Retention::KeepYoungerThan(parse_flag("--older-than", &age)?),
+                (None, None) => Retention::DeleteAll,
+            };
+            let mut deleted = 0;
+            loop {
+                let n = jobs::prune(&mut conn, &queue, finished, policy, jobs::MAX_BATCH)?;
+                deleted += n;
+                if n < jobs::MAX_BATCH {
+                    break;
+                }
+            }
+            out.print(json!({"deleted": deleted}), || {
+                format!("deleted {deleted} job(s)")
+            })
+        }
+    }
+}
