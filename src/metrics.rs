@@ -62,7 +62,8 @@ pub(crate) fn record_enqueued(queue: &str, n: usize) {
 pub(crate) fn record_event(event: &Event) {
     match event {
         Event::Run(run) => {
-            let (queue, kind) = (run.queue.to_string(), run.kind.to_string());
+            // Shared, not copied: a run's labels cost no allocation of their text.
+            let (queue, kind) = (run.queue.clone(), run.kind.clone());
             counter!(
                 "dibs_job_runs_total",
                 "queue" => queue.clone(),

@@ -211,7 +211,7 @@ pub(super) fn record(
                 Some(Settle::Fail { message, .. }) => Some(message.clone()),
                 _ => snooze_deaths.remove(&claim),
             };
-            if let Some(run) = state.runs.get(&claim) {
+            if let Some(run) = state.runs.get(&claim).filter(|_| shared.wants_events()) {
                 events.push(run.event(recorded, error));
             }
         }

@@ -435,6 +435,15 @@ impl Shared {
     /// it) is logged and the other hooks still get the event: the panic must not unwind
     /// through the worker's own thread (the finisher's: runs would stay unrecorded, their
     /// jobs held and renewed for as long as the worker lives).
+    /// Whether run events have anyone to go to: hooks, the `metrics` feature, or a `tracing`
+    /// subscriber that wants `dibs::job` lines. Otherwise they are not built at all (a worker
+    /// nobody watches pays nothing for them).
+    pub fn wants_events(&self) -> bool {
+        !self.config.hooks.is_empty()
+            || cfg!(feature = "metrics")
+            || tracing::enabled!(target: "dibs::job", tracing::Level::WARN)
+    }
+
     pub fn emit(&self, event: Event) {
         events::log(&event);
         #[cfg(feature = "metrics")]
