@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Timelike, Utc};
 use dibs::jobs::NewJob;
 use dibs::schedules::{self, Schedule, Spec};
 use dibs::{AnyConnection, Backend, DibsConnection, Error};
@@ -498,7 +498,13 @@ fn redeclaring_an_unchanged_schedule_keeps_its_overdue_tick(backend: Backend) {
     let mut conn = db.connect();
     let interval = Duration::from_secs(10);
     let steady = |job: NewJob| Schedule::every("steady", interval, job);
-    let nightly = |job: NewJob| Schedule::cron("nightly", "0 3 * * *", job);
+    // A daily tick 18 hours after the database's now (hour only): the pretended downtime
+    // below (half a day) then never spans one of its ticks, whatever the time of day and
+    // Lisbon's offset (0 or +1), so exactly the one overdue tick fires. (At 03:00 it failed
+    // every morning between 03:00 and 15:00 UTC: a second tick fell in the window.)
+    let hour = (dibs::database_now(&mut conn).unwrap().hour() + 18) % 24;
+    let expression = format!("0 {hour} * * *");
+    let nightly = |job: NewJob| Schedule::cron("nightly", expression.as_str(), job);
     schedules::upsert(&mut conn, &steady(NewJob::new("steady", "k", vec![]))).unwrap();
     schedules::upsert(
         &mut conn,
@@ -553,8 +559,12 @@ fn redeclaring_an_unchanged_schedule_keeps_its_overdue_tick(backend: Backend) {
     pretend_downtime(&mut conn, "nightly", Duration::from_secs(86400), 1);
     schedules::upsert(
         &mut conn,
-        &Schedule::cron("nightly", "0 4 * * *", NewJob::new("nightly", "k", vec![]))
-            .time_zone("Asia/Tokyo"),
+        &Schedule::cron(
+            "nightly",
+            format!("0 {} * * *", (hour + 1) % 24),
+            NewJob::new("nightly", "k", vec![]),
+        )
+        .time_zone("Asia/Tokyo"),
     )
     .unwrap();
     assert!(next_due_at(&mut conn, "nightly") > now);

@@ -158,10 +158,12 @@ fn a_draining_worker_prepares_each_statement_once(backend: Backend) {
     // ...and preparing stays flat. A statement cached for the first time is counted as
     // uncached at its start: what is left was prepared and thrown away, which only the
     // multi-row insert may be (its text changes with its row count; one a round here).
+    // (A statement started uncached at the very end of round 2 may be counted as newly
+    // cached in round 3, so the difference can be negative under load.)
     assert!(
-        uncached - newly_cached <= 2,
+        uncached.saturating_sub(newly_cached) <= 2,
         "{backend}: third round ran {} statements diesel did not keep prepared: {rounds:?}",
-        uncached - newly_cached
+        uncached.saturating_sub(newly_cached)
     );
     // New shapes of an id list may still be met (at most 6 per statement, ever).
     assert!(
