@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use support::{TestDb, conformance};
 
+mod attacks17;
 mod issue17;
 mod lease_run;
 mod lease_run_attacks;

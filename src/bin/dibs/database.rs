@@ -135,6 +135,18 @@ pub fn open(target: &Target, max_size: u32, need_tables: bool) -> Result<Pool, F
 
 fn open_failure(url: &str, error: Error) -> Failure {
     match (&error, sqlite_path(url)) {
+        // Anything else that goes wrong opening an SQLite file (it is not a database, it is
+        // locked, ...) names the file too.
+        (Error::Connect { .. }, _) | (_, None) => {}
+        (e, Some(_)) if e.is_invalid_input() => {}
+        (_, Some(path)) => {
+            return Failure::new(
+                3,
+                format!("cannot open the SQLite database {}: {error}", shown(&path)),
+            );
+        }
+    }
+    match (&error, sqlite_path(url)) {
         (
             Error::Connect {
                 backend: Backend::Sqlite,

@@ -398,8 +398,27 @@ fn next_steps(url: &str) -> String {
     )
 }
 
-/// A server URL with its password replaced by PASSWORD, to print.
+/// A server URL with its password (in the authority, or a `password=` query parameter)
+/// replaced by PASSWORD, to print.
 fn without_password(url: &str) -> String {
+    let url = without_user_password(url);
+    let Some((base, query)) = url.split_once('?') else {
+        return url;
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if name.eq_ignore_ascii_case("password") => {
+                format!("{name}=PASSWORD")
+            }
+            _ => pair.to_string(),
+        })
+        .collect();
+    format!("{base}?{}", query.join("&"))
+}
+
+/// [`without_password`] for the password in the URL's authority (`USER:PASSWORD@`).
+fn without_user_password(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
@@ -420,5 +439,23 @@ fn shell_quoted(text: &str) -> String {
         text.to_string()
     } else {
         format!("'{}'", text.replace('\'', "'\\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_not_printed_in_the_next_steps() {
+        for url in [
+            "postgres://u:hunter2@h/db",
+            "postgres://u@h/db?password=hunter2",
+            "postgres://u@h/db?sslmode=disable&PASSWORD=hunter2",
+        ] {
+            let text = next_steps(url);
+            assert!(!text.contains("hunter2"), "{text}");
+            assert!(text.contains("PASSWORD"), "{text}");
+        }
     }
 }

@@ -45,6 +45,27 @@ pub fn parse_flag(flag: &str, text: &str) -> Result<Duration, Failure> {
     parse_duration(text).map_err(|failure| failure.prefixed(flag))
 }
 
+/// The longest delay, interval or age dibs's tables take (the library refuses longer ones).
+pub const MAX: Duration = Duration::from_secs(366 * 86_400);
+
+/// [`parse_flag`], and the duration between `min` and [`MAX`]: refused here, naming the
+/// flag and the value as given, before any database is opened.
+pub fn parse_flag_bounded(flag: &str, text: &str, min: Duration) -> Result<Duration, Failure> {
+    let duration = parse_flag(flag, text)?;
+    if duration < min || duration > MAX {
+        return Err(Failure::new(
+            2,
+            format!(
+                "{flag}: {:?} is not between {} and {}",
+                text.trim(),
+                format_duration(min),
+                format_duration(MAX)
+            ),
+        ));
+    }
+    Ok(duration)
+}
+
 /// A duration in the largest unit that states it exactly: `5m`, `90s`, `1500ms`, `2d`.
 pub fn format_duration(duration: Duration) -> String {
     let millis = duration.as_millis();

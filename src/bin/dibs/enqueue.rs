@@ -5,7 +5,7 @@ use dibs::Pool;
 use dibs::jobs::{self, NewJob};
 use serde_json::json;
 
-use crate::duration::parse_flag;
+use crate::duration::parse_flag_bounded;
 use crate::output::Out;
 use crate::work::{self, SHELL};
 use crate::{Failure, Outcome};
@@ -110,7 +110,11 @@ pub fn enqueue(
 ) -> Outcome {
     let mut job = new_job(&args.job)?;
     if let Some(delay) = &args.delay {
-        job = job.delay(parse_flag("--delay", delay)?);
+        job = job.delay(parse_flag_bounded(
+            "--delay",
+            delay,
+            std::time::Duration::ZERO,
+        )?);
     }
     if let Some(key) = &args.dedup_key {
         job = job.dedup_key(key.as_str());

@@ -5,7 +5,7 @@ use dibs::Pool;
 use dibs::jobs::{self, Finished, Job, JobFilter, JobState, Retention};
 use serde_json::{Value, json};
 
-use crate::duration::parse_flag;
+use crate::duration::parse_flag_bounded;
 use crate::output::{self, Out, table};
 use crate::work::SHELL;
 use crate::{Failure, Outcome};
@@ -168,7 +168,32 @@ fn show_text(job: &Job, reveal: bool) -> String {
     text
 }
 
-pub fn run(pool: &Pool, command: JobsCommand, out: &Out) -> Outcome {
+/// `prune --older-than`: at most 366 days, checked before the database is opened.
+fn retention(keep: Option<u64>, older_than: Option<&str>) -> Result<Retention, Failure> {
+    Ok(match (keep, older_than) {
+        (Some(n), _) => Retention::KeepNewest(n),
+        (None, Some(age)) => Retention::KeepYoungerThan(parse_flag_bounded(
+            "--older-than",
+            age,
+            std::time::Duration::ZERO,
+        )?),
+        (None, None) => Retention::DeleteAll,
+    })
+}
+
+pub fn run(
+    open: impl FnOnce() -> Result<Pool, Failure>,
+    command: JobsCommand,
+    out: &Out,
+) -> Outcome {
+    // Arguments are checked before the database is opened.
+    if let JobsCommand::Prune {
+        keep, older_than, ..
+    } = &command
+    {
+        retention(*keep, older_than.as_deref())?;
+    }
+    let pool = open()?;
     let mut conn = pool.get()?;
     match command {
         JobsCommand::List {
@@ -298,11 +323,7 @@ pub fn run(pool: &Pool, command: JobsCommand, out: &Out) -> Outcome {
                 FinishedState::Dead => Finished::Dead,
                 FinishedState::Cancelled => Finished::Cancelled,
             };
-            let policy = match (keep, older_than) {
-                (Some(n), _) => Retention::KeepNewest(n),
-                (None, Some(age)) => Retention::KeepYoungerThan(parse_flag("--older-than", &age)?),
-                (None, None) => Retention::DeleteAll,
-            };
+            let policy = retention(keep, older_than.as_deref())?;
             let mut deleted = 0;
             loop {
                 let n = jobs::prune(&mut conn, &queue, finished, policy, jobs::MAX_BATCH)?;

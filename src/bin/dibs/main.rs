@@ -140,7 +140,7 @@ fn run(cli: Cli, out: &Out) -> Outcome {
     match cli.command {
         Command::Migrate => migrate(&target, out),
         Command::Stats => stats::stats(&open()?, out),
-        Command::Jobs(command) => job_commands::run(&open()?, command, out),
+        Command::Jobs(command) => job_commands::run(open, command, out),
         Command::Leases(LeasesCommand::Run(args)) => lease_run::run(&target, args),
         Command::Leases(command) => lease_commands::run(&open()?, command, out),
         Command::Schedules(command) => schedule_commands::run(open, command, out),

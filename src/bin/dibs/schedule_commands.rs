@@ -5,7 +5,7 @@ use dibs::Pool;
 use dibs::schedules::{self, Schedule};
 use serde_json::json;
 
-use crate::duration::{format_duration, parse_flag};
+use crate::duration::{format_duration, parse_flag_bounded};
 use crate::enqueue::{JobArgs, new_job};
 use crate::output::{Out, table};
 use crate::{Failure, Outcome};
@@ -61,6 +61,18 @@ fn cron_parses(expression: &str) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+/// Whether the expression has a tick ahead (in UTC; the library checks the time zone's).
+fn next_tick(expression: &str) -> bool {
+    croner::parser::CronParser::builder()
+        .seconds(croner::parser::Seconds::Optional)
+        .build()
+        .parse(expression)
+        .is_ok_and(|cron| {
+            cron.find_next_occurrence(&chrono::Utc::now(), false)
+                .is_ok()
+        })
+}
+
 /// Checks a cron expression, naming the field at fault (each is tried alone, the others
 /// `*`) and the syntax, instead of the parser's "Component error: Number out of bounds".
 fn check_cron(expression: &str) -> Result<(), Failure> {
@@ -75,7 +87,14 @@ fn check_cron(expression: &str) -> Result<(), Failure> {
         return Err(fail(format!("{} field(s)", parts.len())));
     }
     let Err(whole) = cron_parses(expression) else {
-        return Ok(());
+        // It parses, but a date that never comes (31 February) never fires.
+        return match next_tick(expression) {
+            true => Ok(()),
+            false => Err(fail(
+                "it never fires (no date matches its day and month, e.g. 30 or 31 February)"
+                    .to_string(),
+            )),
+        };
     };
     let names = &FIELDS[6 - parts.len()..];
     for (i, (part, (name, range))) in parts.iter().zip(names).enumerate() {
@@ -91,6 +110,21 @@ fn check_cron(expression: &str) -> Result<(), Failure> {
     Err(fail(format!("the fields do not fit together ({whole})")))
 }
 
+/// `--every`: 1 ms to 366 days.
+fn parse_every(text: &str) -> Result<std::time::Duration, Failure> {
+    parse_flag_bounded("--every", text, std::time::Duration::from_millis(1))
+}
+
+/// `--time-zone`: an IANA name, checked before the database is opened.
+fn check_time_zone(zone: &str) -> Result<(), Failure> {
+    zone.parse::<chrono_tz::Tz>().map(drop).map_err(|_| {
+        Failure::new(
+            2,
+            format!("--time-zone {zone:?} is not an IANA time zone (e.g. UTC, Europe/Paris)"),
+        )
+    })
+}
+
 pub fn run(
     open: impl FnOnce() -> Result<Pool, Failure>,
     command: SchedulesCommand,
@@ -98,13 +132,18 @@ pub fn run(
 ) -> Outcome {
     // `add` checks its arguments before the database is opened.
     if let SchedulesCommand::Add {
-        cron, every, job, ..
+        cron,
+        every,
+        job,
+        time_zone,
+        ..
     } = &command
     {
         new_job(job)?;
+        check_time_zone(time_zone)?;
         match (cron, every) {
             (Some(expr), _) => check_cron(expr)?,
-            (None, Some(every)) => drop(parse_flag("--every", every)?),
+            (None, Some(every)) => drop(parse_every(every)?),
             (None, None) => return Err(Failure::new(2, "give --cron or --every")),
         }
     }
@@ -155,9 +194,7 @@ pub fn run(
                     check_cron(&expr)?;
                     Schedule::cron(name.as_str(), expr, job).time_zone(time_zone)
                 }
-                (None, Some(every)) => {
-                    Schedule::every(name.as_str(), parse_flag("--every", &every)?, job)
-                }
+                (None, Some(every)) => Schedule::every(name.as_str(), parse_every(&every)?, job),
                 (None, None) => return Err(Failure::new(2, "give --cron or --every")),
             };
             schedules::upsert(&mut conn, &schedule)?;

@@ -15,7 +15,7 @@ use dibs::Pool;
 use dibs::jobs::{self, Backoff};
 use dibs::worker::{JobContext, JobError, Worker};
 
-use crate::duration::parse_flag;
+use crate::duration::{format_duration, parse_flag};
 use crate::{Failure, Outcome, database};
 
 /// The kind of job `dibs work` runs.
@@ -90,24 +90,71 @@ struct ShellJob {
 pub fn shell_payload(command: &str, env: &[String]) -> Result<Vec<u8>, Failure> {
     let mut vars = BTreeMap::new();
     for pair in env {
+        // The value is never repeated: it may be a secret.
         let (name, value) = pair
             .split_once('=')
             .filter(|(name, _)| !name.is_empty())
-            .ok_or_else(|| Failure::new(2, format!("--env {pair:?} is not NAME=VALUE")))?;
+            .ok_or_else(|| {
+                let name = pair.split_once('=').map_or("", |(name, _)| name);
+                let shown = if pair.contains('=') {
+                    format!("{name:?}=…")
+                } else {
+                    "without `=`".to_string()
+                };
+                Failure::new(
+                    2,
+                    format!("an --env ({shown}) is not NAME=VALUE with a non-empty NAME"),
+                )
+            })?;
         vars.insert(name.to_string(), value.to_string());
     }
-    serde_json::to_vec(&ShellJob {
+    let job = ShellJob {
         command: command.to_string(),
         env: vars,
-    })
-    .map_err(|e| Failure::new(1, e.to_string()))
+    };
+    job.runnable().map_err(|why| Failure::new(2, why))?;
+    serde_json::to_vec(&job).map_err(|e| Failure::new(1, e.to_string()))
+}
+
+impl ShellJob {
+    /// Whether /bin/sh can be started with this command and environment: no NUL byte in
+    /// them, variable names non-empty and without `=`. Values are not repeated.
+    fn runnable(&self) -> Result<(), String> {
+        if self.command.contains('\0') {
+            return Err("the command holds a NUL byte: no command line can".to_string());
+        }
+        for (name, value) in &self.env {
+            if name.is_empty() || name.contains(['=', '\0']) {
+                return Err(format!(
+                    "the environment variable name {name:?} is empty or holds `=` or a NUL byte"
+                ));
+            }
+            if value.contains('\0') {
+                return Err(format!("the value of {name} holds a NUL byte"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Whether `payload` is a shell job's (`{"command": ..., "env": {...}}`), and if not why.
 pub fn check_shell_payload(payload: &[u8]) -> Result<(), String> {
     serde_json::from_slice::<ShellJob>(payload)
-        .map(drop)
-        .map_err(|e| e.to_string())
+        .map_err(|e| {
+            // serde repeats a value of the wrong type ("invalid type: string \"TOKEN=...\""),
+            // which may be a secret: say where it is instead.
+            let text = e.to_string();
+            if text.starts_with("invalid type") || text.starts_with("invalid value") {
+                format!(
+                    "a value of the wrong type at line {} column {}",
+                    e.line(),
+                    e.column()
+                )
+            } else {
+                text
+            }
+        })?
+        .runnable()
 }
 
 pub fn run(target: &database::Target, args: WorkArgs) -> Outcome {
@@ -143,7 +190,7 @@ pub fn run(target: &database::Target, args: WorkArgs) -> Outcome {
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(100));
     }
-    say(&format!("stopping (grace {grace:?})"));
+    say(&format!("stopping (grace {})", format_duration(grace)));
     let report = worker.shutdown(grace);
     say(&format!(
         "{} completed, {} retried, {} snoozed, {} dead, {} given back",
