@@ -498,11 +498,12 @@ fn redeclaring_an_unchanged_schedule_keeps_its_overdue_tick(backend: Backend) {
     let mut conn = db.connect();
     let interval = Duration::from_secs(10);
     let steady = |job: NewJob| Schedule::every("steady", interval, job);
-    // A daily tick 18 hours after the database's now (hour only): the pretended downtime
-    // below (half a day) then never spans one of its ticks, whatever the time of day and
-    // Lisbon's offset (0 or +1), so exactly the one overdue tick fires. (At 03:00 it failed
-    // every morning between 03:00 and 15:00 UTC: a second tick fell in the window.)
-    let hour = (dibs::database_now(&mut conn).unwrap().hour() + 18) % 24;
+    // A daily tick about 6 hours after the database's now (so 18 hours before it): the
+    // pretended downtime below (the last half day) then never spans one of its ticks,
+    // whatever the time of day and Lisbon's offset (0 or +1), so exactly the one overdue tick
+    // fires. (At 03:00 it failed every morning between 03:00 and 15:00 UTC: a second tick
+    // fell in the window.)
+    let hour = (dibs::database_now(&mut conn).unwrap().hour() + 6) % 24;
     let expression = format!("0 {hour} * * *");
     let nightly = |job: NewJob| Schedule::cron("nightly", expression.as_str(), job);
     schedules::upsert(&mut conn, &steady(NewJob::new("steady", "k", vec![]))).unwrap();
