@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dibs::Backend;
 use dibs::jobs::{self, Backoff, JobState, NewJob};
 use dibs::worker::{Event, JobContext, JobError, RunOutcome, Worker};
-use dibs::{Backend, Pool};
 
 use crate::support::{TestDb, conformance, wait_for};
 
@@ -225,7 +225,7 @@ fn metrics_count_what_the_worker_did(backend: Backend) {
     // A queue of this test's own: other tests in this process count under theirs.
     let queue = format!("metrics-{}", backend.to_string().to_lowercase());
     let db = TestDb::migrated(backend);
-    let pool: Pool = db.pool(2);
+    let pool: dibs::Pool = db.pool(2);
     let batch: Vec<NewJob> = (0..4)
         .map(|i| NewJob::json(queue.as_str(), "m", &i).unwrap())
         .collect();

@@ -15,6 +15,8 @@ mod jobs;
 mod kinds;
 mod leases;
 mod limits;
+// Users and grants exist on the servers only.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod privileges;
 mod queue_ops;
 mod schedules;
