@@ -92,11 +92,7 @@ pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
             Ok(outcome) => outcome,
             Err(panic) => {
                 panicked = true;
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic without a message".to_string());
+                let message = panic_message(panic.as_ref());
                 Err(HandlerFailure::Job(JobError::retry(format!(
                     "the handler panicked: {message}"
                 ))))
@@ -158,4 +154,13 @@ fn failed(shared: &Shared, job: &ClaimedJob, kind: &str, error: JobError) -> Set
         retry,
         backoff,
     }
+}
+
+/// The text a panic carried (`panic!("...")` gives a `&str` or a `String`).
+pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }

@@ -451,11 +451,7 @@ impl Shared {
         for hook in &self.config.hooks {
             let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(&event)));
             if let Err(panic) = called {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic without a message".to_string());
+                let message = super::handlers::panic_message(panic.as_ref());
                 tracing::error!(target: "dibs::worker", panic = %message, "an on_event hook panicked; the worker goes on");
             }
         }
