@@ -36,6 +36,7 @@ mod enqueue;
 mod finish;
 mod manage;
 mod model;
+mod new_job;
 mod retention;
 mod typed;
 
@@ -54,9 +55,8 @@ pub use manage::{
     retry_dead_of_kind, stats,
 };
 use model::IdRow;
-pub use model::{
-    Backoff, ClaimedJob, Due, Enqueued, Job, JobClaim, JobState, NewJob, Outcome, Rescued, Retry,
-};
+pub use model::{Backoff, ClaimedJob, Job, JobClaim, JobState, Outcome, Rescued, Retry};
+pub use new_job::{Due, Enqueued, NewJob};
 pub use retention::{Finished, Retention, prune};
 pub use typed::{JobArgs, enqueue_job, enqueue_jobs};
 
