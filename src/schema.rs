@@ -204,15 +204,65 @@ diesel::table! {
 }
 
 diesel::table! {
-    /// Concurrency-limit keys: claimers of a key serialize on its row.
+    use diesel::sql_types::*;
+    use crate::sql_types::Instant;
+
+    /// Limit keys: claimers of a key serialize on its row.
     dibs_limit_keys (limit_key) {
         /// The key.
         limit_key -> Text,
+        /// Until then the key's rate window is full (a hint for the claim's pick).
+        throttled_until -> Nullable<Instant>,
+        /// The longest rate period a claim used with the key, in microseconds: how long its
+        /// starts are kept.
+        rate_period_us -> Nullable<BigInt>,
+    }
+}
+
+diesel::table! {
+    /// A job's limits, one row per key ([`crate::jobs::Limit`]).
+    dibs_job_limits (job_id, limit_key) {
+        /// The job.
+        job_id -> BigInt,
+        /// The key.
+        limit_key -> Text,
+        /// At most so many running jobs with this key.
+        max_running -> Nullable<Integer>,
+        /// At most so many starts of this key per `rate_period_us`.
+        rate_max -> Nullable<Integer>,
+        /// The rate's period, in microseconds.
+        rate_period_us -> Nullable<BigInt>,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::sql_types::Instant;
+
+    /// The starts of rate-limited keys, kept for the key's longest period.
+    dibs_limit_starts (limit_key, started_at, job_id) {
+        /// The key.
+        limit_key -> Text,
+        /// When a job with the key was claimed (its `claimed_at`).
+        started_at -> Instant,
+        /// That job.
+        job_id -> BigInt,
+    }
+}
+
+diesel::table! {
+    /// Queue-wide concurrency limits ([`crate::jobs::limit_queue`]).
+    dibs_queue_limits (queue) {
+        /// The queue.
+        queue -> Text,
+        /// At most so many running jobs of the queue.
+        max_running -> Integer,
     }
 }
 
 diesel::joinable!(dibs_job_errors -> dibs_jobs (job_id));
 diesel::joinable!(dibs_job_outputs -> dibs_jobs (job_id));
+diesel::joinable!(dibs_job_limits -> dibs_jobs (job_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     dibs_leases,
@@ -222,4 +272,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     dibs_queue_pauses,
     dibs_schedules,
     dibs_limit_keys,
+    dibs_job_limits,
+    dibs_limit_starts,
+    dibs_queue_limits,
 );

@@ -1,6 +1,5 @@
 //! Claiming due jobs (within their concurrency limits) and rescuing lapsed claims.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use diesel::prelude::*;
@@ -8,9 +7,9 @@ use diesel::sql_types::{BigInt, Integer, Text};
 
 use super::finish::record_error;
 use super::model::{Candidate, IdRow, IdStateRow, JobRow, LockedClaim};
-use super::{ClaimedJob, JobState, MAX_KINDS, MAX_LAPSES, Rescued, check_limit, ids_of, manage};
+use super::{ClaimedJob, JobState, MAX_KINDS, MAX_LAPSES, Rescued, admission, check_limit, ids_of};
 use crate::backend::statement::statement;
-use crate::backend::{Dialect, Upsert, dispatch};
+use crate::backend::{Dialect, dispatch};
 use crate::transaction::bare_write_transaction;
 use crate::{DibsConnection, Error, Result, validate};
 
@@ -19,22 +18,30 @@ const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_
     due_at, created_at, claim_token, claimed_at, claim_expires_at";
 
 /// Claim, step 1 of 3: lock the jobs to claim, in order, skipping rows other claimers hold
-/// (SQLite: the IMMEDIATE transaction serializes claimers). Nothing from a paused queue.
-/// Subqueries are plain reads: a locking clause does not lock what they read. Jobs whose
-/// limit key is already
-/// saturated are left out, so they do not crowd out the others; this read of the running
-/// counts is only a filter (step 2 decides under the key's lock). The index on
+/// (SQLite: the IMMEDIATE transaction serializes claimers). Nothing from a paused queue, nor
+/// from a queue whose concurrency limit is reached. Subqueries are plain reads: a locking
+/// clause does not lock what they read. Jobs with a key that has no room now (its running
+/// jobs fill a cap, or its rate window is full: `throttled_until`) are left out, so they do
+/// not crowd out the others; these reads are only a filter (step 2 decides under the locks).
+/// A job without limits (`limit_key IS NULL`) never reads `dibs_job_limits`. The index on
 /// `(queue, [state,] priority, due_at, id)` serves filter and order, so InnoDB reads (and
 /// locks) only the rows it returns. MySQL rejects LIMIT in an `IN (subquery)`, hence
 /// separate statements. `{kinds}` is empty for a claim of any kind (see [`KIND_FILTER`]).
 const CLAIM_PICK: &str = "\
-    SELECT id, priority, due_at, limit_key, limit_max FROM dibs_jobs{index} \
+    SELECT id, priority, due_at, limit_key, \
+        (SELECT ql.max_running FROM dibs_queue_limits ql WHERE ql.queue = ?) AS queue_max \
+    FROM dibs_jobs{index} \
     WHERE queue = ? AND state = 'waiting' AND due_at <= {now}{kinds} \
       AND NOT EXISTS (SELECT 1 FROM dibs_queue_pauses p WHERE p.queue = ?) \
-      AND (limit_key IS NULL OR limit_key NOT IN ( \
-          SELECT r.limit_key FROM dibs_jobs r \
-          WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
-          GROUP BY r.limit_key HAVING COUNT(*) >= MIN(r.limit_max))) \
+      AND NOT EXISTS (SELECT 1 FROM dibs_queue_limits ql WHERE ql.queue = ? AND ql.max_running <= ( \
+          SELECT COUNT(*) FROM dibs_jobs q WHERE q.queue = ? AND q.state = 'running')) \
+      AND (limit_key IS NULL OR NOT EXISTS ( \
+          SELECT 1 FROM dibs_job_limits l WHERE l.job_id = dibs_jobs.id AND ( \
+              l.limit_key IN (SELECT t.limit_key FROM dibs_limit_keys t WHERE t.throttled_until > {now}) \
+              OR (l.max_running IS NOT NULL AND l.limit_key IN ( \
+                  SELECT s.limit_key FROM dibs_jobs r JOIN dibs_job_limits s ON s.job_id = r.id \
+                  WHERE r.state = 'running' AND r.limit_key IS NOT NULL AND s.max_running IS NOT NULL \
+                  GROUP BY s.limit_key HAVING COUNT(*) >= MIN(s.max_running)))))) \
     ORDER BY priority, due_at, id LIMIT ?{skip_locked}";
 
 /// A claim of some kinds picks per kind, served by `dibs_jobs_claim_kind`
@@ -45,19 +52,6 @@ const CLAIM_PICK: &str = "\
 /// listed kinds would take, without sorting (or, on MySQL/MariaDB, locking) every due job
 /// of those kinds. Rows picked and not kept stay locked only until the claim commits.
 const KIND_FILTER: &str = " AND kind = ?";
-
-/// Claim, step 2, per limit key among the candidates (in key order, so claimers never wait
-/// on each other in a cycle): take the key's lock (an upsert locks its row until commit),
-/// then count its running jobs. Every claim of a key holds that lock while it decides, so
-/// the count cannot be overtaken; finishing jobs only lower it.
-const LIMIT_LOCK_ON_CONFLICT: &str = "\
-    INSERT INTO dibs_limit_keys (limit_key) VALUES (?) \
-    ON CONFLICT (limit_key) DO UPDATE SET limit_key = excluded.limit_key";
-const LIMIT_LOCK_ON_DUPLICATE_KEY: &str = "\
-    INSERT INTO dibs_limit_keys (limit_key) VALUES (?) \
-    ON DUPLICATE KEY UPDATE limit_key = VALUES(limit_key)";
-const LIMIT_RUNNING: &str =
-    "SELECT COUNT(*) AS n FROM dibs_jobs WHERE limit_key = ? AND state = 'running'";
 
 /// Claim, step 3: claim exactly the accepted ids (a bound list, see `backend::statement`),
 /// each with its own random token. The WHERE is the primary key alone, so no other index can
@@ -205,6 +199,9 @@ fn claim_of<C: DibsConnection>(
                     statement(syntax.render(&pick))
                         .bind::<Text, _>(queue)
                         .bind::<Text, _>(queue)
+                        .bind::<Text, _>(queue)
+                        .bind::<Text, _>(queue)
+                        .bind::<Text, _>(queue)
                         .bind::<BigInt, _>(limit)
                         .load::<Candidate>(c)?
                 }
@@ -217,7 +214,10 @@ fn claim_of<C: DibsConnection>(
                         candidates.extend(
                             statement(pick.clone())
                                 .bind::<Text, _>(queue)
+                                .bind::<Text, _>(queue)
                                 .bind::<Text, _>(*kind)
+                                .bind::<Text, _>(queue)
+                                .bind::<Text, _>(queue)
                                 .bind::<Text, _>(queue)
                                 .bind::<BigInt, _>(limit)
                                 .load::<Candidate>(c)?,
@@ -228,21 +228,29 @@ fn claim_of<C: DibsConnection>(
                     candidates
                 }
             };
-            let ids = within_limits(c, candidates)?;
-            if ids.is_empty() {
+            let admission = admission::admit(c, queue, &candidates)?;
+            if admission.ids.is_empty() {
                 return Ok(Vec::new());
             }
+            let ids = admission.ids.clone();
             let mark = syntax.render(CLAIM_MARK);
-            if syntax.returning {
-                return Ok(statement(format!("{mark} RETURNING {CLAIMED_COLUMNS}"))
+            let rows = if syntax.returning {
+                statement(format!("{mark} RETURNING {CLAIMED_COLUMNS}"))
                     .bind::<BigInt, _>(micros)
                     .bind_ids(ids)
-                    .load::<JobRow>(c)?);
-            }
-            statement(mark).bind::<BigInt, _>(micros).bind_ids(ids.iter().copied()).execute(c)?;
-            Ok(statement(format!("SELECT {CLAIMED_COLUMNS} FROM dibs_jobs WHERE id IN {{ids}}"))
-                .bind_ids(ids)
-                .load::<JobRow>(c)?)
+                    .load::<JobRow>(c)?
+            } else {
+                statement(mark).bind::<BigInt, _>(micros).bind_ids(ids.iter().copied()).execute(c)?;
+                statement(format!("SELECT {CLAIMED_COLUMNS} FROM dibs_jobs WHERE id IN {{ids}}"))
+                    .bind_ids(ids)
+                    .load::<JobRow>(c)?
+            };
+            let starts: Vec<_> = rows
+                .iter()
+                .filter_map(|row| row.claimed_at.map(|at| (row.id, at)))
+                .collect();
+            admission::record_starts(c, &admission, &starts)?;
+            Ok(rows)
         })
     })?;
     let mut claimed = rows
@@ -252,49 +260,6 @@ fn claim_of<C: DibsConnection>(
     // The order the claim took them in (RETURNING has none).
     claimed.sort_by_key(|job| (job.priority, job.due_at, job.id));
     Ok(claimed)
-}
-
-/// Keeps the candidates without a limit key, and of each key as many as its limit allows
-/// (deciding under the key's lock), in the candidates' order.
-fn within_limits<C: DibsConnection>(conn: &mut C, candidates: Vec<Candidate>) -> Result<Vec<i64>> {
-    let mut keys: Vec<&str> = candidates
-        .iter()
-        .filter_map(|c| c.limit_key.as_deref())
-        .collect();
-    if keys.is_empty() {
-        return Ok(candidates.iter().map(|c| c.id).collect());
-    }
-    keys.sort_unstable();
-    keys.dedup();
-    let mut running: HashMap<&str, i64> = HashMap::new();
-    for key in keys {
-        let n = dispatch!(conn, c => {
-            let syntax = c.syntax();
-            let lock = match syntax.upsert {
-                Upsert::OnConflictWhere => LIMIT_LOCK_ON_CONFLICT,
-                Upsert::OnDuplicateKey => LIMIT_LOCK_ON_DUPLICATE_KEY,
-            };
-            statement(syntax.render(lock)).bind::<Text, _>(key).execute(c)?;
-            statement(syntax.render(LIMIT_RUNNING))
-                .bind::<Text, _>(key)
-                .get_result::<manage::Count>(c)
-        })?;
-        running.insert(key, n.n);
-    }
-    let mut accepted = Vec::with_capacity(candidates.len());
-    for candidate in &candidates {
-        match (candidate.limit_key.as_deref(), candidate.limit_max) {
-            (Some(key), Some(max)) => {
-                let count = running.entry(key).or_insert(0);
-                if *count < i64::from(max) {
-                    *count += 1;
-                    accepted.push(candidate.id);
-                }
-            }
-            _ => accepted.push(candidate.id),
-        }
-    }
-    Ok(accepted)
 }
 
 /// Returns stalled jobs (running, claim lapsed by the database's clock) to the queue, due at

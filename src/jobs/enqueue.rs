@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 
+use super::limits::{self, Limit};
 use super::model::{IdRow, InsertedRow};
 use super::{Enqueued, NewJob, ids_of};
 use crate::backend::statement::{Statement, row, statement};
@@ -66,8 +67,8 @@ macro_rules! insert_one {
             .bind::<Nullable<Instant>, _>(at)
             .bind::<BigInt, _>(delay)
             .bind::<Nullable<Text>, _>(job.dedup_key.as_deref())
-            .bind::<Nullable<Text>, _>(job.limit.as_ref().map(|(key, _)| key.as_str()))
-            .bind::<Nullable<Integer>, _>(job.limit.as_ref().map(|(_, max)| *max as i32));
+            .bind::<Nullable<Text>, _>(job.first_limit().0)
+            .bind::<Nullable<Integer>, _>(job.first_limit().1);
         if syntax.returning {
             insert.get_result::<InsertedRow>($c).map(|row| Enqueued {
                 id: row.id,
@@ -92,12 +93,23 @@ macro_rules! insert_one {
 /// [`existing`](Enqueued::existing).
 pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued> {
     job.validate()?;
-    // SQLite: this process's writers take turns (see `dibs::transaction`); the insert is one
-    // statement, so the turn is held only around it.
-    let turn = write_turn(conn)?;
-    // Wakes idle workers too (PostgreSQL: a NOTIFY in the insert's RETURNING list).
-    let enqueued = dispatch!(conn, c => insert_one!(c, job))?;
-    drop(turn);
+    let enqueued = if job.limits.is_empty() {
+        // SQLite: this process's writers take turns (see `dibs::transaction`); the insert is
+        // one statement, so the turn is held only around it.
+        let _turn = write_turn(conn)?;
+        // Wakes idle workers too (PostgreSQL: a NOTIFY in the insert's RETURNING list).
+        dispatch!(conn, c => insert_one!(c, job))?
+    } else {
+        // The job and its limits commit together: a job must never be claimable without
+        // the limits that hold it back.
+        transaction(conn, |conn| {
+            let enqueued = dispatch!(conn, c => insert_one!(c, job))?;
+            if !enqueued.existing {
+                limits::record(conn, &[(enqueued.id, &job.limits)])?;
+            }
+            Ok::<Enqueued, Error>(enqueued)
+        })?
+    };
     crate::wake::wake([job.queue.as_str()]);
     #[cfg(feature = "metrics")]
     if !enqueued.existing {
@@ -162,7 +174,11 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                 };
                 if run == 0 {
                     if let Some((job, tail)) = rest.split_first() {
-                        out.push(insert_one!(c, job)?);
+                        let enqueued = insert_one!(c, job)?;
+                        if !enqueued.existing && !job.limits.is_empty() {
+                            limits::record(c, &[(enqueued.id, &job.limits)])?;
+                        }
+                        out.push(enqueued);
                         rest = tail;
                     }
                     continue;
@@ -184,8 +200,8 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                                 .bind::<Nullable<Instant>, _>(at)
                                 .bind::<BigInt, _>(delay)
                                 .bind::<Nullable<Text>, _>(None::<&str>)
-                                .bind::<Nullable<Text>, _>(job.limit.as_ref().map(|(key, _)| key.as_str()))
-                                .bind::<Nullable<Integer>, _>(job.limit.as_ref().map(|(_, max)| *max as i32))
+                                .bind::<Nullable<Text>, _>(job.first_limit().0)
+                                .bind::<Nullable<Integer>, _>(job.first_limit().1)
                         })
                         .collect();
                     // The text changes with the row count: not kept prepared.
@@ -207,6 +223,15 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                         return Err(unexpected(format!("{} ids for {} inserted jobs", ids.len(), chunk.len())));
                     }
                     ids.sort_unstable();
+                    let limited: Vec<(i64, &[Limit])> = ids
+                        .iter()
+                        .zip(chunk.iter())
+                        .filter(|(_, job)| !job.limits.is_empty())
+                        .map(|(id, job)| (*id, job.limits.as_slice()))
+                        .collect();
+                    if !limited.is_empty() {
+                        limits::record(c, &limited)?;
+                    }
                     out.extend(ids.into_iter().map(|id| Enqueued { id, existing: false }));
                 }
                 rest = &rest[run..];

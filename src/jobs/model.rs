@@ -339,7 +339,7 @@ pub(crate) struct StateRow {
     pub cancel_requested_at: Option<DateTime<Utc>>,
 }
 
-/// A claim candidate and its concurrency limit, if any.
+/// A claim candidate: `limit_key` says it has limits (`dibs_job_limits`).
 #[derive(QueryableByName)]
 pub(crate) struct Candidate {
     #[diesel(sql_type = BigInt)]
@@ -350,8 +350,9 @@ pub(crate) struct Candidate {
     pub due_at: DateTime<Utc>,
     #[diesel(sql_type = Nullable<Text>)]
     pub limit_key: Option<String>,
+    /// The queue's concurrency limit, if it has one.
     #[diesel(sql_type = Nullable<Integer>)]
-    pub limit_max: Option<i32>,
+    pub queue_max: Option<i32>,
 }
 
 #[derive(QueryableByName)]

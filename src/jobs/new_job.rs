@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use super::limits::{Limit, MAX_LIMITS};
 use super::{MAX_ATTEMPTS, MAX_PAYLOAD_BYTES};
 use crate::{Error, Result, validate};
 
@@ -37,7 +38,7 @@ pub struct NewJob {
     pub(crate) due: Due,
     pub(crate) max_attempts: u32,
     pub(crate) dedup_key: Option<String>,
-    pub(crate) limit: Option<(String, u32)>,
+    pub(crate) limits: Vec<Limit>,
 }
 
 impl NewJob {
@@ -56,7 +57,7 @@ impl NewJob {
             due: Due::After(Duration::ZERO),
             max_attempts: 25,
             dedup_key: None,
-            limit: None,
+            limits: Vec::new(),
         }
     }
 
@@ -108,21 +109,62 @@ impl NewJob {
 
     /// A concurrency limit: at most `max` jobs with this `key` run at once, across every
     /// worker and process (per customer, per account). Enforced inside the claim: a
-    /// saturated key is skipped and other jobs keep moving. `max`: 1 to 10,000.
-    pub fn limit(mut self, key: impl Into<String>, max: u32) -> Self {
-        self.limit = Some((key.into(), max));
+    /// saturated key is skipped and other jobs keep moving. `max`: 1 to 10,000. Shorthand
+    /// for [`with_limit`](Self::with_limit)`(Limit::concurrency(key, max))`.
+    pub fn limit(self, key: impl Into<String>, max: u32) -> Self {
+        self.with_limit(Limit::concurrency(key, max))
+    }
+
+    /// A rate limit: at most `max` starts of jobs with this `key` in any window of `per`,
+    /// across every worker and process. Shorthand for
+    /// [`with_limit`](Self::with_limit)`(Limit::rate(key, max, per))`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let job = dibs::jobs::NewJob::new("hooks", "deliver", vec![])
+    ///     .rate_limit("customer:42", 10, Duration::from_secs(60));
+    /// ```
+    pub fn rate_limit(self, key: impl Into<String>, max: u32, per: Duration) -> Self {
+        self.with_limit(Limit::rate(key, max, per))
+    }
+
+    /// Adds a limit ([`Limit`]): the job starts only when every one of its limits has room.
+    /// A second limit on the same key adds its caps to the first. At most
+    /// [`MAX_LIMITS`](super::MAX_LIMITS) keys.
+    pub fn with_limit(mut self, limit: Limit) -> Self {
+        match self.limits.iter_mut().find(|l| l.key == limit.key) {
+            Some(same_key) => same_key.merge(limit),
+            None => self.limits.push(limit),
+        }
         self
     }
 
+    /// The job's limits, in the order given.
+    pub fn limits(&self) -> &[Limit] {
+        &self.limits
+    }
+
+    /// `dibs_jobs.limit_key` and `limit_max`: the first limit's key and concurrency cap
+    /// (the key also says the job has limits in `dibs_job_limits`).
+    pub(crate) fn first_limit(&self) -> (Option<&str>, Option<i32>) {
+        match self.limits.first() {
+            Some(limit) => (
+                Some(limit.key.as_str()),
+                limit.max_running.map(|n| n as i32),
+            ),
+            None => (None, None),
+        }
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
-        if let Some((key, max)) = &self.limit {
-            validate::name("limit key", key)?;
-            if *max == 0 || *max > 10_000 {
-                return Err(Error::invalid(
-                    "limit",
-                    format!("{max} is not between 1 and 10000"),
-                ));
-            }
+        if self.limits.len() > MAX_LIMITS {
+            return Err(Error::invalid(
+                "limits",
+                format!("{} keys, the most is {MAX_LIMITS}", self.limits.len()),
+            ));
+        }
+        for limit in &self.limits {
+            limit.validate()?;
         }
         validate::name("queue", &self.queue)?;
         if let Some(key) = &self.dedup_key {

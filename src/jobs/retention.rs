@@ -166,6 +166,7 @@ pub fn prune<C: DibsConnection>(
             let deleted = statement("DELETE FROM dibs_jobs WHERE id IN {ids}").bind_ids(ids()).execute(c)?;
             statement("DELETE FROM dibs_job_errors WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
             statement("DELETE FROM dibs_job_outputs WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+            statement("DELETE FROM dibs_job_limits WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
             Ok(deleted)
         })
     })

@@ -112,6 +112,18 @@ impl Schedule {
     fn validate(&self) -> Result<(Timing, i64)> {
         validate::name("schedule name", &self.name)?;
         self.job.validate()?;
+        // A schedule stores one concurrency limit (dibs_schedules.limit_key, limit_max).
+        let one_concurrency_limit = match self.job.limits() {
+            [] => true,
+            [limit] => limit.rate_cap().is_none(),
+            _ => false,
+        };
+        if !one_concurrency_limit {
+            return Err(Error::invalid(
+                "schedule job",
+                "a schedule's job carries at most one limit, a concurrency limit",
+            ));
+        }
         let delay = match self.job.due {
             Due::After(_) => self.job.due_params().1,
             Due::At(at) => {
@@ -357,8 +369,8 @@ pub fn upsert<C: DibsConnection>(conn: &mut C, schedule: &Schedule) -> Result<()
             .bind::<Integer, _>(job.priority)
             .bind::<Integer, _>(job.max_attempts as i32)
             .bind::<Nullable<Text>, _>(job.dedup_key.as_deref())
-            .bind::<Nullable<Text>, _>(job.limit.as_ref().map(|(key, _)| key.as_str()))
-            .bind::<Nullable<Integer>, _>(job.limit.as_ref().map(|(_, max)| *max as i32))
+            .bind::<Nullable<Text>, _>(job.first_limit().0)
+            .bind::<Nullable<Integer>, _>(job.first_limit().1)
             .bind::<BigInt, _>(delay)
             .bind::<Integer, _>(i32::from(schedule.catch_up))
             .bind::<Instant, _>(next)

@@ -1,0 +1,1 @@
+DELETE FROM dibs_job_limits;

@@ -1,0 +1,35 @@
+-- Flow control. A job's limits, one row per key: a concurrency cap (max_running: at most so
+-- many running jobs with this key) and/or a rate (at most rate_max starts per rate_period_us,
+-- in any window of that length). dibs_jobs.limit_key and limit_max stay and name the job's
+-- first limit, so "limit_key IS NOT NULL" says a job has rows here: a claim reads them only
+-- then. Deleted with the job.
+CREATE TABLE dibs_job_limits (
+    job_id         bigint NOT NULL,
+    limit_key      text COLLATE "C" NOT NULL,
+    max_running    integer,
+    rate_max       integer,
+    rate_period_us bigint,
+    PRIMARY KEY (job_id, limit_key)
+);
+INSERT INTO dibs_job_limits (job_id, limit_key, max_running)
+    SELECT id, limit_key, limit_max FROM dibs_jobs WHERE limit_key IS NOT NULL;
+-- The starts of rate-limited keys (a start's instant is its job's claimed_at), kept for the
+-- key's longest period: a claim counts them in its window.
+CREATE TABLE dibs_limit_starts (
+    limit_key  text COLLATE "C" NOT NULL,
+    started_at timestamptz NOT NULL,
+    job_id     bigint NOT NULL,
+    PRIMARY KEY (limit_key, started_at, job_id)
+);
+-- throttled_until: the key's rate window is full until then (a hint for the claim's pick, so
+-- throttled jobs do not crowd out others; the claim decides under the key's lock).
+-- rate_period_us: the longest rate period a claim used with the key (how long its starts are
+-- kept).
+ALTER TABLE dibs_limit_keys ADD COLUMN throttled_until timestamptz;
+ALTER TABLE dibs_limit_keys ADD COLUMN rate_period_us bigint;
+-- A queue-wide concurrency limit: at most max_running running jobs of the queue. Claimers of
+-- a limited queue serialize on its row.
+CREATE TABLE dibs_queue_limits (
+    queue       text COLLATE "C" NOT NULL PRIMARY KEY,
+    max_running integer NOT NULL
+);

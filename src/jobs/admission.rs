@@ -1,0 +1,331 @@
+//! Claim, step 2: which of the picked candidates may start now, within their queue's
+//! concurrency limit and every limit their keys carry ([`super::Limit`]), decided under the
+//! locks of that queue and of those keys; and, after the claim, the starts it made.
+//!
+//! Locks are taken in one order by every claimer (the queue's row, then the keys' rows by
+//! key), so claimers never wait on each other in a cycle; nothing else locks them. Under a
+//! key's lock its counts cannot be overtaken: every claim of the key holds the lock while it
+//! decides and records, and finishing jobs only lower a running count.
+//!
+//! A rate's starts are the claims' `claimed_at`, kept in `dibs_limit_starts`. The claim
+//! reads the database's now after taking the locks, so every start recorded before (by a
+//! claim that committed before it took them) is at or before that now, and every start it
+//! makes is at or after it: "fewer than `max` starts in `(now - per, now]`, plus those it
+//! admits" holds for the window ending at its own starts, and so for every window.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, TimeDelta, Utc};
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Nullable, Text};
+
+use super::limits::JobLimitRow;
+use super::manage::Count;
+use super::model::Candidate;
+use crate::backend::statement::{row, statement};
+use crate::backend::{Dialect, Upsert, dispatch};
+use crate::schema::{dibs_job_limits, dibs_limit_keys};
+use crate::sql_types::Instant;
+use crate::{DibsConnection, Result};
+
+/// The queue's limit, read again under its lock (it may have changed since the pick).
+const QUEUE_LOCK: &str = "SELECT max_running AS n FROM dibs_queue_limits WHERE queue = ?{for_update}";
+/// The queue's running jobs (`dibs_jobs_queue_state`; on MySQL the claim index).
+const QUEUE_RUNNING: &str =
+    "SELECT COUNT(*) AS n FROM dibs_jobs WHERE queue = ? AND state = 'running'";
+
+/// Take a key's lock: an upsert locks its row until commit.
+const KEY_LOCK_ON_CONFLICT: &str = "\
+    INSERT INTO dibs_limit_keys (limit_key) VALUES (?) \
+    ON CONFLICT (limit_key) DO UPDATE SET limit_key = excluded.limit_key";
+const KEY_LOCK_ON_DUPLICATE_KEY: &str = "\
+    INSERT INTO dibs_limit_keys (limit_key) VALUES (?) \
+    ON DUPLICATE KEY UPDATE limit_key = VALUES(limit_key)";
+
+/// A key's running jobs: read through the index of running jobs with limits
+/// (`dibs_jobs_limit`), so the cost is the running limited jobs, not the key's waiting ones.
+const KEY_RUNNING: &str = "\
+    SELECT COUNT(*) AS n FROM dibs_jobs r \
+    WHERE r.state = 'running' AND r.limit_key IS NOT NULL AND EXISTS ( \
+        SELECT 1 FROM dibs_job_limits l \
+        WHERE l.job_id = r.id AND l.limit_key = ? AND l.max_running IS NOT NULL)";
+
+/// A key's starts since an instant, oldest first (the primary key's range).
+const KEY_STARTS: &str = "\
+    SELECT started_at AS at FROM dibs_limit_starts \
+    WHERE limit_key = ? AND started_at > ? ORDER BY started_at";
+/// Starts no window of the key reaches any more.
+const KEY_STARTS_PRUNE: &str =
+    "DELETE FROM dibs_limit_starts WHERE limit_key = ? AND started_at <= ?";
+const KEY_THROTTLE: &str = "\
+    UPDATE dibs_limit_keys SET throttled_until = ?, rate_period_us = ? WHERE limit_key = ?";
+
+#[derive(QueryableByName)]
+struct At {
+    #[diesel(sql_type = Instant)]
+    at: DateTime<Utc>,
+}
+
+#[derive(QueryableByName)]
+struct MaxRunning {
+    #[diesel(sql_type = Nullable<diesel::sql_types::Integer>)]
+    n: Option<i32>,
+}
+
+/// What a key's candidates ask of it, and what it has.
+#[derive(Default)]
+struct Key {
+    /// Its running jobs (known where a candidate has a concurrency cap on it).
+    running: i64,
+    /// Its starts since `now - horizon_us`, oldest first (where a candidate has a rate).
+    starts: Vec<DateTime<Utc>>,
+    /// How far back its starts are kept: its longest period, in microseconds.
+    horizon_us: i64,
+    /// The rates its candidates carry, `(max, per_us)`.
+    rates: Vec<(i64, i64)>,
+    /// Starts this claim admitted (counted at `now` until their instants are known).
+    admitted: Vec<i64>,
+}
+
+/// The candidates admitted, in the candidates' order, and what recording their starts needs.
+pub(super) struct Admission {
+    pub ids: Vec<i64>,
+    now: DateTime<Utc>,
+    /// Keys with a rate, by key.
+    rated: BTreeMap<String, Key>,
+}
+
+/// Keeps the candidates that may start now (all of them where nothing limits them), in
+/// their order. Runs inside the claim's transaction, after the pick.
+pub(super) fn admit<C: DibsConnection>(
+    conn: &mut C,
+    queue: &str,
+    candidates: &[Candidate],
+) -> Result<Admission> {
+    let limited: Vec<i64> = candidates
+        .iter()
+        .filter(|c| c.limit_key.is_some())
+        .map(|c| c.id)
+        .collect();
+    let queue_limited = candidates.iter().any(|c| c.queue_max.is_some());
+    if limited.is_empty() && !queue_limited {
+        return Ok(Admission {
+            ids: candidates.iter().map(|c| c.id).collect(),
+            now: DateTime::<Utc>::MIN_UTC,
+            rated: BTreeMap::new(),
+        });
+    }
+    // The queue's lock first, then the keys' by key: one order for every claimer.
+    let mut queue_room = i64::MAX;
+    if queue_limited {
+        let max = dispatch!(conn, c => {
+            let syntax = c.syntax();
+            statement(syntax.render(QUEUE_LOCK))
+                .bind::<Text, _>(queue)
+                .get_result::<MaxRunning>(c)
+                .optional()
+        })?;
+        if let Some(max) = max.and_then(|m| m.n) {
+            let running = dispatch!(conn, c => {
+                statement(c.syntax().render(QUEUE_RUNNING))
+                    .bind::<Text, _>(queue)
+                    .get_result::<Count>(c)
+            })?;
+            queue_room = (i64::from(max) - running.n).max(0);
+        }
+    }
+    let rows: Vec<JobLimitRow> = if limited.is_empty() {
+        Vec::new()
+    } else {
+        dispatch!(conn, c => {
+            dibs_job_limits::table
+                .filter(dibs_job_limits::job_id.eq_any(&limited))
+                .select(JobLimitRow::as_select())
+                .load(c)
+        })?
+    };
+    let mut by_job: HashMap<i64, Vec<&JobLimitRow>> = HashMap::new();
+    let mut keys: BTreeMap<String, Key> = BTreeMap::new();
+    for row in &rows {
+        by_job.entry(row.job_id).or_default().push(row);
+        let key = keys.entry(row.limit_key.clone()).or_default();
+        if let (Some(max), Some(per)) = (row.rate_max, row.rate_period_us) {
+            let rate = (i64::from(max), per);
+            if !key.rates.contains(&rate) {
+                key.rates.push(rate);
+            }
+            key.horizon_us = key.horizon_us.max(per);
+        }
+    }
+    for (name, key) in keys.iter_mut() {
+        let capped = rows
+            .iter()
+            .any(|r| r.limit_key == *name && r.max_running.is_some());
+        key.running = lock_key(conn, name, capped)?;
+    }
+    let rated = keys.values().any(|k| !k.rates.is_empty());
+    // Read after every lock is held: no start recorded by another claim is later.
+    let now = if rated {
+        crate::database_now(conn)?
+    } else {
+        DateTime::<Utc>::MIN_UTC
+    };
+    for (name, key) in keys.iter_mut().filter(|(_, k)| !k.rates.is_empty()) {
+        let stored: Option<i64> = dispatch!(conn, c => {
+            dibs_limit_keys::table
+                .find(name.as_str())
+                .select(dibs_limit_keys::rate_period_us)
+                .first::<Option<i64>>(c)
+                .optional()
+        })?
+        .flatten();
+        key.horizon_us = key.horizon_us.max(stored.unwrap_or(0));
+        let since = before(now, key.horizon_us);
+        key.starts = dispatch!(conn, c => {
+            statement(c.syntax().render(KEY_STARTS))
+                .bind::<Text, _>(name.as_str())
+                .bind::<Instant, _>(since)
+                .load::<At>(c)
+        })?
+        .into_iter()
+        .map(|row| row.at)
+        .collect();
+    }
+    let mut ids = Vec::with_capacity(candidates.len());
+    for candidate in candidates {
+        if queue_room == 0 {
+            break;
+        }
+        let limits = by_job.get(&candidate.id).map(Vec::as_slice).unwrap_or(&[]);
+        let fits = limits.iter().all(|limit| {
+            let Some(key) = keys.get(&limit.limit_key) else {
+                return false;
+            };
+            let running_ok = limit
+                .max_running
+                .is_none_or(|max| key.running < i64::from(max));
+            let rate_ok = match (limit.rate_max, limit.rate_period_us) {
+                (Some(max), Some(per)) => {
+                    let since = before(now, per);
+                    let recent = key.starts.len() - key.starts.partition_point(|s| *s <= since);
+                    ((recent + key.admitted.len()) as i64) < i64::from(max)
+                }
+                _ => true,
+            };
+            running_ok && rate_ok
+        });
+        if !fits {
+            continue;
+        }
+        for limit in limits {
+            if let Some(key) = keys.get_mut(&limit.limit_key) {
+                if limit.max_running.is_some() {
+                    key.running += 1;
+                }
+                if limit.rate_max.is_some() && !key.admitted.contains(&candidate.id) {
+                    key.admitted.push(candidate.id);
+                }
+            }
+        }
+        queue_room -= 1;
+        ids.push(candidate.id);
+    }
+    keys.retain(|_, k| !k.rates.is_empty());
+    Ok(Admission {
+        ids,
+        now,
+        rated: keys,
+    })
+}
+
+/// Takes a key's lock and, where `capped`, counts its running jobs.
+fn lock_key<C: DibsConnection>(conn: &mut C, key: &str, capped: bool) -> Result<i64> {
+    Ok(dispatch!(conn, c => {
+        let syntax = c.syntax();
+        let lock = match syntax.upsert {
+            Upsert::OnConflictWhere => KEY_LOCK_ON_CONFLICT,
+            Upsert::OnDuplicateKey => KEY_LOCK_ON_DUPLICATE_KEY,
+        };
+        statement(syntax.render(lock)).bind::<Text, _>(key).execute(c)?;
+        if capped {
+            statement(syntax.render(KEY_RUNNING))
+                .bind::<Text, _>(key)
+                .get_result::<Count>(c)
+                .map(|count| count.n)
+        } else {
+            Ok(0)
+        }
+    })?)
+}
+
+/// Records the starts of the admitted jobs with rates (`claimed`: each claimed job's id and
+/// `claimed_at`), forgets starts no window reaches, and sets each rated key's
+/// `throttled_until`: when its fullest window has room again, or NULL if it has room now.
+/// In the claim's transaction, under the keys' locks.
+pub(super) fn record_starts<C: DibsConnection>(
+    conn: &mut C,
+    admission: &Admission,
+    claimed: &[(i64, DateTime<Utc>)],
+) -> Result<()> {
+    let claimed_at: HashMap<i64, DateTime<Utc>> = claimed.iter().copied().collect();
+    for (name, key) in &admission.rated {
+        let mut new: Vec<(i64, DateTime<Utc>)> = key
+            .admitted
+            .iter()
+            .filter_map(|id| claimed_at.get(id).map(|at| (*id, *at)))
+            .collect();
+        new.sort_by_key(|(id, at)| (*at, *id));
+        if !new.is_empty() {
+            let values = vec!["(?, ?, ?)"; new.len()].join(", ");
+            let sql = format!(
+                "INSERT INTO dibs_limit_starts (limit_key, started_at, job_id) VALUES {values}"
+            );
+            let binds = new
+                .iter()
+                .map(|(id, at)| {
+                    row()
+                        .bind::<Text, _>(name.as_str())
+                        .bind::<Instant, _>(*at)
+                        .bind::<BigInt, _>(*id)
+                })
+                .collect::<Vec<_>>();
+            // One shape per row count, up to a claim's batch: not kept prepared past a few.
+            let insert = statement(sql);
+            let insert = if new.len() > 8 { insert.uncached() } else { insert };
+            dispatch!(conn, c => insert.bind_rows(binds).execute(c))?;
+        }
+        let mut starts = key.starts.clone();
+        starts.extend(new.iter().map(|(_, at)| *at));
+        starts.sort_unstable();
+        let throttled_until = key
+            .rates
+            .iter()
+            .filter_map(|&(max, per)| {
+                let max = usize::try_from(max).ok()?;
+                let oldest_that_counts = starts.len().checked_sub(max)?;
+                starts[oldest_that_counts].checked_add_signed(TimeDelta::microseconds(per))
+            })
+            .max()
+            .filter(|until| *until > admission.now);
+        let forget_before = before(admission.now, key.horizon_us);
+        dispatch!(conn, c => {
+            let syntax = c.syntax();
+            statement(syntax.render(KEY_STARTS_PRUNE))
+                .bind::<Text, _>(name.as_str())
+                .bind::<Instant, _>(forget_before)
+                .execute(c)?;
+            statement(syntax.render(KEY_THROTTLE))
+                .bind::<Nullable<Instant>, _>(throttled_until)
+                .bind::<BigInt, _>(key.horizon_us)
+                .bind::<Text, _>(name.as_str())
+                .execute(c)
+        })?;
+    }
+    Ok(())
+}
+
+/// `micros` before `at`, or the earliest instant.
+fn before(at: DateTime<Utc>, micros: i64) -> DateTime<Utc> {
+    at.checked_sub_signed(TimeDelta::microseconds(micros))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
