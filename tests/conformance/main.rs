@@ -9,6 +9,7 @@ mod attacks4;
 mod attacks5;
 mod contention;
 mod events;
+mod flow_control;
 mod foundation;
 mod inputs;
 mod jobs;
