@@ -86,6 +86,7 @@ fn role() {
         .collect();
     match role.as_str() {
         "worker" => worker(&args[0]),
+        "capped-worker" => capped_worker(&args[0]),
         "holder" => holder(&args[0]),
         "counter" => counter(&args[0], args[1].parse().expect("iterations")),
         "sqlite-load" => sqlite_load(&args[0], args[1].parse().expect("operations")),
@@ -161,6 +162,54 @@ fn worker(url: &str) {
         std::thread::sleep(Duration::from_secs(1));
         let _ = worker.report();
     }
+}
+
+/// A worker process of the queue-wide limit scenario: 4 threads on queue "capped"; each run
+/// writes its interval (database time: started when the handler begins, ended before it
+/// returns, so inside the job's running state) and takes 20-40 ms. Exits when the queue has
+/// nothing left.
+fn capped_worker(url: &str) {
+    let pool = Pool::options().max_size(8).open(url).expect("pool");
+    let intervals = pool.clone();
+    let worker = Worker::builder(pool.clone())
+        .queue("capped")
+        .threads(4)
+        .claim_ttl(Duration::from_secs(60))
+        .poll_interval(Duration::from_millis(20))
+        .raw_handler("work", move |ctx: &JobContext, _: &[u8]| {
+            let backend = intervals.backend();
+            let mut conn = intervals.get()?;
+            let started = now_text(&mut conn, backend)?;
+            std::thread::sleep(Duration::from_millis(20 + (ctx.id as u64 * 7919) % 21));
+            let ended = now_text(&mut conn, backend)?;
+            diesel::sql_query(sql(
+                backend,
+                "INSERT INTO fault_intervals (job_id, started, ended) VALUES (?, ?, ?)",
+            ))
+            .bind::<BigInt, _>(ctx.id)
+            .bind::<Text, _>(started)
+            .bind::<Text, _>(ended)
+            .execute(&mut *conn)?;
+            Ok(())
+        })
+        .start()
+        .expect("start the worker");
+    report("started");
+    let mut conn = pool.get().expect("conn");
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let left = jobs::stats(&mut conn).expect("stats");
+        let busy = left
+            .queues
+            .iter()
+            .filter(|q| q.queue == "capped")
+            .any(|q| q.waiting > 0 || q.running > 0);
+        if !busy {
+            break;
+        }
+    }
+    worker.shutdown(Duration::from_secs(10));
+    report("done");
 }
 
 /// `?` placeholders as the backend wants them (`$1, $2, ...` on PostgreSQL).

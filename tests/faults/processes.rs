@@ -17,6 +17,7 @@ conformance!(
     killed_workers_lose_no_job,
     a_paused_lease_holder_is_fenced_out,
     processes_take_turns_under_a_lease,
+    a_queue_wide_limit_holds_across_worker_processes,
 );
 
 fn exec(conn: &mut AnyConnection, sql: &str) {
@@ -291,6 +292,58 @@ fn processes_take_turns_under_a_lease(backend: Backend) {
         "{backend} mutual exclusion: {PROCESSES} processes x {ITERATIONS}: counter {}, 0 overlaps, fences rising",
         PROCESSES * ITERATIONS
     );
+}
+
+/// A queue limited to 3 running jobs, drained by 3 worker processes of 4 threads each (12
+/// threads that want work): the runs' intervals (database time, each inside its job's
+/// running state) never overlap more than 3 deep, and every job runs once.
+fn a_queue_wide_limit_holds_across_worker_processes(backend: Backend) {
+    const JOBS: usize = 150;
+    const LIMIT: u32 = 3;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    exec(
+        &mut conn,
+        &format!(
+            "CREATE TABLE fault_intervals (job_id BIGINT NOT NULL, started {t} NOT NULL, \
+             ended {t} NOT NULL)",
+            t = text_type(backend)
+        ),
+    );
+    jobs::limit_queue(&mut conn, "capped", Some(LIMIT)).unwrap();
+    let batch: Vec<NewJob> = (0..JOBS).map(|_| NewJob::new("capped", "work", vec![])).collect();
+    jobs::enqueue_many(&mut conn, &batch).unwrap();
+    let mut children: Vec<Spawned> = (0..3).map(|_| spawn("capped-worker", &[db.url()])).collect();
+    for child in &mut children {
+        assert_eq!(child.next_report().as_deref(), Some("started"));
+    }
+    for child in &mut children {
+        assert_eq!(child.next_report().as_deref(), Some("done"));
+    }
+    #[derive(QueryableByName)]
+    struct Interval {
+        #[diesel(sql_type = Text)]
+        started: String,
+        #[diesel(sql_type = Text)]
+        ended: String,
+    }
+    let intervals = diesel::sql_query("SELECT started, ended FROM fault_intervals")
+        .load::<Interval>(&mut conn)
+        .unwrap();
+    assert_eq!(intervals.len(), JOBS, "every job ran once");
+    // Ends sort before starts at the same instant: touching intervals do not overlap.
+    let mut events: Vec<(&str, i32)> = intervals
+        .iter()
+        .flat_map(|i| [(i.started.as_str(), 1), (i.ended.as_str(), -1)])
+        .collect();
+    events.sort();
+    let (mut depth, mut deepest) = (0, 0);
+    for (_, step) in events {
+        depth += step;
+        deepest = deepest.max(depth);
+    }
+    assert!(deepest <= LIMIT as i32, "{deepest} runs of the queue overlapped (limit {LIMIT})");
+    println!("{backend} queue-wide limit {LIMIT}: 3 processes x 4 threads, {JOBS} jobs, deepest overlap {deepest}");
 }
 
 /// SQLite: 8 threads and 3 processes enqueue, claim and complete on one file: no error
