@@ -29,7 +29,8 @@ use crate::sql_types::Instant;
 use crate::{DibsConnection, Result};
 
 /// The queue's limit, read again under its lock (it may have changed since the pick).
-const QUEUE_LOCK: &str = "SELECT max_running AS n FROM dibs_queue_limits WHERE queue = ?{for_update}";
+const QUEUE_LOCK: &str =
+    "SELECT max_running AS n FROM dibs_queue_limits WHERE queue = ?{for_update}";
 /// The queue's running jobs (`dibs_jobs_queue_state`; on MySQL the claim index).
 const QUEUE_RUNNING: &str =
     "SELECT COUNT(*) AS n FROM dibs_jobs WHERE queue = ? AND state = 'running'";
@@ -291,7 +292,11 @@ pub(super) fn record_starts<C: DibsConnection>(
                 .collect::<Vec<_>>();
             // One shape per row count, up to a claim's batch: not kept prepared past a few.
             let insert = statement(sql);
-            let insert = if new.len() > 8 { insert.uncached() } else { insert };
+            let insert = if new.len() > 8 {
+                insert.uncached()
+            } else {
+                insert
+            };
             dispatch!(conn, c => insert.bind_rows(binds).execute(c))?;
         }
         let mut starts = key.starts.clone();

@@ -359,7 +359,8 @@ pub struct KeyState {
 impl KeyState {
     /// Whether its running jobs fill its concurrency cap.
     pub fn saturated(&self) -> bool {
-        self.max_running.is_some_and(|max| self.running >= i64::from(max))
+        self.max_running
+            .is_some_and(|max| self.running >= i64::from(max))
     }
 }
 

@@ -13,6 +13,7 @@ use serde_json::Value;
 use support::{TestDb, conformance};
 
 mod attacks17;
+mod flow_control;
 mod issue17;
 mod lease_run;
 mod lease_run_attacks;

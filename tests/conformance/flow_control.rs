@@ -103,7 +103,11 @@ fn a_rate_limit_holds_in_every_window_while_unlimited_jobs_drain(backend: Backen
         .filter(|(kind, _)| kind == "free")
         .map(|(_, at)| *at)
         .collect();
-    assert_eq!((limited.len(), free.len()), (LIMITED, FREE), "every job ran once");
+    assert_eq!(
+        (limited.len(), free.len()),
+        (LIMITED, FREE),
+        "every job ran once"
+    );
     limited.sort_unstable();
     free.sort_unstable();
     let most = fullest_window(&limited, TimeDelta::seconds(1));
@@ -113,14 +117,23 @@ fn a_rate_limit_holds_in_every_window_while_unlimited_jobs_drain(backend: Backen
     );
     // 2,000 at 50 a second take at least 39 s; the unlimited ones must not wait for them.
     let span = *limited.last().unwrap() - limited[0];
-    assert!(span >= TimeDelta::seconds(39), "the limited key ran in {span}");
+    assert!(
+        span >= TimeDelta::seconds(39),
+        "the limited key ran in {span}"
+    );
     let halfway = limited[LIMITED / 2];
     assert!(
         *free.last().unwrap() < halfway,
         "the last unlimited job started at {}, after half of the limited ones ({halfway})",
         free.last().unwrap()
     );
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'"), 0);
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'"
+        ),
+        0
+    );
 }
 
 /// Jobs carrying keys {a, b}, {a} or {b}, with a at most 1 running and b at most 2, under 8
@@ -189,7 +202,13 @@ fn several_keys_per_job_are_never_exceeded(backend: Backend) {
     assert!(most[&'a'] <= 1, "a ran {} at once (cap 1)", most[&'a']);
     assert!(most[&'b'] <= 2, "b ran {} at once (cap 2)", most[&'b']);
     assert_eq!(done.load(Ordering::SeqCst), 3 * EACH, "every job ran");
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'"), 0);
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'"
+        ),
+        0
+    );
 }
 
 /// A queue limited to 3 running jobs, 8 claimers asking for up to 4 each: never more than 3
@@ -252,8 +271,11 @@ fn a_throttled_key_is_claimable_again_when_its_window_allows(backend: Backend) {
     let mut conn = db.connect();
     let per = Duration::from_millis(1500);
     for _ in 0..3 {
-        jobs::enqueue(&mut conn, &NewJob::new("t", "limited", vec![]).rate_limit("k", 2, per))
-            .unwrap();
+        jobs::enqueue(
+            &mut conn,
+            &NewJob::new("t", "limited", vec![]).rate_limit("k", 2, per),
+        )
+        .unwrap();
     }
     let free = jobs::enqueue(&mut conn, &NewJob::new("t", "free", vec![]).priority(1))
         .unwrap()
@@ -269,17 +291,26 @@ fn a_throttled_key_is_claimable_again_when_its_window_allows(backend: Backend) {
         .and_then(|s| s.throttled_until)
         .expect("k is throttled");
     let last_start = first[0].claimed_at.max(first[1].claimed_at);
-    assert!(until >= last_start, "throttled until {until}, before the starts ({last_start})");
+    assert!(
+        until >= last_start,
+        "throttled until {until}, before the starts ({last_start})"
+    );
     assert!(jobs::claim(&mut conn, "t", 10, TTL).unwrap().is_empty());
     // Wait on the database's clock until the window allows, then one claim takes it.
     let deadline = Clock::now() + Duration::from_secs(60);
     while dibs::database_now(&mut conn).unwrap() < until {
-        assert!(Clock::now() < deadline, "the database clock did not reach {until}");
+        assert!(
+            Clock::now() < deadline,
+            "the database clock did not reach {until}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let third = jobs::claim(&mut conn, "t", 10, TTL).unwrap();
     assert_eq!(third.len(), 1);
-    assert!(third[0].claimed_at - first[0].claimed_at.min(first[1].claimed_at) >= TimeDelta::milliseconds(1500));
+    assert!(
+        third[0].claimed_at - first[0].claimed_at.min(first[1].claimed_at)
+            >= TimeDelta::milliseconds(1500)
+    );
 }
 
 /// A retry is a start: a job that fails is held back by its own first start, so a failing
@@ -295,7 +326,13 @@ fn a_rate_counts_retries_as_starts(backend: Backend) {
     // Retried at once: due, but its key's hour holds a start already.
     let retry = jobs::Retry::At(chrono::DateTime::<Utc>::from_timestamp(0, 0).unwrap());
     jobs::fail(&mut conn, claimed[0].claim(), "boom", retry).unwrap();
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'waiting'"), 1);
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'waiting'"
+        ),
+        1
+    );
     assert!(jobs::claim(&mut conn, "r", 1, TTL).unwrap().is_empty());
     jobs::enqueue(&mut conn, &job).unwrap();
     assert!(jobs::claim(&mut conn, "r", 10, TTL).unwrap().is_empty());
@@ -311,25 +348,37 @@ fn limits_are_stored_with_the_job_and_pruned_with_it(backend: Backend) {
         .rate_limit("a", 5, Duration::from_secs(1))
         .rate_limit("b", 7, Duration::from_millis(250));
     let id = jobs::enqueue(&mut conn, &job).unwrap().id;
-    let many = jobs::enqueue_many(&mut conn, &[job.clone(), NewJob::new("s", "k", vec![])])
-        .unwrap();
+    let many =
+        jobs::enqueue_many(&mut conn, &[job.clone(), NewJob::new("s", "k", vec![])]).unwrap();
     for id in [id, many[0].id] {
         let limits = jobs::limits_of(&mut conn, id).unwrap();
         assert_eq!(limits.len(), 2);
         assert_eq!(limits[0].key(), "a");
         assert_eq!(limits[0].max_running(), Some(2));
-        assert_eq!(limits[0].rate_cap().map(|r| (r.max, r.per)), Some((5, Duration::from_secs(1))));
-        assert_eq!(limits[1].rate_cap().map(|r| r.per), Some(Duration::from_millis(250)));
+        assert_eq!(
+            limits[0].rate_cap().map(|r| (r.max, r.per)),
+            Some((5, Duration::from_secs(1)))
+        );
+        assert_eq!(
+            limits[1].rate_cap().map(|r| r.per),
+            Some(Duration::from_millis(250))
+        );
     }
     assert!(jobs::limits_of(&mut conn, many[1].id).unwrap().is_empty());
     let stored = jobs::get(&mut conn, id).unwrap().unwrap();
-    assert_eq!((stored.limit_key.as_deref(), stored.limit_max), (Some("a"), Some(2)));
+    assert_eq!(
+        (stored.limit_key.as_deref(), stored.limit_max),
+        (Some("a"), Some(2))
+    );
     for claimed in jobs::claim(&mut conn, "s", 10, TTL).unwrap() {
         jobs::complete(&mut conn, &[claimed.claim()]).unwrap();
     }
     let policy = jobs::Retention::DeleteAll;
     jobs::prune(&mut conn, "s", jobs::Finished::Completed, policy, 100).unwrap();
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_job_limits"), 0);
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_job_limits"),
+        0
+    );
 }
 
 /// Out-of-range caps, periods, too many keys, an empty key: a typed error, nothing written.
@@ -347,11 +396,16 @@ fn bad_flow_control_input_is_refused_and_writes_nothing(backend: Backend) {
         NewJob::new("q", "k", vec![]).rate_limit("a", 1, Duration::from_secs(367 * 86_400)),
         NewJob::new("q", "k", vec![]).rate_limit("", 1, second),
         NewJob::new("q", "k", vec![]).limit("a\0b", 1),
-        (0..9).fold(NewJob::new("q", "k", vec![]), |job, i| job.limit(format!("k{i}"), 1)),
+        (0..9).fold(NewJob::new("q", "k", vec![]), |job, i| {
+            job.limit(format!("k{i}"), 1)
+        }),
     ];
     for job in &bad {
         let err = jobs::enqueue(&mut conn, job).unwrap_err();
-        assert!(matches!(err, dibs::Error::InvalidInput { .. }), "{job:?}: {err}");
+        assert!(
+            matches!(err, dibs::Error::InvalidInput { .. }),
+            "{job:?}: {err}"
+        );
         let err = jobs::enqueue_many(&mut conn, std::slice::from_ref(job)).unwrap_err();
         assert!(matches!(err, dibs::Error::InvalidInput { .. }), "{err}");
     }
@@ -361,9 +415,17 @@ fn bad_flow_control_input_is_refused_and_writes_nothing(backend: Backend) {
     }
     assert!(jobs::limit_queue(&mut conn, "", Some(1)).is_err());
     assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 0);
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_job_limits"), 0);
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_queue_limits"), 0);
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_job_limits"),
+        0
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_queue_limits"),
+        0
+    );
     // Eight keys is the most, and fine.
-    let eight = (0..8).fold(NewJob::new("q", "k", vec![]), |job, i| job.limit(format!("k{i}"), 1));
+    let eight = (0..8).fold(NewJob::new("q", "k", vec![]), |job, i| {
+        job.limit(format!("k{i}"), 1)
+    });
     jobs::enqueue(&mut conn, &eight).unwrap();
 }

@@ -151,9 +151,23 @@ fn schema_tables() -> Vec<TableSpec> {
             limit_max,
             delay_micros,
         }),
-        table_spec!(dibs_limit_keys { limit_key, throttled_until, rate_period_us }),
-        table_spec!(dibs_job_limits { job_id, limit_key, max_running, rate_max, rate_period_us }),
-        table_spec!(dibs_limit_starts { limit_key, started_at, job_id }),
+        table_spec!(dibs_limit_keys {
+            limit_key,
+            throttled_until,
+            rate_period_us
+        }),
+        table_spec!(dibs_job_limits {
+            job_id,
+            limit_key,
+            max_running,
+            rate_max,
+            rate_period_us
+        }),
+        table_spec!(dibs_limit_starts {
+            limit_key,
+            started_at,
+            job_id
+        }),
         table_spec!(dibs_queue_limits { queue, max_running }),
     ];
     let source = include_str!("../../src/schema.rs");

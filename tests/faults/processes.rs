@@ -311,9 +311,13 @@ fn a_queue_wide_limit_holds_across_worker_processes(backend: Backend) {
         ),
     );
     jobs::limit_queue(&mut conn, "capped", Some(LIMIT)).unwrap();
-    let batch: Vec<NewJob> = (0..JOBS).map(|_| NewJob::new("capped", "work", vec![])).collect();
+    let batch: Vec<NewJob> = (0..JOBS)
+        .map(|_| NewJob::new("capped", "work", vec![]))
+        .collect();
     jobs::enqueue_many(&mut conn, &batch).unwrap();
-    let mut children: Vec<Spawned> = (0..3).map(|_| spawn("capped-worker", &[db.url()])).collect();
+    let mut children: Vec<Spawned> = (0..3)
+        .map(|_| spawn("capped-worker", &[db.url()]))
+        .collect();
     for child in &mut children {
         assert_eq!(child.next_report().as_deref(), Some("started"));
     }
@@ -342,8 +346,13 @@ fn a_queue_wide_limit_holds_across_worker_processes(backend: Backend) {
         depth += step;
         deepest = deepest.max(depth);
     }
-    assert!(deepest <= LIMIT as i32, "{deepest} runs of the queue overlapped (limit {LIMIT})");
-    println!("{backend} queue-wide limit {LIMIT}: 3 processes x 4 threads, {JOBS} jobs, deepest overlap {deepest}");
+    assert!(
+        deepest <= LIMIT as i32,
+        "{deepest} runs of the queue overlapped (limit {LIMIT})"
+    );
+    println!(
+        "{backend} queue-wide limit {LIMIT}: 3 processes x 4 threads, {JOBS} jobs, deepest overlap {deepest}"
+    );
 }
 
 /// SQLite: 8 threads and 3 processes enqueue, claim and complete on one file: no error

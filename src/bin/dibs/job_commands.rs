@@ -52,6 +52,17 @@ pub enum JobsCommand {
         #[arg(long)]
         older_than: Option<String>,
     },
+    /// Set or clear a queue-wide concurrency limit: at most N jobs of the queue run at once,
+    /// across every worker.
+    LimitQueue {
+        queue: String,
+        /// The most running jobs (1 to 10000).
+        #[arg(required_unless_present = "clear", conflicts_with = "clear")]
+        max_running: Option<u32>,
+        /// Remove the queue's limit.
+        #[arg(long)]
+        clear: bool,
+    },
 }
 
 /// A job's state, as `--state` takes it.
@@ -335,6 +346,18 @@ pub fn run(
             out.print(json!({"deleted": deleted}), || {
                 format!("deleted {deleted} job(s)")
             })
+        }
+        JobsCommand::LimitQueue {
+            queue, max_running, ..
+        } => {
+            jobs::limit_queue(&mut conn, &queue, max_running)?;
+            out.print(
+                json!({"queue": queue, "max_running": max_running}),
+                || match max_running {
+                    Some(max) => format!("queue {queue}: at most {max} running job(s)"),
+                    None => format!("queue {queue}: no limit"),
+                },
+            )
         }
     }
 }

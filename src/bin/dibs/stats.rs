@@ -8,14 +8,19 @@ use crate::Outcome;
 use crate::output::{Out, age, table};
 
 pub fn stats(pool: &Pool, out: &Out) -> Outcome {
-    let stats = jobs::stats(&mut pool.get()?)?;
+    let mut conn = pool.get()?;
+    let stats = jobs::stats(&mut conn)?;
+    let queue_limits: std::collections::HashMap<String, u32> =
+        jobs::queue_limits(&mut conn)?.into_iter().collect();
+    let keys = jobs::key_states(&mut conn, 100)?;
     let queues: Vec<_> = stats
         .queues
         .iter()
         .map(|q| {
             json!({"queue": q.queue, "waiting": q.waiting, "running": q.running,
                    "completed": q.completed, "dead": q.dead, "cancelled": q.cancelled,
-                   "paused": q.paused, "oldest_waiting_seconds": q.oldest_waiting.num_milliseconds() as f64 / 1000.0})
+                   "paused": q.paused, "max_running": queue_limits.get(&q.queue),
+                   "oldest_waiting_seconds": q.oldest_waiting.num_milliseconds() as f64 / 1000.0})
         })
         .collect();
     let running: Vec<_> = stats
@@ -26,8 +31,15 @@ pub fn stats(pool: &Pool, out: &Out) -> Outcome {
                         "claim_expires_at": r.claim_expires_at})
         })
         .collect();
+    let key_rows: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            json!({"key": k.key, "running": k.running, "max_running": k.max_running,
+                   "saturated": k.saturated(), "throttled_until": k.throttled_until})
+        })
+        .collect();
     out.print(
-        json!({"now": stats.now, "queues": queues, "running": running}),
+        json!({"now": stats.now, "queues": queues, "running": running, "limit_keys": key_rows}),
         || {
             let mut text = table(
                 &[
@@ -38,6 +50,7 @@ pub fn stats(pool: &Pool, out: &Out) -> Outcome {
                     "dead",
                     "cancelled",
                     "paused",
+                    "limit",
                     "oldest waiting",
                 ],
                 stats.queues.iter().map(|q| {
@@ -53,6 +66,9 @@ pub fn stats(pool: &Pool, out: &Out) -> Outcome {
                         } else {
                             String::new()
                         },
+                        queue_limits
+                            .get(&q.queue)
+                            .map_or(String::new(), |max| format!("{max} running")),
                         if q.waiting > 0 {
                             age(q.oldest_waiting)
                         } else {
@@ -61,6 +77,28 @@ pub fn stats(pool: &Pool, out: &Out) -> Outcome {
                     ]
                 }),
             );
+            if !keys.is_empty() {
+                text.push_str("\nlimit keys in use:\n");
+                text.push_str(&table(
+                    &["key", "running", "cap", "state", "frees in"],
+                    keys.iter().map(|k| {
+                        let throttled = k.throttled_until.filter(|at| *at > stats.now);
+                        let state = match (k.saturated(), throttled.is_some()) {
+                            (true, true) => "saturated, throttled",
+                            (true, false) => "saturated",
+                            (false, true) => "throttled",
+                            (false, false) => "",
+                        };
+                        vec![
+                            k.key.clone(),
+                            k.running.to_string(),
+                            k.max_running.map_or(String::new(), |m| m.to_string()),
+                            state.to_string(),
+                            throttled.map_or(String::new(), |at| age(at - stats.now)),
+                        ]
+                    }),
+                ));
+            }
             if !stats.running.is_empty() {
                 text.push_str("\nrunning jobs (claim expires in):\n");
                 text.push_str(&table(
