@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Backoff, Enqueued, NewJob, enqueue, enqueue_many};
+use super::{Backoff, Enqueued, Limit, NewJob, enqueue, enqueue_many};
 use crate::{DibsConnection, Result};
 
 /// A job's arguments as a Rust type: what it is (its kind), where it goes (its queue) and
@@ -54,9 +54,37 @@ pub trait JobArgs: serde::Serialize + serde::de::DeserializeOwned {
     }
 
     /// A concurrency limit for this value, `(key, max)` (default none): see
-    /// [`NewJob::limit`].
+    /// [`NewJob::limit`]. For rates or several keys, use [`limits`](Self::limits).
     fn limit(&self) -> Option<(String, u32)> {
         None
+    }
+
+    /// The limits of this value ([`Limit`]: concurrency and rate, per key; default: the
+    /// one of [`limit`](Self::limit), if any). A job starts only when each has room.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dibs::jobs::{JobArgs, Limit};
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct Webhook { customer: u64 }
+    /// impl JobArgs for Webhook {
+    ///     const KIND: &'static str = "webhook";
+    ///     fn limits(&self) -> Vec<Limit> {
+    ///         vec![
+    ///             Limit::rate(format!("customer:{}", self.customer), 10, Duration::from_secs(60)),
+    ///             Limit::concurrency("webhooks", 20),
+    ///         ]
+    ///     }
+    /// }
+    /// let job = Webhook { customer: 7 }.to_job().unwrap();
+    /// assert_eq!(job.limits().len(), 2);
+    /// ```
+    fn limits(&self) -> Vec<Limit> {
+        self.limit()
+            .map(|(key, max)| Limit::concurrency(key, max))
+            .into_iter()
+            .collect()
     }
 
     /// The job to enqueue for this value, with the type's options applied. Adjust it before
@@ -69,8 +97,8 @@ pub trait JobArgs: serde::Serialize + serde::de::DeserializeOwned {
         if let Some(key) = self.dedup_key() {
             job = job.dedup_key(key);
         }
-        if let Some((key, max)) = self.limit() {
-            job = job.limit(key, max);
+        for limit in self.limits() {
+            job = job.with_limit(limit);
         }
         Ok(job)
     }
