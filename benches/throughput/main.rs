@@ -10,7 +10,7 @@
 //!   --samples N       enqueue -> start samples for the latency workload (default 200)
 //!   --scale           also drain with 1,000,000 finished and with 100,000 waiting jobs
 //!   --prefetch N      the workers' prefetch (default: the builder's, 100)
-//!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; K and L only when listed)
+//!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; K, L and R only when listed)
 //!   --events          the drain's worker has an `on_event` hook (counting events)
 //!   --metrics         a Prometheus recorder is installed (with the `metrics` feature)
 //! ```
@@ -217,9 +217,19 @@ fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64) {
         Setup::Empty => {}
         Setup::Finished(n) => fill_finished(&mut conn, backend, n),
         Setup::Waiting(n) => fill(&mut conn, options, "bench", n),
+        Setup::RateLimited => {}
     }
-    fill(&mut conn, options, "bench", to_drain);
-    if !matches!(setup, Setup::Empty) {
+    if matches!(setup, Setup::RateLimited) {
+        let per = Duration::from_millis(1);
+        for chunk in batch(options, "bench", to_drain).chunks(10_000) {
+            let limited: Vec<NewJob> =
+                chunk.iter().map(|job| job.clone().rate_limit("bench", 10_000, per)).collect();
+            jobs::enqueue_many(&mut conn, &limited).expect("fill");
+        }
+    } else {
+        fill(&mut conn, options, "bench", to_drain);
+    }
+    if !matches!(setup, Setup::Empty | Setup::RateLimited) {
         settle(backend, &mut conn);
     }
     let done = Arc::new(AtomicUsize::new(0));
@@ -323,6 +333,9 @@ enum Setup {
     Empty,
     Finished(usize),
     Waiting(usize),
+    /// Every job to drain carries a rate limit on one key that never throttles (10,000
+    /// starts per millisecond): what the rate bookkeeping costs a claim.
+    RateLimited,
 }
 
 /// D. Enqueue -> handler start on an idle worker, one job at a time.
@@ -497,6 +510,12 @@ fn main() {
             drain_row(
                 &format!("C. drain, {} threads", options.workers),
                 Setup::Empty,
+            );
+        }
+        if wanted('R') {
+            drain_row(
+                &format!("R. drain, {} threads, every job rate-limited", options.workers),
+                Setup::RateLimited,
             );
         }
         if wanted('D') {
