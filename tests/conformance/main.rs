@@ -3,6 +3,7 @@
 
 mod support;
 
+mod attacks18;
 mod attacks2;
 mod attacks3;
 mod attacks4;

@@ -1,0 +1,152 @@
+//! Attacks on flow control (round 18): jobs that share a key but declare different limits.
+//! `Limit`'s documentation: "Jobs that share a key share its count: give them the same
+//! limits (where they differ, each job is held to its own)."
+
+use std::time::{Duration, Instant as Clock};
+
+use chrono::{DateTime, TimeDelta, Utc};
+use dibs::Backend;
+use dibs::jobs::{self, Limit, NewJob};
+
+use crate::support::{TestDb, conformance};
+
+conformance!(
+    a_job_with_a_larger_cap_is_not_held_to_a_smaller_cap_of_a_running_job,
+    a_job_without_a_rate_is_not_held_back_by_another_jobs_rate_on_its_key,
+    a_job_with_a_short_rate_is_not_held_to_another_jobs_long_window,
+    a_long_window_still_counts_starts_a_short_window_has_forgotten,
+);
+
+const TTL: Duration = Duration::from_secs(600);
+
+/// Sleeps until the database's clock is past `at` (60 s at most).
+fn wait_for_db_clock(conn: &mut dibs::AnyConnection, at: DateTime<Utc>) {
+    let deadline = Clock::now() + Duration::from_secs(60);
+    while dibs::database_now(conn).unwrap() <= at {
+        assert!(
+            Clock::now() < deadline,
+            "the database clock did not pass {at}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Key `k`: job A (at most 1 running) runs; job B (at most 5 running) waits. B's own cap has
+/// room (1 running of 5), so a claim must take it: admission would, but the pick leaves out
+/// every job of a key whose running count reaches the smallest cap among its running jobs
+/// (`HAVING COUNT(*) >= MIN(s.max_running)`), so B waits for as long as A runs.
+fn a_job_with_a_larger_cap_is_not_held_to_a_smaller_cap_of_a_running_job(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let a = jobs::enqueue(&mut conn, &NewJob::new("q", "a", vec![]).limit("k", 1))
+        .unwrap()
+        .id;
+    let claimed = jobs::claim(&mut conn, "q", 10, TTL).unwrap();
+    assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![a]);
+    let b = jobs::enqueue(&mut conn, &NewJob::new("q", "b", vec![]).limit("k", 5))
+        .unwrap()
+        .id;
+    let claimed = jobs::claim(&mut conn, "q", 10, TTL).unwrap();
+    assert_eq!(
+        claimed.iter().map(|j| j.id).collect::<Vec<_>>(),
+        vec![b],
+        "B (cap 5 on k, 1 running) was not claimed while A (cap 1) runs"
+    );
+}
+
+/// Key `k`: job R (1 start an hour) starts, so `k` is throttled for an hour. Job C carries
+/// only a concurrency cap on `k` (at most 5 running, none running): no rate holds it back,
+/// and admission would take it. The pick leaves out every job with any limit on a throttled
+/// key, rate or not, so C waits an hour.
+fn a_job_without_a_rate_is_not_held_back_by_another_jobs_rate_on_its_key(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let hour = Duration::from_secs(3600);
+    jobs::enqueue(
+        &mut conn,
+        &NewJob::new("q", "r", vec![]).rate_limit("k", 1, hour),
+    )
+    .unwrap();
+    assert_eq!(jobs::claim(&mut conn, "q", 10, TTL).unwrap().len(), 1);
+    let c = jobs::enqueue(&mut conn, &NewJob::new("q", "c", vec![]).limit("k", 5))
+        .unwrap()
+        .id;
+    let claimed = jobs::claim_kinds(&mut conn, "q", &["c"], 10, TTL).unwrap();
+    assert_eq!(
+        claimed.iter().map(|j| j.id).collect::<Vec<_>>(),
+        vec![c],
+        "C (no rate, cap 5 on k, nothing running) was not claimed"
+    );
+}
+
+/// Key `k`: job L (1 start an hour) starts; `throttled_until` becomes an hour from now. Job
+/// S carries 100 starts a second on `k`. Once a second has passed since L's start, S's own
+/// window holds no start, so a claim must take it; the hint computed from L's window keeps
+/// it out of the pick for the hour.
+fn a_job_with_a_short_rate_is_not_held_to_another_jobs_long_window(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    jobs::enqueue(
+        &mut conn,
+        &NewJob::new("q", "long", vec![]).rate_limit("k", 1, Duration::from_secs(3600)),
+    )
+    .unwrap();
+    let long = jobs::claim(&mut conn, "q", 10, TTL).unwrap();
+    assert_eq!(long.len(), 1);
+    let s = jobs::enqueue(
+        &mut conn,
+        &NewJob::new("q", "short", vec![]).rate_limit("k", 100, Duration::from_secs(1)),
+    )
+    .unwrap()
+    .id;
+    // Wide margin past S's one-second window (database clock).
+    wait_for_db_clock(
+        &mut conn,
+        long[0].claimed_at + TimeDelta::milliseconds(1500),
+    );
+    let claimed = jobs::claim(&mut conn, "q", 10, TTL).unwrap();
+    assert_eq!(
+        claimed.iter().map(|j| j.id).collect::<Vec<_>>(),
+        vec![s],
+        "S (100 a second, no start of k in the last second) was not claimed"
+    );
+}
+
+/// Key `k`: jobs S (10 starts a second) start twice, 1.5 s apart; then job L (2 starts an
+/// hour) is due. L's own window (the last hour) already holds 2 starts of `k`, so L must
+/// wait. But each claim of S pruned the starts older than S's one-second window (the key's
+/// stored horizon was S's period), so L's claim counts 1 start in its hour and admits L:
+/// 3 starts of `k` in an hour, where L's limit allows 2.
+fn a_long_window_still_counts_starts_a_short_window_has_forgotten(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let short = NewJob::new("q", "short", vec![]).rate_limit("k", 10, Duration::from_secs(1));
+    jobs::enqueue(&mut conn, &short).unwrap();
+    let first = jobs::claim(&mut conn, "q", 10, TTL).unwrap();
+    assert_eq!(first.len(), 1);
+    wait_for_db_clock(
+        &mut conn,
+        first[0].claimed_at + TimeDelta::milliseconds(1500),
+    );
+    jobs::enqueue(&mut conn, &short).unwrap();
+    let second = jobs::claim(&mut conn, "q", 10, TTL).unwrap();
+    assert_eq!(second.len(), 1);
+    jobs::enqueue(
+        &mut conn,
+        &NewJob::new("q", "long", vec![]).with_limit(Limit::rate(
+            "k",
+            2,
+            Duration::from_secs(3600),
+        )),
+    )
+    .unwrap();
+    let third = jobs::claim(&mut conn, "q", 10, TTL).unwrap();
+    assert!(
+        third.is_empty(),
+        "L (2 starts an hour) was claimed as the third start of k within the hour: \
+         starts at {}, {}, {}",
+        first[0].claimed_at,
+        second[0].claimed_at,
+        third[0].claimed_at
+    );
+}
