@@ -211,11 +211,15 @@ diesel::table! {
     dibs_limit_keys (limit_key) {
         /// The key.
         limit_key -> Text,
-        /// Until then the key's rate window is full (a hint for the claim's pick).
+        /// Until then the key's rate of `throttled_max` starts per `throttled_period_us` is
+        /// full (a hint for the claim's pick).
         throttled_until -> Nullable<Instant>,
-        /// The longest rate period a claim used with the key, in microseconds: how long its
-        /// starts are kept.
-        rate_period_us -> Nullable<BigInt>,
+        /// The count of that rate.
+        throttled_max -> Nullable<Integer>,
+        /// The period of that rate, in microseconds.
+        throttled_period_us -> Nullable<BigInt>,
+        /// Its rows in `dibs_limit_starts` (the newest 10,000 are kept, at least).
+        starts_kept -> BigInt,
     }
 }
 
@@ -239,7 +243,7 @@ diesel::table! {
     use diesel::sql_types::*;
     use crate::sql_types::Instant;
 
-    /// The starts of rate-limited keys, kept for the key's longest period.
+    /// The starts of rate-limited keys: the newest 10,000 per key, at least.
     dibs_limit_starts (limit_key, started_at, job_id) {
         /// The key.
         limit_key -> Text,

@@ -222,8 +222,10 @@ fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64) {
     if matches!(setup, Setup::RateLimited) {
         let per = Duration::from_millis(1);
         for chunk in batch(options, "bench", to_drain).chunks(10_000) {
-            let limited: Vec<NewJob> =
-                chunk.iter().map(|job| job.clone().rate_limit("bench", 10_000, per)).collect();
+            let limited: Vec<NewJob> = chunk
+                .iter()
+                .map(|job| job.clone().rate_limit("bench", 10_000, per))
+                .collect();
             jobs::enqueue_many(&mut conn, &limited).expect("fill");
         }
     } else {
@@ -514,7 +516,10 @@ fn main() {
         }
         if wanted('R') {
             drain_row(
-                &format!("R. drain, {} threads, every job rate-limited", options.workers),
+                &format!(
+                    "R. drain, {} threads, every job rate-limited",
+                    options.workers
+                ),
                 Setup::RateLimited,
             );
         }

@@ -19,7 +19,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable, Text};
 
-use super::limits::JobLimitRow;
+use super::limits::{JobLimitRow, MAX_LIMIT};
 use super::manage::Count;
 use super::model::Candidate;
 use crate::backend::statement::{row, statement};
@@ -51,15 +51,28 @@ const KEY_RUNNING: &str = "\
         SELECT 1 FROM dibs_job_limits l \
         WHERE l.job_id = r.id AND l.limit_key = ? AND l.max_running IS NOT NULL)";
 
-/// A key's starts since an instant, oldest first (the primary key's range).
+/// A key's newest starts, newest first (the primary key's range, read backwards). A rate of
+/// `max` starts per period needs only the newest `max`, whatever the period: if they all
+/// fall in its window the window is full, and if not, every start in the window is among
+/// them.
 const KEY_STARTS: &str = "\
     SELECT started_at AS at FROM dibs_limit_starts \
-    WHERE limit_key = ? AND started_at > ? ORDER BY started_at";
-/// Starts no window of the key reaches any more.
-const KEY_STARTS_PRUNE: &str =
-    "DELETE FROM dibs_limit_starts WHERE limit_key = ? AND started_at <= ?";
+    WHERE limit_key = ? ORDER BY started_at DESC LIMIT ?";
+/// The instant of a key's `MAX_LIMIT`-th newest start (the offset is bound).
+const KEY_STARTS_CUTOFF: &str = "\
+    SELECT started_at AS at FROM dibs_limit_starts \
+    WHERE limit_key = ? ORDER BY started_at DESC LIMIT 1 OFFSET ?";
+/// Starts older than every one the newest `MAX_LIMIT` hold: no rate can need them.
+const KEY_STARTS_TRIM: &str =
+    "DELETE FROM dibs_limit_starts WHERE limit_key = ? AND started_at < ?";
+const KEY_STARTS_COUNT: &str = "SELECT COUNT(*) AS n FROM dibs_limit_starts WHERE limit_key = ?";
 const KEY_THROTTLE: &str = "\
-    UPDATE dibs_limit_keys SET throttled_until = ?, rate_period_us = ? WHERE limit_key = ?";
+    UPDATE dibs_limit_keys SET throttled_until = ?, throttled_max = ?, throttled_period_us = ?, \
+        starts_kept = ? WHERE limit_key = ?";
+
+/// A key trims its starts to the newest [`MAX_LIMIT`] once it keeps this many (one trim
+/// per `MAX_LIMIT` starts: cheap, and never a start any rate could need).
+const TRIM_AT: i64 = 2 * MAX_LIMIT as i64;
 
 #[derive(QueryableByName)]
 struct At {
@@ -78,10 +91,13 @@ struct MaxRunning {
 struct Key {
     /// Its running jobs (known where a candidate has a concurrency cap on it).
     running: i64,
-    /// Its starts since `now - horizon_us`, oldest first (where a candidate has a rate).
+    /// Its newest starts (as many as its largest rate's count), oldest first (where a
+    /// candidate has a rate).
     starts: Vec<DateTime<Utc>>,
-    /// How far back its starts are kept: its longest period, in microseconds.
-    horizon_us: i64,
+    /// The largest count among its candidates' rates: how many of its newest starts to read.
+    newest: i64,
+    /// Its rows in `dibs_limit_starts`.
+    kept: i64,
     /// The rates its candidates carry, `(max, per_us)`.
     rates: Vec<(i64, i64)>,
     /// Starts this claim admitted (counted at `now` until their instants are known).
@@ -155,7 +171,7 @@ pub(super) fn admit<C: DibsConnection>(
             if !key.rates.contains(&rate) {
                 key.rates.push(rate);
             }
-            key.horizon_us = key.horizon_us.max(per);
+            key.newest = key.newest.max(i64::from(max));
         }
     }
     for (name, key) in keys.iter_mut() {
@@ -172,25 +188,25 @@ pub(super) fn admit<C: DibsConnection>(
         DateTime::<Utc>::MIN_UTC
     };
     for (name, key) in keys.iter_mut().filter(|(_, k)| !k.rates.is_empty()) {
-        let stored: Option<i64> = dispatch!(conn, c => {
+        key.kept = dispatch!(conn, c => {
             dibs_limit_keys::table
                 .find(name.as_str())
-                .select(dibs_limit_keys::rate_period_us)
-                .first::<Option<i64>>(c)
+                .select(dibs_limit_keys::starts_kept)
+                .first::<i64>(c)
                 .optional()
         })?
-        .flatten();
-        key.horizon_us = key.horizon_us.max(stored.unwrap_or(0));
-        let since = before(now, key.horizon_us);
-        key.starts = dispatch!(conn, c => {
+        .unwrap_or(0);
+        let mut starts: Vec<DateTime<Utc>> = dispatch!(conn, c => {
             statement(c.syntax().render(KEY_STARTS))
                 .bind::<Text, _>(name.as_str())
-                .bind::<Instant, _>(since)
+                .bind::<BigInt, _>(key.newest)
                 .load::<At>(c)
         })?
         .into_iter()
         .map(|row| row.at)
         .collect();
+        starts.reverse();
+        key.starts = starts;
     }
     let mut ids = Vec::with_capacity(candidates.len());
     for candidate in candidates {
@@ -302,31 +318,55 @@ pub(super) fn record_starts<C: DibsConnection>(
         let mut starts = key.starts.clone();
         starts.extend(new.iter().map(|(_, at)| *at));
         starts.sort_unstable();
-        let throttled_until = key
+        // The full rate that frees last: the pick leaves out the jobs whose rate on the key is
+        // as strict or stricter (full at least as long); others are picked and decided here.
+        let throttle = key
             .rates
             .iter()
             .filter_map(|&(max, per)| {
-                let max = usize::try_from(max).ok()?;
-                let oldest_that_counts = starts.len().checked_sub(max)?;
-                starts[oldest_that_counts].checked_add_signed(TimeDelta::microseconds(per))
+                let oldest_that_counts = starts.len().checked_sub(usize::try_from(max).ok()?)?;
+                let until =
+                    starts[oldest_that_counts].checked_add_signed(TimeDelta::microseconds(per))?;
+                (until > admission.now).then_some((until, max, per))
             })
-            .max()
-            .filter(|until| *until > admission.now);
-        let forget_before = before(admission.now, key.horizon_us);
+            .max();
+        let mut kept = key.kept + new.len() as i64;
+        if kept >= TRIM_AT {
+            kept = trim_starts(conn, name)?;
+        }
         dispatch!(conn, c => {
-            let syntax = c.syntax();
-            statement(syntax.render(KEY_STARTS_PRUNE))
-                .bind::<Text, _>(name.as_str())
-                .bind::<Instant, _>(forget_before)
-                .execute(c)?;
-            statement(syntax.render(KEY_THROTTLE))
-                .bind::<Nullable<Instant>, _>(throttled_until)
-                .bind::<BigInt, _>(key.horizon_us)
+            statement(c.syntax().render(KEY_THROTTLE))
+                .bind::<Nullable<Instant>, _>(throttle.map(|t| t.0))
+                .bind::<Nullable<diesel::sql_types::Integer>, _>(throttle.map(|t| t.1 as i32))
+                .bind::<Nullable<BigInt>, _>(throttle.map(|t| t.2))
+                .bind::<BigInt, _>(kept)
                 .bind::<Text, _>(name.as_str())
                 .execute(c)
         })?;
     }
     Ok(())
+}
+
+/// Deletes a key's starts older than its newest [`MAX_LIMIT`], and says how many it keeps.
+fn trim_starts<C: DibsConnection>(conn: &mut C, key: &str) -> Result<i64> {
+    Ok(dispatch!(conn, c => {
+        let syntax = c.syntax();
+        let cutoff = statement(syntax.render(KEY_STARTS_CUTOFF))
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(i64::from(MAX_LIMIT) - 1)
+            .get_result::<At>(c)
+            .optional()?;
+        if let Some(cutoff) = cutoff {
+            statement(syntax.render(KEY_STARTS_TRIM))
+                .bind::<Text, _>(key)
+                .bind::<Instant, _>(cutoff.at)
+                .execute(c)?;
+        }
+        statement(syntax.render(KEY_STARTS_COUNT))
+            .bind::<Text, _>(key)
+            .get_result::<Count>(c)
+            .map(|count| count.n)
+    })?)
 }
 
 /// `micros` before `at`, or the earliest instant.

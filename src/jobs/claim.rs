@@ -21,8 +21,9 @@ const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_
 /// (SQLite: the IMMEDIATE transaction serializes claimers). Nothing from a paused queue, nor
 /// from a queue whose concurrency limit is reached. Subqueries are plain reads: a locking
 /// clause does not lock what they read. Jobs with a key that has no room now (its running
-/// jobs fill a cap, or its rate window is full: `throttled_until`, which holds back only the
-/// jobs with a rate on that key) are left out, so they do not crowd out the others; these reads are only a filter (step 2 decides under the locks).
+/// jobs fill the smallest cap among them, or the rate it is throttled on is full and the job's
+/// rate on it is as strict or stricter: `throttled_until`) are left out, so they do not crowd
+/// out the others; these reads are only a filter (step 2 decides under the locks).
 /// A job without limits (`limit_key IS NULL`) never reads `dibs_job_limits`. The index on
 /// `(queue, [state,] priority, due_at, id)` serves filter and order, so InnoDB reads (and
 /// locks) only the rows it returns. MySQL rejects LIMIT in an `IN (subquery)`, hence
@@ -37,8 +38,10 @@ const CLAIM_PICK: &str = "\
           SELECT COUNT(*) FROM dibs_jobs q WHERE q.queue = ? AND q.state = 'running')) \
       AND (limit_key IS NULL OR NOT EXISTS ( \
           SELECT 1 FROM dibs_job_limits l WHERE l.job_id = dibs_jobs.id AND ( \
-              (l.rate_max IS NOT NULL AND l.limit_key IN ( \
-                  SELECT t.limit_key FROM dibs_limit_keys t WHERE t.throttled_until > {now})) \
+              (l.rate_max IS NOT NULL AND EXISTS ( \
+                  SELECT 1 FROM dibs_limit_keys t WHERE t.limit_key = l.limit_key \
+                  AND t.throttled_until > {now} AND l.rate_max <= t.throttled_max \
+                  AND l.rate_period_us >= t.throttled_period_us)) \
               OR (l.max_running IS NOT NULL AND l.limit_key IN ( \
                   SELECT s.limit_key FROM dibs_jobs r JOIN dibs_job_limits s ON s.job_id = r.id \
                   WHERE r.state = 'running' AND r.limit_key IS NOT NULL AND s.max_running IS NOT NULL \

@@ -26,8 +26,13 @@ pub const MAX_LIMIT: u32 = 10_000;
 /// room stays waiting while other jobs keep moving, and is claimable again when the key has
 /// room. A job with several limits starts only when every one of them has room.
 ///
-/// Jobs that share a key share its count: give them the same limits (where they differ, each
-/// job is held to its own).
+/// Jobs that share a key share its counts: give them the same limits. Where they differ, no
+/// job is ever admitted past its own limits, and a rate holds back only jobs whose own window
+/// is full; but a key counts as full at the smallest cap among its running jobs, so a job
+/// with a larger cap waits while one with a smaller cap runs.
+///
+/// A rate counts a key's newest starts, which are kept (the newest 10,000 per key at least,
+/// whatever the period), so a rate declared later, or with a longer period, sees them all.
 ///
 /// ```
 /// # fn main() -> Result<(), dibs::Error> {

@@ -20,6 +20,7 @@ conformance!(
     a_rate_counts_retries_as_starts,
     limits_are_stored_with_the_job_and_pruned_with_it,
     bad_flow_control_input_is_refused_and_writes_nothing,
+    a_keys_starts_are_trimmed_to_what_any_rate_can_need,
 );
 
 const TTL: Duration = Duration::from_secs(120);
@@ -428,4 +429,32 @@ fn bad_flow_control_input_is_refused_and_writes_nothing(backend: Backend) {
         job.limit(format!("k{i}"), 1)
     });
     jobs::enqueue(&mut conn, &eight).unwrap();
+}
+
+/// 20,000 starts of one key (a rate that never fills: 10,000 per millisecond): the key keeps
+/// its newest 10,000 (the most any rate can need), trimmed once it holds 20,000; and a rate
+/// declared afterwards with a long period (10,000 an hour) still finds its window full.
+fn a_keys_starts_are_trimmed_to_what_any_rate_can_need(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let fast = NewJob::new("trim", "k", vec![]).rate_limit("k", 10_000, Duration::from_millis(1));
+    for _ in 0..2 {
+        jobs::enqueue_many(&mut conn, &vec![fast.clone(); 10_000]).unwrap();
+    }
+    let mut started = 0;
+    while started < 20_000 {
+        let claimed = jobs::claim(&mut conn, "trim", 1000, TTL).unwrap();
+        assert!(!claimed.is_empty(), "claimed {started} of 20,000");
+        started += claimed.len();
+    }
+    let kept = count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_limit_starts");
+    assert_eq!(kept, 10_000, "starts kept after 20,000");
+    assert_eq!(
+        count(&mut conn, "SELECT starts_kept AS n FROM dibs_limit_keys"),
+        10_000
+    );
+    let hourly =
+        NewJob::new("trim", "k", vec![]).rate_limit("k", 10_000, Duration::from_secs(3600));
+    jobs::enqueue(&mut conn, &hourly).unwrap();
+    assert!(jobs::claim(&mut conn, "trim", 10, TTL).unwrap().is_empty());
 }

@@ -154,7 +154,9 @@ fn schema_tables() -> Vec<TableSpec> {
         table_spec!(dibs_limit_keys {
             limit_key,
             throttled_until,
-            rate_period_us
+            throttled_max,
+            throttled_period_us,
+            starts_kept
         }),
         table_spec!(dibs_job_limits {
             job_id,
