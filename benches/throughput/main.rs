@@ -217,21 +217,20 @@ fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64) {
         Setup::Empty => {}
         Setup::Finished(n) => fill_finished(&mut conn, backend, n),
         Setup::Waiting(n) => fill(&mut conn, options, "bench", n),
-        Setup::RateLimited => {}
+        Setup::RateLimited(..) => {}
     }
-    if matches!(setup, Setup::RateLimited) {
-        let per = Duration::from_millis(1);
+    if let Setup::RateLimited(max, per) = setup {
         for chunk in batch(options, "bench", to_drain).chunks(10_000) {
             let limited: Vec<NewJob> = chunk
                 .iter()
-                .map(|job| job.clone().rate_limit("bench", 10_000, per))
+                .map(|job| job.clone().rate_limit("bench", max, per))
                 .collect();
             jobs::enqueue_many(&mut conn, &limited).expect("fill");
         }
     } else {
         fill(&mut conn, options, "bench", to_drain);
     }
-    if !matches!(setup, Setup::Empty | Setup::RateLimited) {
+    if !matches!(setup, Setup::Empty | Setup::RateLimited(..)) {
         settle(backend, &mut conn);
     }
     let done = Arc::new(AtomicUsize::new(0));
@@ -335,9 +334,10 @@ enum Setup {
     Empty,
     Finished(usize),
     Waiting(usize),
-    /// Every job to drain carries a rate limit on one key that never throttles (10,000
-    /// starts per millisecond): what the rate bookkeeping costs a claim.
-    RateLimited,
+    /// Every job to drain carries this rate limit on one key, `(max, per)`: with 10,000 per
+    /// millisecond it never throttles (what the rate bookkeeping costs a claim); with a
+    /// lower rate, how close the worker comes to it.
+    RateLimited(u32, Duration),
 }
 
 /// D. Enqueue -> handler start on an idle worker, one job at a time.
@@ -520,7 +520,11 @@ fn main() {
                     "R. drain, {} threads, every job rate-limited",
                     options.workers
                 ),
-                Setup::RateLimited,
+                Setup::RateLimited(10_000, Duration::from_millis(1)),
+            );
+            drain_row(
+                "R2. drain under a rate limit of 1,000 a second",
+                Setup::RateLimited(1000, Duration::from_secs(1)),
             );
         }
         if wanted('D') {
