@@ -178,7 +178,11 @@ macro_rules! insert_one {
 macro_rules! fold_into_finished_twin {
     ($c:ident, $job:expr, $backend:expr, $new_id:expr) => {{
         let job: &NewJob = $job;
-        match (job.dedup_key.as_deref(), job.dedup_window, job.window_micros()) {
+        match (
+            job.dedup_key.as_deref(),
+            job.dedup_window,
+            job.window_micros(),
+        ) {
             (Some(key), Some((_, over)), Some(window)) => {
                 let states = match over {
                     DedupOver::Completed => "('completed')",
@@ -196,18 +200,20 @@ macro_rules! fold_into_finished_twin {
                     .optional()
                     .and_then(|twin| match twin {
                         None => Ok(None),
-                        Some(twin) => statement(FOLD_FINISHED.replace("{greatest}", greatest($backend)))
-                            .bind::<BigInt, _>(window)
-                            .bind::<BigInt, _>(window)
-                            .bind::<BigInt, _>(twin.id)
-                            .execute($c)
-                            .map(|_| {
-                                Some(Enqueued {
-                                    id: twin.id,
-                                    existing: true,
-                                    updated: false,
+                        Some(twin) => {
+                            statement(FOLD_FINISHED.replace("{greatest}", greatest($backend)))
+                                .bind::<BigInt, _>(window)
+                                .bind::<BigInt, _>(window)
+                                .bind::<BigInt, _>(twin.id)
+                                .execute($c)
+                                .map(|_| {
+                                    Some(Enqueued {
+                                        id: twin.id,
+                                        existing: true,
+                                        updated: false,
+                                    })
                                 })
-                            }),
+                        }
                     })
             }
             _ => Ok(None),
