@@ -89,18 +89,23 @@ fn greatest(backend: Backend) -> &'static str {
 const STATE_OF: &str = "SELECT id, state FROM dibs_jobs WHERE id = ?";
 
 /// The newest job of the queue with the key that finished within the window (`{now+ttl}`
-/// with minus the window), locked so that a prune waits for the enqueue, unless a live job
-/// other than the given id has the key (a live job comes first: the upsert folds into it).
+/// with minus the window), unless a live job other than the given id has the key (a live
+/// job comes first: the upsert folds into it). A plain read: a locking one would meet the
+/// finishers' and pruners' locks while it fetches rows (on MySQL/MariaDB a deadlock reported
+/// mid-fetch left the client waiting for rows that never came); the fold below re-checks.
 const FIND_FINISHED_TWIN: &str = "SELECT id FROM dibs_jobs \
     WHERE queue = ? AND dedup_key = ? AND state IN {final_states} AND finished_at > {now+ttl} \
     AND NOT EXISTS (SELECT 1 FROM dibs_jobs live WHERE live.queue = ? AND live.dedup_key = ? \
         AND live.state IN ('waiting', 'running') AND live.id <> ?) \
-    ORDER BY finished_at DESC, id DESC LIMIT 1{for_update}";
+    ORDER BY finished_at DESC, id DESC LIMIT 1";
 
-/// Folds an enqueue into a finished twin: counted, and kept (by retention) for the larger
-/// of the two windows.
+/// Folds an enqueue into the finished twin found, if it still is one within the window (a
+/// prune or a retry may have come between): counted, and kept by retention for the larger
+/// of the two windows. One row changed, or none (then there is no twin to fold into). By
+/// primary key, with the checks on the row it locks.
 const FOLD_FINISHED: &str = "UPDATE dibs_jobs SET dedup_hits = dedup_hits + 1, \
-    dedup_window_micros = {greatest}(COALESCE(dedup_window_micros, ?), ?) WHERE id = ?";
+    dedup_window_micros = {greatest}(COALESCE(dedup_window_micros, ?), ?) \
+    WHERE id = ? AND state IN {final_states} AND finished_at > {now+ttl}";
 
 /// The id of the row a MySQL/MariaDB insert made (or, with `LAST_INSERT_ID(id)` in an
 /// upsert, found).
@@ -201,13 +206,17 @@ macro_rules! fold_into_finished_twin {
                     .and_then(|twin| match twin {
                         None => Ok(None),
                         Some(twin) => {
-                            statement(FOLD_FINISHED.replace("{greatest}", greatest($backend)))
+                            let fold = FOLD_FINISHED
+                                .replace("{greatest}", greatest($backend))
+                                .replace("{final_states}", states);
+                            statement($c.syntax().render(&fold))
                                 .bind::<BigInt, _>(window)
                                 .bind::<BigInt, _>(window)
                                 .bind::<BigInt, _>(twin.id)
+                                .bind::<BigInt, _>(-window)
                                 .execute($c)
-                                .map(|_| {
-                                    Some(Enqueued {
+                                .map(|changed| {
+                                    (changed == 1).then_some(Enqueued {
                                         id: twin.id,
                                         existing: true,
                                         updated: false,
