@@ -17,6 +17,15 @@ pub enum Due {
 }
 
 /// Which finished jobs a dedup window covers ([`NewJob::dedup_window`]).
+///
+/// ```
+/// use std::time::Duration;
+/// use dibs::jobs::{DedupOver, NewJob};
+/// // A report that died may be asked for again at once; one that completed, not for a day.
+/// let job = NewJob::new("reports", "monthly", vec![])
+///     .dedup_key("2025-01")
+///     .dedup_window(Duration::from_secs(86_400), DedupOver::Completed);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DedupOver {
     /// Completed jobs only: a job that died or was cancelled can be enqueued again at once.
@@ -29,6 +38,17 @@ pub enum DedupOver {
 /// dedup key ([`NewJob::on_duplicate`]). Either way no new job is made, the live job's id
 /// comes back ([`Enqueued::existing`]) and its `dedup_hits` counts the enqueue. A running
 /// job is never changed, whatever the mode ([`Enqueued::updated`] is false then).
+///
+/// ```
+/// use std::time::Duration;
+/// use dibs::jobs::{NewJob, OnDuplicate};
+/// // A reminder: whoever asks for it first sets the earliest time it goes out.
+/// let job = NewJob::new("mail", "reminder", vec![])
+///     .dedup_key("user-7")
+///     .delay(Duration::from_secs(600))
+///     .on_duplicate(OnDuplicate::KeepEarlierDue);
+/// assert_eq!(OnDuplicate::default(), OnDuplicate::Keep);
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum OnDuplicate {
     /// Leave the live job as it is (the default).
@@ -293,6 +313,17 @@ impl NewJob {
 }
 
 /// What [`super::enqueue`] did.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use dibs::jobs::{self, Enqueued, NewJob};
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// dibs::run_migrations(&mut conn)?;
+/// let first = jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]).dedup_key("a"))?;
+/// let again = jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]).dedup_key("a"))?;
+/// assert_eq!(again, Enqueued { id: first.id, existing: true, updated: false });
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Enqueued {
     /// The job's id: the new job's, or the live job's that has the same dedup key.
