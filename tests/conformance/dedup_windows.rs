@@ -430,17 +430,24 @@ fn the_window_race_never_makes_two_jobs(backend: Backend) {
 }
 
 fn prune_keeps_a_finished_job_until_its_window_is_over(backend: Backend) {
-    const WINDOW: Duration = Duration::from_secs(2);
+    const WINDOW: Duration = Duration::from_secs(3);
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let job = keyed("p", "w", "x").dedup_window(WINDOW, DedupOver::Completed);
     let twin = jobs::enqueue(&mut conn, &job).unwrap().id;
     let finished = complete_one(&mut conn, "p");
     jobs::enqueue(&mut conn, &keyed("p", "plain", "x")).unwrap();
-    complete_one(&mut conn, "p");
+    let plain_finished = complete_one(&mut conn, "p");
     // Retention shorter than the window: only the job without a window goes, whatever the
-    // policy, even once the retention's age has passed.
-    wait_for_database_clock(&mut conn, finished + chrono::Duration::milliseconds(200));
+    // policy, even once the retention's age has passed for both.
+    wait_for_database_clock(
+        &mut conn,
+        plain_finished + chrono::Duration::milliseconds(200),
+    );
+    assert!(
+        dibs::database_now(&mut conn).unwrap() < finished + chrono::Duration::milliseconds(2500),
+        "the machine stalled for most of the window"
+    );
     let short = Retention::KeepYoungerThan(Duration::from_millis(100));
     assert_eq!(
         jobs::prune(&mut conn, "p", Finished::Completed, short, 100).unwrap(),
@@ -460,7 +467,7 @@ fn prune_keeps_a_finished_job_until_its_window_is_over(backend: Backend) {
     assert!(jobs::get(&mut conn, twin).unwrap().is_some());
     assert_eq!(jobs::enqueue(&mut conn, &job).unwrap(), folded(twin));
     // After the window, the policy applies.
-    wait_for_database_clock(&mut conn, finished + chrono::Duration::milliseconds(2100));
+    wait_for_database_clock(&mut conn, finished + chrono::Duration::milliseconds(3100));
     assert_eq!(
         jobs::prune(&mut conn, "p", Finished::Completed, short, 100).unwrap(),
         1
