@@ -106,6 +106,10 @@ diesel::table! {
         cancel_requested_at -> Nullable<Instant>,
         /// How often its runs were snoozed ([`snooze`](crate::jobs::snooze)).
         snoozes -> Integer,
+        /// How long after it finishes it still folds enqueues of its dedup key, in
+        /// microseconds ([`NewJob::dedup_window`](crate::jobs::NewJob::dedup_window)); NULL:
+        /// only while live. Retention keeps it until `finished_at` plus this.
+        dedup_window_micros -> Nullable<BigInt>,
     }
 }
 

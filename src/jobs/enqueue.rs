@@ -6,54 +6,131 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 
 use super::limits::{self, Limit};
-use super::model::{IdRow, InsertedRow};
-use super::{Enqueued, NewJob, ids_of};
+use super::model::{IdRow, IdStateRow, InsertedRow};
+use super::{DedupOver, Enqueued, NewJob, OnDuplicate, ids_of};
 use crate::backend::statement::{Statement, row, statement};
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::sql_types::Instant;
 use crate::transaction::write_turn;
-use crate::{DibsConnection, Error, Result, transaction};
+use crate::{Backend, DibsConnection, Error, Result, transaction};
 
 const INSERT_HEAD: &str = "INSERT INTO dibs_jobs \
     (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, dedup_key, \
-     limit_key, limit_max) \
+     limit_key, limit_max, dedup_window_micros) \
     VALUES";
 
 /// One row; one shape for both kinds of due time: an instant, or NULL and a delay.
-const INSERT_ROW: &str = "(?, ?, ?, ?, 'waiting', 0, ?, COALESCE(?, {now+ttl}), {now}, ?, ?, ?)";
+const INSERT_ROW: &str = "(?, ?, ?, ?, 'waiting', 0, ?, COALESCE(?, {now+ttl}), {now}, ?, ?, ?, ?)";
 
 /// PostgreSQL and SQLite: a job whose key a live job already has is not inserted; the live
 /// job is returned instead, its `dedup_hits` counted up (so "existing" is `dedup_hits > 0`,
-/// and the row comes from the upsert itself, which sees committed rows). Concurrent enqueues
-/// of one key wait for each other on the unique index: exactly one inserts.
+/// and the row comes from the upsert itself, which sees committed rows), its window the
+/// larger of the two, and the mode's `{sets}` applied. Concurrent enqueues of one key wait
+/// for each other on the unique index: exactly one inserts, the others update in turn. The
+/// state comes back to say whether the mode applied (the upsert never changes it).
 const INSERT_DEDUP_ON_CONFLICT: &str = " ON CONFLICT (queue, dedup_key) \
     WHERE dedup_key IS NOT NULL AND state IN ('waiting', 'running') \
-    DO UPDATE SET dedup_hits = dibs_jobs.dedup_hits + 1 RETURNING id, dedup_hits";
+    DO UPDATE SET dedup_hits = dibs_jobs.dedup_hits + 1, \
+    dedup_window_micros = {greatest}(\
+        COALESCE(dibs_jobs.dedup_window_micros, excluded.dedup_window_micros), \
+        COALESCE(excluded.dedup_window_micros, dibs_jobs.dedup_window_micros)){sets} \
+    RETURNING id, dedup_hits, state";
 
 /// MySQL/MariaDB: the unique index is on the generated `live_dedup_key`. On a duplicate the
 /// live job's `dedup_hits` changes, so the statement reports 2 affected rows (1 for an
 /// insert, even with CLIENT_FOUND_ROWS), and `LAST_INSERT_ID(id)` makes its id the one
-/// `LAST_INSERT_ID()` returns.
-const INSERT_DEDUP_ON_DUPLICATE_KEY: &str =
-    " ON DUPLICATE KEY UPDATE dedup_hits = dedup_hits + 1, id = LAST_INSERT_ID(id)";
+/// `LAST_INSERT_ID()` returns. Assignments run left to right: the mode's `{sets}` read
+/// `state`, which none changes.
+const INSERT_DEDUP_ON_DUPLICATE_KEY: &str = " ON DUPLICATE KEY UPDATE {sets}\
+    dedup_window_micros = GREATEST(COALESCE(dedup_window_micros, VALUES(dedup_window_micros)), \
+        COALESCE(VALUES(dedup_window_micros), dedup_window_micros)), \
+    dedup_hits = dedup_hits + 1, id = LAST_INSERT_ID(id)";
+
+/// What a mode changes on a live duplicate, with ON CONFLICT: only a waiting job.
+fn on_conflict_sets(mode: OnDuplicate) -> &'static str {
+    match mode {
+        OnDuplicate::Keep => "",
+        OnDuplicate::Replace => {
+            ", payload = CASE WHEN dibs_jobs.state = 'waiting' THEN excluded.payload \
+                ELSE dibs_jobs.payload END, \
+             due_at = CASE WHEN dibs_jobs.state = 'waiting' THEN excluded.due_at \
+                ELSE dibs_jobs.due_at END"
+        }
+        OnDuplicate::KeepEarlierDue => {
+            ", due_at = CASE WHEN dibs_jobs.state = 'waiting' AND excluded.due_at < dibs_jobs.due_at \
+                THEN excluded.due_at ELSE dibs_jobs.due_at END"
+        }
+    }
+}
+
+/// The same with ON DUPLICATE KEY UPDATE.
+fn on_duplicate_key_sets(mode: OnDuplicate) -> &'static str {
+    match mode {
+        OnDuplicate::Keep => "",
+        OnDuplicate::Replace => {
+            "payload = IF(state = 'waiting', VALUES(payload), payload), \
+             due_at = IF(state = 'waiting', VALUES(due_at), due_at), "
+        }
+        OnDuplicate::KeepEarlierDue => {
+            "due_at = IF(state = 'waiting' AND VALUES(due_at) < due_at, VALUES(due_at), due_at), "
+        }
+    }
+}
+
+/// The larger of two values: SQLite's two-argument MAX, GREATEST on the servers.
+fn greatest(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => "MAX",
+        Backend::Postgres | Backend::Mysql => "GREATEST",
+    }
+}
+
+/// MySQL/MariaDB: the state of the live job an upsert updated (it holds the row's lock until
+/// the enqueue's transaction ends, so this is the state the upsert saw).
+const STATE_OF: &str = "SELECT id, state FROM dibs_jobs WHERE id = ?";
+
+/// The newest job of the queue with the key that finished within the window (`{now+ttl}`
+/// with minus the window), unless a live job other than the given id has the key (a live
+/// job comes first: the upsert folds into it). A plain read: a locking one would meet the
+/// finishers' and pruners' locks while it fetches rows (on MySQL/MariaDB a deadlock reported
+/// mid-fetch left the client waiting for rows that never came); the fold below re-checks.
+const FIND_FINISHED_TWIN: &str = "SELECT id FROM dibs_jobs \
+    WHERE queue = ? AND dedup_key = ? AND state IN {final_states} AND finished_at > {now+ttl} \
+    AND NOT EXISTS (SELECT 1 FROM dibs_jobs live WHERE live.queue = ? AND live.dedup_key = ? \
+        AND live.state IN ('waiting', 'running') AND live.id <> ?) \
+    ORDER BY finished_at DESC, id DESC LIMIT 1";
+
+/// Folds an enqueue into the finished twin found, if it still is one within the window (a
+/// prune or a retry may have come between): counted, and kept by retention for the larger
+/// of the two windows. One row changed, or none (then there is no twin to fold into). By
+/// primary key, with the checks on the row it locks.
+const FOLD_FINISHED: &str = "UPDATE dibs_jobs SET dedup_hits = dedup_hits + 1, \
+    dedup_window_micros = {greatest}(COALESCE(dedup_window_micros, ?), ?) \
+    WHERE id = ? AND state IN {final_states} AND finished_at > {now+ttl}";
 
 /// The id of the row a MySQL/MariaDB insert made (or, with `LAST_INSERT_ID(id)` in an
 /// upsert, found).
 const LAST_INSERT_ID: &str = "SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id";
 
 /// Inserts one validated job on a concrete connection (or finds the live job with its dedup
-/// key) and evaluates to `QueryResult<Enqueued>`. The id comes from RETURNING, or on MySQL
-/// from `LAST_INSERT_ID()`, exact for a single-row statement on this connection (never
+/// key, applying the job's [`OnDuplicate`] mode to it) and evaluates to
+/// `QueryResult<Enqueued>`. The id comes from RETURNING, or on MySQL from
+/// `LAST_INSERT_ID()`, exact for a single-row statement on this connection (never
 /// `LAST_INSERT_ID() + i` for a multi-row one: MySQL may interleave auto-increment values).
+/// On MySQL a mode other than `Keep` needs a transaction around this (see
+/// [`needs_transaction`]).
 macro_rules! insert_one {
-    ($c:ident, $job:expr) => {{
+    ($c:ident, $job:expr, $backend:expr) => {{
         let job: &NewJob = $job;
         let syntax = $c.syntax();
         let (at, delay) = job.due_params();
         let mut sql = syntax.render(&format!("{INSERT_HEAD} {INSERT_ROW}"));
-        sql.push_str(match syntax.upsert {
-            Upsert::OnConflictWhere => INSERT_DEDUP_ON_CONFLICT,
-            Upsert::OnDuplicateKey => INSERT_DEDUP_ON_DUPLICATE_KEY,
+        sql.push_str(&match syntax.upsert {
+            Upsert::OnConflictWhere => INSERT_DEDUP_ON_CONFLICT
+                .replace("{greatest}", greatest($backend))
+                .replace("{sets}", on_conflict_sets(job.on_duplicate)),
+            Upsert::OnDuplicateKey => INSERT_DEDUP_ON_DUPLICATE_KEY
+                .replace("{sets}", on_duplicate_key_sets(job.on_duplicate)),
         });
         if syntax.returning {
             sql.push_str(syntax.notify_in_returning);
@@ -68,47 +145,167 @@ macro_rules! insert_one {
             .bind::<BigInt, _>(delay)
             .bind::<Nullable<Text>, _>(job.dedup_key.as_deref())
             .bind::<Nullable<Text>, _>(job.first_limit().0)
-            .bind::<Nullable<Integer>, _>(job.first_limit().1);
+            .bind::<Nullable<Integer>, _>(job.first_limit().1)
+            .bind::<Nullable<BigInt>, _>(job.window_micros());
+        let moded = job.on_duplicate != OnDuplicate::Keep;
         if syntax.returning {
-            insert.get_result::<InsertedRow>($c).map(|row| Enqueued {
-                id: row.id,
-                existing: row.dedup_hits > 0 && job.dedup_key.is_some(),
+            insert.get_result::<InsertedRow>($c).map(|row| {
+                let existing = row.dedup_hits > 0 && job.dedup_key.is_some();
+                Enqueued {
+                    id: row.id,
+                    existing,
+                    updated: existing && moded && row.state == "waiting",
+                }
             })
         } else {
             insert.execute($c).and_then(|affected| {
-                statement(LAST_INSERT_ID)
-                    .get_result::<IdRow>($c)
-                    .map(|row| Enqueued {
-                        id: row.id,
-                        existing: affected == 2,
-                    })
+                let id = statement(LAST_INSERT_ID).get_result::<IdRow>($c)?.id;
+                let existing = affected == 2;
+                let updated = existing
+                    && moded
+                    && statement(STATE_OF)
+                        .bind::<BigInt, _>(id)
+                        .get_result::<IdStateRow>($c)?
+                        .state
+                        == "waiting";
+                Ok(Enqueued {
+                    id,
+                    existing,
+                    updated,
+                })
             })
         }
     }};
 }
 
+/// Evaluates to `QueryResult<Option<Enqueued>>`: the job folded into a twin of its key that
+/// finished within its window (`None`: there is none, or a live job other than `$new_id`
+/// has the key). Inside the enqueue's transaction.
+macro_rules! fold_into_finished_twin {
+    ($c:ident, $job:expr, $backend:expr, $new_id:expr) => {{
+        let job: &NewJob = $job;
+        match (
+            job.dedup_key.as_deref(),
+            job.dedup_window,
+            job.window_micros(),
+        ) {
+            (Some(key), Some((_, over)), Some(window)) => {
+                let states = match over {
+                    DedupOver::Completed => "('completed')",
+                    DedupOver::AnyFinal => "('completed', 'dead', 'cancelled')",
+                };
+                let find = FIND_FINISHED_TWIN.replace("{final_states}", states);
+                statement($c.syntax().render(&find))
+                    .bind::<Text, _>(&job.queue)
+                    .bind::<Text, _>(key)
+                    .bind::<BigInt, _>(-window)
+                    .bind::<Text, _>(&job.queue)
+                    .bind::<Text, _>(key)
+                    .bind::<BigInt, _>($new_id)
+                    .get_result::<IdRow>($c)
+                    .optional()
+                    .and_then(|twin| match twin {
+                        None => Ok(None),
+                        Some(twin) => {
+                            let fold = FOLD_FINISHED
+                                .replace("{greatest}", greatest($backend))
+                                .replace("{final_states}", states);
+                            statement($c.syntax().render(&fold))
+                                .bind::<BigInt, _>(window)
+                                .bind::<BigInt, _>(window)
+                                .bind::<BigInt, _>(twin.id)
+                                .bind::<BigInt, _>(-window)
+                                .execute($c)
+                                .map(|changed| {
+                                    (changed == 1).then_some(Enqueued {
+                                        id: twin.id,
+                                        existing: true,
+                                        updated: false,
+                                    })
+                                })
+                        }
+                    })
+            }
+            _ => Ok(None),
+        }
+    }};
+}
+
+/// Enqueues one validated job, its dedup window included, and evaluates to
+/// `QueryResult<Enqueued>`; in a transaction when the job has a window.
+///
+/// The window over finished jobs is not the unique index's (that is over live jobs only), so
+/// it is checked twice: before the insert (the common case: the twin finished a while ago,
+/// and nothing is inserted), and, when the insert made a new job, again after it. A twin
+/// that finished between the first check and the insert was live when the insert began or
+/// finished before it: live, it conflicted on the unique index (the insert waited for its
+/// finish, or folded into it); finished, the second check sees it (READ COMMITTED: each
+/// statement sees what committed before it began), and the new job, which nobody has seen
+/// since the transaction has not committed, is deleted. So two jobs of one key never both
+/// stand inside a window.
+macro_rules! insert_deduplicated {
+    ($c:ident, $job:expr, $backend:expr) => {{
+        let job: &NewJob = $job;
+        'done: {
+            if job.dedup_window.is_none() {
+                break 'done insert_one!($c, job, $backend);
+            }
+            match fold_into_finished_twin!($c, job, $backend, -1i64) {
+                Ok(Some(twin)) => break 'done Ok(twin),
+                Ok(None) => {}
+                Err(e) => break 'done Err(e),
+            }
+            let new = match insert_one!($c, job, $backend) {
+                Ok(new) if !new.existing => new,
+                other => break 'done other,
+            };
+            match fold_into_finished_twin!($c, job, $backend, new.id) {
+                Ok(Some(twin)) => statement("DELETE FROM dibs_jobs WHERE id = ?")
+                    .bind::<BigInt, _>(new.id)
+                    .execute($c)
+                    .map(|_| twin),
+                Ok(None) => Ok(new),
+                Err(e) => Err(e),
+            }
+        }
+    }};
+}
+
+/// Whether an enqueue of this job needs a transaction of its own: a window's checks and
+/// insert go together; a job and its limits commit together (a job must never be claimable
+/// without the limits that hold it back); on MySQL a mode's state read must see the row the
+/// upsert locked.
+fn needs_transaction(job: &NewJob, backend: Backend) -> bool {
+    job.dedup_window.is_some()
+        || !job.limits.is_empty()
+        || (job.on_duplicate != OnDuplicate::Keep && backend == Backend::Mysql)
+}
+
 /// Enqueues one job on `conn`, inside the caller's transaction if there is one (so a
 /// rolled-back transaction leaves no job). With a dedup key that a live job of the queue
 /// already has, no job is made and that job's id comes back, marked
-/// [`existing`](Enqueued::existing).
+/// [`existing`](Enqueued::existing) (and changed as [`NewJob::on_duplicate`] says); with a
+/// [`dedup window`](NewJob::dedup_window), the same for a job of the key that finished
+/// within it.
 pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued> {
     job.validate()?;
-    let enqueued = if job.limits.is_empty() {
-        // SQLite: this process's writers take turns (see `dibs::transaction`); the insert is
-        // one statement, so the turn is held only around it.
-        let _turn = write_turn(conn)?;
-        // Wakes idle workers too (PostgreSQL: a NOTIFY in the insert's RETURNING list).
-        dispatch!(conn, c => insert_one!(c, job))?
-    } else {
-        // The job and its limits commit together: a job must never be claimable without
-        // the limits that hold it back.
+    let backend = conn.backend();
+    // Wakes idle workers too (PostgreSQL: a NOTIFY in the insert's RETURNING list).
+    let enqueued = if needs_transaction(job, backend) {
         transaction(conn, |conn| {
-            let enqueued = dispatch!(conn, c => insert_one!(c, job))?;
-            if !enqueued.existing {
+            let enqueued = dispatch!(conn, c => insert_deduplicated!(c, job, backend))?;
+            if !enqueued.existing && !job.limits.is_empty() {
                 limits::record(conn, &[(enqueued.id, &job.limits)])?;
             }
-            Ok::<Enqueued, Error>(enqueued)
+            Ok::<_, Error>(enqueued)
         })?
+    } else {
+        // SQLite: this process's writers take turns (see `dibs::transaction`); the insert is
+        // one statement, so the turn is held only around it.
+        let turn = write_turn(conn)?;
+        let enqueued = dispatch!(conn, c => insert_one!(c, job, backend))?;
+        drop(turn);
+        enqueued
     };
     crate::wake::wake([job.queue.as_str()]);
     #[cfg(feature = "metrics")]
@@ -138,7 +335,8 @@ fn notify<'q, C: DibsConnection>(
 /// Enqueues several jobs in one transaction (the caller's, if one is open: then in a
 /// savepoint of it) and returns one [`Enqueued`] per job, in the order given. Nothing is
 /// written if any job is invalid. Jobs with a dedup key are deduplicated against live jobs
-/// and against earlier jobs of the same batch.
+/// and against earlier jobs of the same batch, with their [`NewJob::on_duplicate`] mode and
+/// [`NewJob::dedup_window`], as [`enqueue`] does.
 ///
 /// Jobs without a dedup key go in multi-row statements of up to [`INSERT_CHUNK_ROWS`] rows
 /// (and about [`INSERT_CHUNK_BYTES`] of payload). PostgreSQL and SQLite return their ids
@@ -155,6 +353,7 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
     for job in jobs {
         job.validate()?;
     }
+    let backend = conn.backend();
     let enqueued = transaction(conn, |conn| {
         dispatch!(conn, c => {
             let syntax = c.syntax();
@@ -174,7 +373,7 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                 };
                 if run == 0 {
                     if let Some((job, tail)) = rest.split_first() {
-                        let enqueued = insert_one!(c, job)?;
+                        let enqueued = insert_deduplicated!(c, job, backend)?;
                         if !enqueued.existing && !job.limits.is_empty() {
                             limits::record(c, &[(enqueued.id, &job.limits)])?;
                         }
@@ -202,6 +401,7 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                                 .bind::<Nullable<Text>, _>(None::<&str>)
                                 .bind::<Nullable<Text>, _>(job.first_limit().0)
                                 .bind::<Nullable<Integer>, _>(job.first_limit().1)
+                                .bind::<Nullable<BigInt>, _>(None::<i64>)
                         })
                         .collect();
                     // The text changes with the row count: not kept prepared.
@@ -232,7 +432,7 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                     if !limited.is_empty() {
                         limits::record(c, &limited)?;
                     }
-                    out.extend(ids.into_iter().map(|id| Enqueued { id, existing: false }));
+                    out.extend(ids.into_iter().map(|id| Enqueued { id, existing: false, updated: false }));
                 }
                 rest = &rest[run..];
             }
@@ -288,7 +488,7 @@ where
     Ok((row.lock_mode <= 1 && row.step >= 1).then_some(row.step))
 }
 
-/// Rows per multi-row insert: 7 parameters a row stays well under SQLite's 32,766 and
+/// Rows per multi-row insert: 11 parameters a row stays well under SQLite's 32,766 and
 /// PostgreSQL's 65,535 parameters per statement.
 pub const INSERT_CHUNK_ROWS: usize = 1000;
 /// Payload bytes per multi-row insert, past which a new statement starts.

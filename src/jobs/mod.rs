@@ -61,7 +61,7 @@ pub use manage::{
 };
 use model::IdRow;
 pub use model::{Backoff, ClaimedJob, Job, JobClaim, JobState, Outcome, Rescued, Retry};
-pub use new_job::{Due, Enqueued, NewJob};
+pub use new_job::{DedupOver, Due, Enqueued, NewJob, OnDuplicate};
 pub use retention::{Finished, Retention, prune};
 pub use typed::{JobArgs, enqueue_job, enqueue_jobs};
 

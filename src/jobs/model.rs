@@ -212,6 +212,10 @@ pub struct Job {
     /// [`super::MAX_FREE_SNOOZES`] a snooze uses an attempt.
     #[diesel(deserialize_as = i32)]
     pub snoozes: u32,
+    /// How long after it finishes it still folds enqueues of its dedup key, in microseconds
+    /// (the largest [`NewJob::dedup_window`](super::NewJob::dedup_window) of the enqueues
+    /// folded into it); `None`: only while live. [`super::prune`] keeps it until then.
+    pub dedup_window_micros: Option<i64>,
 }
 
 /// What a call about one claimed job did.
@@ -361,6 +365,9 @@ pub(crate) struct InsertedRow {
     pub id: i64,
     #[diesel(sql_type = BigInt)]
     pub dedup_hits: i64,
+    /// The row's state after the upsert (which never changes a state).
+    #[diesel(sql_type = Text)]
+    pub state: String,
 }
 
 #[derive(QueryableByName)]

@@ -17,6 +17,51 @@ pub enum Due {
     At(DateTime<Utc>),
 }
 
+/// Which finished jobs a dedup window covers ([`NewJob::dedup_window`]).
+///
+/// ```
+/// use std::time::Duration;
+/// use dibs::jobs::{DedupOver, NewJob};
+/// // A report that died may be asked for again at once; one that completed, not for a day.
+/// let job = NewJob::new("reports", "monthly", vec![])
+///     .dedup_key("2025-01")
+///     .dedup_window(Duration::from_secs(86_400), DedupOver::Completed);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DedupOver {
+    /// Completed jobs only: a job that died or was cancelled can be enqueued again at once.
+    Completed,
+    /// Any final state: completed, dead or cancelled.
+    AnyFinal,
+}
+
+/// What an enqueue does to the live (waiting or running) job that already has its queue and
+/// dedup key ([`NewJob::on_duplicate`]). Either way no new job is made, the live job's id
+/// comes back ([`Enqueued::existing`]) and its `dedup_hits` counts the enqueue. A running
+/// job is never changed, whatever the mode ([`Enqueued::updated`] is false then).
+///
+/// ```
+/// use std::time::Duration;
+/// use dibs::jobs::{NewJob, OnDuplicate};
+/// // A reminder: whoever asks for it first sets the earliest time it goes out.
+/// let job = NewJob::new("mail", "reminder", vec![])
+///     .dedup_key("user-7")
+///     .delay(Duration::from_secs(600))
+///     .on_duplicate(OnDuplicate::KeepEarlierDue);
+/// assert_eq!(OnDuplicate::default(), OnDuplicate::Keep);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum OnDuplicate {
+    /// Leave the live job as it is (the default).
+    #[default]
+    Keep,
+    /// Debounce: a waiting job takes this enqueue's payload and due time.
+    Replace,
+    /// A waiting job's due time becomes the earlier of its own and this enqueue's; its
+    /// payload stays.
+    KeepEarlierDue,
+}
+
 /// A job to enqueue.
 ///
 /// ```
@@ -39,6 +84,8 @@ pub struct NewJob {
     pub(crate) max_attempts: u32,
     pub(crate) dedup_key: Option<String>,
     pub(crate) limits: Vec<Limit>,
+    pub(crate) dedup_window: Option<(Duration, DedupOver)>,
+    pub(crate) on_duplicate: OnDuplicate,
 }
 
 impl NewJob {
@@ -58,6 +105,8 @@ impl NewJob {
             max_attempts: 25,
             dedup_key: None,
             limits: Vec::new(),
+            dedup_window: None,
+            on_duplicate: OnDuplicate::Keep,
         }
     }
 
@@ -104,6 +153,80 @@ impl NewJob {
     /// ([`Enqueued::existing`]). Byte-exact, 1 to 255 bytes.
     pub fn dedup_key(mut self, key: impl Into<String>) -> Self {
         self.dedup_key = Some(key.into());
+        self
+    }
+
+    /// A dedup window: the dedup key also covers jobs of the queue with this key that
+    /// finished (`over`: completed only, or in any final state) less than `window` ago, on
+    /// the database's clock. Enqueueing while such a job exists returns it
+    /// ([`Enqueued::existing`], its `dedup_hits` counted up) and makes nothing; after the
+    /// window a new job is made. A live job with the key still comes first (see
+    /// [`NewJob::on_duplicate`]).
+    ///
+    /// Needs a [`dedup_key`](NewJob::dedup_key); `window`: 1 ms to 366 days. Otherwise the
+    /// enqueue is refused with [`Error::InvalidInput`] and writes nothing.
+    ///
+    /// Retention: a job remembers the largest window of the enqueues folded into it
+    /// (`dibs_jobs.dedup_window_micros`), and [`prune`](super::prune) keeps it until
+    /// `finished_at + window` has passed, whatever its policy; then the policy applies. So
+    /// give every enqueue of a key the same window: a later enqueue with a *longer* window
+    /// than the finished job was kept for may find it already pruned.
+    ///
+    /// Concurrency: enqueues of a key racing each other and the twin's finish never make two
+    /// jobs inside a window, on every backend, when the enqueue runs on its own or in a READ
+    /// COMMITTED transaction (dibs's own, [`crate::transaction`]); a caller's REPEATABLE READ
+    /// or SERIALIZABLE snapshot can miss a twin that finished after it was taken.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), dibs::Error> {
+    /// use std::time::Duration;
+    /// use dibs::jobs::{self, DedupOver, NewJob};
+    /// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+    /// dibs::run_migrations(&mut conn)?;
+    /// // A webhook delivery: once per id, even when it is redelivered after it completed.
+    /// let job = NewJob::new("hooks", "deliver", b"evt_1".to_vec())
+    ///     .dedup_key("evt_1")
+    ///     .dedup_window(Duration::from_secs(3600), DedupOver::Completed);
+    /// let first = jobs::enqueue(&mut conn, &job)?;
+    /// let claimed = jobs::claim(&mut conn, "hooks", 1, Duration::from_secs(60))?;
+    /// jobs::complete(&mut conn, &[claimed[0].claim()])?;
+    /// let again = jobs::enqueue(&mut conn, &job)?;
+    /// assert_eq!((again.id, again.existing), (first.id, true));
+    /// // Without a key a window means nothing: refused.
+    /// let keyless = NewJob::new("hooks", "deliver", vec![])
+    ///     .dedup_window(Duration::from_secs(60), DedupOver::AnyFinal);
+    /// assert!(jobs::enqueue(&mut conn, &keyless).unwrap_err().is_invalid_input());
+    /// # Ok(()) }
+    /// ```
+    pub fn dedup_window(mut self, window: Duration, over: DedupOver) -> Self {
+        self.dedup_window = Some((window, over));
+        self
+    }
+
+    /// What this enqueue does to a live job with the same queue and dedup key (default
+    /// [`OnDuplicate::Keep`]): decided inside the insert, by the unique index over live
+    /// jobs, so concurrent enqueuers of a key apply one after the other. Needs a
+    /// [`dedup_key`](NewJob::dedup_key) unless it is `Keep` ([`Error::InvalidInput`]).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), dibs::Error> {
+    /// use std::time::Duration;
+    /// use dibs::jobs::{self, NewJob, OnDuplicate};
+    /// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+    /// dibs::run_migrations(&mut conn)?;
+    /// // Debounce: reindex once, 30 s after the last change, with the last change's payload.
+    /// let reindex = |v: &str| NewJob::new("search", "reindex", v.as_bytes().to_vec())
+    ///     .dedup_key("doc-7")
+    ///     .delay(Duration::from_secs(30))
+    ///     .on_duplicate(OnDuplicate::Replace);
+    /// let first = jobs::enqueue(&mut conn, &reindex("v1"))?;
+    /// let second = jobs::enqueue(&mut conn, &reindex("v2"))?;
+    /// assert_eq!((second.id, second.existing, second.updated), (first.id, true, true));
+    /// assert_eq!(jobs::get(&mut conn, first.id)?.unwrap().payload, b"v2");
+    /// # Ok(()) }
+    /// ```
+    pub fn on_duplicate(mut self, mode: OnDuplicate) -> Self {
+        self.on_duplicate = mode;
         self
     }
 
@@ -170,6 +293,22 @@ impl NewJob {
         if let Some(key) = &self.dedup_key {
             validate::name("dedup key", key)?;
         }
+        if self.dedup_key.is_none() {
+            if self.dedup_window.is_some() {
+                return Err(Error::invalid("dedup_window", "needs a dedup key"));
+            }
+            if self.on_duplicate != OnDuplicate::Keep {
+                return Err(Error::invalid("on_duplicate", "needs a dedup key"));
+            }
+        }
+        if let Some((window, _)) = self.dedup_window {
+            if window < Duration::from_millis(1) || window > validate::MAX_TTL {
+                return Err(Error::invalid(
+                    "dedup_window",
+                    format!("{window:?} is not between 1 ms and 366 days"),
+                ));
+            }
+        }
         validate::name("kind", &self.kind)?;
         if self.payload.len() > MAX_PAYLOAD_BYTES {
             return Err(Error::invalid(
@@ -199,6 +338,12 @@ impl NewJob {
         Ok(())
     }
 
+    /// The dedup window in microseconds, if any (bounded by validate(): at most 366 days).
+    pub(crate) fn window_micros(&self) -> Option<i64> {
+        self.dedup_window
+            .map(|(window, _)| i64::try_from(window.as_micros()).unwrap_or(i64::MAX))
+    }
+
     /// The due time as SQL parameters: an instant, or a delay in microseconds.
     pub(crate) fn due_params(&self) -> (Option<DateTime<Utc>>, i64) {
         match self.due {
@@ -210,11 +355,29 @@ impl NewJob {
 }
 
 /// What [`super::enqueue`] did.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use dibs::jobs::{self, Enqueued, NewJob};
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// dibs::run_migrations(&mut conn)?;
+/// let first = jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]).dedup_key("a"))?;
+/// let again = jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]).dedup_key("a"))?;
+/// assert_eq!(again, Enqueued { id: first.id, existing: true, updated: false });
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Enqueued {
     /// The job's id: the new job's, or the live job's that has the same dedup key.
     pub id: i64,
-    /// True when a live job with the same queue and dedup key already existed, and no new
-    /// job was made.
+    /// True when a job with the same queue and dedup key already existed (a live one, or
+    /// one finished within the [`dedup window`](NewJob::dedup_window)), and no new job was
+    /// made.
     pub existing: bool,
+    /// True when that job was waiting and this enqueue's [`OnDuplicate`] mode was applied
+    /// to it: its payload and due time replaced ([`OnDuplicate::Replace`]), or its due time
+    /// set to the earlier of the two ([`OnDuplicate::KeepEarlierDue`], which leaves it as it
+    /// was when its own was earlier). False for a new job, with [`OnDuplicate::Keep`], for a
+    /// running job (never changed) and for a finished one.
+    pub updated: bool,
 }

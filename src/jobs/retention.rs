@@ -12,7 +12,7 @@ use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
 use crate::sql_types::Instant;
 use crate::transaction::bare_write_transaction;
-use crate::{DibsConnection, Error, Result, validate};
+use crate::{Backend, DibsConnection, Error, Result, validate};
 
 /// Which finished jobs a policy is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -65,13 +65,32 @@ const NTH_NEWEST: &str = "\
 
 const NOW_PLUS: &str = "SELECT {now+ttl} AS at";
 
+/// Finished jobs the policy does not keep, oldest first, leaving out those still inside
+/// their dedup window (`{window_over}`).
 const OLDER_THAN: &str = "\
     SELECT id FROM dibs_jobs WHERE queue = ? AND state = ? AND finished_at < ? \
+    AND (dedup_window_micros IS NULL OR {window_over}) \
     ORDER BY finished_at, id LIMIT ?";
 
 /// Locks the picked rows by primary key alone (see `CLAIM_MARK` on why not by state), to
-/// re-check their state before deleting.
-const LOCK_PICKED: &str = "SELECT id, state FROM dibs_jobs WHERE id IN {ids}{for_update}";
+/// re-check their state before deleting; a job whose window an enqueue widened meanwhile (it
+/// folded into the job, holding its lock) is no longer picked.
+const LOCK_PICKED: &str = "SELECT id, state FROM dibs_jobs \
+    WHERE (dedup_window_micros IS NULL OR {window_over}) AND id IN {ids}{for_update}";
+
+/// A finished job's dedup window is over (database clock): `finished_at + window <= now`.
+fn window_over(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => {
+            "strftime('%Y-%m-%d %H:%M:%f', finished_at, \
+                printf('%+.3f seconds', dedup_window_micros / 1000000.0)) <= {now}"
+        }
+        Backend::Postgres => {
+            "finished_at + dedup_window_micros * interval '1 microsecond' <= {now}"
+        }
+        Backend::Mysql => "finished_at + INTERVAL dedup_window_micros MICROSECOND <= {now}",
+    }
+}
 
 #[derive(QueryableByName)]
 struct At {
@@ -90,6 +109,30 @@ struct IdState {
 /// Deletes up to `batch` finished jobs of `queue` that `policy` does not keep (and their
 /// error history); returns how many. Call it again while it returns `batch`. Needs a bare
 /// connection; each call is one short transaction.
+///
+/// Dedup windows come first: a finished job with a
+/// [`dedup window`](super::NewJob::dedup_window) is kept until `finished_at + window` has
+/// passed on the database's clock, whatever the policy (even [`Retention::DeleteAll`]), so
+/// that a prune never lets a duplicate through a window; after that the policy decides. A
+/// kept job still counts for [`Retention::KeepNewest`]'s N.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use std::time::Duration;
+/// use dibs::jobs::{self, DedupOver, Finished, NewJob, Retention};
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// dibs::run_migrations(&mut conn)?;
+/// let job = NewJob::new("hooks", "deliver", vec![])
+///     .dedup_key("evt_1")
+///     .dedup_window(Duration::from_secs(3600), DedupOver::Completed);
+/// jobs::enqueue(&mut conn, &job)?;
+/// let claimed = jobs::claim(&mut conn, "hooks", 1, Duration::from_secs(60))?;
+/// jobs::complete(&mut conn, &[claimed[0].claim()])?;
+/// // Inside its hour the job stays, so the window still folds a redelivery into it.
+/// assert_eq!(jobs::prune(&mut conn, "hooks", Finished::Completed, Retention::DeleteAll, 100)?, 0);
+/// assert!(jobs::enqueue(&mut conn, &job)?.existing);
+/// # Ok(()) }
+/// ```
 pub fn prune<C: DibsConnection>(
     conn: &mut C,
     queue: &str,
@@ -111,6 +154,7 @@ pub fn prune<C: DibsConnection>(
     };
     let age_micros = younger_than.map(validate::delay_micros).transpose()?;
     let state = finished.state();
+    let window_over = window_over(conn.backend());
     dispatch!(conn, c => {
         bare_write_transaction(c, "pruning jobs", |c| {
             let syntax = c.syntax();
@@ -142,7 +186,7 @@ pub fn prune<C: DibsConnection>(
             }
             // DeleteAll: no cutoff; the far future stands in for "any finish time".
             let before = cutoff.unwrap_or(DateTime::<Utc>::MAX_UTC);
-            let picked: Vec<i64> = statement(syntax.render(OLDER_THAN))
+            let picked: Vec<i64> = statement(syntax.render(&OLDER_THAN.replace("{window_over}", window_over)))
                 .bind::<Text, _>(queue)
                 .bind::<Text, _>(state)
                 .bind::<Instant, _>(clamp(before))
@@ -152,7 +196,7 @@ pub fn prune<C: DibsConnection>(
             if picked.is_empty() {
                 return Ok(0);
             }
-            let doomed: Vec<i64> = statement(syntax.render(LOCK_PICKED))
+            let doomed: Vec<i64> = statement(syntax.render(&LOCK_PICKED.replace("{window_over}", window_over)))
                 .bind_ids(picked)
                 .load::<IdState>(c)?
                 .into_iter()

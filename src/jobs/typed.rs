@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Backoff, Enqueued, Limit, NewJob, enqueue, enqueue_many};
+use super::{Backoff, DedupOver, Enqueued, Limit, NewJob, OnDuplicate, enqueue, enqueue_many};
 use crate::{DibsConnection, Result};
 
 /// A job's arguments as a Rust type: what it is (its kind), where it goes (its queue) and
@@ -47,6 +47,33 @@ pub trait JobArgs: serde::Serialize + serde::de::DeserializeOwned {
     /// How long a run may take before it is asked to stop and recorded as failed (default
     /// `None`: no timeout). See [`crate::worker::WorkerBuilder::timeout`].
     const TIMEOUT: Option<Duration> = None;
+    /// A dedup window for values with a [`dedup_key`](JobArgs::dedup_key) (default `None`):
+    /// see [`NewJob::dedup_window`]. Ignored for a value without a key.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dibs::jobs::{DedupOver, JobArgs, OnDuplicate};
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct Webhook { event: String }
+    ///
+    /// impl JobArgs for Webhook {
+    ///     const KIND: &'static str = "webhook";
+    ///     // A redelivery within a day of the first delivery's success is the same job.
+    ///     const DEDUP_WINDOW: Option<(Duration, DedupOver)> =
+    ///         Some((Duration::from_secs(86_400), DedupOver::Completed));
+    ///     const ON_DUPLICATE: OnDuplicate = OnDuplicate::Keep;
+    ///     fn dedup_key(&self) -> Option<String> {
+    ///         Some(self.event.clone())
+    ///     }
+    /// }
+    /// assert!(Webhook { event: "evt_1".into() }.to_job().is_ok());
+    /// ```
+    const DEDUP_WINDOW: Option<(Duration, DedupOver)> = None;
+    /// What enqueueing a value with a [`dedup_key`](JobArgs::dedup_key) does to a live job
+    /// with that key (default [`OnDuplicate::Keep`]): see [`NewJob::on_duplicate`]. Ignored
+    /// for a value without a key.
+    const ON_DUPLICATE: OnDuplicate = OnDuplicate::Keep;
 
     /// A deduplication key for this value (default none): see [`NewJob::dedup_key`].
     fn dedup_key(&self) -> Option<String> {
@@ -95,7 +122,10 @@ pub trait JobArgs: serde::Serialize + serde::de::DeserializeOwned {
             .max_attempts(Self::MAX_ATTEMPTS)
             .priority(Self::PRIORITY);
         if let Some(key) = self.dedup_key() {
-            job = job.dedup_key(key);
+            job = job.dedup_key(key).on_duplicate(Self::ON_DUPLICATE);
+            if let Some((window, over)) = Self::DEDUP_WINDOW {
+                job = job.dedup_window(window, over);
+            }
         }
         for limit in self.limits() {
             job = job.with_limit(limit);

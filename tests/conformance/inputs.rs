@@ -114,7 +114,8 @@ fn dedup_hits_count_past_two_to_the_31(backend: Backend) {
             again,
             Enqueued {
                 id: first.id,
-                existing: true
+                existing: true,
+                updated: false,
             },
             "duplicate {n} past 2^31 - 2"
         );

@@ -9,6 +9,7 @@ mod attacks3;
 mod attacks4;
 mod attacks5;
 mod contention;
+mod dedup_windows;
 mod events;
 mod flow_control;
 mod foundation;

@@ -116,6 +116,7 @@ fn schema_tables() -> Vec<TableSpec> {
             lapses,
             cancel_requested_at,
             snoozes,
+            dedup_window_micros,
         }),
         table_spec!(dibs_job_errors {
             id,
