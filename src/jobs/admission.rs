@@ -276,15 +276,16 @@ fn lock_key<C: DibsConnection>(conn: &mut C, key: &str, capped: bool) -> Result<
 }
 
 /// Records the starts of the admitted jobs with rates (`claimed`: each claimed job's id and
-/// `claimed_at`), forgets starts no window reaches, and sets each rated key's
-/// `throttled_until`: when its fullest window has room again, or NULL if it has room now.
+/// `claimed_at`), trims each rated key's starts to what any rate can need, sets its
+/// throttle hint, and says how long until the soonest full rate among them has room again.
 /// In the claim's transaction, under the keys' locks.
 pub(super) fn record_starts<C: DibsConnection>(
     conn: &mut C,
     admission: &Admission,
     claimed: &[(i64, DateTime<Utc>)],
-) -> Result<()> {
+) -> Result<Option<std::time::Duration>> {
     let claimed_at: HashMap<i64, DateTime<Utc>> = claimed.iter().copied().collect();
+    let mut soonest: Option<std::time::Duration> = None;
     for (name, key) in &admission.rated {
         let mut new: Vec<(i64, DateTime<Utc>)> = key
             .admitted
@@ -330,6 +331,21 @@ pub(super) fn record_starts<C: DibsConnection>(
                 (until > admission.now).then_some((until, max, per))
             })
             .max();
+        // When this key's soonest full rate has room again (a worker may look then).
+        let frees = key
+            .rates
+            .iter()
+            .filter_map(|&(max, per)| {
+                let oldest_that_counts = starts.len().checked_sub(usize::try_from(max).ok()?)?;
+                let until =
+                    starts[oldest_that_counts].checked_add_signed(TimeDelta::microseconds(per))?;
+                (until - admission.now).to_std().ok()
+            })
+            .min();
+        soonest = match (soonest, frees) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let mut kept = key.kept + new.len() as i64;
         if kept >= TRIM_AT {
             kept = trim_starts(conn, name)?;
@@ -344,7 +360,7 @@ pub(super) fn record_starts<C: DibsConnection>(
                 .execute(c)
         })?;
     }
-    Ok(())
+    Ok(soonest)
 }
 
 /// Deletes a key's starts older than its newest [`MAX_LIMIT`], and says how many it keeps.

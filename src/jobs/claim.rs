@@ -130,7 +130,7 @@ pub fn claim<C: DibsConnection>(
     limit: usize,
     ttl: Duration,
 ) -> Result<Vec<ClaimedJob>> {
-    claim_of(conn, queue, None, limit, ttl)
+    Ok(claim_of(conn, queue, None, limit, ttl)?.0)
 }
 
 /// Like [`claim`], taking only jobs whose kind is one of `kinds` (1 to [`MAX_KINDS`]; repeats
@@ -161,6 +161,13 @@ pub fn claim_kinds<C: DibsConnection, K: AsRef<str>>(
     limit: usize,
     ttl: Duration,
 ) -> Result<Vec<ClaimedJob>> {
+    let names = kind_names(kinds)?;
+    Ok(claim_of(conn, queue, Some(&names), limit, ttl)?.0)
+}
+
+/// The kinds validated (1 to [`MAX_KINDS`]), sorted and without repeats: one statement shape
+/// per list length, and a repeat is harmless in IN.
+fn kind_names<K: AsRef<str>>(kinds: &[K]) -> Result<Vec<&str>> {
     if kinds.is_empty() {
         return Err(Error::invalid("kinds", "an empty list"));
     }
@@ -175,24 +182,37 @@ pub fn claim_kinds<C: DibsConnection, K: AsRef<str>>(
         validate::name("kind", kind.as_ref())?;
         names.push(kind.as_ref());
     }
-    // One statement shape per list length, and a repeat is harmless in IN: sorted, unique.
     names.sort_unstable();
     names.dedup();
+    Ok(names)
+}
+
+/// [`claim_kinds`], and how long until the soonest rate this claim found full has room
+/// again (by the database's clock): when a worker finding nothing to claim may look again.
+pub(crate) fn claim_kinds_throttled<C: DibsConnection, K: AsRef<str>>(
+    conn: &mut C,
+    queue: &str,
+    kinds: &[K],
+    limit: usize,
+    ttl: Duration,
+) -> Result<(Vec<ClaimedJob>, Option<Duration>)> {
+    let names = kind_names(kinds)?;
     claim_of(conn, queue, Some(&names), limit, ttl)
 }
 
-/// [`claim`], of the given kinds only (`Some`, validated and non-empty) or of any kind.
+/// [`claim`], of the given kinds only (`Some`, validated and non-empty) or of any kind, and
+/// how long until the soonest rate it found full has room again.
 fn claim_of<C: DibsConnection>(
     conn: &mut C,
     queue: &str,
     kinds: Option<&[&str]>,
     limit: usize,
     ttl: Duration,
-) -> Result<Vec<ClaimedJob>> {
+) -> Result<(Vec<ClaimedJob>, Option<Duration>)> {
     validate::name("queue", queue)?;
     let micros = validate::ttl(ttl)?;
     let limit = check_limit(limit)?;
-    let rows: Vec<JobRow> = dispatch!(conn, c => {
+    let (rows, throttled_for): (Vec<JobRow>, Option<Duration>) = dispatch!(conn, c => {
         bare_write_transaction(c, "claiming jobs", |c| {
             let syntax = c.syntax();
             // A paused queue yields no candidates (the pick's NOT EXISTS), in the same
@@ -234,7 +254,9 @@ fn claim_of<C: DibsConnection>(
             };
             let admission = admission::admit(c, queue, &candidates)?;
             if admission.ids.is_empty() {
-                return Ok(Vec::new());
+                // Rates whose windows filled meanwhile still get their hints.
+                let throttled_for = admission::record_starts(c, &admission, &[])?;
+                return Ok((Vec::new(), throttled_for));
             }
             let ids = admission.ids.clone();
             let mark = syntax.render(CLAIM_MARK);
@@ -253,8 +275,8 @@ fn claim_of<C: DibsConnection>(
                 .iter()
                 .filter_map(|row| row.claimed_at.map(|at| (row.id, at)))
                 .collect();
-            admission::record_starts(c, &admission, &starts)?;
-            Ok(rows)
+            let throttled_for = admission::record_starts(c, &admission, &starts)?;
+            Ok((rows, throttled_for))
         })
     })?;
     let mut claimed = rows
@@ -263,7 +285,7 @@ fn claim_of<C: DibsConnection>(
         .collect::<Result<Vec<_>>>()?;
     // The order the claim took them in (RETURNING has none).
     claimed.sort_by_key(|job| (job.priority, job.due_at, job.id));
-    Ok(claimed)
+    Ok((claimed, throttled_for))
 }
 
 /// Returns stalled jobs (running, claim lapsed by the database's clock) to the queue, due at

@@ -47,6 +47,7 @@ use diesel::prelude::*;
 use crate::backend::dispatch;
 use crate::{DibsConnection, Error, Result};
 
+pub(crate) use claim::claim_kinds_throttled;
 pub use claim::{claim, claim_kinds, rescue};
 pub use enqueue::{INSERT_CHUNK_BYTES, INSERT_CHUNK_ROWS, enqueue, enqueue_many};
 pub(crate) use finish::snooze_noting_death;

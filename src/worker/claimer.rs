@@ -32,6 +32,10 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
         config.poll_interval
     };
     let mut next_queue = 0;
+    // When a rate that held jobs back has room again (from the claims' answers): an idle
+    // wait ends then, so a rate-limited queue is claimed when its window allows, not at the
+    // next doubling of the idle wait.
+    let mut rate_frees: Option<Instant> = None;
     loop {
         let wanted = {
             let mut state = shared.lock();
@@ -87,9 +91,18 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
         };
         next_queue += 1;
         // Only kinds this worker has handlers for: other kinds wait for their workers.
-        let claim =
-            |c: &mut _| jobs::claim_kinds(c, queue, &config.kind_names, wanted, config.claim_ttl);
-        match conn.with(claim) {
+        let claim = |c: &mut _| {
+            jobs::claim_kinds_throttled(c, queue, &config.kind_names, wanted, config.claim_ttl)
+        };
+        let claimed = conn.with(claim).map(|(claimed, throttled_for)| {
+            if let Some(wait) = throttled_for {
+                // A millisecond late, past the clock's rounding (SQLite keeps milliseconds).
+                let frees = Instant::now() + wait + Duration::from_millis(1);
+                rate_frees = Some(rate_frees.map_or(frees, |at| at.min(frees)));
+            }
+            claimed
+        });
+        match claimed {
             Ok(claimed) if !claimed.is_empty() => {
                 idle = Duration::from_millis(10);
                 error_pause = Duration::from_millis(100);
@@ -106,9 +119,20 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
             Ok(_) => {
                 // Nothing due in this queue; after a full round of queues, wait.
                 if next_queue % config.queues.len().max(1) == 0 {
+                    let now = Instant::now();
+                    let wait = match rate_frees.take() {
+                        Some(at) if at > now => {
+                            // Keep it for the next round if this wait ends first.
+                            if at - now > idle {
+                                rate_frees = Some(at);
+                            }
+                            idle.min(at - now)
+                        }
+                        _ => idle,
+                    };
                     let mut state = shared.lock();
                     if !state.woken && !state.stopping {
-                        state = shared.wait(state, idle);
+                        state = shared.wait(state, wait);
                     }
                     let woken = std::mem::take(&mut state.woken);
                     drop(state);

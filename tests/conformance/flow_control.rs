@@ -21,6 +21,7 @@ conformance!(
     limits_are_stored_with_the_job_and_pruned_with_it,
     bad_flow_control_input_is_refused_and_writes_nothing,
     a_keys_starts_are_trimmed_to_what_any_rate_can_need,
+    a_worker_claims_a_throttled_key_when_its_window_allows_not_at_its_next_poll,
 );
 
 const TTL: Duration = Duration::from_secs(120);
@@ -457,4 +458,49 @@ fn a_keys_starts_are_trimmed_to_what_any_rate_can_need(backend: Backend) {
         NewJob::new("trim", "k", vec![]).rate_limit("k", 10_000, Duration::from_secs(3600));
     jobs::enqueue(&mut conn, &hourly).unwrap();
     assert!(jobs::claim(&mut conn, "trim", 10, TTL).unwrap().is_empty());
+}
+
+/// A worker polling at most every 30 s when idle, 6 jobs at 3 starts per 6 s: the second
+/// three start when the window allows (6 s after the first), because the claim tells the
+/// worker when the rate frees; not at the idle wait's next doubling (10.2 s after the
+/// first). Start instants are the claims' (database clock); the bound leaves 2.5 s for a
+/// loaded machine.
+fn a_worker_claims_a_throttled_key_when_its_window_allows_not_at_its_next_poll(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let pool = db.pool(8);
+    let mut conn = pool.get().unwrap();
+    let per = Duration::from_secs(6);
+    let batch: Vec<NewJob> = (0..6)
+        .map(|_| NewJob::new("paced", "tick", vec![]).rate_limit("paced", 3, per))
+        .collect();
+    jobs::enqueue_many(&mut conn, &batch).unwrap();
+    let starts: Arc<Mutex<Vec<DateTime<Utc>>>> = Arc::default();
+    let seen = starts.clone();
+    let worker = dibs::worker::Worker::builder(pool.clone())
+        .queue("paced")
+        .threads(2)
+        .poll_interval(Duration::from_secs(30))
+        .raw_handler("tick", move |ctx: &dibs::worker::JobContext, _: &[u8]| {
+            seen.lock().unwrap().push(ctx.claimed_at);
+            Ok::<(), dibs::worker::JobError>(())
+        })
+        .start()
+        .unwrap();
+    let until = Clock::now() + Duration::from_secs(60);
+    while worker.report().completed < 6 && Clock::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    worker.shutdown(Duration::from_secs(5));
+    let mut starts = starts.lock().unwrap().clone();
+    starts.sort_unstable();
+    assert_eq!(starts.len(), 6, "every job ran");
+    let gap = starts[3] - starts[0];
+    assert!(
+        gap >= TimeDelta::seconds(6),
+        "the rate allowed the fourth start after {gap}"
+    );
+    assert!(
+        gap < TimeDelta::milliseconds(8500),
+        "the fourth start came {gap} after the first: the worker waited for its idle poll"
+    );
 }
