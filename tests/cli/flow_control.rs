@@ -9,7 +9,10 @@ use dibs::jobs::{self, NewJob};
 use super::support::{TestDb, conformance};
 use super::{json, ok};
 
-conformance!(stats_show_queue_limits_and_busy_keys);
+conformance!(
+    stats_show_queue_limits_and_busy_keys,
+    jobs_show_gives_limits_and_dedup_windows
+);
 
 fn stats_show_queue_limits_and_busy_keys(backend: Backend) {
     let db = TestDb::migrated(backend);
@@ -68,4 +71,30 @@ fn stats_show_queue_limits_and_busy_keys(backend: Backend) {
     let out = super::dibs(url, &["jobs", "limit-queue", "reports", "0"]);
     assert_ne!(out.status.code(), Some(0));
     assert!(jobs::queue_limits(&mut conn).unwrap().is_empty());
+}
+
+/// `jobs show` names a job's limits and its dedup window (and, once it finished, until when
+/// it folds duplicates).
+fn jobs_show_gives_limits_and_dedup_windows(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let url = db.url();
+    let mut conn = db.connect();
+    let job = NewJob::new("hooks", "deliver", vec![])
+        .dedup_key("evt_1")
+        .dedup_window(Duration::from_secs(3600), jobs::DedupOver::Completed)
+        .limit("cust:9", 2)
+        .rate_limit("cust:9", 10, Duration::from_secs(60));
+    let id = jobs::enqueue(&mut conn, &job).unwrap().id;
+    let claimed = jobs::claim(&mut conn, "hooks", 1, Duration::from_secs(60)).unwrap();
+    jobs::complete(&mut conn, &[claimed[0].claim()]).unwrap();
+    let text = ok(url, &["jobs", "show", &id.to_string()]);
+    for words in [
+        "cust:9: at most 2 running, at most 10 starts per 1m00s",
+        "dedup window: 1h00m (folds duplicates until",
+    ] {
+        assert!(text.contains(words), "{words:?} missing from:\n{text}");
+    }
+    let value = json(url, &["jobs", "show", &id.to_string()]);
+    assert_eq!(value["dedup_window_seconds"].as_f64(), Some(3600.0));
+    assert_eq!(value["limits"][0]["rate_max"].as_u64(), Some(10));
 }

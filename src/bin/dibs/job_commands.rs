@@ -6,7 +6,7 @@ use dibs::jobs::{self, Finished, Job, JobFilter, JobState, Retention};
 use serde_json::{Value, json};
 
 use crate::duration::parse_flag_bounded;
-use crate::output::{self, Out, table};
+use crate::output::{self, Out, age, table};
 use crate::work::SHELL;
 use crate::{Failure, Outcome};
 
@@ -131,7 +131,7 @@ fn job_json(job: &Job, reveal: bool) -> Value {
 
 /// `jobs show` for people: what the job is, where it stands, when, what went wrong, what it
 /// carries; empty fields left out.
-fn show_text(job: &Job, reveal: bool) -> String {
+fn show_text(job: &Job, limits: &[jobs::Limit], reveal: bool) -> String {
     let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
         t.map(|t| t.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string())
     };
@@ -154,7 +154,35 @@ fn show_text(job: &Job, reveal: bool) -> String {
         ("lapses", (job.lapses > 0).then(|| job.lapses.to_string())),
         ("last error", job.last_error.clone()),
         ("dedup key", job.dedup_key.clone()),
+        (
+            "dedup window",
+            job.dedup_window_micros.map(|us| {
+                let window = chrono::Duration::microseconds(us);
+                match job.finished_at {
+                    Some(at) => format!(
+                        "{} (folds duplicates until {})",
+                        age(window),
+                        (at + window).format("%Y-%m-%d %H:%M:%S%.3f UTC")
+                    ),
+                    None => age(window),
+                }
+            }),
+        ),
     ];
+    for limit in limits {
+        let mut caps = Vec::new();
+        if let Some(max) = limit.max_running() {
+            caps.push(format!("at most {max} running"));
+        }
+        if let Some(rate) = limit.rate_cap() {
+            let per = chrono::Duration::from_std(rate.per).unwrap_or(chrono::Duration::MAX);
+            caps.push(format!("at most {} starts per {}", rate.max, age(per)));
+        }
+        fields.push((
+            "limit",
+            Some(format!("{}: {}", limit.key(), caps.join(", "))),
+        ));
+    }
     let payload = payload(job, reveal);
     match payload.get("command").and_then(Value::as_str) {
         Some(command) if job.kind == SHELL => {
@@ -257,11 +285,15 @@ pub fn run(
                 jobs::get(&mut conn, id)?.ok_or_else(|| Failure::new(1, format!("no job {id}")))?;
             let history = jobs::history(&mut conn, id)?;
             let outputs = jobs::outputs(&mut conn, id)?;
+            let limits = jobs::limits_of(&mut conn, id)?;
             let mut value = job_json(&job, reveal_env);
+            value["dedup_window_seconds"] =
+                json!(job.dedup_window_micros.map(|us| us as f64 / 1e6));
+            value["limits"] = json!(limits.iter().map(|l| json!({"key": l.key(), "max_running": l.max_running(), "rate_max": l.rate_cap().map(|r| r.max), "rate_per_seconds": l.rate_cap().map(|r| r.per.as_secs_f64())})).collect::<Vec<_>>());
             value["errors"] = json!(history.iter().map(|h| json!({"attempt": h.attempt, "error": h.error, "failed_at": h.failed_at})).collect::<Vec<_>>());
             value["outputs"] = json!(outputs.iter().map(|o| json!({"attempt": o.attempt, "exit_code": o.exit_code, "output": String::from_utf8_lossy(&o.output), "finished_at": o.finished_at})).collect::<Vec<_>>());
             out.print(value, || {
-                let mut text = show_text(&job, reveal_env);
+                let mut text = show_text(&job, &limits, reveal_env);
                 for h in &history {
                     text.push_str(&format!(
                         "run {} failed at {}: {}\n",
