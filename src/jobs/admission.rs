@@ -31,6 +31,8 @@ use crate::{DibsConnection, Result};
 /// The queue's limit, read again under its lock (it may have changed since the pick).
 const QUEUE_LOCK: &str =
     "SELECT max_running AS n FROM dibs_queue_limits WHERE queue = ?{for_update}";
+/// The queue's limit, by a plain read.
+const QUEUE_LIMIT: &str = "SELECT max_running AS n FROM dibs_queue_limits WHERE queue = ?";
 /// The queue's running jobs (`dibs_jobs_queue_state`; on MySQL the claim index).
 const QUEUE_RUNNING: &str =
     "SELECT COUNT(*) AS n FROM dibs_jobs WHERE queue = ? AND state = 'running'";
@@ -117,6 +119,7 @@ pub(super) struct Admission {
 pub(super) fn admit<C: DibsConnection>(
     conn: &mut C,
     queue: &str,
+    queue_room: Option<i64>,
     candidates: &[Candidate],
 ) -> Result<Admission> {
     let limited: Vec<i64> = candidates
@@ -124,33 +127,15 @@ pub(super) fn admit<C: DibsConnection>(
         .filter(|c| c.limit_key.is_some())
         .map(|c| c.id)
         .collect();
-    let queue_limited = candidates.iter().any(|c| c.queue_max.is_some());
-    if limited.is_empty() && !queue_limited {
+    if limited.is_empty() && queue_room.is_none() {
         return Ok(Admission {
             ids: candidates.iter().map(|c| c.id).collect(),
             now: DateTime::<Utc>::MIN_UTC,
             rated: BTreeMap::new(),
         });
     }
-    // The queue's lock first, then the keys' by key: one order for every claimer.
-    let mut queue_room = i64::MAX;
-    if queue_limited {
-        let max = dispatch!(conn, c => {
-            let syntax = c.syntax();
-            statement(syntax.render(QUEUE_LOCK))
-                .bind::<Text, _>(queue)
-                .get_result::<MaxRunning>(c)
-                .optional()
-        })?;
-        if let Some(max) = max.and_then(|m| m.n) {
-            let running = dispatch!(conn, c => {
-                statement(c.syntax().render(QUEUE_RUNNING))
-                    .bind::<Text, _>(queue)
-                    .get_result::<Count>(c)
-            })?;
-            queue_room = (i64::from(max) - running.n).max(0);
-        }
-    }
+    // The queue's room (its lock is held since step 0), then the keys' locks by key.
+    let mut queue_room = queue_room.unwrap_or(i64::MAX);
     let rows: Vec<JobLimitRow> = if limited.is_empty() {
         Vec::new()
     } else {
@@ -179,6 +164,20 @@ pub(super) fn admit<C: DibsConnection>(
             .iter()
             .any(|r| r.limit_key == *name && r.max_running.is_some());
         key.running = lock_key(conn, name, capped)?;
+    }
+    // A claim may have waited for the keys' locks: a queue limit created meanwhile binds it
+    // (it holds no lock of the queue's, so a claim under the new limit would not count its
+    // jobs). It takes nothing now; the next claim takes the queue's lock at step 0.
+    if queue_room == i64::MAX && !keys.is_empty() {
+        let created = dispatch!(conn, c => {
+            statement(c.syntax().render(QUEUE_LIMIT))
+                .bind::<Text, _>(queue)
+                .get_result::<MaxRunning>(c)
+                .optional()
+        })?;
+        if created.is_some() {
+            queue_room = 0;
+        }
     }
     let rated = keys.values().any(|k| !k.rates.is_empty());
     // Read after every lock is held: no start recorded by another claim is later.
@@ -253,6 +252,32 @@ pub(super) fn admit<C: DibsConnection>(
         now,
         rated: keys,
     })
+}
+
+/// Claim, step 0: takes the queue's lock if it has a concurrency limit, and says how many
+/// more of its jobs may run (`None`: no limit). Taken before the pick locks any job row, so
+/// claimers of a limited queue wait here, never in a cycle through job rows (on MariaDB a
+/// claim holding skipped index entries, waiting for the queue's lock, deadlocked with one
+/// holding the queue's lock and updating those rows). A limit created while a claim is
+/// past this step binds it too if it waits for a key's lock (it reads the limit again after
+/// them); one created while a claim is between its last lock and its commit binds the
+/// claims after it.
+pub(super) fn lock_queue<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<Option<i64>> {
+    let max = dispatch!(conn, c => {
+        statement(c.syntax().render(QUEUE_LOCK))
+            .bind::<Text, _>(queue)
+            .get_result::<MaxRunning>(c)
+            .optional()
+    })?;
+    let Some(max) = max.and_then(|m| m.n) else {
+        return Ok(None);
+    };
+    let running = dispatch!(conn, c => {
+        statement(c.syntax().render(QUEUE_RUNNING))
+            .bind::<Text, _>(queue)
+            .get_result::<Count>(c)
+    })?;
+    Ok(Some((i64::from(max) - running.n).max(0)))
 }
 
 /// Takes a key's lock and, where `capped`, counts its running jobs.

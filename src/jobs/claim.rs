@@ -18,8 +18,8 @@ const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_
     due_at, created_at, claim_token, claimed_at, claim_expires_at";
 
 /// Claim, step 1 of 3: lock the jobs to claim, in order, skipping rows other claimers hold
-/// (SQLite: the IMMEDIATE transaction serializes claimers). Nothing from a paused queue, nor
-/// from a queue whose concurrency limit is reached. Subqueries are plain reads: a locking
+/// (SQLite: the IMMEDIATE transaction serializes claimers), at most as many as a limited
+/// queue has room for (step 0). Nothing from a paused queue. Subqueries are plain reads: a locking
 /// clause does not lock what they read. Jobs with a key that has no room now (its running
 /// jobs fill the smallest cap among them, or the rate it is throttled on is full and the job's
 /// rate on it is as strict or stricter: `throttled_until`) are left out, so they do not crowd
@@ -29,13 +29,9 @@ const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_
 /// locks) only the rows it returns. MySQL rejects LIMIT in an `IN (subquery)`, hence
 /// separate statements. `{kinds}` is empty for a claim of any kind (see [`KIND_FILTER`]).
 const CLAIM_PICK: &str = "\
-    SELECT id, priority, due_at, limit_key, \
-        (SELECT ql.max_running FROM dibs_queue_limits ql WHERE ql.queue = ?) AS queue_max \
-    FROM dibs_jobs{index} \
+    SELECT id, priority, due_at, limit_key FROM dibs_jobs{index} \
     WHERE queue = ? AND state = 'waiting' AND due_at <= {now}{kinds} \
       AND NOT EXISTS (SELECT 1 FROM dibs_queue_pauses p WHERE p.queue = ?) \
-      AND NOT EXISTS (SELECT 1 FROM dibs_queue_limits ql WHERE ql.queue = ? AND ql.max_running <= ( \
-          SELECT COUNT(*) FROM dibs_jobs q WHERE q.queue = ? AND q.state = 'running')) \
       AND (limit_key IS NULL OR NOT EXISTS ( \
           SELECT 1 FROM dibs_job_limits l WHERE l.job_id = dibs_jobs.id AND ( \
               (l.rate_max IS NOT NULL AND EXISTS ( \
@@ -215,15 +211,20 @@ fn claim_of<C: DibsConnection>(
     let (rows, throttled_for): (Vec<JobRow>, Option<Duration>) = dispatch!(conn, c => {
         bare_write_transaction(c, "claiming jobs", |c| {
             let syntax = c.syntax();
+            // Step 0: a limited queue's lock, before any job row is locked (one order for
+            // every claimer: queue, jobs, keys), and its room; none left, nothing to pick.
+            let queue_room = admission::lock_queue(c, queue)?;
+            let limit = match queue_room {
+                Some(room) if room <= 0 => return Ok((Vec::new(), None)),
+                Some(room) => limit.min(room),
+                None => limit,
+            };
             // A paused queue yields no candidates (the pick's NOT EXISTS), in the same
-            // statement: no extra round trip on the hot path.
+            // statement.
             let candidates = match kinds {
                 None => {
                     let pick = CLAIM_PICK.replace("{index}", "{claim_index}").replace("{kinds}", "");
                     statement(syntax.render(&pick))
-                        .bind::<Text, _>(queue)
-                        .bind::<Text, _>(queue)
-                        .bind::<Text, _>(queue)
                         .bind::<Text, _>(queue)
                         .bind::<Text, _>(queue)
                         .bind::<BigInt, _>(limit)
@@ -238,10 +239,7 @@ fn claim_of<C: DibsConnection>(
                         candidates.extend(
                             statement(pick.clone())
                                 .bind::<Text, _>(queue)
-                                .bind::<Text, _>(queue)
                                 .bind::<Text, _>(*kind)
-                                .bind::<Text, _>(queue)
-                                .bind::<Text, _>(queue)
                                 .bind::<Text, _>(queue)
                                 .bind::<BigInt, _>(limit)
                                 .load::<Candidate>(c)?,
@@ -252,7 +250,7 @@ fn claim_of<C: DibsConnection>(
                     candidates
                 }
             };
-            let admission = admission::admit(c, queue, &candidates)?;
+            let admission = admission::admit(c, queue, queue_room, &candidates)?;
             if admission.ids.is_empty() {
                 // Rates whose windows filled meanwhile still get their hints.
                 let throttled_for = admission::record_starts(c, &admission, &[])?;

@@ -354,9 +354,6 @@ pub(crate) struct Candidate {
     pub due_at: DateTime<Utc>,
     #[diesel(sql_type = Nullable<Text>)]
     pub limit_key: Option<String>,
-    /// The queue's concurrency limit, if it has one.
-    #[diesel(sql_type = Nullable<Integer>)]
-    pub queue_max: Option<i32>,
 }
 
 #[derive(QueryableByName)]

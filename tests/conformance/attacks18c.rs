@@ -19,6 +19,9 @@ conformance!(
 
 const TTL: Duration = Duration::from_secs(600);
 
+/// Fixed: a claim reads the queue's limit again after the keys' locks and, if one was
+/// created meanwhile, takes nothing (the next claim takes the queue's lock first).
+///
 /// Queue `q` has no limit. Claim A (kind `a`, its job carries a concurrency cap on key `k`)
 /// picks its job, seeing no queue limit, and waits for `k`'s lock (held here by another
 /// transaction, as a claim of `k` elsewhere would). Meanwhile `limit_queue(q, 1)` commits,
@@ -244,7 +247,7 @@ fn claimers_finishers_cancellers_and_pruners_of_limited_jobs_keep_every_cap(back
 /// (found by the race above: about 30% of claims of 6 mixed claimers failed). Retryable, but
 /// a worker backs off 100 ms or more and logs a warning for each. For 3 s, 2 claimers of any
 /// kind and 2 of kinds `a` and `b` claim and complete jobs of a queue limited to 4: no claim
-/// may fail.
+/// may fail. Fixed: a limited queue's lock is taken before the pick locks any job row.
 fn claims_of_any_kind_and_of_some_kinds_in_a_limited_queue_do_not_deadlock(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
