@@ -26,6 +26,9 @@ conformance!(
 
 const TTL: Duration = Duration::from_secs(120);
 
+/// Each claimed job's kind and start instant.
+type Starts = Vec<(String, DateTime<Utc>)>;
+
 /// The most instants of `starts` (sorted) inside any half-open window `[t, t + width)`.
 pub fn fullest_window(starts: &[DateTime<Utc>], width: TimeDelta) -> usize {
     let mut most = 0;
@@ -64,7 +67,7 @@ fn a_rate_limit_holds_in_every_window_while_unlimited_jobs_drain(backend: Backen
         }
     }
     jobs::enqueue_many(&mut conn, &batch).unwrap();
-    let starts: Arc<Mutex<Vec<(String, DateTime<Utc>)>>> = Arc::default();
+    let starts: Arc<Mutex<Starts>> = Arc::default();
     let done = Arc::new(AtomicUsize::new(0));
     let threads: Vec<_> = (0..8)
         .map(|_| {
