@@ -6,7 +6,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 
 use super::limits::{self, Limit};
-use super::model::{IdRow, IdStateRow, InsertedRow};
+use super::model::{IdRow, InsertedRow};
 use super::{DedupOver, Enqueued, NewJob, OnDuplicate, ids_of};
 use crate::backend::statement::{Statement, row, statement};
 use crate::backend::{Dialect, Upsert, dispatch};
@@ -27,14 +27,14 @@ const INSERT_ROW: &str = "(?, ?, ?, ?, 'waiting', 0, ?, COALESCE(?, {now+ttl}), 
 /// and the row comes from the upsert itself, which sees committed rows), its window the
 /// larger of the two, and the mode's `{sets}` applied. Concurrent enqueues of one key wait
 /// for each other on the unique index: exactly one inserts, the others update in turn. The
-/// state comes back to say whether the mode applied (the upsert never changes it).
+/// state and kind come back to say whether the mode applied (the upsert changes neither).
 const INSERT_DEDUP_ON_CONFLICT: &str = " ON CONFLICT (queue, dedup_key) \
     WHERE dedup_key IS NOT NULL AND state IN ('waiting', 'running') \
     DO UPDATE SET dedup_hits = dibs_jobs.dedup_hits + 1, \
     dedup_window_micros = {greatest}(\
         COALESCE(dibs_jobs.dedup_window_micros, excluded.dedup_window_micros), \
         COALESCE(excluded.dedup_window_micros, dibs_jobs.dedup_window_micros)){sets} \
-    RETURNING id, dedup_hits, state";
+    RETURNING id, dedup_hits, state, kind";
 
 /// MySQL/MariaDB: the unique index is on the generated `live_dedup_key`. On a duplicate the
 /// live job's `dedup_hits` changes, so the statement reports 2 affected rows (1 for an
@@ -46,19 +46,21 @@ const INSERT_DEDUP_ON_DUPLICATE_KEY: &str = " ON DUPLICATE KEY UPDATE {sets}\
         COALESCE(VALUES(dedup_window_micros), dedup_window_micros)), \
     dedup_hits = dedup_hits + 1, id = LAST_INSERT_ID(id)";
 
-/// What a mode changes on a live duplicate, with ON CONFLICT: only a waiting job.
+/// What a mode changes on a live duplicate, with ON CONFLICT: only a waiting job of the same
+/// kind (a key shared by two kinds must never hand one kind's payload to the other's
+/// handler; a duplicate of another kind is folded unchanged).
 fn on_conflict_sets(mode: OnDuplicate) -> &'static str {
     match mode {
         OnDuplicate::Keep => "",
         OnDuplicate::Replace => {
-            ", payload = CASE WHEN dibs_jobs.state = 'waiting' THEN excluded.payload \
-                ELSE dibs_jobs.payload END, \
-             due_at = CASE WHEN dibs_jobs.state = 'waiting' THEN excluded.due_at \
-                ELSE dibs_jobs.due_at END"
+            ", payload = CASE WHEN dibs_jobs.state = 'waiting' AND dibs_jobs.kind = excluded.kind \
+                THEN excluded.payload ELSE dibs_jobs.payload END, \
+             due_at = CASE WHEN dibs_jobs.state = 'waiting' AND dibs_jobs.kind = excluded.kind \
+                THEN excluded.due_at ELSE dibs_jobs.due_at END"
         }
         OnDuplicate::KeepEarlierDue => {
-            ", due_at = CASE WHEN dibs_jobs.state = 'waiting' AND excluded.due_at < dibs_jobs.due_at \
-                THEN excluded.due_at ELSE dibs_jobs.due_at END"
+            ", due_at = CASE WHEN dibs_jobs.state = 'waiting' AND dibs_jobs.kind = excluded.kind \
+                AND excluded.due_at < dibs_jobs.due_at THEN excluded.due_at ELSE dibs_jobs.due_at END"
         }
     }
 }
@@ -68,11 +70,12 @@ fn on_duplicate_key_sets(mode: OnDuplicate) -> &'static str {
     match mode {
         OnDuplicate::Keep => "",
         OnDuplicate::Replace => {
-            "payload = IF(state = 'waiting', VALUES(payload), payload), \
-             due_at = IF(state = 'waiting', VALUES(due_at), due_at), "
+            "payload = IF(state = 'waiting' AND kind = VALUES(kind), VALUES(payload), payload), \
+             due_at = IF(state = 'waiting' AND kind = VALUES(kind), VALUES(due_at), due_at), "
         }
         OnDuplicate::KeepEarlierDue => {
-            "due_at = IF(state = 'waiting' AND VALUES(due_at) < due_at, VALUES(due_at), due_at), "
+            "due_at = IF(state = 'waiting' AND kind = VALUES(kind) AND VALUES(due_at) < due_at, \
+                VALUES(due_at), due_at), "
         }
     }
 }
@@ -87,7 +90,15 @@ fn greatest(backend: Backend) -> &'static str {
 
 /// MySQL/MariaDB: the state of the live job an upsert updated (it holds the row's lock until
 /// the enqueue's transaction ends, so this is the state the upsert saw).
-const STATE_OF: &str = "SELECT id, state FROM dibs_jobs WHERE id = ?";
+const STATE_OF: &str = "SELECT state, kind FROM dibs_jobs WHERE id = ?";
+
+#[derive(QueryableByName)]
+struct StateKind {
+    #[diesel(sql_type = Text)]
+    state: String,
+    #[diesel(sql_type = Text)]
+    kind: String,
+}
 
 /// The newest job of the queue with the key that finished within the window (`{now+ttl}`
 /// with minus the window), unless a live job other than the given id has the key (a live
@@ -154,20 +165,19 @@ macro_rules! insert_one {
                 Enqueued {
                     id: row.id,
                     existing,
-                    updated: existing && moded && row.state == "waiting",
+                    updated: existing && moded && row.state == "waiting" && row.kind == job.kind,
                 }
             })
         } else {
             insert.execute($c).and_then(|affected| {
                 let id = statement(LAST_INSERT_ID).get_result::<IdRow>($c)?.id;
                 let existing = affected == 2;
-                let updated = existing
-                    && moded
-                    && statement(STATE_OF)
+                let updated = existing && moded && {
+                    let live = statement(STATE_OF)
                         .bind::<BigInt, _>(id)
-                        .get_result::<IdStateRow>($c)?
-                        .state
-                        == "waiting";
+                        .get_result::<StateKind>($c)?;
+                    live.state == "waiting" && live.kind == job.kind
+                };
                 Ok(Enqueued {
                     id,
                     existing,

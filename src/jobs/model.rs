@@ -365,6 +365,9 @@ pub(crate) struct InsertedRow {
     /// The row's state after the upsert (which never changes a state).
     #[diesel(sql_type = Text)]
     pub state: String,
+    /// The row's kind (an upsert applies a mode only to a job of the same kind).
+    #[diesel(sql_type = Text)]
+    pub kind: String,
 }
 
 #[derive(QueryableByName)]

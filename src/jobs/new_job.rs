@@ -52,7 +52,9 @@ pub enum DedupOver {
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum OnDuplicate {
-    /// Leave the live job as it is (the default).
+    /// Leave the live job as it is (the default). The modes below change only a waiting job
+    /// of the same kind: a key shared by two kinds never hands one kind's payload to the
+    /// other's handler (a duplicate of another kind is folded unchanged).
     #[default]
     Keep,
     /// Debounce: a waiting job takes this enqueue's payload and due time.

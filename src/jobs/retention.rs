@@ -74,9 +74,12 @@ const OLDER_THAN: &str = "\
 
 /// Locks the picked rows by primary key alone (see `CLAIM_MARK` on why not by state), to
 /// re-check their state before deleting; a job whose window an enqueue widened meanwhile (it
-/// folded into the job, holding its lock) is no longer picked.
+/// folded into the job, holding its lock) is no longer picked. Skipping rows another
+/// transaction holds (a fold, a finisher; the next prune takes them), never waiting for
+/// them: a locking read that waits meets those holders' locks while it fetches rows, and on
+/// MariaDB a deadlock reported mid-fetch left the connection hanging on its next prune.
 const LOCK_PICKED: &str = "SELECT id, state FROM dibs_jobs \
-    WHERE (dedup_window_micros IS NULL OR {window_over}) AND id IN {ids}{for_update}";
+    WHERE (dedup_window_micros IS NULL OR {window_over}) AND id IN {ids}{skip_locked}";
 
 /// A finished job's dedup window is over (database clock): `finished_at + window <= now`.
 fn window_over(backend: Backend) -> &'static str {

@@ -65,7 +65,9 @@ pub enum Spec {
 /// A recurring schedule: when it ticks, and the job it enqueues at each tick: due at the
 /// tick's instant plus the job's [`delay`](NewJob::delay), with its priority, attempts,
 /// [dedup key](NewJob::dedup_key) and [limit](NewJob::limit). A job due at a fixed instant
-/// ([`NewJob::at`]) cannot recur: [`upsert`] refuses it.
+/// ([`NewJob::at`]) cannot recur: [`upsert`] refuses it, and a job with a
+/// [dedup window](NewJob::dedup_window) or an [`OnDuplicate`](crate::jobs::OnDuplicate) mode
+/// other than `Keep` too (a schedule stores neither).
 #[derive(Debug, Clone)]
 pub struct Schedule {
     name: String,
@@ -122,6 +124,19 @@ impl Schedule {
             return Err(Error::invalid(
                 "schedule job",
                 "a schedule's job carries at most one limit, a concurrency limit",
+            ));
+        }
+        // A schedule stores no dedup window and no OnDuplicate mode: refused, never dropped.
+        if self.job.dedup_window.is_some() {
+            return Err(Error::invalid(
+                "schedule job",
+                "a schedule's job cannot have a dedup window (a schedule does not keep one)",
+            ));
+        }
+        if self.job.on_duplicate != crate::jobs::OnDuplicate::Keep {
+            return Err(Error::invalid(
+                "schedule job",
+                "a schedule's job keeps a live job of its key (OnDuplicate::Keep); other modes are not kept",
             ));
         }
         let delay = match self.job.due {

@@ -4,6 +4,7 @@
 mod support;
 
 mod attacks18;
+mod attacks18b;
 mod attacks18c;
 mod attacks2;
 mod attacks3;
