@@ -342,8 +342,18 @@ fn counter(url: &str, iterations: usize) {
 
 /// One process of the SQLite contention scenario: enqueue, claim and complete `operations`
 /// jobs, one call at a time; any error is reported.
+/// The session of the processes sharing one SQLite file: a busy timeout of 30 s, past what a
+/// loaded machine makes a writer of another process wait.
+pub fn shared_file_session() -> dibs::SessionSetup {
+    dibs::SessionSetup::default().busy_timeout(Duration::from_secs(30))
+}
+
 fn sqlite_load(url: &str, operations: usize) {
-    let pool = Pool::options().max_size(2).open(url).expect("pool");
+    let pool = Pool::options()
+        .max_size(2)
+        .session(shared_file_session())
+        .open(url)
+        .expect("pool");
     let mut conn = pool.get().expect("conn");
     let mut errors = 0;
     for i in 0..operations {
