@@ -344,9 +344,8 @@ pub(super) fn record_starts<C: DibsConnection>(
         let mut starts = key.starts.clone();
         starts.extend(new.iter().map(|(_, at)| *at));
         starts.sort_unstable();
-        // The full rate that frees last: the pick leaves out the jobs whose rate on the key is
-        // as strict or stricter (full at least as long); others are picked and decided here.
-        let throttle = key
+        // The rates the key's starts fill now, each with when it has room again.
+        let full: Vec<(DateTime<Utc>, i64, i64)> = key
             .rates
             .iter()
             .filter_map(|&(max, per)| {
@@ -355,17 +354,14 @@ pub(super) fn record_starts<C: DibsConnection>(
                     starts[oldest_that_counts].checked_add_signed(TimeDelta::microseconds(per))?;
                 (until > admission.now).then_some((until, max, per))
             })
-            .max();
-        // When this key's soonest full rate has room again (a worker may look then).
-        let frees = key
-            .rates
+            .collect();
+        // The hint: the full rate that frees last. The pick leaves out the jobs whose rate on
+        // the key is as strict or stricter (full at least as long); others are decided here.
+        let throttle = full.iter().copied().max();
+        // When the soonest full rate has room again (a worker may look then).
+        let frees = full
             .iter()
-            .filter_map(|&(max, per)| {
-                let oldest_that_counts = starts.len().checked_sub(usize::try_from(max).ok()?)?;
-                let until =
-                    starts[oldest_that_counts].checked_add_signed(TimeDelta::microseconds(per))?;
-                (until - admission.now).to_std().ok()
-            })
+            .filter_map(|(until, ..)| (*until - admission.now).to_std().ok())
             .min();
         soonest = match (soonest, frees) {
             (Some(a), Some(b)) => Some(a.min(b)),
