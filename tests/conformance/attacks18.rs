@@ -2,13 +2,13 @@
 //! `Limit`'s documentation: "Jobs that share a key share its count: give them the same
 //! limits (where they differ, each job is held to its own)."
 
-use std::time::{Duration, Instant as Clock};
+use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::TimeDelta;
 use dibs::Backend;
 use dibs::jobs::{self, Limit, NewJob};
 
-use crate::support::{TestDb, conformance};
+use crate::support::{TestDb, conformance, wait_for_db_clock};
 
 conformance!(
     a_job_with_a_larger_cap_waits_for_a_smaller_capped_running_job_then_runs,
@@ -18,18 +18,6 @@ conformance!(
 );
 
 const TTL: Duration = Duration::from_secs(600);
-
-/// Sleeps until the database's clock is past `at` (60 s at most).
-fn wait_for_db_clock(conn: &mut dibs::AnyConnection, at: DateTime<Utc>) {
-    let deadline = Clock::now() + Duration::from_secs(60);
-    while dibs::database_now(conn).unwrap() <= at {
-        assert!(
-            Clock::now() < deadline,
-            "the database clock did not pass {at}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// Key `k`: job A (at most 1 running) runs; job B (at most 5 running) waits. Documented
 /// (`Limit`): the pick counts a key full at the smallest cap among its running jobs, so B

@@ -3,12 +3,11 @@
 
 use std::time::{Duration, Instant as Clock};
 
-use chrono::{DateTime, Utc};
 use dibs::Backend;
 use dibs::jobs::{self, DedupOver, NewJob, OnDuplicate};
 use dibs::schedules::{self, Schedule};
 
-use crate::support::{TestDb, conformance, count};
+use crate::support::{TestDb, conformance, count, wait_for_db_clock};
 
 conformance!(
     a_schedule_never_drops_its_jobs_dedup_window_silently,
@@ -17,18 +16,6 @@ conformance!(
 );
 
 const TTL: Duration = Duration::from_secs(600);
-
-/// Sleeps until the database's clock is past `at` (60 s at most).
-fn wait_for_db_clock(conn: &mut dibs::AnyConnection, at: DateTime<Utc>) {
-    let deadline = Clock::now() + Duration::from_secs(60);
-    while dibs::database_now(conn).unwrap() <= at {
-        assert!(
-            Clock::now() < deadline,
-            "the database clock did not pass {at}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// A schedule's job with a dedup key and a one-hour window over completed jobs. `upsert`
 /// refuses what a schedule cannot keep (a rate limit, a second limit, a fixed due time) with

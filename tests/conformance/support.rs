@@ -327,3 +327,17 @@ pub fn wait_for(
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// Sleeps until the database's clock is past `at` (60 s at most): waits decided by the clock
+/// that decides expiry, never by the client's.
+#[allow(dead_code)]
+pub fn wait_for_db_clock(conn: &mut AnyConnection, at: chrono::DateTime<chrono::Utc>) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while dibs::database_now(conn).unwrap() <= at {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the database clock did not pass {at}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
