@@ -110,6 +110,19 @@ diesel::table! {
         /// microseconds ([`NewJob::dedup_window`](crate::jobs::NewJob::dedup_window)); NULL:
         /// only while live. Retention keeps it until `finished_at` plus this.
         dedup_window_micros -> Nullable<BigInt>,
+        /// The workflow ([`dibs_workflows`]) it belongs to, if any.
+        workflow_id -> Nullable<BigInt>,
+        /// With dependencies: when it runs, `all_completed`, `all_finished` or `any_failed`
+        /// ([`RunWhen`](crate::jobs::RunWhen)); it is `blocked` until then.
+        run_when -> Nullable<Text>,
+        /// Its dependency stripes ([`dibs_dependency_stripes`]) with dependencies pending.
+        stripes_pending -> Nullable<Integer>,
+        /// 1 once a job depends on it.
+        has_dependents -> Integer,
+        /// What it last reported of its progress while running.
+        progress -> Nullable<Double>,
+        /// The message with that progress.
+        progress_message -> Nullable<Text>,
     }
 }
 
@@ -268,9 +281,69 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::sql_types::Instant;
+
+    /// Workflows and batches ([`crate::jobs::Workflow`]): jobs with `workflow_id` are theirs.
+    dibs_workflows (id) {
+        /// The workflow's id.
+        id -> BigInt,
+        /// Its name.
+        name -> Text,
+        /// When it was enqueued.
+        created_at -> Instant,
+        /// The job that runs when every other job of it completed.
+        on_success -> Nullable<BigInt>,
+        /// The job that runs when the first of them dies or is cancelled.
+        on_failure -> Nullable<BigInt>,
+        /// The job that runs when all of them finished, however.
+        on_finish -> Nullable<BigInt>,
+    }
+}
+
+diesel::table! {
+    /// Dependencies: `job_id` waits for `depends_on`.
+    dibs_job_dependencies (job_id, depends_on) {
+        /// The job that waits.
+        job_id -> BigInt,
+        /// The job it waits for.
+        depends_on -> BigInt,
+        /// The stripe of `job_id` this dependency still counts in; NULL once counted.
+        pending_stripe -> Nullable<Integer>,
+    }
+}
+
+diesel::table! {
+    /// A blocked job's pending dependencies, counted in stripes so that finishing them at
+    /// once does not serialize on one row.
+    dibs_dependency_stripes (job_id, stripe) {
+        /// The blocked job.
+        job_id -> BigInt,
+        /// The stripe.
+        stripe -> Integer,
+        /// Its dependencies not yet finished.
+        pending -> Integer,
+    }
+}
+
+diesel::table! {
+    /// Results of completed jobs ([`crate::jobs::JobResult`]).
+    dibs_job_results (job_id) {
+        /// The job.
+        job_id -> BigInt,
+        /// `json` or `bytes`.
+        format -> Text,
+        /// The result.
+        body -> Binary,
+    }
+}
+
 diesel::joinable!(dibs_job_errors -> dibs_jobs (job_id));
 diesel::joinable!(dibs_job_outputs -> dibs_jobs (job_id));
 diesel::joinable!(dibs_job_limits -> dibs_jobs (job_id));
+diesel::joinable!(dibs_job_results -> dibs_jobs (job_id));
+diesel::joinable!(dibs_dependency_stripes -> dibs_jobs (job_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     dibs_leases,
@@ -283,4 +356,8 @@ diesel::allow_tables_to_appear_in_same_query!(
     dibs_job_limits,
     dibs_limit_starts,
     dibs_queue_limits,
+    dibs_workflows,
+    dibs_job_dependencies,
+    dibs_dependency_stripes,
+    dibs_job_results,
 );

@@ -75,7 +75,27 @@ pub fn context(queue: &str, kind: &str) -> JobContext {
             token: uuid::Uuid::new_v4(),
         },
         stop: Arc::new(AtomicBool::new(false)),
+        notes: Default::default(),
+        pool: Default::default(),
     }
+}
+
+/// The result a handler set on `ctx` ([`JobContext::set_result`]), to test it.
+pub fn result_of(ctx: &JobContext) -> Option<crate::jobs::JobResult> {
+    ctx.notes
+        .result
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
+
+/// The progress a handler set on `ctx` ([`JobContext::set_progress`]), to test it.
+pub fn progress_of(ctx: &JobContext) -> Option<(f64, String)> {
+    ctx.notes
+        .progress
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
 }
 
 /// Makes `ctx.should_stop()` true, as a worker does at a timeout, a cancel or a shutdown:

@@ -5,6 +5,7 @@ use std::time::Duration;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer, Text};
 
+use super::dependencies::settle;
 use super::finish::record_error;
 use super::model::{Candidate, IdRow, IdStateRow, JobRow, LockedClaim};
 use super::{ClaimedJob, JobState, MAX_KINDS, MAX_LAPSES, Rescued, admission, check_limit, ids_of};
@@ -293,7 +294,7 @@ fn claim_of<C: DibsConnection>(
 /// cancelled. Needs a bare connection.
 pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
     let limit = check_limit(limit)?;
-    let rows: Vec<IdStateRow> = dispatch!(conn, c => {
+    let (rows, released): (Vec<IdStateRow>, Vec<String>) = dispatch!(conn, c => {
         bare_write_transaction(c, "rescuing stalled jobs", |c| {
             let syntax = c.syntax();
             let candidates: Vec<i64> = statement(syntax.render(RESCUE_CANDIDATES))
@@ -301,7 +302,7 @@ pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> 
                 .load::<IdRow>(c)
                 .map(ids_of)?;
             if candidates.is_empty() {
-                return Ok(Vec::new());
+                return Ok((Vec::new(), Vec::new()));
             }
             let mut ids = Vec::new();
             let locked = statement(syntax.render(RESCUE_LOCK))
@@ -315,7 +316,7 @@ pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> 
                 }
             }
             if ids.is_empty() {
-                return Ok(Vec::new());
+                return Ok((Vec::new(), Vec::new()));
             }
             // The history names the run that lapsed: before the attempt is given back.
             for id in &ids {
@@ -326,11 +327,22 @@ pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> 
                 .bind::<Integer, _>(MAX_LAPSES as i32)
                 .bind_ids(ids.iter().copied())
                 .execute(c)?;
-            Ok(statement("SELECT id, state FROM dibs_jobs WHERE id IN {ids}")
+            let rows = statement("SELECT id, state FROM dibs_jobs WHERE id IN {ids}")
                 .bind_ids(ids)
-                .load::<IdStateRow>(c)?)
+                .load::<IdStateRow>(c)?;
+            // Jobs the rescue ended (dead or cancelled): their dependents follow, here.
+            let ended: Vec<(i64, JobState)> = rows
+                .iter()
+                .filter_map(|row| match JobState::parse(&row.state) {
+                    Ok(state @ (JobState::Dead | JobState::Cancelled)) => Some((row.id, state)),
+                    _ => None,
+                })
+                .collect();
+            let released = if ended.is_empty() { Vec::new() } else { settle(c, ended)? };
+            Ok((rows, released))
         })
     })?;
+    crate::wake::wake(released.iter().map(String::as_str));
     let mut rescued = Rescued::default();
     for row in rows {
         match JobState::parse(&row.state)? {
@@ -338,7 +350,7 @@ pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> 
             JobState::Dead => rescued.dead.push(row.id),
             JobState::Cancelled => rescued.cancelled.push(row.id),
             // Not possible for rows this transaction locked and found stalled.
-            JobState::Running | JobState::Completed => {}
+            JobState::Blocked | JobState::Running | JobState::Completed => {}
         }
     }
     rescued.requeued.sort_unstable();

@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 
+use super::dependencies;
 use super::limits::{self, Limit};
 use super::model::{IdRow, InsertedRow};
 use super::{DedupOver, Enqueued, NewJob, OnDuplicate, ids_of};
@@ -16,11 +17,13 @@ use crate::{Backend, DibsConnection, Error, Result, transaction};
 
 const INSERT_HEAD: &str = "INSERT INTO dibs_jobs \
     (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, dedup_key, \
-     limit_key, limit_max, dedup_window_micros) \
+     limit_key, limit_max, dedup_window_micros, workflow_id, run_when, stripes_pending) \
     VALUES";
 
 /// One row; one shape for both kinds of due time: an instant, or NULL and a delay.
-const INSERT_ROW: &str = "(?, ?, ?, ?, 'waiting', 0, ?, COALESCE(?, {now+ttl}), {now}, ?, ?, ?, ?)";
+/// A job with dependencies is inserted `blocked`, with its stripes and `run_when`.
+const INSERT_ROW: &str =
+    "(?, ?, ?, ?, ?, 0, ?, COALESCE(?, {now+ttl}), {now}, ?, ?, ?, ?, ?, ?, ?)";
 
 /// PostgreSQL and SQLite: a job whose key a live job already has is not inserted; the live
 /// job is returned instead, its `dedup_hits` counted up (so "existing" is `dedup_hits > 0`,
@@ -146,18 +149,23 @@ macro_rules! insert_one {
         if syntax.returning {
             sql.push_str(syntax.notify_in_returning);
         }
+        let (state, run_when, stripes) = job.dependency_params();
         let insert = statement(sql)
             .bind::<Text, _>(&job.queue)
             .bind::<Text, _>(&job.kind)
             .bind::<Binary, _>(&job.payload)
             .bind::<Integer, _>(job.priority)
+            .bind::<Text, _>(state)
             .bind::<Integer, _>(job.max_attempts as i32)
             .bind::<Nullable<Instant>, _>(at)
             .bind::<BigInt, _>(delay)
             .bind::<Nullable<Text>, _>(job.dedup_key.as_deref())
             .bind::<Nullable<Text>, _>(job.first_limit().0)
             .bind::<Nullable<Integer>, _>(job.first_limit().1)
-            .bind::<Nullable<BigInt>, _>(job.window_micros());
+            .bind::<Nullable<BigInt>, _>(job.window_micros())
+            .bind::<Nullable<BigInt>, _>(job.workflow_id)
+            .bind::<Nullable<Text>, _>(run_when)
+            .bind::<Nullable<Integer>, _>(stripes);
         let moded = job.on_duplicate != OnDuplicate::Keep;
         if syntax.returning {
             insert.get_result::<InsertedRow>($c).map(|row| {
@@ -281,12 +289,42 @@ macro_rules! insert_deduplicated {
     }};
 }
 
+/// Inserts one validated job with dependencies, in the enqueue's transaction: locks its
+/// dependencies (so none finishes unseen until this commits), inserts it `blocked` in the
+/// workflow given or its first dependency's, writes its limits and dependencies, and settles
+/// those already finished (it may leave `blocked` at once).
+pub(super) fn insert_dependent<C: DibsConnection>(
+    conn: &mut C,
+    job: &NewJob,
+    backend: Backend,
+) -> Result<Enqueued> {
+    let deps = dependencies::lock(conn, &job.dependencies)?;
+    let inherited: NewJob;
+    let job = match (job.workflow_id, deps.iter().find_map(|d| d.workflow_id)) {
+        (None, Some(workflow)) => {
+            inherited = NewJob {
+                workflow_id: Some(workflow),
+                ..job.clone()
+            };
+            &inherited
+        }
+        _ => job,
+    };
+    let enqueued = dispatch!(conn, c => insert_one!(c, job, backend))?;
+    if !job.limits.is_empty() {
+        limits::record(conn, &[(enqueued.id, &job.limits)])?;
+    }
+    dependencies::record(conn, enqueued.id, &deps)?;
+    Ok(enqueued)
+}
+
 /// Whether an enqueue of this job needs a transaction of its own: a window's checks and
 /// insert go together; a job and its limits commit together (a job must never be claimable
 /// without the limits that hold it back); on MySQL a mode's state read must see the row the
 /// upsert locked.
 fn needs_transaction(job: &NewJob, backend: Backend) -> bool {
     job.dedup_window.is_some()
+        || !job.dependencies.is_empty()
         || !job.limits.is_empty()
         || (job.on_duplicate != OnDuplicate::Keep && backend == Backend::Mysql)
 }
@@ -303,6 +341,9 @@ pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued
     // Wakes idle workers too (PostgreSQL: a NOTIFY in the insert's RETURNING list).
     let enqueued = if needs_transaction(job, backend) {
         transaction(conn, |conn| {
+            if !job.dependencies.is_empty() {
+                return insert_dependent(conn, job, backend);
+            }
             let enqueued = dispatch!(conn, c => insert_deduplicated!(c, job, backend))?;
             if !enqueued.existing && !job.limits.is_empty() {
                 limits::record(conn, &[(enqueued.id, &job.limits)])?;
@@ -377,12 +418,19 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                 // The run of jobs without a key at the head of `rest` goes in multi-row
                 // statements; a keyed job goes alone.
                 let run = if multi_row {
-                    rest.iter().take_while(|job| job.dedup_key.is_none()).count()
+                    rest.iter()
+                        .take_while(|job| job.dedup_key.is_none() && job.dependencies.is_empty())
+                        .count()
                 } else {
                     0
                 };
                 if run == 0 {
                     if let Some((job, tail)) = rest.split_first() {
+                        if !job.dependencies.is_empty() {
+                            out.push(insert_dependent(c, job, backend)?);
+                            rest = tail;
+                            continue;
+                        }
                         let enqueued = insert_deduplicated!(c, job, backend)?;
                         if !enqueued.existing && !job.limits.is_empty() {
                             limits::record(c, &[(enqueued.id, &job.limits)])?;
@@ -405,6 +453,7 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                                 .bind::<Text, _>(job.kind.as_str())
                                 .bind::<Binary, _>(job.payload.as_slice())
                                 .bind::<Integer, _>(job.priority)
+                                .bind::<Text, _>("waiting")
                                 .bind::<Integer, _>(job.max_attempts as i32)
                                 .bind::<Nullable<Instant>, _>(at)
                                 .bind::<BigInt, _>(delay)
@@ -412,6 +461,9 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                                 .bind::<Nullable<Text>, _>(job.first_limit().0)
                                 .bind::<Nullable<Integer>, _>(job.first_limit().1)
                                 .bind::<Nullable<BigInt>, _>(None::<i64>)
+                                .bind::<Nullable<BigInt>, _>(job.workflow_id)
+                                .bind::<Nullable<Text>, _>(None::<&str>)
+                                .bind::<Nullable<Integer>, _>(None::<i32>)
                         })
                         .collect();
                     // The text changes with the row count: not kept prepared.

@@ -8,7 +8,9 @@ use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
+use super::dependencies;
 use super::model::{IdRow, StateRow};
+use super::results::{self, JobResult};
 use super::{JobClaim, JobState, MAX_BATCH, MAX_ERROR_BYTES, MAX_FREE_SNOOZES, Outcome, Retry};
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
@@ -17,7 +19,8 @@ use crate::{DibsConnection, Error, Result, transaction, validate};
 
 /// Finishing calls lock the rows they are about, then decide per job.
 const LOCK_STATES: &str = "\
-    SELECT id, state, claim_token, attempt, max_attempts, snoozes, cancel_requested_at \
+    SELECT id, state, claim_token, attempt, max_attempts, snoozes, cancel_requested_at, \
+        has_dependents \
     FROM dibs_jobs WHERE id IN {ids}{for_update}";
 
 /// A run of a job asked to cancel ends: the job is cancelled (not completed, failed or given
@@ -79,7 +82,8 @@ const TRIM_ERRORS: &str = "DELETE FROM dibs_job_errors WHERE job_id = ? AND id <
 
 /// What a finishing call does to the jobs it may act on.
 enum Finish<'a> {
-    Complete,
+    /// With the results of some of the jobs.
+    Complete(&'a [(i64, &'a JobResult)]),
     Renew(i64),
     GiveBack,
     /// Due again after this many microseconds.
@@ -94,7 +98,7 @@ impl Finish<'_> {
     /// The state this call leaves a job in with the same token, to recognise a repeat.
     fn already_done(&self, state: JobState) -> bool {
         match self {
-            Finish::Complete => state == JobState::Completed,
+            Finish::Complete(_) => state == JobState::Completed,
             Finish::GiveBack => state == JobState::Waiting,
             Finish::Fail { .. } | Finish::Snooze(_) => {
                 matches!(state, JobState::Waiting | JobState::Dead)
@@ -145,7 +149,7 @@ fn finish_noting<C: DibsConnection>(
 ) -> Result<Vec<Outcome>> {
     check_claims(claims)?;
     died.clear();
-    transaction(conn, |conn| {
+    let released = transaction(conn, |conn| {
         let states: Vec<StateRow> = dispatch!(conn, c => {
             statement(c.syntax().render(LOCK_STATES))
                 .bind_ids(claims.iter().map(|claim| claim.id))
@@ -185,17 +189,34 @@ fn finish_noting<C: DibsConnection>(
             };
             outcomes.push(outcome);
         }
+        // Jobs this call finishes that others depend on: their dependents are settled in
+        // this transaction.
+        let mut settled: Vec<(i64, JobState)> = Vec::new();
         if !apply.is_empty() {
-            apply_finish(conn, &apply, &finish, died)?;
+            apply_finish(conn, &apply, &finish, died, &mut settled)?;
         }
         if !cancel.is_empty() {
             let ids = cancel.iter().map(|row| row.id);
             dispatch!(conn, c => {
                 statement(c.syntax().render(FINISH_CANCELLED)).bind_ids(ids).execute(c)
             })?;
+            settled.extend(
+                cancel
+                    .iter()
+                    .filter(|row| row.has_dependents != 0)
+                    .map(|row| (row.id, JobState::Cancelled)),
+            );
         }
-        Ok(outcomes)
-    })
+        let released = if settled.is_empty() {
+            Vec::new()
+        } else {
+            dependencies::settle(conn, settled)?
+        };
+        Ok::<_, Error>((outcomes, released))
+    })?;
+    let (outcomes, released) = released;
+    crate::wake::wake(released.iter().map(String::as_str));
+    Ok(outcomes)
 }
 
 fn apply_finish<C: DibsConnection>(
@@ -203,10 +224,11 @@ fn apply_finish<C: DibsConnection>(
     rows: &[&StateRow],
     finish: &Finish<'_>,
     died: &mut Vec<(i64, String)>,
+    settled: &mut Vec<(i64, JobState)>,
 ) -> Result<()> {
     let ids = rows.iter().map(|row| row.id);
     let batch_update = match finish {
-        Finish::Complete => Some((COMPLETE, None)),
+        Finish::Complete(_) => Some((COMPLETE, None)),
         Finish::GiveBack => Some((GIVE_BACK, None)),
         Finish::Renew(micros) => Some((RENEW, Some(*micros))),
         Finish::Fail { .. } | Finish::Snooze(_) => None,
@@ -221,11 +243,14 @@ fn apply_finish<C: DibsConnection>(
                 }
             })?;
         }
-        (None, Finish::Complete | Finish::GiveBack | Finish::Renew(_)) => {}
+        (None, Finish::Complete(_) | Finish::GiveBack | Finish::Renew(_)) => {}
         (None, Finish::Snooze(micros)) => {
             for row in rows {
                 if let Some(error) = apply_snooze(conn, row, *micros)? {
                     died.push((row.id, error));
+                    if row.has_dependents != 0 {
+                        settled.push((row.id, JobState::Dead));
+                    }
                 }
             }
         }
@@ -260,8 +285,27 @@ fn apply_finish<C: DibsConnection>(
                     }
                 })?;
                 record_error(conn, row.id, Some(row.attempt), error)?;
+                if retry_at.is_none() && row.has_dependents != 0 {
+                    settled.push((row.id, JobState::Dead));
+                }
             }
         }
+    }
+    if let Finish::Complete(results) = finish {
+        let done: HashSet<i64> = rows.iter().map(|row| row.id).collect();
+        let kept: Vec<(i64, &JobResult)> = results
+            .iter()
+            .filter(|(id, _)| done.contains(id))
+            .copied()
+            .collect();
+        if !kept.is_empty() {
+            results::store(conn, &kept)?;
+        }
+        settled.extend(
+            rows.iter()
+                .filter(|row| row.has_dependents != 0)
+                .map(|row| (row.id, JobState::Completed)),
+        );
     }
     Ok(())
 }
@@ -336,7 +380,7 @@ pub(super) fn record_error<C: DibsConnection>(
 
 /// An error message any backend can store: PostgreSQL's text refuses NUL, which a panic
 /// message or an error from C can hold; it becomes U+FFFD, the replacement character.
-fn storable(text: &str) -> std::borrow::Cow<'_, str> {
+pub(super) fn storable(text: &str) -> std::borrow::Cow<'_, str> {
     if text.contains('\0') {
         std::borrow::Cow::Owned(text.replace('\0', "\u{fffd}"))
     } else {
@@ -345,7 +389,7 @@ fn storable(text: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// Cuts `text` to at most `max` bytes at a character boundary.
-fn truncate(text: &str, max: usize) -> &str {
+pub(super) fn truncate(text: &str, max: usize) -> &str {
     if text.len() <= max {
         return text;
     }
@@ -380,7 +424,17 @@ fn truncate(text: &str, max: usize) -> &str {
 /// # Ok(()) }
 /// ```
 pub fn complete<C: DibsConnection>(conn: &mut C, claims: &[JobClaim]) -> Result<Vec<Outcome>> {
-    finish(conn, claims, Finish::Complete)
+    finish(conn, claims, Finish::Complete(&[]))
+}
+
+/// [`complete`], keeping results for the jobs listed in `results` (validated by
+/// [`JobResult`]'s constructors) with the jobs this call completes.
+pub(crate) fn complete_with_results<C: DibsConnection>(
+    conn: &mut C,
+    claims: &[JobClaim],
+    results: &[(i64, &JobResult)],
+) -> Result<Vec<Outcome>> {
+    finish(conn, claims, Finish::Complete(results))
 }
 
 /// Extends claims to the database's now + `ttl` (a heartbeat). `Lost` for a claim that was

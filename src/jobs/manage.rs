@@ -19,11 +19,23 @@ use crate::{DibsConnection, Error, Result, validate};
 /// comes last, so every CASE reads the row's state as it was.
 const CANCEL: &str = "\
     UPDATE dibs_jobs SET \
-        finished_at = CASE WHEN state = 'waiting' THEN {now} ELSE finished_at END, \
+        finished_at = CASE WHEN state IN ('waiting', 'blocked') THEN {now} ELSE finished_at END, \
         cancel_requested_at = CASE WHEN state = 'running' THEN {now} \
             ELSE cancel_requested_at END, \
-        state = CASE WHEN state = 'waiting' THEN 'cancelled' ELSE state END \
-    WHERE id = ? AND (state = 'waiting' OR (state = 'running' AND cancel_requested_at IS NULL))";
+        state = CASE WHEN state IN ('waiting', 'blocked') THEN 'cancelled' ELSE state END \
+    WHERE id = ? AND (state IN ('waiting', 'blocked') \
+        OR (state = 'running' AND cancel_requested_at IS NULL))";
+
+/// The state a cancel left, and whether others depend on the job.
+const CANCELLED_STATE: &str = "SELECT state, has_dependents AS n FROM dibs_jobs WHERE id = ?";
+
+#[derive(QueryableByName)]
+struct CancelledState {
+    #[diesel(sql_type = Text)]
+    state: String,
+    #[diesel(sql_type = Integer)]
+    n: i32,
+}
 
 const PAUSE_ON_CONFLICT: &str = "\
     INSERT INTO dibs_queue_pauses (queue, paused_at) VALUES (?, {now}) \
@@ -61,6 +73,8 @@ pub struct FailedRun {
 pub struct QueueStats {
     /// The queue.
     pub queue: String,
+    /// Jobs waiting for the jobs they depend on.
+    pub blocked: i64,
     /// Jobs waiting (due now or later).
     pub waiting: i64,
     /// Jobs claimed.
@@ -138,13 +152,29 @@ pub(crate) struct Count {
 /// ([`super::Outcome::Cancelled`]), raises the handler's `should_stop`, and when the handler
 /// returns the job is cancelled, whatever the run's result; if the worker is gone, the
 /// rescue of its lapsed claim cancels it. Joins the caller's transaction if there is one.
+///
+/// A blocked job is cancelled at once too. The jobs that depend on a cancelled job follow
+/// their [`super::RunWhen`] in the same transaction.
 pub fn cancel<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
-    // SQLite: this process's writers take turns (see `dibs::transaction`).
-    let _turn = write_turn(conn)?;
-    let changed = dispatch!(conn, c => {
-        statement(c.syntax().render(CANCEL)).bind::<BigInt, _>(id).execute(c)
+    let (changed, released) = crate::transaction(conn, |conn| {
+        let changed = dispatch!(conn, c => {
+            statement(c.syntax().render(CANCEL)).bind::<BigInt, _>(id).execute(c)
+        })?;
+        if changed != 1 {
+            return Ok::<_, Error>((false, Vec::new()));
+        }
+        let now: CancelledState = dispatch!(conn, c => {
+            statement(CANCELLED_STATE).bind::<BigInt, _>(id).get_result::<CancelledState>(c)
+        })?;
+        let released = if now.state == "cancelled" && now.n != 0 {
+            super::settle(conn, vec![(id, JobState::Cancelled)])?
+        } else {
+            Vec::new()
+        };
+        Ok((true, released))
     })?;
-    Ok(changed == 1)
+    crate::wake::wake(released.iter().map(String::as_str));
+    Ok(changed)
 }
 
 /// Makes a dead job wait again, due at once, with its attempts counted from zero. Returns
@@ -304,6 +334,7 @@ pub fn stats<C: DibsConnection>(conn: &mut C) -> Result<Stats> {
                     entry.oldest_waiting = (now - oldest).max(chrono::Duration::zero());
                 }
             }
+            JobState::Blocked => entry.blocked = row.n,
             JobState::Running => entry.running = row.n,
             JobState::Completed => entry.completed = row.n,
             JobState::Dead => entry.dead = row.n,

@@ -33,14 +33,17 @@
 
 mod admission;
 mod claim;
+mod dependencies;
 mod enqueue;
 mod finish;
 mod limits;
 mod manage;
 mod model;
 mod new_job;
+mod results;
 mod retention;
 mod typed;
+mod workflow;
 
 use diesel::prelude::*;
 
@@ -49,7 +52,10 @@ use crate::{DibsConnection, Error, Result};
 
 pub(crate) use claim::claim_kinds_throttled;
 pub use claim::{claim, claim_kinds, rescue};
+pub(crate) use dependencies::settle;
+pub use dependencies::{MAX_DEPENDENCIES, MAX_STRIPES, RunWhen, STRIPE_SIZE};
 pub use enqueue::{INSERT_CHUNK_BYTES, INSERT_CHUNK_ROWS, enqueue, enqueue_many};
+pub(crate) use finish::complete_with_results;
 pub(crate) use finish::snooze_noting_death;
 pub use finish::{complete, fail, give_back, renew, snooze};
 pub use limits::{
@@ -63,8 +69,16 @@ pub use manage::{
 use model::IdRow;
 pub use model::{Backoff, ClaimedJob, Job, JobClaim, JobState, Outcome, Rescued, Retry};
 pub use new_job::{DedupOver, Due, Enqueued, NewJob, OnDuplicate};
+pub use results::{
+    DependencyResult, JobResult, MAX_PROGRESS_MESSAGE_BYTES, MAX_RESULT_BYTES,
+    complete_with_result, dependency_results, progress, record_progress, result,
+};
 pub use retention::{Finished, Retention, prune};
 pub use typed::{JobArgs, enqueue_job, enqueue_jobs};
+pub use workflow::{
+    EnqueuedWorkflow, StateCounts, Step, Workflow, WorkflowJob, WorkflowStatus, cancel_workflow,
+    enqueue_workflow, workflow_jobs, workflow_status,
+};
 
 /// How many errors a job's history keeps (the newest).
 pub const MAX_ERROR_HISTORY: usize = 20;

@@ -19,6 +19,9 @@ use crate::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, AsExpression, FromSqlRow)]
 #[diesel(sql_type = Text)]
 pub enum JobState {
+    /// Waiting for the jobs it depends on ([`super::NewJob::depends_on`]): not claimable
+    /// until they finish as its [`super::RunWhen`] asks.
+    Blocked,
     /// Waiting to be claimed, now or at its due time (retries included).
     Waiting,
     /// Claimed by a worker, until its claim expires.
@@ -32,9 +35,11 @@ pub enum JobState {
 }
 
 impl JobState {
-    /// The state as stored: `waiting`, `running`, `completed`, `dead` or `cancelled`.
+    /// The state as stored: `blocked`, `waiting`, `running`, `completed`, `dead` or
+    /// `cancelled`.
     pub fn as_str(self) -> &'static str {
         match self {
+            JobState::Blocked => "blocked",
             JobState::Waiting => "waiting",
             JobState::Running => "running",
             JobState::Completed => "completed",
@@ -43,8 +48,17 @@ impl JobState {
         }
     }
 
+    /// Whether the job has finished (completed, dead or cancelled).
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            JobState::Completed | JobState::Dead | JobState::Cancelled
+        )
+    }
+
     pub(crate) fn parse(text: &str) -> Result<JobState> {
         match text {
+            "blocked" => Ok(JobState::Blocked),
             "waiting" => Ok(JobState::Waiting),
             "running" => Ok(JobState::Running),
             "completed" => Ok(JobState::Completed),
@@ -160,7 +174,7 @@ impl ClaimedJob {
 /// A job as stored: the model of a `dibs_jobs` row ([`crate::schema::dibs_jobs`]), from
 /// [`super::get`] and [`super::list`], and for your own queries:
 /// `dibs_jobs::table.select(Job::as_select())`.
-#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable)]
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable)]
 #[diesel(table_name = crate::schema::dibs_jobs)]
 pub struct Job {
     /// Its id.
@@ -216,6 +230,15 @@ pub struct Job {
     /// (the largest [`NewJob::dedup_window`](super::NewJob::dedup_window) of the enqueues
     /// folded into it); `None`: only while live. [`super::prune`] keeps it until then.
     pub dedup_window_micros: Option<i64>,
+    /// The workflow it belongs to ([`super::Workflow`]), if any.
+    pub workflow_id: Option<i64>,
+    /// With dependencies: when it runs ([`super::RunWhen`]).
+    pub run_when: Option<super::RunWhen>,
+    /// What it last reported of its progress while running ([`super::record_progress`]),
+    /// with a message.
+    pub progress: Option<f64>,
+    /// The message of that progress.
+    pub progress_message: Option<String>,
 }
 
 /// What a call about one claimed job did.
@@ -341,6 +364,9 @@ pub(crate) struct StateRow {
     pub snoozes: i32,
     #[diesel(sql_type = Nullable<Instant>)]
     pub cancel_requested_at: Option<DateTime<Utc>>,
+    /// 1 once a job depends on it.
+    #[diesel(sql_type = Integer)]
+    pub has_dependents: i32,
 }
 
 /// A claim candidate: `limit_key` says it has limits (`dibs_job_limits`).

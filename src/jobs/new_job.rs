@@ -5,7 +5,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::limits::{Limit, MAX_LIMITS};
-use super::{MAX_ATTEMPTS, MAX_PAYLOAD_BYTES};
+use super::{MAX_ATTEMPTS, MAX_DEPENDENCIES, MAX_PAYLOAD_BYTES, RunWhen};
 use crate::{Error, Result, validate};
 
 /// When a new job becomes due.
@@ -88,6 +88,11 @@ pub struct NewJob {
     pub(crate) limits: Vec<Limit>,
     pub(crate) dedup_window: Option<(Duration, DedupOver)>,
     pub(crate) on_duplicate: OnDuplicate,
+    /// The jobs it waits for, sorted, without repeats.
+    pub(crate) dependencies: Vec<i64>,
+    pub(crate) run_when: RunWhen,
+    /// Its workflow (set by [`super::enqueue_workflow`], or taken from a dependency's).
+    pub(crate) workflow_id: Option<i64>,
 }
 
 impl NewJob {
@@ -109,6 +114,9 @@ impl NewJob {
             limits: Vec::new(),
             dedup_window: None,
             on_duplicate: OnDuplicate::Keep,
+            dependencies: Vec::new(),
+            run_when: RunWhen::AllCompleted,
+            workflow_id: None,
         }
     }
 
@@ -264,6 +272,60 @@ impl NewJob {
         self
     }
 
+    /// Waits for these jobs (which must exist, in this transaction or committed): the job
+    /// is [`JobState::Blocked`](super::JobState::Blocked) until they finish as
+    /// [`NewJob::run_when`] asks (by default: all completed; cancelled if one dies or is
+    /// cancelled). Adds to the dependencies given before; repeats are harmless. At most
+    /// [`MAX_DEPENDENCIES`](super::MAX_DEPENDENCIES); not with a dedup key. The job joins the
+    /// workflow of its first dependency that has one. Read their results with
+    /// [`super::dependency_results`].
+    ///
+    /// ```
+    /// # fn main() -> Result<(), dibs::Error> {
+    /// use std::time::Duration;
+    /// use dibs::jobs::{self, JobState, NewJob, Outcome};
+    /// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+    /// dibs::run_migrations(&mut conn)?;
+    /// let a = jobs::enqueue(&mut conn, &NewJob::new("q", "a", vec![]))?.id;
+    /// let b = jobs::enqueue(&mut conn, &NewJob::new("q", "b", vec![]).depends_on([a]))?.id;
+    /// let claimed = jobs::claim(&mut conn, "q", 10, Duration::from_secs(60))?;
+    /// assert_eq!(claimed.len(), 1); // only a: b is blocked
+    /// jobs::complete(&mut conn, &[claimed[0].claim()])?;
+    /// assert_eq!(jobs::get(&mut conn, b)?.unwrap().state, JobState::Waiting);
+    /// # Ok(()) }
+    /// ```
+    pub fn depends_on(mut self, ids: impl IntoIterator<Item = i64>) -> Self {
+        self.dependencies.extend(ids);
+        self.dependencies.sort_unstable();
+        self.dependencies.dedup();
+        self
+    }
+
+    /// When the job runs, given its dependencies (default [`RunWhen::AllCompleted`]).
+    pub fn run_when(mut self, run_when: RunWhen) -> Self {
+        self.run_when = run_when;
+        self
+    }
+
+    /// The jobs it waits for.
+    pub fn dependencies(&self) -> &[i64] {
+        &self.dependencies
+    }
+
+    /// The state it is inserted in, its stripes and `run_when` (a job with dependencies is
+    /// blocked until they are settled).
+    pub(crate) fn dependency_params(&self) -> (&'static str, Option<&'static str>, Option<i32>) {
+        if self.dependencies.is_empty() {
+            ("waiting", None, None)
+        } else {
+            (
+                "blocked",
+                Some(self.run_when.as_str()),
+                Some(super::dependencies::stripes_for(self.dependencies.len())),
+            )
+        }
+    }
+
     /// The job's limits, in the order given.
     pub fn limits(&self) -> &[Limit] {
         &self.limits
@@ -292,6 +354,21 @@ impl NewJob {
             limit.validate()?;
         }
         validate::name("queue", &self.queue)?;
+        if self.dependencies.len() > MAX_DEPENDENCIES {
+            return Err(Error::invalid(
+                "dependencies",
+                format!(
+                    "{} jobs, the most is {MAX_DEPENDENCIES}",
+                    self.dependencies.len()
+                ),
+            ));
+        }
+        if !self.dependencies.is_empty() && self.dedup_key.is_some() {
+            return Err(Error::invalid(
+                "dependencies",
+                "a job with dependencies cannot have a dedup key",
+            ));
+        }
         if let Some(key) = &self.dedup_key {
             validate::name("dedup key", key)?;
         }

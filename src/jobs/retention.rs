@@ -66,11 +66,18 @@ const NTH_NEWEST: &str = "\
 const NOW_PLUS: &str = "SELECT {now+ttl} AS at";
 
 /// Finished jobs the policy does not keep, oldest first, leaving out those still inside
-/// their dedup window (`{window_over}`).
+/// their dedup window (`{window_over}`) and those a job that has not finished depends on
+/// (`{needed}`: it may still read their results).
 const OLDER_THAN: &str = "\
     SELECT id FROM dibs_jobs WHERE queue = ? AND state = ? AND finished_at < ? \
-    AND (dedup_window_micros IS NULL OR {window_over}) \
+    AND (dedup_window_micros IS NULL OR {window_over}) AND {not_needed} \
     ORDER BY finished_at, id LIMIT ?";
+
+/// No unfinished job depends on it. Dependencies are added only under the lock of the job
+/// they point to, which the prune's lock (skipping locked rows) re-checks this under.
+const NOT_NEEDED: &str = "(has_dependents = 0 OR NOT EXISTS (\
+    SELECT 1 FROM dibs_job_dependencies d JOIN dibs_jobs w ON w.id = d.job_id \
+    WHERE d.depends_on = dibs_jobs.id AND w.state IN ('blocked', 'waiting', 'running')))";
 
 /// Locks the picked rows by primary key alone (see `CLAIM_MARK` on why not by state), to
 /// re-check their state before deleting; a job whose window an enqueue widened meanwhile (it
@@ -79,7 +86,8 @@ const OLDER_THAN: &str = "\
 /// them: a locking read that waits meets those holders' locks while it fetches rows, and on
 /// MariaDB a deadlock reported mid-fetch left the connection hanging on its next prune.
 const LOCK_PICKED: &str = "SELECT id, state FROM dibs_jobs \
-    WHERE (dedup_window_micros IS NULL OR {window_over}) AND id IN {ids}{skip_locked}";
+    WHERE (dedup_window_micros IS NULL OR {window_over}) AND {not_needed} \
+    AND id IN {ids}{skip_locked}";
 
 /// A finished job's dedup window is over (database clock): `finished_at + window <= now`.
 fn window_over(backend: Backend) -> &'static str {
@@ -189,7 +197,9 @@ pub fn prune<C: DibsConnection>(
             }
             // DeleteAll: no cutoff; the far future stands in for "any finish time".
             let before = cutoff.unwrap_or(DateTime::<Utc>::MAX_UTC);
-            let picked: Vec<i64> = statement(syntax.render(&OLDER_THAN.replace("{window_over}", window_over)))
+            let picked: Vec<i64> = statement(syntax.render(
+                &OLDER_THAN.replace("{window_over}", window_over).replace("{not_needed}", NOT_NEEDED),
+            ))
                 .bind::<Text, _>(queue)
                 .bind::<Text, _>(state)
                 .bind::<Instant, _>(clamp(before))
@@ -199,7 +209,9 @@ pub fn prune<C: DibsConnection>(
             if picked.is_empty() {
                 return Ok(0);
             }
-            let doomed: Vec<i64> = statement(syntax.render(&LOCK_PICKED.replace("{window_over}", window_over)))
+            let doomed: Vec<i64> = statement(syntax.render(
+                &LOCK_PICKED.replace("{window_over}", window_over).replace("{not_needed}", NOT_NEEDED),
+            ))
                 .bind_ids(picked)
                 .load::<IdState>(c)?
                 .into_iter()
@@ -214,6 +226,10 @@ pub fn prune<C: DibsConnection>(
             statement("DELETE FROM dibs_job_errors WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
             statement("DELETE FROM dibs_job_outputs WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
             statement("DELETE FROM dibs_job_limits WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+            statement("DELETE FROM dibs_job_results WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+            statement("DELETE FROM dibs_dependency_stripes WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+            statement("DELETE FROM dibs_job_dependencies WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+            statement("DELETE FROM dibs_job_dependencies WHERE depends_on IN {ids}").bind_ids(ids()).execute(c)?;
             Ok(deleted)
         })
     })

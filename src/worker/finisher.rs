@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::connection::Connection;
 use super::runs::{Settle, Shared, batches};
 use crate::events::{Event, RunOutcome};
-use crate::jobs::{self, JobClaim, Outcome, Retry};
+use crate::jobs::{self, JobClaim, JobResult, Outcome, Retry};
 use crate::{Error, PooledConnection};
 
 /// Tries of one record that fails with an error retrying cannot fix, before it is given up.
@@ -105,18 +105,33 @@ pub(super) fn record(
     // The errors of snoozes that left their job dead (out of attempts).
     let mut snooze_deaths: HashMap<JobClaim, String> = HashMap::new();
     let by_claim: HashMap<JobClaim, &Settle> = runs.iter().map(|s| (s.claim(), s)).collect();
-    type Call = fn(&mut PooledConnection, &[JobClaim]) -> crate::Result<Vec<Outcome>>;
+    // Results go with their completions, in the same transaction.
+    let results: HashMap<JobClaim, &JobResult> = runs
+        .iter()
+        .filter_map(|s| match s {
+            Settle::Complete(claim, Some(result)) => Some((*claim, result)),
+            _ => None,
+        })
+        .collect();
+    let complete = |c: &mut PooledConnection, claims: &[JobClaim]| {
+        let kept: Vec<(i64, &JobResult)> = claims
+            .iter()
+            .filter_map(|claim| results.get(claim).map(|r| (claim.id, *r)))
+            .collect();
+        jobs::complete_with_results(c, claims, &kept)
+    };
+    type Call<'a> = &'a dyn Fn(&mut PooledConnection, &[JobClaim]) -> crate::Result<Vec<Outcome>>;
     let grouped: [(Call, RunOutcome, Vec<JobClaim>); 2] = [
         (
-            jobs::complete,
+            &complete,
             RunOutcome::Completed,
             runs.iter()
-                .filter(|s| matches!(s, Settle::Complete(_)))
+                .filter(|s| matches!(s, Settle::Complete(..)))
                 .map(Settle::claim)
                 .collect(),
         ),
         (
-            jobs::give_back,
+            &jobs::give_back,
             RunOutcome::GivenBack,
             runs.iter()
                 .filter(|s| matches!(s, Settle::GiveBack(_)))
@@ -185,7 +200,7 @@ pub(super) fn record(
                     Err(e) => unrecorded.push((run.clone(), e)),
                 }
             }
-            Settle::Complete(_) | Settle::GiveBack(_) => {}
+            Settle::Complete(..) | Settle::GiveBack(_) => {}
         }
     }
     let mut events = Vec::with_capacity(outcomes.len());

@@ -6,6 +6,7 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
+use super::job::WorkerPool;
 use super::runs::{Settle, Shared, Start};
 use super::{Action, HandlerFailure, JobContext, JobError, Task};
 use crate::jobs::{ClaimedJob, Retry};
@@ -56,6 +57,12 @@ pub(super) fn run_handlers(shared: &Shared, inbox: &Mutex<Receiver<Task>>) {
 /// Runs one job's handler (catching a panic) and says how to record the run.
 pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
     let Task { job, stop } = task;
+    let notes = shared
+        .lock()
+        .runs
+        .get(&job.claim())
+        .map(|run| run.notes.clone())
+        .unwrap_or_default();
     let ctx = JobContext {
         id: job.id,
         queue: job.queue.clone(),
@@ -67,6 +74,8 @@ pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
         claimed_at: job.claimed_at,
         claim: job.claim(),
         stop: stop.clone(),
+        notes: notes.clone(),
+        pool: WorkerPool(Some(shared.config.pool.clone())),
     };
     let span = tracing::info_span!(
         target: "dibs::worker",
@@ -116,7 +125,7 @@ pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
         }
     }
     match outcome {
-        Ok(()) => Settle::Complete(job.claim()),
+        Ok(()) => Settle::Complete(job.claim(), notes.take_result()),
         Err(HandlerFailure::Undecodable(message)) => Settle::Fail {
             claim: job.claim(),
             message,

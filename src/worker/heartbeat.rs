@@ -1,8 +1,10 @@
 //! The heartbeat: renews every claim the worker holds every ttl/3 on a connection of its own,
 //! raises the stop flag of runs whose claim was lost or cancelled, and of runs past their
-//! timeout. It writes nothing else: a run is recorded only when its handler returns.
+//! timeout. It also writes the progress handlers reported, at most once a
+//! [`PROGRESS_PERIOD`] and only for runs whose progress changed. It writes nothing else: a
+//! run is recorded only when its handler returns.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::connection::Connection;
 use super::runs::{Shared, batches};
@@ -13,6 +15,7 @@ pub(super) fn heartbeat(shared: &Shared) {
     let mut conn = Connection::new(&config.pool);
     let period = config.claim_ttl / 3;
     let mut next_beat = Instant::now() + period;
+    let mut next_progress = Instant::now() + PROGRESS_PERIOD;
     loop {
         // Sleep until the next beat or the earliest timeout, whichever comes first; other
         // wake-ups (a job finished) do not make beats more frequent.
@@ -24,12 +27,19 @@ pub(super) fn heartbeat(shared: &Shared) {
                 }
                 let now = Instant::now();
                 let next_timeout = state.mark_timeouts(now);
-                if now >= next_beat {
+                if now >= next_beat || now >= next_progress {
                     break;
                 }
                 let until = next_timeout.map_or(next_beat, |t| t.min(next_beat));
-                state = shared.wait(state, until - now);
+                state = shared.wait(state, until.min(next_progress) - now);
             }
+        }
+        if Instant::now() >= next_progress {
+            write_progress(shared, &mut conn);
+            next_progress = Instant::now() + PROGRESS_PERIOD;
+        }
+        if Instant::now() < next_beat {
+            continue;
         }
         next_beat = Instant::now() + period;
         let claims: Vec<JobClaim> = shared.lock().runs.keys().copied().collect();
@@ -51,6 +61,25 @@ pub(super) fn heartbeat(shared: &Shared) {
                 }
                 Err(e) => tracing::warn!(error = %e, "heartbeat failed; retrying at the next beat"),
             }
+        }
+    }
+}
+
+/// How often, at most, the progress of a run is written.
+pub(super) const PROGRESS_PERIOD: Duration = Duration::from_secs(1);
+
+/// Writes the progress of runs whose handler reported a new one since the last time: one
+/// fenced write per such run, whatever the number of reports.
+fn write_progress(shared: &Shared, conn: &mut Connection<'_>) {
+    let changed: Vec<(JobClaim, (f64, String))> = shared
+        .lock()
+        .runs
+        .iter()
+        .filter_map(|(claim, run)| run.notes.take_progress().map(|p| (*claim, p)))
+        .collect();
+    for (claim, (value, message)) in changed {
+        if let Err(e) = conn.with(|c| jobs::record_progress(c, claim, value, &message)) {
+            tracing::warn!(job.id = claim.id, error = %e, "writing a run's progress failed");
         }
     }
 }

@@ -2,13 +2,14 @@
 //! ([`JobError`]).
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::jobs::JobClaim;
+use crate::jobs::{DependencyResult, JobClaim, JobResult};
+use crate::{Error, Pool, Result};
 
 /// Why a handler's run did not succeed, and what to do about it.
 ///
@@ -155,6 +156,52 @@ pub struct JobContext {
     pub claimed_at: DateTime<Utc>,
     pub(crate) claim: JobClaim,
     pub(crate) stop: Arc<AtomicBool>,
+    pub(crate) notes: Arc<RunNotes>,
+    pub(crate) pool: WorkerPool,
+}
+
+/// What a run leaves for the worker to write: its result (with its completion) and its
+/// progress (by the heartbeat, at most once a second, only when changed).
+#[derive(Debug, Default)]
+pub(crate) struct RunNotes {
+    pub result: Mutex<Option<JobResult>>,
+    pub progress: Mutex<Option<(f64, String)>>,
+    pub progress_changed: AtomicBool,
+}
+
+impl RunNotes {
+    /// The progress set since the last call, if it changed.
+    pub fn take_progress(&self) -> Option<(f64, String)> {
+        if !self.progress_changed.swap(false, Ordering::SeqCst) {
+            return None;
+        }
+        self.progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub fn take_result(&self) -> Option<JobResult> {
+        self.result
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+/// The worker's pool, for a handler's reads ([`JobContext::dependency_results`]); none in a
+/// context made for a test.
+#[derive(Clone, Default)]
+pub(crate) struct WorkerPool(pub Option<Pool>);
+
+impl fmt::Debug for WorkerPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "WorkerPool"
+        } else {
+            "None"
+        })
+    }
 }
 
 impl JobContext {
@@ -175,6 +222,59 @@ impl JobContext {
     /// How long this run waited between becoming due and being claimed.
     pub fn queue_wait(&self) -> Duration {
         (self.claimed_at - self.due_at).to_std().unwrap_or_default()
+    }
+
+    /// The result to keep with the job if this run completes it, for the jobs that depend
+    /// on it to read ([`crate::jobs::dependency_results`]). Written in the completion's
+    /// transaction; a later call replaces an earlier one; a run that fails keeps nothing.
+    ///
+    /// ```
+    /// use dibs::jobs::JobResult;
+    /// use dibs::worker::{JobContext, JobError};
+    ///
+    /// fn count_rows(ctx: &JobContext, table: String) -> Result<(), JobError> {
+    ///     let rows = table.len(); // ... the real work ...
+    ///     ctx.set_result(JobResult::json(&rows)?);
+    ///     Ok(())
+    /// }
+    /// # count_rows(&dibs::testing::context("q", "k"), "t".into()).unwrap();
+    /// ```
+    pub fn set_result(&self, result: JobResult) {
+        *self
+            .notes
+            .result
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(result);
+    }
+
+    /// Reports progress (a number, say a fraction done, and a short message) for others to
+    /// read while the job runs ([`crate::jobs::get`]'s `progress`). Costs no write per call:
+    /// the worker writes the latest value at most once a second, so a tight loop may call
+    /// it every iteration.
+    ///
+    /// ```
+    /// # let ctx = dibs::testing::context("q", "k");
+    /// for i in 0..1000 {
+    ///     ctx.set_progress(i as f64 / 1000.0, &format!("row {i}"));
+    /// }
+    /// ```
+    pub fn set_progress(&self, value: f64, message: &str) {
+        *self
+            .notes
+            .progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some((value, message.to_string()));
+        self.notes.progress_changed.store(true, Ordering::SeqCst);
+    }
+
+    /// The jobs this one depends on, with their states and results (a connection from the
+    /// worker's pool, for one read). [`Error::InvalidInput`] in a context made for a test.
+    pub fn dependency_results(&self) -> Result<Vec<DependencyResult>> {
+        let pool = self.pool.0.as_ref().ok_or_else(|| {
+            Error::invalid("context", "has no worker pool (a context made for a test)")
+        })?;
+        let mut conn = pool.get()?;
+        crate::jobs::dependency_results(&mut conn, self.id)
     }
 }
 

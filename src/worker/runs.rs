@@ -20,8 +20,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::Handler;
+use super::job::RunNotes;
 use crate::events::{self, Event, Hook, RunEvent, RunOutcome};
-use crate::jobs::{Backoff, ClaimedJob, JobClaim, Retry};
+use crate::jobs::{Backoff, ClaimedJob, JobClaim, JobResult, Retry};
 use crate::{Pool, jobs};
 
 pub(crate) struct Config {
@@ -124,6 +125,8 @@ pub(super) struct Run {
     pub panicked: bool,
     /// How long its handler ran, once it returned.
     pub run_time: Option<Duration>,
+    /// Its result and progress, as its handler set them.
+    pub notes: Arc<RunNotes>,
 }
 
 impl Run {
@@ -149,7 +152,8 @@ impl Run {
 /// How a run is to be recorded (by the finisher).
 #[derive(Debug, Clone)]
 pub(super) enum Settle {
-    Complete(JobClaim),
+    /// With the result its handler set, if any.
+    Complete(JobClaim, Option<JobResult>),
     Fail {
         claim: JobClaim,
         message: String,
@@ -159,10 +163,7 @@ pub(super) enum Settle {
         backoff: Backoff,
     },
     /// Back in the queue after `delay`, without using an attempt (within the bound).
-    Snooze {
-        claim: JobClaim,
-        delay: Duration,
-    },
+    Snooze { claim: JobClaim, delay: Duration },
     /// Not started: its claim ended first, or the worker is stopping.
     GiveBack(JobClaim),
 }
@@ -170,7 +171,7 @@ pub(super) enum Settle {
 impl Settle {
     pub fn claim(&self) -> JobClaim {
         match self {
-            Settle::Complete(claim)
+            Settle::Complete(claim, _)
             | Settle::Fail { claim, .. }
             | Settle::Snooze { claim, .. }
             | Settle::GiveBack(claim) => *claim,
@@ -264,6 +265,7 @@ impl State {
                 timed_out: false,
                 panicked: false,
                 run_time: None,
+                notes: Default::default(),
             },
         );
         stop

@@ -33,3 +33,4 @@ mod typed;
 mod worker;
 mod worker_attacks;
 mod worker_runs;
+mod workflows;

@@ -117,6 +117,12 @@ fn schema_tables() -> Vec<TableSpec> {
             cancel_requested_at,
             snoozes,
             dedup_window_micros,
+            workflow_id,
+            run_when,
+            stripes_pending,
+            has_dependents,
+            progress,
+            progress_message,
         }),
         table_spec!(dibs_job_errors {
             id,
@@ -172,6 +178,29 @@ fn schema_tables() -> Vec<TableSpec> {
             job_id
         }),
         table_spec!(dibs_queue_limits { queue, max_running }),
+        table_spec!(dibs_workflows {
+            id,
+            name,
+            created_at,
+            on_success,
+            on_failure,
+            on_finish
+        }),
+        table_spec!(dibs_job_dependencies {
+            job_id,
+            depends_on,
+            pending_stripe
+        }),
+        table_spec!(dibs_dependency_stripes {
+            job_id,
+            stripe,
+            pending
+        }),
+        table_spec!(dibs_job_results {
+            job_id,
+            format,
+            body
+        }),
     ];
     let source = include_str!("../../src/schema.rs");
     assert_eq!(
@@ -252,9 +281,11 @@ fn type_matches(backend: Backend, family: &str, column: &DbColumn) -> bool {
         (Backend::Postgres, "Binary") => ty == "bytea",
         (Backend::Postgres, "Instant") => ty == "timestamp with time zone",
         (Backend::Postgres, "Token") => ty == "uuid",
+        (Backend::Postgres, "Double") => ty == "double precision",
         (Backend::Mysql, "Text") => matches!(ty, "varbinary" | "varchar" | "text"),
         (Backend::Mysql, "BigInt") => ty == "bigint",
         (Backend::Mysql, "Integer") => ty == "int",
+        (Backend::Mysql, "Double") => ty == "double",
         (Backend::Mysql, "Binary") => ty.ends_with("blob"),
         // Microseconds, and 16 bytes exactly.
         (Backend::Mysql, "Instant") => ty == "datetime" && detail == "datetime(6)",
@@ -264,6 +295,7 @@ fn type_matches(backend: Backend, family: &str, column: &DbColumn) -> bool {
         (Backend::Sqlite, "Binary") => ty == "BLOB",
         (Backend::Sqlite, "Instant") => ty == "TEXT",
         (Backend::Sqlite, "Token") => ty == "BLOB",
+        (Backend::Sqlite, "Double") => ty == "REAL",
         _ => false,
     }
 }

@@ -1,0 +1,10 @@
+-- Workflows (see the PostgreSQL migration dibs-0025 for what each column means). One DDL
+-- statement (MySQL commits DDL implicitly).
+ALTER TABLE dibs_jobs
+    ADD COLUMN workflow_id BIGINT NULL,
+    ADD COLUMN run_when VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NULL,
+    ADD COLUMN stripes_pending INT NULL,
+    ADD COLUMN has_dependents INT NOT NULL DEFAULT 0,
+    ADD COLUMN progress DOUBLE NULL,
+    ADD COLUMN progress_message TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+    ADD INDEX dibs_jobs_workflow (workflow_id, state);

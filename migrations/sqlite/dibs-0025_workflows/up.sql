@@ -1,0 +1,48 @@
+-- Workflows: jobs that wait for other jobs, batches with callbacks, results and progress.
+-- workflow_id: the workflow (dibs_workflows) a job belongs to, if any.
+-- run_when: for a job with dependencies, when it runs: 'all_completed', 'all_finished' or
+-- 'any_failed' (crate::jobs::RunWhen). It is 'blocked' until then.
+-- stripes_pending: its dependency stripes (dibs_dependency_stripes) with dependencies still
+-- pending; the job is decided when it reaches 0.
+-- has_dependents: 1 once a job depends on this one, so finishing it looks for dependents.
+-- progress, progress_message: what a running job last reported.
+ALTER TABLE dibs_jobs ADD COLUMN workflow_id INTEGER;
+ALTER TABLE dibs_jobs ADD COLUMN run_when TEXT;
+ALTER TABLE dibs_jobs ADD COLUMN stripes_pending INTEGER;
+ALTER TABLE dibs_jobs ADD COLUMN has_dependents INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE dibs_jobs ADD COLUMN progress REAL;
+ALTER TABLE dibs_jobs ADD COLUMN progress_message TEXT;
+CREATE INDEX dibs_jobs_workflow ON dibs_jobs (workflow_id, state) WHERE workflow_id IS NOT NULL;
+-- A workflow (or batch): its name and its callback jobs.
+CREATE TABLE dibs_workflows (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    name       TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    on_success INTEGER,
+    on_failure INTEGER,
+    on_finish  INTEGER
+);
+-- job_id waits for depends_on. pending_stripe: the stripe of job_id the edge still counts in;
+-- NULL once depends_on finished and the edge was counted.
+CREATE TABLE dibs_job_dependencies (
+    job_id         INTEGER NOT NULL,
+    depends_on     INTEGER NOT NULL,
+    pending_stripe INTEGER,
+    PRIMARY KEY (job_id, depends_on)
+);
+CREATE INDEX dibs_job_dependencies_depends_on ON dibs_job_dependencies (depends_on);
+-- A blocked job's dependencies still pending, spread over stripes, so that finishing its
+-- dependencies at once does not serialize on one row: a finish decrements its stripe, and only
+-- the finish that empties a stripe touches the job's row (stripes_pending).
+CREATE TABLE dibs_dependency_stripes (
+    job_id  INTEGER NOT NULL,
+    stripe  INTEGER NOT NULL,
+    pending INTEGER NOT NULL,
+    PRIMARY KEY (job_id, stripe)
+);
+-- The result a completed job's handler returned; deleted with the job.
+CREATE TABLE dibs_job_results (
+    job_id INTEGER PRIMARY KEY,
+    format TEXT NOT NULL,
+    body   BLOB NOT NULL
+);

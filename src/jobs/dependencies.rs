@@ -1,0 +1,456 @@
+//! Dependencies: a job that waits for other jobs ([`super::NewJob::depends_on`]), and its
+//! release in the transaction that finishes the last of them.
+//!
+//! A dependent job is `blocked`. Its dependencies still pending are counted in *stripes*
+//! (`dibs_dependency_stripes`, about [`STRIPE_SIZE`] dependencies each, at most
+//! [`MAX_STRIPES`]), and the job's row counts its stripes still pending
+//! (`stripes_pending`). Finishing a dependency decrements its stripe; only the finish that
+//! empties a stripe decrements the job's row, and the one that brings that to zero decides
+//! the job (releases it, or cancels it). Every count is an `UPDATE` of the row it changes,
+//! which takes the row's lock and works on its latest committed value, so two finishes at
+//! the same instant are ordered by the row and exactly one of them sees zero: no lost
+//! release, no double release, whatever the isolation level. A fan-in of 1,000 finishes
+//! spreads over its stripes, and the job's own row is written once per stripe, not once per
+//! dependency.
+//!
+//! Locks are taken in one order: the finishing jobs' rows, then per dependent (ascending id)
+//! its stripes (ascending), then its row. A dependent's id is always larger than its
+//! dependencies' (they exist before it is inserted), so a job's row is locked as a finishing
+//! job before, never after, the rows of the jobs that wait for it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use diesel::deserialize::{self, FromSql, FromSqlRow};
+use diesel::expression::AsExpression;
+use diesel::prelude::*;
+use diesel::serialize::{self, Output, ToSql};
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+
+use super::{JobState, MAX_BATCH};
+use crate::backend::statement::statement;
+use crate::backend::{Dialect, dispatch};
+use crate::schema::{dibs_dependency_stripes, dibs_job_dependencies};
+use crate::{DibsConnection, Error, Result};
+
+/// When a job with dependencies runs, and what becomes of it otherwise.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use dibs::jobs::{self, JobState, NewJob, RunWhen};
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// dibs::run_migrations(&mut conn)?;
+/// let fetch = jobs::enqueue(&mut conn, &NewJob::new("etl", "fetch", vec![]))?.id;
+/// let report = NewJob::new("etl", "report", vec![]).depends_on([fetch]).run_when(RunWhen::AllFinished);
+/// let report = jobs::enqueue(&mut conn, &report)?.id;
+/// assert_eq!(jobs::get(&mut conn, report)?.unwrap().state, JobState::Blocked);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, AsExpression, FromSqlRow)]
+#[diesel(sql_type = Text)]
+pub enum RunWhen {
+    /// When every dependency completed; cancelled as soon as one dies or is cancelled (the
+    /// default: "run C after A and B succeed").
+    #[default]
+    AllCompleted,
+    /// When every dependency finished, however (completed, dead or cancelled).
+    AllFinished,
+    /// As soon as one dependency dies or is cancelled; cancelled if they all complete.
+    AnyFailed,
+}
+
+impl RunWhen {
+    /// As stored: `all_completed`, `all_finished` or `any_failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunWhen::AllCompleted => "all_completed",
+            RunWhen::AllFinished => "all_finished",
+            RunWhen::AnyFailed => "any_failed",
+        }
+    }
+
+    fn parse(text: &str) -> Result<RunWhen> {
+        match text {
+            "all_completed" => Ok(RunWhen::AllCompleted),
+            "all_finished" => Ok(RunWhen::AllFinished),
+            "any_failed" => Ok(RunWhen::AnyFailed),
+            other => Err(Error::Database(
+                diesel::result::Error::DeserializationError(
+                    format!("unknown run_when {other:?}").into(),
+                ),
+            )),
+        }
+    }
+}
+
+impl<DB: diesel::backend::Backend> FromSql<Text, DB> for RunWhen
+where
+    String: FromSql<Text, DB>,
+{
+    fn from_sql(bytes: DB::RawValue<'_>) -> deserialize::Result<Self> {
+        let text = <String as FromSql<Text, DB>>::from_sql(bytes)?;
+        RunWhen::parse(&text).map_err(|e| e.to_string().into())
+    }
+}
+
+impl<DB: diesel::backend::Backend> ToSql<Text, DB> for RunWhen
+where
+    str: ToSql<Text, DB>,
+{
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, DB>) -> serialize::Result {
+        <str as ToSql<Text, DB>>::to_sql(self.as_str(), out)
+    }
+}
+
+/// The most jobs one job may depend on.
+pub const MAX_DEPENDENCIES: usize = 100_000;
+/// About this many pending dependencies share a stripe.
+pub const STRIPE_SIZE: usize = 16;
+/// The most stripes a job's dependencies are spread over.
+pub const MAX_STRIPES: usize = 64;
+
+/// How many stripes `n` dependencies are spread over.
+pub(super) fn stripes_for(n: usize) -> i32 {
+    n.div_ceil(STRIPE_SIZE).clamp(1, MAX_STRIPES) as i32
+}
+
+/// Locks the dependencies (ascending, by primary key) and reads them: their state and
+/// workflow. Missing ones are [`Error::InvalidInput`]. Holding their locks until the enqueue
+/// commits, a dependency cannot finish unseen: its finish waits, then finds the new edges.
+const LOCK_DEPENDENCIES: &str =
+    "SELECT id, state, workflow_id FROM dibs_jobs WHERE id IN {ids}{for_update}";
+
+/// Marks locked dependencies as having dependents, so that finishing them looks for them
+/// (on PostgreSQL this also makes a finish in an older REPEATABLE READ snapshot fail with a
+/// serialization error, rather than miss edges it cannot see).
+const MARK_HAS_DEPENDENTS: &str =
+    "UPDATE dibs_jobs SET has_dependents = 1 WHERE has_dependents = 0 AND id IN {ids}";
+
+/// A dependency as locked.
+#[derive(QueryableByName)]
+pub(super) struct Dependency {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub state: String,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub workflow_id: Option<i64>,
+}
+
+/// Locks and reads the dependencies `ids` (sorted, no repeats): refuses a missing one.
+pub(super) fn lock<C: DibsConnection>(conn: &mut C, ids: &[i64]) -> Result<Vec<Dependency>> {
+    let mut found = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(MAX_BATCH) {
+        let rows: Vec<Dependency> = dispatch!(conn, c => {
+            statement(c.syntax().render(LOCK_DEPENDENCIES))
+                .bind_ids(chunk.iter().copied())
+                .load::<Dependency>(c)
+        })?;
+        if rows.len() != chunk.len() {
+            let have: std::collections::HashSet<i64> = rows.iter().map(|r| r.id).collect();
+            let missing = chunk
+                .iter()
+                .find(|id| !have.contains(id))
+                .copied()
+                .unwrap_or(0);
+            return Err(Error::invalid(
+                "dependencies",
+                format!("there is no job {missing} (a job may depend only on jobs that exist)"),
+            ));
+        }
+        found.extend(rows);
+    }
+    found.sort_by_key(|d| d.id);
+    Ok(found)
+}
+
+/// Records the dependencies of a job just inserted `blocked` with
+/// `stripes_pending = stripes_for(deps.len())`, and settles at once those already finished
+/// (the job may be released or cancelled before the enqueue returns). In the enqueue's
+/// transaction, holding the dependencies' locks ([`lock`]).
+pub(super) fn record<C: DibsConnection>(
+    conn: &mut C,
+    job_id: i64,
+    deps: &[Dependency],
+) -> Result<Vec<String>> {
+    let stripes = stripes_for(deps.len());
+    let mut pending = vec![0i32; stripes as usize];
+    let edges: Vec<_> = deps
+        .iter()
+        .enumerate()
+        .map(|(i, dep)| {
+            let stripe = (i % stripes as usize) as i32;
+            pending[stripe as usize] += 1;
+            (
+                dibs_job_dependencies::job_id.eq(job_id),
+                dibs_job_dependencies::depends_on.eq(dep.id),
+                dibs_job_dependencies::pending_stripe.eq(Some(stripe)),
+            )
+        })
+        .collect();
+    let stripe_rows: Vec<_> = pending
+        .iter()
+        .enumerate()
+        .map(|(stripe, n)| {
+            (
+                dibs_dependency_stripes::job_id.eq(job_id),
+                dibs_dependency_stripes::stripe.eq(stripe as i32),
+                dibs_dependency_stripes::pending.eq(*n),
+            )
+        })
+        .collect();
+    dispatch!(conn, c => {
+        for chunk in edges.chunks(MAX_BATCH) {
+            diesel::insert_into(dibs_job_dependencies::table).values(chunk).execute(c)?;
+        }
+        diesel::insert_into(dibs_dependency_stripes::table).values(&stripe_rows).execute(c)?;
+        for chunk in deps.chunks(MAX_BATCH) {
+            statement(MARK_HAS_DEPENDENTS).bind_ids(chunk.iter().map(|d| d.id)).execute(c)?;
+        }
+        Ok::<(), Error>(())
+    })?;
+    let mut finished = Vec::new();
+    for dep in deps {
+        let state = JobState::parse(&dep.state)?;
+        if state.is_final() {
+            finished.push((dep.id, state));
+        }
+    }
+    settle(conn, finished)
+}
+
+/// An edge still counting in a stripe of its dependent.
+#[derive(QueryableByName)]
+struct PendingEdge {
+    #[diesel(sql_type = BigInt)]
+    job_id: i64,
+    #[diesel(sql_type = BigInt)]
+    depends_on: i64,
+    #[diesel(sql_type = Integer)]
+    pending_stripe: i32,
+}
+
+/// The edges of finishing jobs not yet counted. A locking read: it sees the latest
+/// committed edges whatever the caller's isolation (edges are written only under the lock
+/// of the job they point to, which the finishing transaction holds).
+const PENDING_EDGES: &str = "\
+    SELECT job_id, depends_on, pending_stripe FROM dibs_job_dependencies \
+    WHERE pending_stripe IS NOT NULL AND depends_on IN {ids}{for_update}";
+
+const COUNT_EDGES: &str = "\
+    UPDATE dibs_job_dependencies SET pending_stripe = NULL \
+    WHERE pending_stripe IS NOT NULL AND depends_on IN {ids}";
+
+/// A dependent as the settle reads it (`run_when` and `queue` never change).
+#[derive(QueryableByName)]
+struct Dependent {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Text)]
+    queue: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    run_when: Option<String>,
+}
+
+const DEPENDENTS: &str = "SELECT id, queue, run_when FROM dibs_jobs WHERE id IN {ids}";
+
+const DECREMENT_STRIPE: &str = "\
+    UPDATE dibs_dependency_stripes SET pending = pending - ? WHERE job_id = ? AND stripe = ?";
+const STRIPE_PENDING: &str =
+    "SELECT pending AS n FROM dibs_dependency_stripes WHERE job_id = ? AND stripe = ?";
+
+const DECREMENT_STRIPES_PENDING: &str =
+    "UPDATE dibs_jobs SET stripes_pending = stripes_pending - ? WHERE id = ?";
+const STRIPES_PENDING: &str = "SELECT stripes_pending AS n FROM dibs_jobs WHERE id = ?";
+
+/// A blocked job runs: waiting, due when it was due (a delayed job keeps its delay).
+const RELEASE: &str = "UPDATE dibs_jobs SET state = 'waiting' WHERE id = ? AND state = 'blocked'";
+
+/// A blocked job will never run: cancelled, saying why.
+const CANCEL_BLOCKED: &str = "\
+    UPDATE dibs_jobs SET state = 'cancelled', finished_at = {now}, last_error = ? \
+    WHERE id = ? AND state = 'blocked'";
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = Nullable<Integer>)]
+    n: Option<i32>,
+}
+
+/// Settles the dependents of jobs that just finished (`finished`: id and final state), in
+/// the transaction that finished them, which holds their rows' locks: counts each uncounted
+/// edge once, releases the dependents whose condition is met and cancels those whose
+/// condition can no longer be, and settles in turn the dependents of those it cancels.
+/// Returns the queues of the jobs it released (to wake their workers).
+pub(crate) fn settle<C: DibsConnection>(
+    conn: &mut C,
+    mut finished: Vec<(i64, JobState)>,
+) -> Result<Vec<String>> {
+    let mut released_queues = Vec::new();
+    while !finished.is_empty() {
+        finished.sort_unstable_by_key(|(id, _)| *id);
+        let state_of: HashMap<i64, JobState> = finished.iter().copied().collect();
+        let mut edges: Vec<PendingEdge> = Vec::new();
+        for chunk in finished.chunks(MAX_BATCH) {
+            let ids = || chunk.iter().map(|(id, _)| *id);
+            dispatch!(conn, c => {
+                edges.extend(
+                    statement(c.syntax().render(PENDING_EDGES))
+                        .bind_ids(ids())
+                        .load::<PendingEdge>(c)?,
+                );
+                Ok::<(), Error>(())
+            })?;
+        }
+        finished.clear();
+        if edges.is_empty() {
+            break;
+        }
+        let counted: Vec<i64> = {
+            let mut ids: Vec<i64> = edges.iter().map(|e| e.depends_on).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        // Per dependent: the failed dependencies (with their stripes), and per stripe the
+        // completed ones.
+        type Counts = (Vec<(i64, i32)>, BTreeMap<i32, i32>);
+        let mut by_dependent: BTreeMap<i64, Counts> = BTreeMap::new();
+        for edge in &edges {
+            let entry = by_dependent.entry(edge.job_id).or_default();
+            match state_of.get(&edge.depends_on) {
+                Some(JobState::Completed) => {
+                    *entry.1.entry(edge.pending_stripe).or_default() += 1;
+                }
+                _ => entry.0.push((edge.depends_on, edge.pending_stripe)),
+            }
+        }
+        let dependent_ids: Vec<i64> = by_dependent.keys().copied().collect();
+        let mut dependents: HashMap<i64, Dependent> = HashMap::new();
+        dispatch!(conn, c => {
+            for chunk in counted.chunks(MAX_BATCH) {
+                statement(COUNT_EDGES).bind_ids(chunk.iter().copied()).execute(c)?;
+            }
+            for chunk in dependent_ids.chunks(MAX_BATCH) {
+                for row in statement(DEPENDENTS).bind_ids(chunk.iter().copied()).load::<Dependent>(c)? {
+                    dependents.insert(row.id, row);
+                }
+            }
+            Ok::<(), Error>(())
+        })?;
+        for (id, (failed, mut satisfied)) in by_dependent {
+            let Some(dependent) = dependents.get(&id) else {
+                continue; // pruned meanwhile: nothing waits
+            };
+            let run_when = RunWhen::parse(dependent.run_when.as_deref().unwrap_or(""))?;
+            if let Some((first, _)) = failed.first() {
+                match run_when {
+                    RunWhen::AllCompleted => {
+                        let why = format!("a dependency (job {first}) did not complete");
+                        if cancel_blocked(conn, id, &why)? {
+                            finished.push((id, JobState::Cancelled));
+                        }
+                        continue;
+                    }
+                    RunWhen::AnyFailed => {
+                        if release(conn, id)? {
+                            released_queues.push(dependent.queue.clone());
+                        }
+                        continue;
+                    }
+                    RunWhen::AllFinished => {
+                        for (_, stripe) in &failed {
+                            *satisfied.entry(*stripe).or_default() += 1;
+                        }
+                    }
+                }
+            }
+            if !count_down(conn, id, &satisfied)? {
+                continue;
+            }
+            match run_when {
+                RunWhen::AllCompleted | RunWhen::AllFinished => {
+                    if release(conn, id)? {
+                        released_queues.push(dependent.queue.clone());
+                    }
+                }
+                RunWhen::AnyFailed => {
+                    if cancel_blocked(conn, id, "no dependency failed")? {
+                        finished.push((id, JobState::Cancelled));
+                    }
+                }
+            }
+        }
+    }
+    released_queues.sort_unstable();
+    released_queues.dedup();
+    notify(conn, &released_queues)?;
+    Ok(released_queues)
+}
+
+/// Counts satisfied dependencies down in their stripes (ascending), then the emptied
+/// stripes down on the job's row. True if this brought the job's row to zero: every
+/// dependency is counted, and this transaction (holding the row's lock) decides the job.
+fn count_down<C: DibsConnection>(
+    conn: &mut C,
+    id: i64,
+    satisfied: &BTreeMap<i32, i32>,
+) -> Result<bool> {
+    dispatch!(conn, c => {
+        let mut emptied = 0;
+        for (stripe, n) in satisfied {
+            statement(DECREMENT_STRIPE)
+                .bind::<Integer, _>(*n)
+                .bind::<BigInt, _>(id)
+                .bind::<Integer, _>(*stripe)
+                .execute(c)?;
+            let left = statement(STRIPE_PENDING)
+                .bind::<BigInt, _>(id)
+                .bind::<Integer, _>(*stripe)
+                .get_result::<Count>(c)
+                .optional()?;
+            if left.and_then(|l| l.n) == Some(0) {
+                emptied += 1;
+            }
+        }
+        if emptied == 0 {
+            return Ok(false);
+        }
+        statement(DECREMENT_STRIPES_PENDING)
+            .bind::<Integer, _>(emptied)
+            .bind::<BigInt, _>(id)
+            .execute(c)?;
+        let left = statement(STRIPES_PENDING)
+            .bind::<BigInt, _>(id)
+            .get_result::<Count>(c)
+            .optional()?;
+        Ok::<bool, Error>(left.and_then(|l| l.n) == Some(0))
+    })
+}
+
+fn release<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
+    let changed = dispatch!(conn, c => statement(RELEASE).bind::<BigInt, _>(id).execute(c))?;
+    Ok(changed == 1)
+}
+
+fn cancel_blocked<C: DibsConnection>(conn: &mut C, id: i64, why: &str) -> Result<bool> {
+    let changed = dispatch!(conn, c => {
+        statement(c.syntax().render(CANCEL_BLOCKED))
+            .bind::<Text, _>(why)
+            .bind::<BigInt, _>(id)
+            .execute(c)
+    })?;
+    Ok(changed == 1)
+}
+
+/// Wakes idle workers of these queues where the backend can (PostgreSQL NOTIFY, delivered
+/// when the transaction commits).
+fn notify<C: DibsConnection>(conn: &mut C, queues: &[String]) -> Result<()> {
+    dispatch!(conn, c => {
+        if let Some(sql) = c.syntax().notify_queue {
+            for queue in queues {
+                statement(c.syntax().render(sql)).bind::<Text, _>(queue.as_str()).execute(c)?;
+            }
+        }
+        Ok::<(), Error>(())
+    })
+}

@@ -1,0 +1,454 @@
+//! Workflows and batches: jobs enqueued together (`dibs_workflows`), some waiting for others,
+//! with callback jobs when they all succeed, when the first fails, and when all finished.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Text};
+
+use super::{Enqueued, JobState, NewJob, RunWhen, enqueue_many};
+use crate::backend::statement::statement;
+use crate::backend::{Dialect, dispatch};
+use crate::schema::{dibs_job_dependencies, dibs_jobs, dibs_workflows};
+use crate::{DibsConnection, Error, Result, transaction, validate};
+
+/// A step of a [`Workflow`], to make later steps depend on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Step(usize);
+
+/// Jobs enqueued together in one transaction, some waiting for others (a DAG: a step
+/// depends only on steps added before it), with optional callback jobs. A *batch* is a
+/// workflow of independent steps with callbacks.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use dibs::jobs::{self, NewJob, Workflow};
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// dibs::run_migrations(&mut conn)?;
+///
+/// // An ETL: fetch 3 parts, then merge them.
+/// let mut etl = Workflow::new("nightly-etl");
+/// let parts: Vec<_> = (0..3)
+///     .map(|i| etl.add(NewJob::json("etl", "fetch", &i).unwrap()))
+///     .collect();
+/// etl.add_after(&parts, NewJob::new("etl", "merge", vec![]));
+/// etl.on_failure(NewJob::new("etl", "page-someone", vec![]));
+/// let enqueued = jobs::enqueue_workflow(&mut conn, &etl)?;
+///
+/// let status = jobs::workflow_status(&mut conn, enqueued.id)?.unwrap();
+/// assert_eq!((status.counts.waiting, status.counts.blocked), (3, 1));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workflow {
+    name: String,
+    steps: Vec<(NewJob, Vec<usize>)>,
+    on_success: Option<NewJob>,
+    on_failure: Option<NewJob>,
+    on_finish: Option<NewJob>,
+}
+
+/// What [`enqueue_workflow`] made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnqueuedWorkflow {
+    /// The workflow's id.
+    pub id: i64,
+    /// The steps' job ids, in the order they were added.
+    pub jobs: Vec<i64>,
+    /// The callbacks' job ids.
+    pub on_success: Option<i64>,
+    /// See [`Workflow::on_failure`].
+    pub on_failure: Option<i64>,
+    /// See [`Workflow::on_finish`].
+    pub on_finish: Option<i64>,
+}
+
+impl Workflow {
+    /// An empty workflow; `name` is for people (the `dibs` command shows it).
+    pub fn new(name: impl Into<String>) -> Workflow {
+        Workflow {
+            name: name.into(),
+            steps: Vec::new(),
+            on_success: None,
+            on_failure: None,
+            on_finish: None,
+        }
+    }
+
+    /// Adds a step that depends on no other step (it may still depend on existing jobs:
+    /// [`NewJob::depends_on`]).
+    pub fn add(&mut self, job: NewJob) -> Step {
+        self.add_after(&[], job)
+    }
+
+    /// Adds a step that waits for `after` (steps of this workflow), as its
+    /// [`NewJob::run_when`] says.
+    pub fn add_after(&mut self, after: &[Step], job: NewJob) -> Step {
+        self.steps.push((job, after.iter().map(|s| s.0).collect()));
+        Step(self.steps.len() - 1)
+    }
+
+    /// A job that runs once every step completed (cancelled if one dies or is cancelled).
+    pub fn on_success(&mut self, job: NewJob) -> &mut Self {
+        self.on_success = Some(job);
+        self
+    }
+
+    /// A job that runs once, when the first step dies or is cancelled (cancelled if all
+    /// complete).
+    pub fn on_failure(&mut self, job: NewJob) -> &mut Self {
+        self.on_failure = Some(job);
+        self
+    }
+
+    /// A job that runs once every step finished, however.
+    pub fn on_finish(&mut self, job: NewJob) -> &mut Self {
+        self.on_finish = Some(job);
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        validate::name("workflow name", &self.name)?;
+        if self.steps.is_empty() {
+            return Err(Error::invalid("workflow", "has no steps"));
+        }
+        for (i, (job, after)) in self.steps.iter().enumerate() {
+            if let Some(bad) = after.iter().find(|a| **a >= i) {
+                return Err(Error::invalid(
+                    "workflow",
+                    format!("step {i} depends on step {bad}, which is not an earlier step"),
+                ));
+            }
+            if job.dedup_key.is_some() {
+                return Err(Error::invalid(
+                    "workflow",
+                    format!("step {i} has a dedup key (a workflow's steps cannot)"),
+                ));
+            }
+        }
+        for job in self.callbacks().map(|(_, job)| job) {
+            if job.dedup_key.is_some() {
+                return Err(Error::invalid(
+                    "workflow",
+                    "a callback has a dedup key (a workflow's jobs cannot)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn callbacks(&self) -> impl Iterator<Item = (RunWhen, &NewJob)> {
+        [
+            (RunWhen::AllCompleted, &self.on_success),
+            (RunWhen::AnyFailed, &self.on_failure),
+            (RunWhen::AllFinished, &self.on_finish),
+        ]
+        .into_iter()
+        .filter_map(|(when, job)| job.as_ref().map(|job| (when, job)))
+    }
+}
+
+const INSERT_WORKFLOW: &str = "INSERT INTO dibs_workflows (name, created_at) VALUES (?, {now})";
+const LAST_INSERT_ID: &str = "SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id";
+
+#[derive(QueryableByName)]
+struct IdRow {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+}
+
+/// Enqueues a workflow in one transaction (the caller's, if one is open: then in a
+/// savepoint of it): all of it or none. Steps are inserted in the order added, each
+/// `blocked` until its dependencies are settled. Callbacks depend on every step.
+/// Invalid input (no steps, a step depending on a later one, a dedup key, an invalid job)
+/// is [`Error::InvalidInput`] and writes nothing.
+pub fn enqueue_workflow<C: DibsConnection>(
+    conn: &mut C,
+    workflow: &Workflow,
+) -> Result<EnqueuedWorkflow> {
+    workflow.validate()?;
+    for (job, _) in &workflow.steps {
+        job.validate()?;
+    }
+    for (_, job) in workflow.callbacks() {
+        job.validate()?;
+    }
+    transaction(conn, |conn| {
+        let id: i64 = dispatch!(conn, c => {
+            let syntax = c.syntax();
+            let insert = syntax.render(INSERT_WORKFLOW);
+            if syntax.returning {
+                statement(format!("{insert} RETURNING id"))
+                    .bind::<Text, _>(workflow.name.as_str())
+                    .get_result::<IdRow>(c)
+                    .map(|row| row.id)
+            } else {
+                statement(insert).bind::<Text, _>(workflow.name.as_str()).execute(c)?;
+                statement(LAST_INSERT_ID).get_result::<IdRow>(c).map(|row| row.id)
+            }
+        })?;
+        // Steps go in runs: a run ends before a step that depends on a step of it, so every
+        // step's dependencies have ids when it is enqueued.
+        let mut ids: Vec<i64> = Vec::with_capacity(workflow.steps.len());
+        let mut run: Vec<NewJob> = Vec::new();
+        for (job, after) in &workflow.steps {
+            if after.iter().any(|a| *a >= ids.len()) {
+                flush(conn, &mut run, &mut ids)?;
+            }
+            let mut job = job.clone().depends_on(after.iter().map(|a| ids[*a]));
+            job.workflow_id = Some(id);
+            run.push(job);
+        }
+        flush(conn, &mut run, &mut ids)?;
+        let mut callbacks = [None, None, None];
+        for (when, job) in workflow.callbacks() {
+            let mut job = job.clone().depends_on(ids.iter().copied()).run_when(when);
+            job.workflow_id = Some(id);
+            let made = enqueue_many(conn, std::slice::from_ref(&job))?;
+            let index = match when {
+                RunWhen::AllCompleted => 0,
+                RunWhen::AnyFailed => 1,
+                RunWhen::AllFinished => 2,
+            };
+            callbacks[index] = made.first().map(|e| e.id);
+        }
+        let [on_success, on_failure, on_finish] = callbacks;
+        dispatch!(conn, c => {
+            diesel::update(dibs_workflows::table.find(id))
+                .set((
+                    dibs_workflows::on_success.eq(on_success),
+                    dibs_workflows::on_failure.eq(on_failure),
+                    dibs_workflows::on_finish.eq(on_finish),
+                ))
+                .execute(c)
+        })?;
+        Ok(EnqueuedWorkflow {
+            id,
+            jobs: ids,
+            on_success,
+            on_failure,
+            on_finish,
+        })
+    })
+}
+
+fn flush<C: DibsConnection>(conn: &mut C, run: &mut Vec<NewJob>, ids: &mut Vec<i64>) -> Result<()> {
+    if run.is_empty() {
+        return Ok(());
+    }
+    let made: Vec<Enqueued> = enqueue_many(conn, run)?;
+    ids.extend(made.iter().map(|e| e.id));
+    run.clear();
+    Ok(())
+}
+
+/// How many jobs are in each state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateCounts {
+    /// Waiting for their dependencies.
+    pub blocked: i64,
+    /// Waiting to be claimed.
+    pub waiting: i64,
+    /// Running.
+    pub running: i64,
+    /// Completed.
+    pub completed: i64,
+    /// Dead.
+    pub dead: i64,
+    /// Cancelled.
+    pub cancelled: i64,
+}
+
+impl StateCounts {
+    fn add(&mut self, state: JobState, n: i64) {
+        let slot = match state {
+            JobState::Blocked => &mut self.blocked,
+            JobState::Waiting => &mut self.waiting,
+            JobState::Running => &mut self.running,
+            JobState::Completed => &mut self.completed,
+            JobState::Dead => &mut self.dead,
+            JobState::Cancelled => &mut self.cancelled,
+        };
+        *slot += n;
+    }
+
+    /// Jobs not yet finished.
+    pub fn unfinished(&self) -> i64 {
+        self.blocked + self.waiting + self.running
+    }
+}
+
+/// A workflow's (or batch's) state, from [`workflow_status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkflowStatus {
+    /// Its id.
+    pub id: i64,
+    /// Its name.
+    pub name: String,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// Its steps per state (callbacks not counted).
+    pub counts: StateCounts,
+    /// The success callback and its state.
+    pub on_success: Option<(i64, JobState)>,
+    /// The failure callback and its state.
+    pub on_failure: Option<(i64, JobState)>,
+    /// The finish callback and its state.
+    pub on_finish: Option<(i64, JobState)>,
+}
+
+#[derive(QueryableByName)]
+struct StateCount {
+    #[diesel(sql_type = Text)]
+    state: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+#[derive(QueryableByName)]
+struct IdState {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Text)]
+    state: String,
+}
+
+/// Counts per state, from the index on `(workflow_id, state)`.
+const COUNTS: &str =
+    "SELECT state, COUNT(*) AS n FROM dibs_jobs WHERE workflow_id = ? GROUP BY state";
+
+/// A workflow's (or batch's) state in one call: its steps per state and its callbacks',
+/// or `None` if there is no such workflow.
+pub fn workflow_status<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Option<WorkflowStatus>> {
+    type Row = (String, DateTime<Utc>, Option<i64>, Option<i64>, Option<i64>);
+    let found: Option<(Row, Vec<StateCount>, Vec<IdState>)> = dispatch!(conn, c => {
+        let row: Option<Row> = dibs_workflows::table
+            .find(id)
+            .select((
+                dibs_workflows::name,
+                dibs_workflows::created_at,
+                dibs_workflows::on_success,
+                dibs_workflows::on_failure,
+                dibs_workflows::on_finish,
+            ))
+            .get_result(c)
+            .optional()?;
+        match row {
+            None => Ok::<_, Error>(None),
+            Some(row) => {
+                let counts = statement(COUNTS).bind::<BigInt, _>(id).load::<StateCount>(c)?;
+                let callbacks: Vec<i64> = [row.2, row.3, row.4].into_iter().flatten().collect();
+                let states = if callbacks.is_empty() {
+                    Vec::new()
+                } else {
+                    statement("SELECT id, state FROM dibs_jobs WHERE id IN {ids}")
+                        .bind_ids(callbacks)
+                        .load::<IdState>(c)?
+                };
+                Ok(Some((row, counts, states)))
+            }
+        }
+    })?;
+    let Some(((name, created_at, on_success, on_failure, on_finish), counts, states)) = found
+    else {
+        return Ok(None);
+    };
+    let mut all = StateCounts::default();
+    for row in counts {
+        all.add(JobState::parse(&row.state)?, row.n);
+    }
+    let mut state_of = BTreeMap::new();
+    for row in states {
+        let state = JobState::parse(&row.state)?;
+        all.add(state, -1);
+        state_of.insert(row.id, state);
+    }
+    let with_state = |id: Option<i64>| id.and_then(|id| state_of.get(&id).map(|s| (id, *s)));
+    Ok(Some(WorkflowStatus {
+        id,
+        name,
+        created_at,
+        counts: all,
+        on_success: with_state(on_success),
+        on_failure: with_state(on_failure),
+        on_finish: with_state(on_finish),
+    }))
+}
+
+/// A job of a workflow, from [`workflow_jobs`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkflowJob {
+    /// Its id.
+    pub id: i64,
+    /// Its kind.
+    pub kind: String,
+    /// Its state.
+    pub state: JobState,
+    /// With dependencies: when it runs.
+    pub run_when: Option<RunWhen>,
+    /// Its progress while running, as last recorded.
+    pub progress: Option<f64>,
+    /// The jobs it depends on.
+    pub dependencies: Vec<i64>,
+}
+
+/// The jobs of a workflow, by id, with their dependencies: its graph (the `dibs` command
+/// draws it as a tree).
+pub fn workflow_jobs<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Vec<WorkflowJob>> {
+    type Row = (i64, String, JobState, Option<RunWhen>, Option<f64>);
+    let (rows, edges): (Vec<Row>, Vec<(i64, i64)>) = dispatch!(conn, c => {
+        let rows: Vec<Row> = dibs_jobs::table
+            .filter(dibs_jobs::workflow_id.eq(id))
+            .select((dibs_jobs::id, dibs_jobs::kind, dibs_jobs::state, dibs_jobs::run_when, dibs_jobs::progress))
+            .order(dibs_jobs::id)
+            .load(c)?;
+        let edges: Vec<(i64, i64)> = dibs_job_dependencies::table
+            .inner_join(dibs_jobs::table.on(dibs_jobs::id.eq(dibs_job_dependencies::job_id)))
+            .filter(dibs_jobs::workflow_id.eq(id))
+            .select((dibs_job_dependencies::job_id, dibs_job_dependencies::depends_on))
+            .order((dibs_job_dependencies::job_id, dibs_job_dependencies::depends_on))
+            .load(c)?;
+        Ok::<_, Error>((rows, edges))
+    })?;
+    let mut deps: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+    for (job, on) in edges {
+        deps.entry(job).or_default().push(on);
+    }
+    Ok(rows
+        .into_iter()
+        .map(|(id, kind, state, run_when, progress)| WorkflowJob {
+            dependencies: deps.remove(&id).unwrap_or_default(),
+            id,
+            kind,
+            state,
+            run_when,
+            progress,
+        })
+        .collect())
+}
+
+const UNFINISHED: &str = "SELECT id FROM dibs_jobs WHERE workflow_id = ? \
+    AND state IN ('blocked', 'waiting', 'running') ORDER BY id";
+
+/// Cancels a whole workflow: every blocked or waiting job of it is cancelled, every running
+/// one asked to cancel (as [`super::cancel`] does), in one transaction (the caller's, if
+/// open), in id order, so that nothing of it is left runnable. Returns how many jobs it
+/// cancelled or asked to.
+pub fn cancel_workflow<C: DibsConnection>(conn: &mut C, id: i64) -> Result<usize> {
+    transaction(conn, |conn| {
+        let ids: Vec<i64> = dispatch!(conn, c => {
+            statement(UNFINISHED).bind::<BigInt, _>(id).load::<IdRow>(c)
+        })?
+        .into_iter()
+        .map(|row| row.id)
+        .collect();
+        let mut cancelled = 0;
+        for job in ids {
+            if super::cancel(conn, job)? {
+                cancelled += 1;
+            }
+        }
+        Ok(cancelled)
+    })
+}
