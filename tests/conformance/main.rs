@@ -33,4 +33,5 @@ mod typed;
 mod worker;
 mod worker_attacks;
 mod worker_runs;
+mod workflow_races;
 mod workflows;
