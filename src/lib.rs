@@ -10,7 +10,7 @@
 //! per-connection settings, migrations, the database clock, transactions of the right kind,
 //! an error type that says what a caller can do), [leases](lease) (named locks with fencing
 //! tokens, and a [`LeaseGuard`] that renews them), the [job queue](jobs) with deduplication,
-//! retention and concurrency limits, typed jobs ([`jobs::JobArgs`]), [workers](worker) that
+//! retention, flow control and workflows (dependencies, batches, results, progress), typed jobs ([`jobs::JobArgs`]), [workers](worker) that
 //! run it on plain threads (short jobs claimed and recorded in batches, each still fenced by
 //! its own claim; only kinds they have handlers for), what workers report
 //! ([events](events), `tracing`, and `dibs::metrics` with the `metrics` feature), helpers for
@@ -55,6 +55,13 @@
 //!   concurrency-limit slot) only then: a run past its timeout or whose job was cancelled
 //!   keeps its claim, renewed, while the handler runs, so no second run of the job starts
 //!   meanwhile and at most n handlers of a `limit(key, n)` run at once.
+//! - **A dependent job runs once, when its dependencies allow.** A job that depends on
+//!   others ([`jobs::NewJob::depends_on`], [`jobs::Workflow`]) is `blocked` until they
+//!   finish as its [`jobs::RunWhen`] asks, and is released (or cancelled) by the transaction
+//!   that finishes the last of them, decided by row-locked counters: dependencies finishing
+//!   at the same instant release it exactly once, never zero times. A batch's callbacks fire
+//!   once. Results ([`jobs::JobResult`]) commit with their completion, and retention keeps a
+//!   job while a job that depends on it has not finished.
 //! - **Bad input changes nothing.** It is an [`Error::InvalidInput`] before any statement.
 //!   Instants given to dibs (a job's due time, a retry time) must lie in the years 1 to 9999,
 //!   what every backend stores and orders correctly (MySQL's `DATETIME` ends in 9999, SQLite

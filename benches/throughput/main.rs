@@ -10,7 +10,7 @@
 //!   --samples N       enqueue -> start samples for the latency workload (default 200)
 //!   --scale           also drain with 1,000,000 finished and with 100,000 waiting jobs
 //!   --prefetch N      the workers' prefetch (default: the builder's, 100)
-//!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; K, L and R only when listed)
+//!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; K, L, R and W only when listed)
 //!   --events          the drain's worker has an `on_event` hook (counting events)
 //!   --metrics         a Prometheus recorder is installed (with the `metrics` feature)
 //! ```
@@ -217,9 +217,29 @@ fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64) {
         Setup::Empty => {}
         Setup::Finished(n) => fill_finished(&mut conn, backend, n),
         Setup::Waiting(n) => fill(&mut conn, options, "bench", n),
-        Setup::RateLimited(..) => {}
+        Setup::RateLimited(..) | Setup::Workflow(_) => {}
     }
-    if let Setup::RateLimited(max, per) = setup {
+    let mut to_drain = to_drain;
+    if let Setup::Workflow(callbacks) = setup {
+        // N parts, then one merge waiting for all of them (W1), or three batch callbacks
+        // (W2): every completion counts down the waiting jobs' stripes.
+        let mut flow = jobs::Workflow::new("bench");
+        let parts: Vec<_> = batch(options, "bench", to_drain)
+            .into_iter()
+            .map(|job| flow.add(job))
+            .collect();
+        let merge = NewJob::new("bench", "noop", vec![]);
+        if callbacks {
+            flow.on_success(merge.clone())
+                .on_failure(merge.clone())
+                .on_finish(merge);
+            to_drain += 2;
+        } else {
+            flow.add_after(&parts, merge);
+            to_drain += 1;
+        }
+        jobs::enqueue_workflow(&mut conn, &flow).expect("fill");
+    } else if let Setup::RateLimited(max, per) = setup {
         for chunk in batch(options, "bench", to_drain).chunks(10_000) {
             let limited: Vec<NewJob> = chunk
                 .iter()
@@ -230,7 +250,10 @@ fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64) {
     } else {
         fill(&mut conn, options, "bench", to_drain);
     }
-    if !matches!(setup, Setup::Empty | Setup::RateLimited(..)) {
+    if !matches!(
+        setup,
+        Setup::Empty | Setup::RateLimited(..) | Setup::Workflow(_)
+    ) {
         settle(backend, &mut conn);
     }
     let done = Arc::new(AtomicUsize::new(0));
@@ -338,6 +361,9 @@ enum Setup {
     /// millisecond it never throttles (what the rate bookkeeping costs a claim); with a
     /// lower rate, how close the worker comes to it.
     RateLimited(u32, Duration),
+    /// The jobs are one workflow's parts: with one job waiting for all of them (false), or a
+    /// batch with three callbacks (true).
+    Workflow(bool),
 }
 
 /// D. Enqueue -> handler start on an idle worker, one job at a time.
@@ -525,6 +551,16 @@ fn main() {
             drain_row(
                 "R2. drain under a rate limit of 1,000 a second",
                 Setup::RateLimited(1000, Duration::from_secs(1)),
+            );
+        }
+        if wanted('W') {
+            drain_row(
+                &format!("W1. drain, one job waits for all {}", options.jobs),
+                Setup::Workflow(false),
+            );
+            drain_row(
+                "W2. drain, a batch of them with 3 callbacks",
+                Setup::Workflow(true),
             );
         }
         if wanted('D') {

@@ -34,4 +34,5 @@ mod worker;
 mod worker_attacks;
 mod worker_runs;
 mod workflow_races;
+mod workflow_worker;
 mod workflows;
