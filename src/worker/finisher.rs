@@ -109,10 +109,19 @@ pub(super) fn record(
     let results: HashMap<JobClaim, &JobResult> = runs
         .iter()
         .filter_map(|s| match s {
-            Settle::Complete(claim, Some(result)) => Some((*claim, result)),
+            Settle::Complete(claim, Some(result), _) => Some((*claim, result)),
             _ => None,
         })
         .collect();
+    // The last progress a completed run set, if the heartbeat has not written it yet (a
+    // failure to write it holds up nothing).
+    for run in runs {
+        if let Settle::Complete(claim, _, Some((value, message))) = run {
+            if let Err(e) = conn.with(|c| jobs::record_progress(c, *claim, *value, message)) {
+                tracing::warn!(job.id = claim.id, error = %e, "writing a run's last progress failed");
+            }
+        }
+    }
     let complete = |c: &mut PooledConnection, claims: &[JobClaim]| {
         let kept: Vec<(i64, &JobResult)> = claims
             .iter()

@@ -125,7 +125,7 @@ pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
         }
     }
     match outcome {
-        Ok(()) => Settle::Complete(job.claim(), notes.take_result()),
+        Ok(()) => Settle::Complete(job.claim(), notes.take_result(), notes.take_progress()),
         Err(HandlerFailure::Undecodable(message)) => Settle::Fail {
             claim: job.claim(),
             message,

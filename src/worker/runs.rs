@@ -152,8 +152,9 @@ impl Run {
 /// How a run is to be recorded (by the finisher).
 #[derive(Debug, Clone)]
 pub(super) enum Settle {
-    /// With the result its handler set, if any.
-    Complete(JobClaim, Option<JobResult>),
+    /// With the result its handler set, if any, and the progress it set since the
+    /// heartbeat last wrote it (written before the completion, so the last value stays).
+    Complete(JobClaim, Option<JobResult>, Option<(f64, String)>),
     Fail {
         claim: JobClaim,
         message: String,
@@ -171,7 +172,7 @@ pub(super) enum Settle {
 impl Settle {
     pub fn claim(&self) -> JobClaim {
         match self {
-            Settle::Complete(claim, _)
+            Settle::Complete(claim, ..)
             | Settle::Fail { claim, .. }
             | Settle::Snooze { claim, .. }
             | Settle::GiveBack(claim) => *claim,

@@ -16,7 +16,8 @@ conformance!(
     progress_reported_in_a_tight_loop_is_visible_while_the_job_runs,
 );
 
-/// The README's ETL: fetch 20 parts (each handler sets its result), then merge (its
+/// The README's ETL: fetch 20 parts (each handler sets its progress and result and
+/// returns at once: the last progress is written with the completion), then merge (its
 /// handler reads the parts' results through its context and sets the total), then a
 /// success callback; a 4-thread worker runs it all.
 fn an_etl_workflow_run_by_a_worker_merges_its_parts_results(backend: Backend) {
@@ -80,6 +81,13 @@ fn an_etl_workflow_run_by_a_worker_merges_its_parts_results(backend: Backend) {
     assert_eq!(total.decode::<u64>().unwrap(), (1..=20).sum::<u64>() * 10);
     let status = jobs::workflow_status(&mut conn, made.id).unwrap().unwrap();
     assert_eq!(status.counts.completed, 21);
+    // The last progress a run set is kept with its completion (not lost with the run).
+    for part in &made.jobs[..20] {
+        assert_eq!(
+            jobs::progress(&mut conn, *part).unwrap(),
+            Some((1.0, "fetched".to_string()))
+        );
+    }
     assert_eq!(status.on_success.unwrap().1, JobState::Completed);
 }
 
@@ -88,7 +96,7 @@ fn an_etl_workflow_run_by_a_worker_merges_its_parts_results(backend: Backend) {
 /// running (the worker writes it at most once a second).
 fn progress_reported_in_a_tight_loop_is_visible_while_the_job_runs(backend: Backend) {
     let db = TestDb::migrated(backend);
-    let pool = db.pool(6);
+    let pool = db.pool(8);
     let mut conn = db.connect();
     let id = jobs::enqueue(&mut conn, &NewJob::new("p", "long", vec![]))
         .unwrap()
@@ -97,6 +105,7 @@ fn progress_reported_in_a_tight_loop_is_visible_while_the_job_runs(backend: Back
     let seen_by_handler = seen.clone();
     let worker = Worker::builder(pool)
         .queue("p")
+        .threads(2)
         .raw_handler(
             "long",
             move |ctx: &JobContext, _: &[u8]| -> Result<(), JobError> {

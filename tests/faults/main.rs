@@ -14,3 +14,4 @@ mod hostile;
 mod processes;
 mod script;
 mod serial;
+mod workflows;
