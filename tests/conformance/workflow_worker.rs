@@ -41,6 +41,8 @@ fn an_etl_workflow_run_by_a_worker_merges_its_parts_results(backend: Backend) {
         .handler(
             "fetch",
             |ctx: &JobContext, part: u64| -> Result<(), JobError> {
+                ctx.set_progress(0.5, "half");
+                ctx.set_progress(1.0, "fetched");
                 ctx.set_result(JobResult::json(&(part * 10))?);
                 Ok(())
             },
