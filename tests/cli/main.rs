@@ -18,6 +18,7 @@ mod issue17;
 mod lease_run;
 mod lease_run_attacks;
 mod work_logs;
+mod workflows;
 
 conformance!(
     the_command_runs_and_steers_the_queue,
@@ -327,6 +328,9 @@ fn random_arguments_end_with_a_documented_exit_code() {
         vec!["schedules", "pause"],
         vec!["schedules", "remove"],
         vec!["enqueue"],
+        vec!["workflows", "list"],
+        vec!["workflows", "show"],
+        vec!["workflows", "cancel"],
         vec!["jobs"],
         vec![],
     ]);

@@ -2,11 +2,12 @@
 
 use clap::{Subcommand, ValueEnum};
 use dibs::Pool;
-use dibs::jobs::{self, Finished, Job, JobFilter, JobState, Retention};
+use dibs::jobs::{self, Finished, Job, JobFilter, JobState, Retention, RunWhen};
 use serde_json::{Value, json};
 
 use crate::duration::parse_flag_bounded;
-use crate::output::{self, Out, age, table};
+use crate::job_links::Links;
+use crate::output::{self, Out, age, clean, table};
 use crate::work::SHELL;
 use crate::{Failure, Outcome};
 
@@ -26,8 +27,9 @@ pub enum JobsCommand {
         #[arg(long)]
         reveal_env: bool,
     },
-    /// One job, its error history and its recorded outputs. The values of a shell job's
-    /// --env variables are masked (they are often secrets) unless given --reveal-env.
+    /// One job: its fields, the jobs it waits for, its progress, result, error history and
+    /// recorded outputs. The values of a shell job's --env variables are masked (they are
+    /// often secrets) unless given --reveal-env. With --json a bytes result is given in hex.
     Show {
         id: i64,
         /// Show the values of the job's --env variables.
@@ -36,7 +38,7 @@ pub enum JobsCommand {
     },
     /// Run a dead job again from its first attempt.
     Retry { id: i64 },
-    /// Cancel a waiting or running job.
+    /// Cancel a blocked or waiting job, or ask a running one to stop.
     Cancel { id: i64 },
     /// Delete finished jobs of a queue.
     Prune {
@@ -68,6 +70,7 @@ pub enum JobsCommand {
 /// A job's state, as `--state` takes it.
 #[derive(Clone, Copy, ValueEnum)]
 pub enum State {
+    Blocked,
     Waiting,
     Running,
     Completed,
@@ -78,6 +81,7 @@ pub enum State {
 impl From<State> for JobState {
     fn from(state: State) -> Self {
         match state {
+            State::Blocked => JobState::Blocked,
             State::Waiting => JobState::Waiting,
             State::Running => JobState::Running,
             State::Completed => JobState::Completed,
@@ -126,12 +130,14 @@ fn job_json(job: &Job, reveal: bool) -> Value {
            "due_at": job.due_at, "created_at": job.created_at, "claimed_at": job.claimed_at,
            "finished_at": job.finished_at, "claim_expires_at": job.claim_expires_at,
            "last_error": job.last_error, "lapses": job.lapses, "dedup_key": job.dedup_key,
-           "cancel_requested_at": job.cancel_requested_at, "payload": payload_text(job, reveal)})
+           "cancel_requested_at": job.cancel_requested_at, "workflow_id": job.workflow_id,
+           "run_when": job.run_when.map(RunWhen::as_str), "progress": job.progress,
+           "progress_message": job.progress_message, "payload": payload_text(job, reveal)})
 }
 
 /// `jobs show` for people: what the job is, where it stands, when, what went wrong, what it
 /// carries; empty fields left out.
-fn show_text(job: &Job, limits: &[jobs::Limit], reveal: bool) -> String {
+fn show_text(job: &Job, limits: &[jobs::Limit], links: &Links, reveal: bool) -> String {
     let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
         t.map(|t| t.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string())
     };
@@ -145,6 +151,9 @@ fn show_text(job: &Job, limits: &[jobs::Limit], reveal: bool) -> String {
             Some(format!("{} of {}", job.attempt, job.max_attempts)),
         ),
         ("priority", Some(job.priority.to_string())),
+    ];
+    fields.extend(links.fields(job));
+    fields.extend([
         ("created", time(Some(job.created_at))),
         ("due", time(Some(job.due_at))),
         ("claimed", time(job.claimed_at)),
@@ -168,7 +177,7 @@ fn show_text(job: &Job, limits: &[jobs::Limit], reveal: bool) -> String {
                 }
             }),
         ),
-    ];
+    ]);
     for limit in limits {
         let mut caps = Vec::new();
         if let Some(max) = limit.max_running() {
@@ -197,8 +206,10 @@ fn show_text(job: &Job, limits: &[jobs::Limit], reveal: bool) -> String {
     }
     let mut text = String::new();
     for (name, value) in fields {
-        if let Some(value) = value {
-            text.push_str(&format!("{name:>13}: {value}\n"));
+        match (name, value) {
+            (_, None) => {}
+            ("", Some(more)) => text.push_str(&format!("{:15}{more}\n", "")),
+            (name, Some(value)) => text.push_str(&format!("{name:>13}: {}\n", clean(&value))),
         }
     }
     if job.kind == SHELL && !reveal && payload.get("env").is_some_and(|e| e != &json!({})) {
@@ -286,18 +297,23 @@ pub fn run(
             let history = jobs::history(&mut conn, id)?;
             let outputs = jobs::outputs(&mut conn, id)?;
             let limits = jobs::limits_of(&mut conn, id)?;
+            let links = Links::load(&mut conn, &job)?;
             let mut value = job_json(&job, reveal_env);
+            links.add_json(&mut value);
             value["dedup_window_seconds"] =
                 json!(job.dedup_window_micros.map(|us| us as f64 / 1e6));
             value["limits"] = json!(limits.iter().map(|l| json!({"key": l.key(), "max_running": l.max_running(), "rate_max": l.rate_cap().map(|r| r.max), "rate_per_seconds": l.rate_cap().map(|r| r.per.as_secs_f64())})).collect::<Vec<_>>());
             value["errors"] = json!(history.iter().map(|h| json!({"attempt": h.attempt, "error": h.error, "failed_at": h.failed_at})).collect::<Vec<_>>());
             value["outputs"] = json!(outputs.iter().map(|o| json!({"attempt": o.attempt, "exit_code": o.exit_code, "output": String::from_utf8_lossy(&o.output), "finished_at": o.finished_at})).collect::<Vec<_>>());
             out.print(value, || {
-                let mut text = show_text(&job, &limits, reveal_env);
+                let mut text = show_text(&job, &limits, &links, reveal_env);
+                text.extend(links.result_text());
                 for h in &history {
                     text.push_str(&format!(
                         "run {} failed at {}: {}\n",
-                        h.attempt, h.failed_at, h.error
+                        h.attempt,
+                        h.failed_at,
+                        clean(&h.error)
                     ));
                 }
                 for o in &outputs {
@@ -336,7 +352,7 @@ pub fn run(
                         format!("job {id} was asked to cancel already")
                     }
                     Some(job) => format!(
-                        "job {id} is {}: only waiting or running jobs can be cancelled",
+                        "job {id} is {}: only blocked, waiting or running jobs can be cancelled",
                         job.state.as_str()
                     ),
                 };

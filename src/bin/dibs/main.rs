@@ -5,12 +5,14 @@ mod demo;
 mod duration;
 mod enqueue;
 mod job_commands;
+mod job_links;
 mod lease_commands;
 mod lease_run;
 mod output;
 mod schedule_commands;
 mod stats;
 mod work;
+mod workflow_commands;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -24,9 +26,9 @@ use output::Out;
 
 const EXIT_CODES: &str = "\
 Exit codes: 0 done; 1 the operation failed (database error, or nothing to act on: no such
-job, lease or schedule); 2 bad arguments or input; 3 cannot connect to the database (or open
-its SQLite file); 4 the database has no dibs tables yet, or its SQLite file does not exist
-(run `dibs migrate`). A reader that goes away (`dibs jobs list | head`) is not an error: dibs
+job, lease, schedule or workflow); 2 bad arguments or input; 3 cannot connect to the database
+(or open its SQLite file); 4 the database has no dibs tables yet, or its SQLite file does not
+exist (run `dibs migrate`). A reader that goes away (`dibs jobs list | head`) is not an error: dibs
 stops writing and exits with the status of what it did. `dibs lease run` has its own table
 (see `dibs lease run --help`): the command's status, 75 held, 76 lease lost.";
 
@@ -58,6 +60,9 @@ enum Command {
     /// List, show, retry, cancel and prune jobs.
     #[command(subcommand)]
     Jobs(job_commands::JobsCommand),
+    /// Show workflows and batches as trees of their jobs, list them, cancel them.
+    #[command(subcommand)]
+    Workflows(workflow_commands::WorkflowsCommand),
     /// List and release leases, and run a command while holding one (`dibs lease run`).
     #[command(subcommand, alias = "lease")]
     Leases(LeasesCommand),
@@ -121,7 +126,9 @@ fn main() -> ExitCode {
             // `dibs lease run` passes its command's status on without a message.
             if !failure.message.is_empty() {
                 // A closed stderr (a log reader gone) must not turn the status into a panic.
-                let _ = writeln!(std::io::stderr(), "dibs: {}", failure.message);
+                // Messages may quote stored text: escaped like the rest of the output.
+                let message = output::clean_lines(&failure.message);
+                let _ = writeln!(std::io::stderr(), "dibs: {message}");
             }
             ExitCode::from(failure.code)
         }
@@ -141,6 +148,7 @@ fn run(cli: Cli, out: &Out) -> Outcome {
         Command::Migrate => migrate(&target, out),
         Command::Stats => stats::stats(&open()?, out),
         Command::Jobs(command) => job_commands::run(open, command, out),
+        Command::Workflows(command) => workflow_commands::run(open, command, out),
         Command::Leases(LeasesCommand::Run(args)) => lease_run::run(&target, args),
         Command::Leases(command) => lease_commands::run(&open()?, command, out),
         Command::Schedules(command) => schedule_commands::run(open, command, out),

@@ -15,9 +15,11 @@ impl Out {
     /// Prints `value` as JSON with `--json`, else the text `human` makes.
     pub fn print(&self, value: serde_json::Value, human: impl FnOnce() -> String) -> Outcome {
         if self.json {
-            line(&value.to_string())
+            line(&json_text(&value))
         } else {
-            line(human().trim_end())
+            // Every command's text goes through here: whatever a stored value holds, it
+            // cannot reach the terminal as an escape sequence.
+            line(&clean_lines(human().trim_end()))
         }
     }
 }
@@ -48,7 +50,8 @@ pub fn table(headers: &[&str], rows: impl Iterator<Item = Vec<String>>) -> Strin
     table.load_style(preset).set_header(headers.to_vec());
     let mut empty = true;
     for row in rows {
-        table.add_row(row);
+        // A cell is one line: a stored newline or escape would break the columns.
+        table.add_row(row.iter().map(|cell| clean(cell)).collect::<Vec<_>>());
         empty = false;
     }
     if empty {
@@ -92,4 +95,108 @@ pub fn short(text: &str, max: usize) -> String {
     let mut cut: String = line.chars().take(max.saturating_sub(1)).collect();
     cut.push('…');
     cut
+}
+
+/// `value` as JSON text in which the control characters JSON allows raw in strings (DEL,
+/// C1 codes) and bidirectional overrides are `\u` escapes too: the same JSON, safe on a
+/// terminal.
+fn json_text(value: &serde_json::Value) -> String {
+    json_safe(value.to_string())
+}
+
+/// JSON text (compact or pretty) with the escapes of [`json_text`].
+pub fn json_safe(text: String) -> String {
+    // Whitespace between tokens stays; inside strings serde_json escaped it already.
+    let harmful = |c: char| (c.is_control() && !c.is_ascii_whitespace()) || is_bidi_control(c);
+    if !text.chars().any(harmful) {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if harmful(c) {
+            // All of them are in the Basic Multilingual Plane: one escape each.
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Database text for one line of output: control characters (newlines, escape sequences,
+/// carriage returns, C1 codes) and bidirectional overrides written as Rust escapes (`\n`,
+/// `\u{1b}`), so that a stored value cannot move the cursor, recolour or retitle the
+/// terminal, hide text or break the layout.
+pub fn clean(text: &str) -> String {
+    escape(text, false)
+}
+
+/// [`clean`], keeping line breaks and tabs: for text of several lines (a result, an output).
+pub fn clean_lines(text: &str) -> String {
+    escape(text, true)
+}
+
+fn escape(text: &str, keep_lines: bool) -> String {
+    let harmful = |c: char| {
+        let kept = keep_lines && matches!(c, '\n' | '\t');
+        !kept && (c.is_control() || is_bidi_control(c))
+    };
+    if !text.chars().any(harmful) {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if harmful(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Characters that reorder the text around them ("Trojan Source").
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// A job's progress: a fraction as a percentage (`42%`), any other number as it is.
+pub fn progress(value: f64) -> String {
+    if (0.0..=1.0).contains(&value) {
+        format!("{:.0}%", value * 100.0)
+    } else {
+        value.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_text_cannot_drive_the_terminal() {
+        assert_eq!(clean("a\u{1b}[31mb\r\n"), "a\\u{1b}[31mb\\r\\n");
+        assert_eq!(clean("\u{9b}2J \u{202e}txt"), "\\u{9b}2J \\u{202e}txt");
+        assert_eq!(clean_lines("a\n\tb\u{7}"), "a\n\tb\\u{7}");
+        assert_eq!(clean("<script>é</script>"), "<script>é</script>");
+    }
+
+    #[test]
+    fn json_stays_json_without_raw_controls() {
+        let value = serde_json::json!({"k": "a\u{1b}\u{7f}\u{9b}\u{202e}b\n"});
+        let text = json_text(&value);
+        assert!(text.is_ascii(), "{text}");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+            value
+        );
+    }
+
+    #[test]
+    fn progress_is_a_percentage_or_a_number() {
+        assert_eq!(progress(0.42), "42%");
+        assert_eq!(progress(1.0), "100%");
+        assert_eq!(progress(1500.0), "1500");
+        assert_eq!(progress(-2.5), "-2.5");
+    }
 }

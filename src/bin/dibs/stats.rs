@@ -1,4 +1,5 @@
-//! `dibs stats`: jobs per queue and state, and the running jobs' lease deadlines.
+//! `dibs stats`: jobs per queue and state (`blocked`: waiting for their dependencies), and
+//! the running jobs' lease deadlines.
 
 use dibs::Pool;
 use dibs::jobs;
@@ -17,7 +18,7 @@ pub fn stats(pool: &Pool, out: &Out) -> Outcome {
         .queues
         .iter()
         .map(|q| {
-            json!({"queue": q.queue, "waiting": q.waiting, "running": q.running,
+            json!({"queue": q.queue, "blocked": q.blocked, "waiting": q.waiting, "running": q.running,
                    "completed": q.completed, "dead": q.dead, "cancelled": q.cancelled,
                    "paused": q.paused, "max_running": queue_limits.get(&q.queue),
                    "oldest_waiting_seconds": q.oldest_waiting.num_milliseconds() as f64 / 1000.0})
@@ -44,6 +45,7 @@ pub fn stats(pool: &Pool, out: &Out) -> Outcome {
             let mut text = table(
                 &[
                     "queue",
+                    "blocked",
                     "waiting",
                     "running",
                     "completed",
@@ -56,6 +58,7 @@ pub fn stats(pool: &Pool, out: &Out) -> Outcome {
                 stats.queues.iter().map(|q| {
                     vec![
                         q.queue.clone(),
+                        q.blocked.to_string(),
                         q.waiting.to_string(),
                         q.running.to_string(),
                         q.completed.to_string(),
