@@ -87,11 +87,18 @@ fn a_completion_in_a_repeatable_read_transaction_never_misses_a_dependent(backen
                 JobState::Waiting,
                 "first dependent"
             );
+            let edge = count(
+                &mut conn,
+                &format!(
+                    "SELECT COUNT(*) AS n FROM dibs_job_dependencies \
+                     WHERE job_id = {second} AND pending_stripe IS NULL"
+                ),
+            );
             assert_eq!(
                 state(&mut conn, second),
                 JobState::Waiting,
                 "the completion committed, but the dependent enqueued after the handler's \
-                 snapshot was left blocked forever"
+                 snapshot was left blocked forever (its edge counted: {edge})"
             );
         }
         Err(e) => {
