@@ -6,6 +6,7 @@ mod support;
 mod attacks18;
 mod attacks18b;
 mod attacks18c;
+mod attacks19;
 mod attacks2;
 mod attacks3;
 mod attacks4;
