@@ -117,8 +117,8 @@ diesel::table! {
         run_when -> Nullable<Text>,
         /// Its dependency stripes ([`dibs_dependency_stripes`]) with dependencies pending.
         stripes_pending -> Nullable<Integer>,
-        /// 1 once a job depends on it.
-        has_dependents -> Integer,
+        /// How many jobs were enqueued depending on it.
+        dependents -> Integer,
         /// What it last reported of its progress while running.
         progress -> Nullable<Double>,
         /// The message with that progress.
@@ -309,8 +309,12 @@ diesel::table! {
         job_id -> BigInt,
         /// The job it waits for.
         depends_on -> BigInt,
-        /// The stripe of `job_id` this dependency still counts in; NULL once counted.
-        pending_stripe -> Nullable<Integer>,
+        /// The stripe of `job_id` this dependency counts in.
+        stripe -> Integer,
+        /// 1 once `depends_on` finished and its stripe was counted down.
+        counted -> Integer,
+        /// `job_id`'s [`RunWhen`](crate::jobs::RunWhen) (it never changes).
+        run_when -> Text,
     }
 }
 

@@ -119,11 +119,11 @@ pub(super) fn stripes_for(n: usize) -> i32 {
 const LOCK_DEPENDENCIES: &str =
     "SELECT id, state, workflow_id FROM dibs_jobs WHERE id IN {ids}{for_update}";
 
-/// Marks locked dependencies as having dependents, so that finishing them looks for them
-/// (on PostgreSQL this also makes a finish in an older REPEATABLE READ snapshot fail with a
-/// serialization error, rather than miss edges it cannot see).
-const MARK_HAS_DEPENDENTS: &str =
-    "UPDATE dibs_jobs SET has_dependents = 1 WHERE has_dependents = 0 AND id IN {ids}";
+/// Counts a new dependent on each locked dependency: finishing it then looks for dependents.
+/// Every such enqueue writes the dependency's row, so on PostgreSQL a finish in an older
+/// REPEATABLE READ snapshot (a caller's transaction) fails with a serialization error when
+/// it locks the row, rather than miss a dependent it cannot see.
+const COUNT_DEPENDENT: &str = "UPDATE dibs_jobs SET dependents = dependents + 1 WHERE id IN {ids}";
 
 /// A dependency as locked.
 #[derive(QueryableByName)]
@@ -170,7 +170,8 @@ pub(super) fn lock<C: DibsConnection>(conn: &mut C, ids: &[i64]) -> Result<Vec<D
 pub(super) fn record<C: DibsConnection>(
     conn: &mut C,
     job_id: i64,
-    deps: &[Dependency],
+    run_when: RunWhen,
+    deps: &[&Dependency],
 ) -> Result<Vec<String>> {
     let stripes = stripes_for(deps.len());
     let mut pending = vec![0i32; stripes as usize];
@@ -183,7 +184,8 @@ pub(super) fn record<C: DibsConnection>(
             (
                 dibs_job_dependencies::job_id.eq(job_id),
                 dibs_job_dependencies::depends_on.eq(dep.id),
-                dibs_job_dependencies::pending_stripe.eq(Some(stripe)),
+                dibs_job_dependencies::stripe.eq(stripe),
+                dibs_job_dependencies::run_when.eq(run_when.as_str()),
             )
         })
         .collect();
@@ -204,7 +206,7 @@ pub(super) fn record<C: DibsConnection>(
         }
         diesel::insert_into(dibs_dependency_stripes::table).values(&stripe_rows).execute(c)?;
         for chunk in deps.chunks(MAX_BATCH) {
-            statement(MARK_HAS_DEPENDENTS).bind_ids(chunk.iter().map(|d| d.id)).execute(c)?;
+            statement(COUNT_DEPENDENT).bind_ids(chunk.iter().map(|d| d.id)).execute(c)?;
         }
         Ok::<(), Error>(())
     })?;
@@ -218,7 +220,7 @@ pub(super) fn record<C: DibsConnection>(
     settle(conn, finished)
 }
 
-/// An edge still counting in a stripe of its dependent.
+/// An edge not yet counted, with what its dependent decides on.
 #[derive(QueryableByName)]
 struct PendingEdge {
     #[diesel(sql_type = BigInt)]
@@ -226,32 +228,33 @@ struct PendingEdge {
     #[diesel(sql_type = BigInt)]
     depends_on: i64,
     #[diesel(sql_type = Integer)]
-    pending_stripe: i32,
+    stripe: i32,
+    #[diesel(sql_type = Text)]
+    run_when: String,
 }
 
 /// The edges of finishing jobs not yet counted. A locking read: it sees the latest
 /// committed edges whatever the caller's isolation (edges are written only under the lock
 /// of the job they point to, which the finishing transaction holds).
 const PENDING_EDGES: &str = "\
-    SELECT job_id, depends_on, pending_stripe FROM dibs_job_dependencies \
-    WHERE pending_stripe IS NOT NULL AND depends_on IN {ids}{for_update}";
+    SELECT job_id, depends_on, stripe, run_when FROM dibs_job_dependencies \
+    WHERE counted = 0 AND depends_on IN {ids}{for_update}";
 
 const COUNT_EDGES: &str = "\
-    UPDATE dibs_job_dependencies SET pending_stripe = NULL \
-    WHERE pending_stripe IS NOT NULL AND depends_on IN {ids}";
+    UPDATE dibs_job_dependencies SET counted = 1 WHERE counted = 0 AND depends_on IN {ids}";
 
-/// A dependent as the settle reads it (`run_when` and `queue` never change).
+/// The dependents' states, a plain read (no lock, so no lock order to keep): one seen
+/// finished, waiting or running is never blocked again, and is left alone; one not seen
+/// (an older snapshot) or seen blocked is counted down under its rows' locks.
+const DEPENDENT_STATES: &str = "SELECT id, state FROM dibs_jobs WHERE id IN {ids}";
+
 #[derive(QueryableByName)]
-struct Dependent {
+struct IdState {
     #[diesel(sql_type = BigInt)]
     id: i64,
     #[diesel(sql_type = Text)]
-    queue: String,
-    #[diesel(sql_type = Nullable<Text>)]
-    run_when: Option<String>,
+    state: String,
 }
-
-const DEPENDENTS: &str = "SELECT id, queue, run_when FROM dibs_jobs WHERE id IN {ids}";
 
 const DECREMENT_STRIPE: &str = "\
     UPDATE dibs_dependency_stripes SET pending = pending - ? WHERE job_id = ? AND stripe = ?";
@@ -260,10 +263,15 @@ const STRIPE_PENDING: &str =
 
 const DECREMENT_STRIPES_PENDING: &str =
     "UPDATE dibs_jobs SET stripes_pending = stripes_pending - ? WHERE id = ?";
+/// Read after this transaction's own update of the row: its latest version, at any
+/// isolation.
 const STRIPES_PENDING: &str = "SELECT stripes_pending AS n FROM dibs_jobs WHERE id = ?";
 
 /// A blocked job runs: waiting, due when it was due (a delayed job keeps its delay).
 const RELEASE: &str = "UPDATE dibs_jobs SET state = 'waiting' WHERE id = ? AND state = 'blocked'";
+/// The queue of a job this transaction just released (its own write: visible at any
+/// isolation).
+const QUEUE_OF: &str = "SELECT queue FROM dibs_jobs WHERE id = ?";
 
 /// A blocked job will never run: cancelled, saying why.
 const CANCEL_BLOCKED: &str = "\
@@ -274,6 +282,12 @@ const CANCEL_BLOCKED: &str = "\
 struct Count {
     #[diesel(sql_type = Nullable<Integer>)]
     n: Option<i32>,
+}
+
+#[derive(QueryableByName)]
+struct QueueRow {
+    #[diesel(sql_type = Text)]
+    queue: String,
 }
 
 /// Settles the dependents of jobs that just finished (`finished`: id and final state), in
@@ -298,6 +312,7 @@ pub(crate) fn settle<C: DibsConnection>(
                         .bind_ids(ids())
                         .load::<PendingEdge>(c)?,
                 );
+                statement(COUNT_EDGES).bind_ids(ids()).execute(c)?;
                 Ok::<(), Error>(())
             })?;
         }
@@ -305,44 +320,42 @@ pub(crate) fn settle<C: DibsConnection>(
         if edges.is_empty() {
             break;
         }
-        let counted: Vec<i64> = {
-            let mut ids: Vec<i64> = edges.iter().map(|e| e.depends_on).collect();
-            ids.sort_unstable();
-            ids.dedup();
-            ids
-        };
-        // Per dependent: the failed dependencies (with their stripes), and per stripe the
-        // completed ones.
-        type Counts = (Vec<(i64, i32)>, BTreeMap<i32, i32>);
-        let mut by_dependent: BTreeMap<i64, Counts> = BTreeMap::new();
-        for edge in &edges {
-            let entry = by_dependent.entry(edge.job_id).or_default();
-            match state_of.get(&edge.depends_on) {
-                Some(JobState::Completed) => {
-                    *entry.1.entry(edge.pending_stripe).or_default() += 1;
-                }
-                _ => entry.0.push((edge.depends_on, edge.pending_stripe)),
+        // Per dependent: its RunWhen, the failed dependencies, and per stripe the
+        // dependencies that count as done.
+        #[derive(Default)]
+        struct Tally {
+            run_when: String,
+            failed: Vec<i64>,
+            done: BTreeMap<i32, i32>,
+        }
+        let mut by_dependent: BTreeMap<i64, Tally> = BTreeMap::new();
+        for edge in edges {
+            let tally = by_dependent.entry(edge.job_id).or_default();
+            tally.run_when = edge.run_when;
+            let completed = state_of.get(&edge.depends_on) == Some(&JobState::Completed);
+            if !completed {
+                tally.failed.push(edge.depends_on);
+            }
+            if completed || tally.run_when == RunWhen::AllFinished.as_str() {
+                *tally.done.entry(edge.stripe).or_default() += 1;
             }
         }
-        let dependent_ids: Vec<i64> = by_dependent.keys().copied().collect();
-        let mut dependents: HashMap<i64, Dependent> = HashMap::new();
-        dispatch!(conn, c => {
-            for chunk in counted.chunks(MAX_BATCH) {
-                statement(COUNT_EDGES).bind_ids(chunk.iter().copied()).execute(c)?;
+        let ids: Vec<i64> = by_dependent.keys().copied().collect();
+        let mut settled: HashMap<i64, bool> = HashMap::new();
+        for chunk in ids.chunks(MAX_BATCH) {
+            let rows: Vec<IdState> = dispatch!(conn, c => {
+                statement(DEPENDENT_STATES).bind_ids(chunk.iter().copied()).load::<IdState>(c)
+            })?;
+            for row in rows {
+                settled.insert(row.id, row.state != JobState::Blocked.as_str());
             }
-            for chunk in dependent_ids.chunks(MAX_BATCH) {
-                for row in statement(DEPENDENTS).bind_ids(chunk.iter().copied()).load::<Dependent>(c)? {
-                    dependents.insert(row.id, row);
-                }
+        }
+        for (id, tally) in by_dependent {
+            if settled.get(&id) == Some(&true) {
+                continue;
             }
-            Ok::<(), Error>(())
-        })?;
-        for (id, (failed, mut satisfied)) in by_dependent {
-            let Some(dependent) = dependents.get(&id) else {
-                continue; // pruned meanwhile: nothing waits
-            };
-            let run_when = RunWhen::parse(dependent.run_when.as_deref().unwrap_or(""))?;
-            if let Some((first, _)) = failed.first() {
+            let run_when = RunWhen::parse(&tally.run_when)?;
+            if let Some(first) = tally.failed.first() {
                 match run_when {
                     RunWhen::AllCompleted => {
                         let why = format!("a dependency (job {first}) did not complete");
@@ -352,26 +365,18 @@ pub(crate) fn settle<C: DibsConnection>(
                         continue;
                     }
                     RunWhen::AnyFailed => {
-                        if release(conn, id)? {
-                            released_queues.push(dependent.queue.clone());
-                        }
+                        released_queues.extend(release(conn, id)?);
                         continue;
                     }
-                    RunWhen::AllFinished => {
-                        for (_, stripe) in &failed {
-                            *satisfied.entry(*stripe).or_default() += 1;
-                        }
-                    }
+                    RunWhen::AllFinished => {}
                 }
             }
-            if !count_down(conn, id, &satisfied)? {
+            if !count_down(conn, id, &tally.done)? {
                 continue;
             }
             match run_when {
                 RunWhen::AllCompleted | RunWhen::AllFinished => {
-                    if release(conn, id)? {
-                        released_queues.push(dependent.queue.clone());
-                    }
+                    released_queues.extend(release(conn, id)?);
                 }
                 RunWhen::AnyFailed => {
                     if cancel_blocked(conn, id, "no dependency failed")? {
@@ -387,17 +392,13 @@ pub(crate) fn settle<C: DibsConnection>(
     Ok(released_queues)
 }
 
-/// Counts satisfied dependencies down in their stripes (ascending), then the emptied
-/// stripes down on the job's row. True if this brought the job's row to zero: every
-/// dependency is counted, and this transaction (holding the row's lock) decides the job.
-fn count_down<C: DibsConnection>(
-    conn: &mut C,
-    id: i64,
-    satisfied: &BTreeMap<i32, i32>,
-) -> Result<bool> {
+/// Counts dependencies down in their stripes (ascending), then the emptied stripes down on
+/// the job's row. True if this brought the job's row to zero: every dependency is counted,
+/// and this transaction (holding the row's lock) decides the job.
+fn count_down<C: DibsConnection>(conn: &mut C, id: i64, done: &BTreeMap<i32, i32>) -> Result<bool> {
     dispatch!(conn, c => {
         let mut emptied = 0;
-        for (stripe, n) in satisfied {
+        for (stripe, n) in done {
             statement(DECREMENT_STRIPE)
                 .bind::<Integer, _>(*n)
                 .bind::<BigInt, _>(id)
@@ -427,9 +428,15 @@ fn count_down<C: DibsConnection>(
     })
 }
 
-fn release<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
-    let changed = dispatch!(conn, c => statement(RELEASE).bind::<BigInt, _>(id).execute(c))?;
-    Ok(changed == 1)
+/// Releases a blocked job; its queue if it did.
+fn release<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Option<String>> {
+    dispatch!(conn, c => {
+        if statement(RELEASE).bind::<BigInt, _>(id).execute(c)? != 1 {
+            return Ok(None);
+        }
+        let row = statement(QUEUE_OF).bind::<BigInt, _>(id).get_result::<QueueRow>(c)?;
+        Ok::<_, Error>(Some(row.queue))
+    })
 }
 
 fn cancel_blocked<C: DibsConnection>(conn: &mut C, id: i64, why: &str) -> Result<bool> {
@@ -440,6 +447,52 @@ fn cancel_blocked<C: DibsConnection>(conn: &mut C, id: i64, why: &str) -> Result
             .execute(c)
     })?;
     Ok(changed == 1)
+}
+
+/// The edges of retried jobs (dead again waiting) to dependents still blocked: counted
+/// again, so that the dependent waits for the retried run ([`RunWhen::AllFinished`] counted
+/// the death as finished; no other blocked dependent has counted it).
+const REARM_EDGES: &str = "\
+    SELECT d.job_id, d.depends_on, d.stripe, d.run_when FROM dibs_job_dependencies d \
+    JOIN dibs_jobs w ON w.id = d.job_id \
+    WHERE d.counted = 1 AND w.state = 'blocked' AND d.depends_on IN {ids}";
+const UNCOUNT_EDGE: &str =
+    "UPDATE dibs_job_dependencies SET counted = 0 WHERE job_id = ? AND depends_on = ?";
+const INCREMENT_STRIPE: &str = "\
+    UPDATE dibs_dependency_stripes SET pending = pending + 1 WHERE job_id = ? AND stripe = ?";
+const INCREMENT_STRIPES_PENDING: &str =
+    "UPDATE dibs_jobs SET stripes_pending = stripes_pending + 1 WHERE id = ? AND state = 'blocked'";
+
+/// After dead jobs (`ids`, locked by the caller and now waiting again) were retried: the
+/// blocked jobs that counted their deaths wait for them again. In the retry's transaction.
+pub(crate) fn rearm<C: DibsConnection>(conn: &mut C, ids: &[i64]) -> Result<()> {
+    for chunk in ids.chunks(MAX_BATCH) {
+        dispatch!(conn, c => {
+            let mut edges = statement(REARM_EDGES)
+                .bind_ids(chunk.iter().copied())
+                .load::<PendingEdge>(c)?;
+            edges.sort_by_key(|e| (e.job_id, e.stripe));
+            for edge in edges {
+                statement(UNCOUNT_EDGE)
+                    .bind::<BigInt, _>(edge.job_id)
+                    .bind::<BigInt, _>(edge.depends_on)
+                    .execute(c)?;
+                statement(INCREMENT_STRIPE)
+                    .bind::<BigInt, _>(edge.job_id)
+                    .bind::<Integer, _>(edge.stripe)
+                    .execute(c)?;
+                let now = statement(STRIPE_PENDING)
+                    .bind::<BigInt, _>(edge.job_id)
+                    .bind::<Integer, _>(edge.stripe)
+                    .get_result::<Count>(c)?;
+                if now.n == Some(1) {
+                    statement(INCREMENT_STRIPES_PENDING).bind::<BigInt, _>(edge.job_id).execute(c)?;
+                }
+            }
+            Ok::<(), Error>(())
+        })?;
+    }
+    Ok(())
 }
 
 /// Wakes idle workers of these queues where the backend can (PostgreSQL NOTIFY, delivered

@@ -1,6 +1,6 @@
 //! Enqueueing: one job (an upsert where it has a dedup key) or many in multi-row inserts.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
@@ -289,16 +289,44 @@ macro_rules! insert_deduplicated {
     }};
 }
 
-/// Inserts one validated job with dependencies, in the enqueue's transaction: locks its
-/// dependencies (so none finishes unseen until this commits), inserts it `blocked` in the
-/// workflow given or its first dependency's, writes its limits and dependencies, and settles
-/// those already finished (it may leave `blocked` at once).
+/// Locks the dependencies of every job of a batch at once, in ascending id order (one
+/// order for every locker: two enqueues, or an enqueue and a finish, never wait for each
+/// other in a cycle), so none finishes unseen until the enqueue commits; refuses a missing
+/// one.
+pub(super) fn lock_dependencies<'j, C: DibsConnection>(
+    conn: &mut C,
+    jobs: impl IntoIterator<Item = &'j NewJob>,
+) -> Result<HashMap<i64, dependencies::Dependency>> {
+    let mut ids: Vec<i64> = jobs
+        .into_iter()
+        .flat_map(|j| j.dependencies.iter().copied())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    Ok(dependencies::lock(conn, &ids)?
+        .into_iter()
+        .map(|d| (d.id, d))
+        .collect())
+}
+
+/// Inserts one validated job with dependencies, in the enqueue's transaction, its
+/// dependencies locked ([`lock_dependencies`]): inserts it `blocked` in the workflow given
+/// or its first dependency's, writes its limits and dependencies, and settles those
+/// already finished (it may leave `blocked` at once).
 pub(super) fn insert_dependent<C: DibsConnection>(
     conn: &mut C,
     job: &NewJob,
     backend: Backend,
+    locked: &HashMap<i64, dependencies::Dependency>,
 ) -> Result<Enqueued> {
-    let deps = dependencies::lock(conn, &job.dependencies)?;
+    let deps: Vec<&dependencies::Dependency> = job
+        .dependencies
+        .iter()
+        .filter_map(|id| locked.get(id))
+        .collect();
     let inherited: NewJob;
     let job = match (job.workflow_id, deps.iter().find_map(|d| d.workflow_id)) {
         (None, Some(workflow)) => {
@@ -314,7 +342,7 @@ pub(super) fn insert_dependent<C: DibsConnection>(
     if !job.limits.is_empty() {
         limits::record(conn, &[(enqueued.id, &job.limits)])?;
     }
-    dependencies::record(conn, enqueued.id, &deps)?;
+    dependencies::record(conn, enqueued.id, job.run_when, &deps)?;
     Ok(enqueued)
 }
 
@@ -342,7 +370,8 @@ pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued
     let enqueued = if needs_transaction(job, backend) {
         transaction(conn, |conn| {
             if !job.dependencies.is_empty() {
-                return insert_dependent(conn, job, backend);
+                let locked = lock_dependencies(conn, std::slice::from_ref(job))?;
+                return insert_dependent(conn, job, backend, &locked);
             }
             let enqueued = dispatch!(conn, c => insert_deduplicated!(c, job, backend))?;
             if !enqueued.existing && !job.limits.is_empty() {
@@ -406,6 +435,7 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
     }
     let backend = conn.backend();
     let enqueued = transaction(conn, |conn| {
+        let locked = lock_dependencies(conn, jobs)?;
         dispatch!(conn, c => {
             let syntax = c.syntax();
             // Without RETURNING (MySQL), a multi-row insert's ids are known only where the
@@ -427,7 +457,7 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                 if run == 0 {
                     if let Some((job, tail)) = rest.split_first() {
                         if !job.dependencies.is_empty() {
-                            out.push(insert_dependent(c, job, backend)?);
+                            out.push(insert_dependent(c, job, backend, &locked)?);
                             rest = tail;
                             continue;
                         }

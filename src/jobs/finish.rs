@@ -20,7 +20,7 @@ use crate::{DibsConnection, Error, Result, transaction, validate};
 /// Finishing calls lock the rows they are about, then decide per job.
 const LOCK_STATES: &str = "\
     SELECT id, state, claim_token, attempt, max_attempts, snoozes, cancel_requested_at, \
-        has_dependents \
+        dependents \
     FROM dibs_jobs WHERE id IN {ids}{for_update}";
 
 /// A run of a job asked to cancel ends: the job is cancelled (not completed, failed or given
@@ -203,7 +203,7 @@ fn finish_noting<C: DibsConnection>(
             settled.extend(
                 cancel
                     .iter()
-                    .filter(|row| row.has_dependents != 0)
+                    .filter(|row| row.dependents != 0)
                     .map(|row| (row.id, JobState::Cancelled)),
             );
         }
@@ -248,7 +248,7 @@ fn apply_finish<C: DibsConnection>(
             for row in rows {
                 if let Some(error) = apply_snooze(conn, row, *micros)? {
                     died.push((row.id, error));
-                    if row.has_dependents != 0 {
+                    if row.dependents != 0 {
                         settled.push((row.id, JobState::Dead));
                     }
                 }
@@ -285,7 +285,7 @@ fn apply_finish<C: DibsConnection>(
                     }
                 })?;
                 record_error(conn, row.id, Some(row.attempt), error)?;
-                if retry_at.is_none() && row.has_dependents != 0 {
+                if retry_at.is_none() && row.dependents != 0 {
                     settled.push((row.id, JobState::Dead));
                 }
             }
@@ -303,7 +303,7 @@ fn apply_finish<C: DibsConnection>(
         }
         settled.extend(
             rows.iter()
-                .filter(|row| row.has_dependents != 0)
+                .filter(|row| row.dependents != 0)
                 .map(|row| (row.id, JobState::Completed)),
         );
     }

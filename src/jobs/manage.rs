@@ -27,7 +27,7 @@ const CANCEL: &str = "\
         OR (state = 'running' AND cancel_requested_at IS NULL))";
 
 /// The state a cancel left, and whether others depend on the job.
-const CANCELLED_STATE: &str = "SELECT state, has_dependents AS n FROM dibs_jobs WHERE id = ?";
+const CANCELLED_STATE: &str = "SELECT state, dependents AS n FROM dibs_jobs WHERE id = ?";
 
 #[derive(QueryableByName)]
 struct CancelledState {
@@ -157,10 +157,7 @@ pub(crate) struct Count {
 /// their [`super::RunWhen`] in the same transaction.
 pub fn cancel<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
     let (changed, released) = crate::transaction(conn, |conn| {
-        let changed = dispatch!(conn, c => {
-            statement(c.syntax().render(CANCEL)).bind::<BigInt, _>(id).execute(c)
-        })?;
-        if changed != 1 {
+        if !cancel_locked(conn, id)? {
             return Ok::<_, Error>((false, Vec::new()));
         }
         let now: CancelledState = dispatch!(conn, c => {
@@ -177,20 +174,34 @@ pub fn cancel<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
     Ok(changed)
 }
 
+/// The cancel statement alone (no settling of dependents): whether it changed the job.
+pub(super) fn cancel_locked<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
+    let changed = dispatch!(conn, c => {
+        statement(c.syntax().render(CANCEL)).bind::<BigInt, _>(id).execute(c)
+    })?;
+    Ok(changed == 1)
+}
+
 /// Makes a dead job wait again, due at once, with its attempts counted from zero. Returns
 /// whether it was dead. Refused ([`Error::InvalidInput`]) if a live job of its queue has the
 /// same dedup key.
+///
+/// Jobs still blocked that counted its death as finished ([`super::RunWhen::AllFinished`])
+/// wait for it again; those its death already cancelled or released stay so.
 pub fn retry_dead<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
-    // SQLite: this process's writers take turns (see `dibs::transaction`).
-    let _turn = write_turn(conn)?;
     use crate::schema::dibs_jobs;
-    let changed = dispatch!(conn, c => {
-        diesel::update(dibs_jobs::table.find(id).filter(dibs_jobs::state.eq(JobState::Dead)))
-            .set(retried())
-            .execute(c)
+    crate::transaction(conn, |conn| {
+        let changed = dispatch!(conn, c => {
+            diesel::update(dibs_jobs::table.find(id).filter(dibs_jobs::state.eq(JobState::Dead)))
+                .set(retried())
+                .execute(c)
+        })
+        .map_err(dedup_conflict)?;
+        if changed == 1 {
+            super::dependencies::rearm(conn, &[id])?;
+        }
+        Ok(changed == 1)
     })
-    .map_err(dedup_conflict)?;
-    Ok(changed == 1)
 }
 
 /// [`retry_dead`] for every dead job of a queue and kind; returns how many. All or none: if
@@ -202,21 +213,23 @@ pub fn retry_dead_of_kind<C: DibsConnection>(
 ) -> Result<usize> {
     validate::name("queue", queue)?;
     validate::name("kind", kind)?;
-    // SQLite: this process's writers take turns (see `dibs::transaction`).
-    let _turn = write_turn(conn)?;
     use crate::schema::dibs_jobs;
-    let changed = dispatch!(conn, c => {
-        diesel::update(
+    crate::transaction(conn, |conn| {
+        let dead = || {
             dibs_jobs::table
                 .filter(dibs_jobs::state.eq(JobState::Dead))
                 .filter(dibs_jobs::queue.eq(queue))
-                .filter(dibs_jobs::kind.eq(kind)),
-        )
-        .set(retried())
-        .execute(c)
+                .filter(dibs_jobs::kind.eq(kind))
+        };
+        // Those that blocked jobs may have counted as finished.
+        let with_dependents: Vec<i64> = dispatch!(conn, c => {
+            dead().filter(dibs_jobs::dependents.gt(0)).select(dibs_jobs::id).order(dibs_jobs::id).load(c)
+        })?;
+        let changed = dispatch!(conn, c => diesel::update(dead()).set(retried()).execute(c))
+            .map_err(dedup_conflict)?;
+        super::dependencies::rearm(conn, &with_dependents)?;
+        Ok(changed)
     })
-    .map_err(dedup_conflict)?;
-    Ok(changed)
 }
 
 /// A dead job runs again from its first attempt (no lapses, no snoozes), due at once

@@ -366,7 +366,7 @@ pub(crate) struct StateRow {
     pub cancel_requested_at: Option<DateTime<Utc>>,
     /// 1 once a job depends on it.
     #[diesel(sql_type = Integer)]
-    pub has_dependents: i32,
+    pub dependents: i32,
 }
 
 /// A claim candidate: `limit_key` says it has limits (`dibs_job_limits`).

@@ -75,7 +75,7 @@ const OLDER_THAN: &str = "\
 
 /// No unfinished job depends on it. Dependencies are added only under the lock of the job
 /// they point to, which the prune's lock (skipping locked rows) re-checks this under.
-const NOT_NEEDED: &str = "(has_dependents = 0 OR NOT EXISTS (\
+const NOT_NEEDED: &str = "(dependents = 0 OR NOT EXISTS (\
     SELECT 1 FROM dibs_job_dependencies d JOIN dibs_jobs w ON w.id = d.job_id \
     WHERE d.depends_on = dibs_jobs.id AND w.state IN ('blocked', 'waiting', 'running')))";
 

@@ -175,6 +175,13 @@ pub fn enqueue_workflow<C: DibsConnection>(
         job.validate()?;
     }
     transaction(conn, |conn| {
+        // The jobs outside the workflow that its jobs depend on, locked first and all at
+        // once, in id order (see `enqueue::lock_dependencies`).
+        let jobs = workflow.steps.iter().map(|(job, _)| job);
+        super::enqueue::lock_dependencies(
+            conn,
+            jobs.chain(workflow.callbacks().map(|(_, job)| job)),
+        )?;
         let id: i64 = dispatch!(conn, c => {
             let syntax = c.syntax();
             let insert = syntax.render(INSERT_WORKFLOW);
@@ -431,24 +438,60 @@ pub fn workflow_jobs<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Vec<Wor
 const UNFINISHED: &str = "SELECT id FROM dibs_jobs WHERE workflow_id = ? \
     AND state IN ('blocked', 'waiting', 'running') ORDER BY id";
 
-/// Cancels a whole workflow: every blocked or waiting job of it is cancelled, every running
-/// one asked to cancel (as [`super::cancel`] does), in one transaction (the caller's, if
-/// open), in id order, so that nothing of it is left runnable. Returns how many jobs it
-/// cancelled or asked to.
+/// The workflow's unfinished jobs, locked in id order (the order every locker of job rows
+/// keeps), and read as locked.
+const LOCK_UNFINISHED: &str = "SELECT id, state, dependents AS n FROM dibs_jobs \
+    WHERE id IN {ids} AND state IN ('blocked', 'waiting', 'running') ORDER BY id{for_update}";
+
+#[derive(QueryableByName)]
+struct Unfinished {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Text)]
+    state: String,
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    n: i32,
+}
+
+/// Cancels a whole workflow, in one transaction (the caller's, if open): every blocked or
+/// waiting job of it is cancelled and every running one asked to cancel (it is cancelled
+/// when its run ends, as with [`super::cancel`]), so that nothing of it is left runnable;
+/// then the jobs outside it that depend on its jobs follow their [`RunWhen`]. The jobs are
+/// locked first, all in id order, and their dependents settled once at the end, so a
+/// completion racing the cancel waits or goes first, never deadlocks with it. Returns how
+/// many jobs it cancelled or asked to (0 for a workflow with nothing left to cancel, or no
+/// such workflow).
 pub fn cancel_workflow<C: DibsConnection>(conn: &mut C, id: i64) -> Result<usize> {
-    transaction(conn, |conn| {
+    let released = transaction(conn, |conn| {
         let ids: Vec<i64> = dispatch!(conn, c => {
             statement(UNFINISHED).bind::<BigInt, _>(id).load::<IdRow>(c)
         })?
         .into_iter()
         .map(|row| row.id)
         .collect();
+        let mut locked: Vec<Unfinished> = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(super::MAX_BATCH) {
+            let rows: Vec<Unfinished> = dispatch!(conn, c => {
+                statement(c.syntax().render(LOCK_UNFINISHED))
+                    .bind_ids(chunk.iter().copied())
+                    .load::<Unfinished>(c)
+            })?;
+            locked.extend(rows);
+        }
         let mut cancelled = 0;
-        for job in ids {
-            if super::cancel(conn, job)? {
+        let mut settle = Vec::new();
+        for job in &locked {
+            if super::manage::cancel_locked(conn, job.id)? {
                 cancelled += 1;
+                if job.state != "running" && job.n != 0 {
+                    settle.push((job.id, JobState::Cancelled));
+                }
             }
         }
-        Ok(cancelled)
-    })
+        let released = super::settle(conn, settle)?;
+        Ok::<_, Error>((cancelled, released))
+    })?;
+    let (cancelled, released) = released;
+    crate::wake::wake(released.iter().map(String::as_str));
+    Ok(cancelled)
 }

@@ -91,7 +91,7 @@ fn a_completion_in_a_repeatable_read_transaction_never_misses_a_dependent(backen
                 &mut conn,
                 &format!(
                     "SELECT COUNT(*) AS n FROM dibs_job_dependencies \
-                     WHERE job_id = {second} AND pending_stripe IS NULL"
+                     WHERE job_id = {second} AND counted = 1"
                 ),
             );
             assert_eq!(

@@ -120,7 +120,7 @@ fn schema_tables() -> Vec<TableSpec> {
             workflow_id,
             run_when,
             stripes_pending,
-            has_dependents,
+            dependents,
             progress,
             progress_message,
         }),
@@ -189,7 +189,9 @@ fn schema_tables() -> Vec<TableSpec> {
         table_spec!(dibs_job_dependencies {
             job_id,
             depends_on,
-            pending_stripe
+            stripe,
+            counted,
+            run_when
         }),
         table_spec!(dibs_dependency_stripes {
             job_id,

@@ -4,7 +4,7 @@ ALTER TABLE dibs_jobs
     ADD COLUMN workflow_id BIGINT NULL,
     ADD COLUMN run_when VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NULL,
     ADD COLUMN stripes_pending INT NULL,
-    ADD COLUMN has_dependents INT NOT NULL DEFAULT 0,
+    ADD COLUMN dependents INT NOT NULL DEFAULT 0,
     ADD COLUMN progress DOUBLE NULL,
     ADD COLUMN progress_message TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
     ADD INDEX dibs_jobs_workflow (workflow_id, state);

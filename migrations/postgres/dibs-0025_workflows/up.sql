@@ -4,12 +4,14 @@
 -- 'any_failed' (crate::jobs::RunWhen). It is 'blocked' until then.
 -- stripes_pending: its dependency stripes (dibs_dependency_stripes) with dependencies still
 -- pending; the job is decided when it reaches 0.
--- has_dependents: 1 once a job depends on this one, so finishing it looks for dependents.
+-- dependents: how many jobs were enqueued depending on this one: finishing it looks for them
+-- only if any (and every such enqueue writes the row, so a finish in an older REPEATABLE READ
+-- snapshot fails with a serialization error rather than miss the new dependent).
 -- progress, progress_message: what a running job last reported.
 ALTER TABLE dibs_jobs ADD COLUMN workflow_id bigint;
 ALTER TABLE dibs_jobs ADD COLUMN run_when text;
 ALTER TABLE dibs_jobs ADD COLUMN stripes_pending integer;
-ALTER TABLE dibs_jobs ADD COLUMN has_dependents integer NOT NULL DEFAULT 0;
+ALTER TABLE dibs_jobs ADD COLUMN dependents integer NOT NULL DEFAULT 0;
 ALTER TABLE dibs_jobs ADD COLUMN progress double precision;
 ALTER TABLE dibs_jobs ADD COLUMN progress_message text;
 CREATE INDEX dibs_jobs_workflow ON dibs_jobs (workflow_id, state) WHERE workflow_id IS NOT NULL;
@@ -22,12 +24,16 @@ CREATE TABLE dibs_workflows (
     on_failure bigint,
     on_finish  bigint
 );
--- job_id waits for depends_on. pending_stripe: the stripe of job_id the edge still counts in;
--- NULL once depends_on finished and the edge was counted.
+-- job_id waits for depends_on. stripe: the stripe of job_id the edge counts in; counted: 1
+-- once depends_on finished and the stripe was counted down (0 again if a dead depends_on is
+-- retried while job_id is blocked). run_when: job_id's (it never changes), so a finish reads
+-- everything it decides on from rows it locks.
 CREATE TABLE dibs_job_dependencies (
     job_id         bigint NOT NULL,
     depends_on     bigint NOT NULL,
-    pending_stripe integer,
+    stripe         integer NOT NULL,
+    counted        integer NOT NULL DEFAULT 0,
+    run_when       text NOT NULL,
     PRIMARY KEY (job_id, depends_on)
 );
 CREATE INDEX dibs_job_dependencies_depends_on ON dibs_job_dependencies (depends_on);

@@ -5,7 +5,7 @@ DROP TABLE dibs_workflows;
 DROP INDEX dibs_jobs_workflow;
 ALTER TABLE dibs_jobs DROP COLUMN progress_message;
 ALTER TABLE dibs_jobs DROP COLUMN progress;
-ALTER TABLE dibs_jobs DROP COLUMN has_dependents;
+ALTER TABLE dibs_jobs DROP COLUMN dependents;
 ALTER TABLE dibs_jobs DROP COLUMN stripes_pending;
 ALTER TABLE dibs_jobs DROP COLUMN run_when;
 ALTER TABLE dibs_jobs DROP COLUMN workflow_id;
