@@ -159,3 +159,53 @@ pub(crate) fn require_bare<D: Dialect>(conn: &mut D, operation: &'static str) ->
         Err(e) => Err(e.into()),
     }
 }
+
+/// How often a transaction dibs owns is tried again after a deadlock or a serialization
+/// failure.
+const TRANSIENT_RETRIES: u32 = 6;
+
+/// [`transaction`] for dibs's own operations whose locks can meet other transactions' in a
+/// cycle (a finish settling dependents of lower id than a job it finishes, while a cancel or
+/// an enqueue locks in id order): outside a caller's transaction, a deadlock, serialization
+/// failure or busy database rolls the whole transaction back and it runs again (a few
+/// times, after a short random pause), so it never reaches the caller. Inside a caller's
+/// transaction it runs once, and such an error is the caller's to retry
+/// ([`Error::is_retryable`]).
+pub(crate) fn retrying_transaction<C, T, F>(conn: &mut C, mut f: F) -> Result<T>
+where
+    C: DibsConnection,
+    F: FnMut(&mut C) -> Result<T>,
+{
+    if in_transaction(conn) {
+        return transaction(conn, f);
+    }
+    retry_transient(|| transaction(conn, &mut f))
+}
+
+/// Runs `attempt` (a whole transaction dibs owns) again after a deadlock, serialization
+/// failure or busy database, a few times, after a short random pause.
+pub(crate) fn retry_transient<T>(mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut tries = 0;
+    loop {
+        match attempt() {
+            Err(e @ Error::Database(_)) if e.is_retryable() && tries < TRANSIENT_RETRIES => {
+                tries += 1;
+                tracing::debug!(error = %e, tries, "a transient conflict; running the transaction again");
+                let pause = 2u64.pow(tries.min(6)) + rand::random_range(0..8u64);
+                std::thread::sleep(std::time::Duration::from_millis(pause));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether the connection is inside a transaction (the caller's, or one dibs began).
+pub(crate) fn in_transaction<C: DibsConnection>(conn: &mut C) -> bool {
+    dispatch!(any conn, c => depth_of(c))
+}
+
+fn depth_of<D: Dialect>(conn: &mut D) -> bool {
+    D::TransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()
+        .map_or(true, |depth| depth.is_some())
+}

@@ -6,6 +6,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer, Text};
 
 use super::dependencies::settle;
+use crate::transaction::retry_transient;
 use super::finish::record_error;
 use super::model::{Candidate, IdRow, IdStateRow, JobRow, LockedClaim};
 use super::{ClaimedJob, JobState, MAX_KINDS, MAX_LAPSES, Rescued, admission, check_limit, ids_of};
@@ -294,7 +295,9 @@ fn claim_of<C: DibsConnection>(
 /// cancelled. Needs a bare connection.
 pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
     let limit = check_limit(limit)?;
-    let (rows, released): (Vec<IdStateRow>, Vec<String>) = dispatch!(conn, c => {
+    // A deadlock with a cancel or an enqueue locking in id order (the settle below locks
+    // dependents of lower id than jobs it rescued) runs the rescue again.
+    let (rows, released): (Vec<IdStateRow>, Vec<String>) = retry_transient(|| dispatch!(conn, c => {
         bare_write_transaction(c, "rescuing stalled jobs", |c| {
             let syntax = c.syntax();
             let candidates: Vec<i64> = statement(syntax.render(RESCUE_CANDIDATES))
@@ -341,7 +344,7 @@ pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> 
             let released = if ended.is_empty() { Vec::new() } else { settle(c, ended)? };
             Ok((rows, released))
         })
-    })?;
+    }))?;
     crate::wake::wake(released.iter().map(String::as_str));
     let mut rescued = Rescued::default();
     for row in rows {

@@ -461,7 +461,7 @@ const UNCOUNT_EDGE: &str =
 const INCREMENT_STRIPE: &str = "\
     UPDATE dibs_dependency_stripes SET pending = pending + 1 WHERE job_id = ? AND stripe = ?";
 const INCREMENT_STRIPES_PENDING: &str =
-    "UPDATE dibs_jobs SET stripes_pending = stripes_pending + 1 WHERE id = ? AND state = 'blocked'";
+    "UPDATE dibs_jobs SET stripes_pending = stripes_pending + ? WHERE id = ? AND state = 'blocked'";
 
 /// After dead jobs (`ids`, locked by the caller and now waiting again) were retried: the
 /// blocked jobs that counted their deaths wait for them again. In the retry's transaction.
@@ -471,8 +471,11 @@ pub(crate) fn rearm<C: DibsConnection>(conn: &mut C, ids: &[i64]) -> Result<()> 
             let mut edges = statement(REARM_EDGES)
                 .bind_ids(chunk.iter().copied())
                 .load::<PendingEdge>(c)?;
+            // Per dependent, as `count_down` locks: its stripes in ascending order, then its
+            // row once (the stripes that went from empty to pending).
             edges.sort_by_key(|e| (e.job_id, e.stripe));
-            for edge in edges {
+            let mut refilled: BTreeMap<i64, i32> = BTreeMap::new();
+            for edge in &edges {
                 statement(UNCOUNT_EDGE)
                     .bind::<BigInt, _>(edge.job_id)
                     .bind::<BigInt, _>(edge.depends_on)
@@ -485,9 +488,16 @@ pub(crate) fn rearm<C: DibsConnection>(conn: &mut C, ids: &[i64]) -> Result<()> 
                     .bind::<BigInt, _>(edge.job_id)
                     .bind::<Integer, _>(edge.stripe)
                     .get_result::<Count>(c)?;
+                let entry = refilled.entry(edge.job_id).or_default();
                 if now.n == Some(1) {
-                    statement(INCREMENT_STRIPES_PENDING).bind::<BigInt, _>(edge.job_id).execute(c)?;
+                    *entry += 1;
                 }
+            }
+            for (job, stripes) in refilled.into_iter().filter(|(_, n)| *n > 0) {
+                statement(INCREMENT_STRIPES_PENDING)
+                    .bind::<Integer, _>(stripes)
+                    .bind::<BigInt, _>(job)
+                    .execute(c)?;
             }
             Ok::<(), Error>(())
         })?;

@@ -13,7 +13,8 @@ use crate::backend::statement::{Statement, row, statement};
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::sql_types::Instant;
 use crate::transaction::write_turn;
-use crate::{Backend, DibsConnection, Error, Result, transaction};
+use crate::transaction::retrying_transaction;
+use crate::{Backend, DibsConnection, Error, Result};
 
 const INSERT_HEAD: &str = "INSERT INTO dibs_jobs \
     (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, dedup_key, \
@@ -368,7 +369,7 @@ pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued
     let backend = conn.backend();
     // Wakes idle workers too (PostgreSQL: a NOTIFY in the insert's RETURNING list).
     let enqueued = if needs_transaction(job, backend) {
-        transaction(conn, |conn| {
+        retrying_transaction(conn, |conn| {
             if !job.dependencies.is_empty() {
                 let locked = lock_dependencies(conn, std::slice::from_ref(job))?;
                 return insert_dependent(conn, job, backend, &locked);
@@ -434,7 +435,7 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
         job.validate()?;
     }
     let backend = conn.backend();
-    let enqueued = transaction(conn, |conn| {
+    let enqueued = retrying_transaction(conn, |conn| {
         let locked = lock_dependencies(conn, jobs)?;
         dispatch!(conn, c => {
             let syntax = c.syntax();

@@ -15,7 +15,8 @@ use super::{JobClaim, JobState, MAX_BATCH, MAX_ERROR_BYTES, MAX_FREE_SNOOZES, Ou
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
 use crate::sql_types::Instant;
-use crate::{DibsConnection, Error, Result, transaction, validate};
+use crate::transaction::retrying_transaction;
+use crate::{DibsConnection, Error, Result, validate};
 
 /// Finishing calls lock the rows they are about, then decide per job.
 const LOCK_STATES: &str = "\
@@ -148,8 +149,8 @@ fn finish_noting<C: DibsConnection>(
     died: &mut Vec<(i64, String)>,
 ) -> Result<Vec<Outcome>> {
     check_claims(claims)?;
-    died.clear();
-    let released = transaction(conn, |conn| {
+    let released = retrying_transaction(conn, |conn| {
+        died.clear();
         let states: Vec<StateRow> = dispatch!(conn, c => {
             statement(c.syntax().render(LOCK_STATES))
                 .bind_ids(claims.iter().map(|claim| claim.id))

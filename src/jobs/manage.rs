@@ -156,7 +156,7 @@ pub(crate) struct Count {
 /// A blocked job is cancelled at once too. The jobs that depend on a cancelled job follow
 /// their [`super::RunWhen`] in the same transaction.
 pub fn cancel<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
-    let (changed, released) = crate::transaction(conn, |conn| {
+    let (changed, released) = crate::transaction::retrying_transaction(conn, |conn| {
         if !cancel_locked(conn, id)? {
             return Ok::<_, Error>((false, Vec::new()));
         }
@@ -190,7 +190,7 @@ pub(super) fn cancel_locked<C: DibsConnection>(conn: &mut C, id: i64) -> Result<
 /// wait for it again; those its death already cancelled or released stay so.
 pub fn retry_dead<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
     use crate::schema::dibs_jobs;
-    crate::transaction(conn, |conn| {
+    crate::transaction::retrying_transaction(conn, |conn| {
         let changed = dispatch!(conn, c => {
             diesel::update(dibs_jobs::table.find(id).filter(dibs_jobs::state.eq(JobState::Dead)))
                 .set(retried())
@@ -214,7 +214,7 @@ pub fn retry_dead_of_kind<C: DibsConnection>(
     validate::name("queue", queue)?;
     validate::name("kind", kind)?;
     use crate::schema::dibs_jobs;
-    crate::transaction(conn, |conn| {
+    crate::transaction::retrying_transaction(conn, |conn| {
         let dead = || {
             dibs_jobs::table
                 .filter(dibs_jobs::state.eq(JobState::Dead))

@@ -71,7 +71,8 @@ pub use model::{Backoff, ClaimedJob, Job, JobClaim, JobState, Outcome, Rescued, 
 pub use new_job::{DedupOver, Due, Enqueued, NewJob, OnDuplicate};
 pub use results::{
     DependencyResult, JobResult, MAX_PROGRESS_MESSAGE_BYTES, MAX_RESULT_BYTES,
-    complete_with_result, dependency_results, progress, record_progress, result,
+    complete_with_result, dependency_results, dependency_results_after, progress, record_progress,
+    result,
 };
 pub use retention::{Finished, Retention, prune};
 pub use typed::{JobArgs, enqueue_job, enqueue_jobs};

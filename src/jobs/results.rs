@@ -194,6 +194,9 @@ const DEPENDENCY_RESULTS: &str = "\
 /// assert_eq!(inputs[0].result.as_ref().unwrap().decode::<Vec<i32>>()?, vec![1, 2, 3]);
 /// # Ok(()) }
 /// ```
+///
+/// It reads every dependency's result at once (up to [`MAX_RESULT_BYTES`] each): for a job
+/// that waits for thousands, read them a page at a time with [`dependency_results_after`].
 pub fn dependency_results<C: DibsConnection>(
     conn: &mut C,
     id: i64,
@@ -205,6 +208,53 @@ pub fn dependency_results<C: DibsConnection>(
             .order(dibs_job_dependencies::depends_on)
             .load(c)
     })?;
+    results_of(conn, &ids)
+}
+
+/// A page of [`dependency_results`]: at most `limit` (1 to [`MAX_BATCH`]) dependencies with
+/// ids above `after` (`None`: from the first), by id. Pass the last id of a page as `after`
+/// for the next; an empty page is the end.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use dibs::jobs::{self, NewJob};
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// dibs::run_migrations(&mut conn)?;
+/// let parts = jobs::enqueue_many(&mut conn, &vec![NewJob::new("q", "part", vec![]); 5])?;
+/// let merge = NewJob::new("q", "merge", vec![]).depends_on(parts.iter().map(|p| p.id));
+/// let merge = jobs::enqueue(&mut conn, &merge)?.id;
+/// let (mut after, mut seen) = (None, 0);
+/// loop {
+///     let page = jobs::dependency_results_after(&mut conn, merge, after, 2)?;
+///     let Some(last) = page.last() else { break };
+///     after = Some(last.id);
+///     seen += page.len();
+/// }
+/// assert_eq!(seen, 5);
+/// # Ok(()) }
+/// ```
+pub fn dependency_results_after<C: DibsConnection>(
+    conn: &mut C,
+    id: i64,
+    after: Option<i64>,
+    limit: usize,
+) -> Result<Vec<DependencyResult>> {
+    let limit = super::check_limit(limit)?;
+    let ids: Vec<i64> = dispatch!(conn, c => {
+        dibs_job_dependencies::table
+            .filter(dibs_job_dependencies::job_id.eq(id))
+            .filter(dibs_job_dependencies::depends_on.gt(after.unwrap_or(i64::MIN)))
+            .select(dibs_job_dependencies::depends_on)
+            .order(dibs_job_dependencies::depends_on)
+            .limit(limit)
+            .load(c)
+    })?;
+    results_of(conn, &ids)
+}
+
+/// The jobs `ids` (sorted) with their states and results; jobs pruned meanwhile are left
+/// out.
+fn results_of<C: DibsConnection>(conn: &mut C, ids: &[i64]) -> Result<Vec<DependencyResult>> {
     let mut out = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(MAX_BATCH) {
         let rows: Vec<DependencyRow> = dispatch!(conn, c => {

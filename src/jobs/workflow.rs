@@ -11,7 +11,8 @@ use super::{Enqueued, JobState, NewJob, RunWhen, enqueue_many};
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
 use crate::schema::{dibs_job_dependencies, dibs_jobs, dibs_workflows};
-use crate::{DibsConnection, Error, Result, transaction, validate};
+use crate::transaction::retrying_transaction;
+use crate::{DibsConnection, Error, Result, validate};
 
 /// A step of a [`Workflow`], to make later steps depend on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -174,7 +175,7 @@ pub fn enqueue_workflow<C: DibsConnection>(
     for (_, job) in workflow.callbacks() {
         job.validate()?;
     }
-    transaction(conn, |conn| {
+    retrying_transaction(conn, |conn| {
         // The jobs outside the workflow that its jobs depend on, locked first and all at
         // once, in id order (see `enqueue::lock_dependencies`).
         let jobs = workflow.steps.iter().map(|(job, _)| job);
@@ -462,7 +463,7 @@ struct Unfinished {
 /// many jobs it cancelled or asked to (0 for a workflow with nothing left to cancel, or no
 /// such workflow).
 pub fn cancel_workflow<C: DibsConnection>(conn: &mut C, id: i64) -> Result<usize> {
-    let released = transaction(conn, |conn| {
+    let released = retrying_transaction(conn, |conn| {
         let ids: Vec<i64> = dispatch!(conn, c => {
             statement(UNFINISHED).bind::<BigInt, _>(id).load::<IdRow>(c)
         })?
