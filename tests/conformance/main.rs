@@ -7,6 +7,7 @@ mod attacks18;
 mod attacks18b;
 mod attacks18c;
 mod attacks19;
+mod attacks19b;
 mod attacks2;
 mod attacks3;
 mod attacks4;
