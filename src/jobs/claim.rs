@@ -6,13 +6,13 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer, Text};
 
 use super::dependencies::settle;
-use crate::transaction::retry_transient;
 use super::finish::record_error;
 use super::model::{Candidate, IdRow, IdStateRow, JobRow, LockedClaim};
 use super::{ClaimedJob, JobState, MAX_KINDS, MAX_LAPSES, Rescued, admission, check_limit, ids_of};
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
 use crate::transaction::bare_write_transaction;
+use crate::transaction::retry_transient;
 use crate::{DibsConnection, Error, Result, validate};
 
 /// What a claim reads back of the jobs it claimed ([`model::JobRow`]).
@@ -297,54 +297,56 @@ pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> 
     let limit = check_limit(limit)?;
     // A deadlock with a cancel or an enqueue locking in id order (the settle below locks
     // dependents of lower id than jobs it rescued) runs the rescue again.
-    let (rows, released): (Vec<IdStateRow>, Vec<String>) = retry_transient(|| dispatch!(conn, c => {
-        bare_write_transaction(c, "rescuing stalled jobs", |c| {
-            let syntax = c.syntax();
-            let candidates: Vec<i64> = statement(syntax.render(RESCUE_CANDIDATES))
-                .bind::<BigInt, _>(limit)
-                .load::<IdRow>(c)
-                .map(ids_of)?;
-            if candidates.is_empty() {
-                return Ok((Vec::new(), Vec::new()));
-            }
-            let mut ids = Vec::new();
-            let locked = statement(syntax.render(RESCUE_LOCK))
-                .bind_ids(candidates)
-                .load::<LockedClaim>(c)?;
-            for row in locked {
-                let stalled = JobState::parse(&row.state)? == JobState::Running
-                    && row.claim_expires_at.is_some_and(|at| at <= row.db_now);
-                if stalled {
-                    ids.push(row.id);
+    let (rows, released): (Vec<IdStateRow>, Vec<String>) = retry_transient(|| {
+        dispatch!(conn, c => {
+            bare_write_transaction(c, "rescuing stalled jobs", |c| {
+                let syntax = c.syntax();
+                let candidates: Vec<i64> = statement(syntax.render(RESCUE_CANDIDATES))
+                    .bind::<BigInt, _>(limit)
+                    .load::<IdRow>(c)
+                    .map(ids_of)?;
+                if candidates.is_empty() {
+                    return Ok((Vec::new(), Vec::new()));
                 }
-            }
-            if ids.is_empty() {
-                return Ok((Vec::new(), Vec::new()));
-            }
-            // The history names the run that lapsed: before the attempt is given back.
-            for id in &ids {
-                record_error(c, *id, None, RESCUE_ERROR)?;
-            }
-            statement(syntax.render(RESCUE_SET))
-                .bind::<Integer, _>(MAX_LAPSES as i32)
-                .bind::<Integer, _>(MAX_LAPSES as i32)
-                .bind_ids(ids.iter().copied())
-                .execute(c)?;
-            let rows = statement("SELECT id, state FROM dibs_jobs WHERE id IN {ids}")
-                .bind_ids(ids)
-                .load::<IdStateRow>(c)?;
-            // Jobs the rescue ended (dead or cancelled): their dependents follow, here.
-            let ended: Vec<(i64, JobState)> = rows
-                .iter()
-                .filter_map(|row| match JobState::parse(&row.state) {
-                    Ok(state @ (JobState::Dead | JobState::Cancelled)) => Some((row.id, state)),
-                    _ => None,
-                })
-                .collect();
-            let released = if ended.is_empty() { Vec::new() } else { settle(c, ended)? };
-            Ok((rows, released))
+                let mut ids = Vec::new();
+                let locked = statement(syntax.render(RESCUE_LOCK))
+                    .bind_ids(candidates)
+                    .load::<LockedClaim>(c)?;
+                for row in locked {
+                    let stalled = JobState::parse(&row.state)? == JobState::Running
+                        && row.claim_expires_at.is_some_and(|at| at <= row.db_now);
+                    if stalled {
+                        ids.push(row.id);
+                    }
+                }
+                if ids.is_empty() {
+                    return Ok((Vec::new(), Vec::new()));
+                }
+                // The history names the run that lapsed: before the attempt is given back.
+                for id in &ids {
+                    record_error(c, *id, None, RESCUE_ERROR)?;
+                }
+                statement(syntax.render(RESCUE_SET))
+                    .bind::<Integer, _>(MAX_LAPSES as i32)
+                    .bind::<Integer, _>(MAX_LAPSES as i32)
+                    .bind_ids(ids.iter().copied())
+                    .execute(c)?;
+                let rows = statement("SELECT id, state FROM dibs_jobs WHERE id IN {ids}")
+                    .bind_ids(ids)
+                    .load::<IdStateRow>(c)?;
+                // Jobs the rescue ended (dead or cancelled): their dependents follow, here.
+                let ended: Vec<(i64, JobState)> = rows
+                    .iter()
+                    .filter_map(|row| match JobState::parse(&row.state) {
+                        Ok(state @ (JobState::Dead | JobState::Cancelled)) => Some((row.id, state)),
+                        _ => None,
+                    })
+                    .collect();
+                let released = if ended.is_empty() { Vec::new() } else { settle(c, ended)? };
+                Ok((rows, released))
+            })
         })
-    }))?;
+    })?;
     crate::wake::wake(released.iter().map(String::as_str));
     let mut rescued = Rescued::default();
     for row in rows {

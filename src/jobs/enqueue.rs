@@ -12,8 +12,8 @@ use super::{DedupOver, Enqueued, NewJob, OnDuplicate, ids_of};
 use crate::backend::statement::{Statement, row, statement};
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::sql_types::Instant;
-use crate::transaction::write_turn;
 use crate::transaction::retrying_transaction;
+use crate::transaction::write_turn;
 use crate::{Backend, DibsConnection, Error, Result};
 
 const INSERT_HEAD: &str = "INSERT INTO dibs_jobs \

@@ -470,6 +470,7 @@ pub fn cancel_workflow<C: DibsConnection>(conn: &mut C, id: i64) -> Result<usize
         .into_iter()
         .map(|row| row.id)
         .collect();
+        super::dependencies::lock_ahead(conn, &ids)?;
         let mut locked: Vec<Unfinished> = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(super::MAX_BATCH) {
             let rows: Vec<Unfinished> = dispatch!(conn, c => {
