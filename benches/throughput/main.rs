@@ -36,6 +36,7 @@ use dibs::{AnyConnection, Backend, Pool};
 use diesel::connection::SimpleConnection;
 
 mod support;
+mod workflows;
 use support::*;
 
 struct Options {
@@ -561,6 +562,15 @@ fn main() {
             drain_row(
                 "W2. drain, a batch of them with 3 callbacks",
                 Setup::Workflow(true),
+            );
+            row(
+                &format!(
+                    "W3. one job waits for all {}, {} claimers, one completion a transaction",
+                    options.jobs,
+                    workflows::CLAIMERS
+                ),
+                runs(&|| workflows::fan_in_by_claimers(backend, options.jobs)),
+                None,
             );
         }
         if wanted('D') {

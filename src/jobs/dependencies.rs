@@ -105,8 +105,10 @@ where
 pub const MAX_DEPENDENCIES: usize = 100_000;
 /// About this many pending dependencies share a stripe.
 pub const STRIPE_SIZE: usize = 16;
-/// The most stripes a job's dependencies are spread over.
-pub const MAX_STRIPES: usize = 64;
+/// The most stripes a job's dependencies are spread over. Measured (BENCHMARKS.md,
+/// "Workflows"): 8 spread eight concurrent completers as well as 64 did, while a worker's
+/// batched completions touch at most 8 stripe rows per dependent instead of up to 64.
+pub const MAX_STRIPES: usize = 8;
 
 /// How many stripes `n` dependencies are spread over.
 pub(super) fn stripes_for(n: usize) -> i32 {
@@ -277,6 +279,12 @@ struct IdState {
 
 const DECREMENT_STRIPE: &str = "\
     UPDATE dibs_dependency_stripes SET pending = pending - ? WHERE job_id = ? AND stripe = ?";
+const DECREMENT_STRIPE_RETURNING: &str = "\
+    UPDATE dibs_dependency_stripes SET pending = pending - ? WHERE job_id = ? AND stripe = ? \
+    RETURNING pending AS n";
+const DECREMENT_STRIPES_PENDING_RETURNING: &str = "\
+    UPDATE dibs_jobs SET stripes_pending = stripes_pending - ? WHERE id = ? \
+    RETURNING stripes_pending AS n";
 const STRIPE_PENDING: &str =
     "SELECT pending AS n FROM dibs_dependency_stripes WHERE job_id = ? AND stripe = ?";
 
@@ -416,18 +424,25 @@ pub(crate) fn settle<C: DibsConnection>(
 /// and this transaction (holding the row's lock) decides the job.
 fn count_down<C: DibsConnection>(conn: &mut C, id: i64, done: &BTreeMap<i32, i32>) -> Result<bool> {
     dispatch!(conn, c => {
+        // With RETURNING, the count left comes back from the update itself; MySQL reads it
+        // after (its own write: the latest version).
+        let returning = c.syntax().returning;
         let mut emptied = 0;
         for (stripe, n) in done {
-            statement(DECREMENT_STRIPE)
+            let decrement = statement(if returning { DECREMENT_STRIPE_RETURNING } else { DECREMENT_STRIPE })
                 .bind::<Integer, _>(*n)
                 .bind::<BigInt, _>(id)
-                .bind::<Integer, _>(*stripe)
-                .execute(c)?;
-            let left = statement(STRIPE_PENDING)
-                .bind::<BigInt, _>(id)
-                .bind::<Integer, _>(*stripe)
-                .get_result::<Count>(c)
-                .optional()?;
+                .bind::<Integer, _>(*stripe);
+            let left = if returning {
+                decrement.get_result::<Count>(c).optional()?
+            } else {
+                decrement.execute(c)?;
+                statement(STRIPE_PENDING)
+                    .bind::<BigInt, _>(id)
+                    .bind::<Integer, _>(*stripe)
+                    .get_result::<Count>(c)
+                    .optional()?
+            };
             if left.and_then(|l| l.n) == Some(0) {
                 emptied += 1;
             }
@@ -435,14 +450,18 @@ fn count_down<C: DibsConnection>(conn: &mut C, id: i64, done: &BTreeMap<i32, i32
         if emptied == 0 {
             return Ok(false);
         }
-        statement(DECREMENT_STRIPES_PENDING)
+        let decrement = statement(if returning { DECREMENT_STRIPES_PENDING_RETURNING } else { DECREMENT_STRIPES_PENDING })
             .bind::<Integer, _>(emptied)
-            .bind::<BigInt, _>(id)
-            .execute(c)?;
-        let left = statement(STRIPES_PENDING)
-            .bind::<BigInt, _>(id)
-            .get_result::<Count>(c)
-            .optional()?;
+            .bind::<BigInt, _>(id);
+        let left = if returning {
+            decrement.get_result::<Count>(c).optional()?
+        } else {
+            decrement.execute(c)?;
+            statement(STRIPES_PENDING)
+                .bind::<BigInt, _>(id)
+                .get_result::<Count>(c)
+                .optional()?
+        };
         Ok::<bool, Error>(left.and_then(|l| l.n) == Some(0))
     })
 }
