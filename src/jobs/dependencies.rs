@@ -26,6 +26,7 @@ use diesel::prelude::*;
 use diesel::serialize::{self, Output, ToSql};
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
+use super::model::IdStateRow;
 use super::{JobState, MAX_BATCH};
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
@@ -269,14 +270,6 @@ const COUNT_EDGES: &str = "\
 /// (an older snapshot) or seen blocked is counted down under its rows' locks.
 const DEPENDENT_STATES: &str = "SELECT id, state FROM dibs_jobs WHERE id IN {ids}";
 
-#[derive(QueryableByName)]
-struct IdState {
-    #[diesel(sql_type = BigInt)]
-    id: i64,
-    #[diesel(sql_type = Text)]
-    state: String,
-}
-
 const DECREMENT_STRIPE: &str = "\
     UPDATE dibs_dependency_stripes SET pending = pending - ? WHERE job_id = ? AND stripe = ?";
 const DECREMENT_STRIPE_RETURNING: &str = "\
@@ -370,8 +363,8 @@ pub(crate) fn settle<C: DibsConnection>(
         let ids: Vec<i64> = by_dependent.keys().copied().collect();
         let mut settled: HashMap<i64, bool> = HashMap::new();
         for chunk in ids.chunks(MAX_BATCH) {
-            let rows: Vec<IdState> = dispatch!(conn, c => {
-                statement(DEPENDENT_STATES).bind_ids(chunk.iter().copied()).load::<IdState>(c)
+            let rows: Vec<IdStateRow> = dispatch!(conn, c => {
+                statement(DEPENDENT_STATES).bind_ids(chunk.iter().copied()).load::<IdStateRow>(c)
             })?;
             for row in rows {
                 settled.insert(row.id, row.state != JobState::Blocked.as_str());

@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
 
+use super::model::{IdRow, IdStateRow as IdState};
 use super::{Enqueued, JobState, NewJob, RunWhen, enqueue_many};
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
@@ -152,12 +153,6 @@ impl Workflow {
 
 const INSERT_WORKFLOW: &str = "INSERT INTO dibs_workflows (name, created_at) VALUES (?, {now})";
 const LAST_INSERT_ID: &str = "SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id";
-
-#[derive(QueryableByName)]
-struct IdRow {
-    #[diesel(sql_type = BigInt)]
-    id: i64,
-}
 
 /// Enqueues a workflow in one transaction (the caller's, if one is open: then in a
 /// savepoint of it): all of it or none. Steps are inserted in the order added, each
@@ -312,14 +307,6 @@ struct StateCount {
     state: String,
     #[diesel(sql_type = BigInt)]
     n: i64,
-}
-
-#[derive(QueryableByName)]
-struct IdState {
-    #[diesel(sql_type = BigInt)]
-    id: i64,
-    #[diesel(sql_type = Text)]
-    state: String,
 }
 
 /// Counts per state, from the index on `(workflow_id, state)`.
