@@ -133,7 +133,8 @@ pub fn complete_with_result<C: DibsConnection>(
     Ok(outcomes.first().copied().unwrap_or(Outcome::Lost))
 }
 
-/// A completed job's result, or `None` (no result, or no such job).
+/// A completed job's result, or `None` (no result, or no such job). See
+/// [`complete_with_result`] for an example.
 pub fn result<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Option<JobResult>> {
     let row: Option<(String, Vec<u8>)> = dispatch!(conn, c => {
         dibs_job_results::table
@@ -330,7 +331,8 @@ pub fn record_progress<C: DibsConnection>(
     })
 }
 
-/// A job's progress as last recorded: (number, message).
+/// A job's progress as last recorded: (number, message). See [`record_progress`] for an
+/// example.
 pub fn progress<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Option<(f64, String)>> {
     let row: Option<(Option<f64>, Option<String>)> = dispatch!(conn, c => {
         dibs_jobs::table

@@ -159,6 +159,23 @@ const LAST_INSERT_ID: &str = "SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id";
 /// `blocked` until its dependencies are settled. Callbacks depend on every step.
 /// Invalid input (no steps, a step depending on a later one, a dedup key, an invalid job)
 /// is [`Error::InvalidInput`] and writes nothing.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use dibs::jobs::{self, JobState, NewJob, Workflow};
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// dibs::run_migrations(&mut conn)?;
+/// let mut batch = Workflow::new("import");
+/// for row in 0..3 {
+///     batch.add(NewJob::json("import", "row", &row)?);
+/// }
+/// batch.on_finish(NewJob::new("import", "summarize", vec![]));
+/// let made = jobs::enqueue_workflow(&mut conn, &batch)?;
+/// assert_eq!(made.jobs.len(), 3);
+/// let summarize = jobs::get(&mut conn, made.on_finish.unwrap())?.unwrap();
+/// assert_eq!((summarize.state, summarize.workflow_id), (JobState::Blocked, Some(made.id)));
+/// # Ok(()) }
+/// ```
 pub fn enqueue_workflow<C: DibsConnection>(
     conn: &mut C,
     workflow: &Workflow,
@@ -315,6 +332,24 @@ const COUNTS: &str =
 
 /// A workflow's (or batch's) state in one call: its steps per state and its callbacks',
 /// or `None` if there is no such workflow.
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use std::time::Duration;
+/// use dibs::jobs::{self, JobState, NewJob, Workflow};
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// dibs::run_migrations(&mut conn)?;
+/// let mut batch = Workflow::new("mail-out");
+/// batch.add(NewJob::new("mail", "send", vec![]));
+/// batch.on_success(NewJob::new("mail", "report", vec![]));
+/// let id = jobs::enqueue_workflow(&mut conn, &batch)?.id;
+/// let send = jobs::claim(&mut conn, "mail", 1, Duration::from_secs(60))?.remove(0);
+/// jobs::complete(&mut conn, &[send.claim()])?;
+/// let status = jobs::workflow_status(&mut conn, id)?.unwrap();
+/// assert_eq!(status.counts.completed, 1);
+/// assert_eq!(status.on_success.unwrap().1, JobState::Waiting); // released
+/// # Ok(()) }
+/// ```
 pub fn workflow_status<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Option<WorkflowStatus>> {
     type Row = (String, DateTime<Utc>, Option<i64>, Option<i64>, Option<i64>);
     let found: Option<(Row, Vec<StateCount>, Vec<IdState>)> = dispatch!(conn, c => {
@@ -390,6 +425,22 @@ pub struct WorkflowJob {
 
 /// The jobs of a workflow, by id, with their dependencies: its graph (the `dibs` command
 /// draws it as a tree).
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use dibs::jobs::{self, NewJob, Workflow};
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// dibs::run_migrations(&mut conn)?;
+/// let mut flow = Workflow::new("diamond");
+/// let a = flow.add(NewJob::new("q", "a", vec![]));
+/// let b = flow.add_after(&[a], NewJob::new("q", "b", vec![]));
+/// let c = flow.add_after(&[a], NewJob::new("q", "c", vec![]));
+/// flow.add_after(&[b, c], NewJob::new("q", "d", vec![]));
+/// let made = jobs::enqueue_workflow(&mut conn, &flow)?;
+/// let graph = jobs::workflow_jobs(&mut conn, made.id)?;
+/// assert_eq!(graph[3].dependencies, vec![made.jobs[1], made.jobs[2]]);
+/// # Ok(()) }
+/// ```
 pub fn workflow_jobs<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Vec<WorkflowJob>> {
     type Row = (i64, String, JobState, Option<RunWhen>, Option<f64>);
     let (rows, edges): (Vec<Row>, Vec<(i64, i64)>) = dispatch!(conn, c => {
@@ -449,6 +500,21 @@ struct Unfinished {
 /// completion racing the cancel waits or goes first, never deadlocks with it. Returns how
 /// many jobs it cancelled or asked to (0 for a workflow with nothing left to cancel, or no
 /// such workflow).
+///
+/// ```
+/// # fn main() -> Result<(), dibs::Error> {
+/// use std::time::Duration;
+/// use dibs::jobs::{self, NewJob, Workflow};
+/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
+/// dibs::run_migrations(&mut conn)?;
+/// let mut flow = Workflow::new("etl");
+/// let fetch = flow.add(NewJob::new("etl", "fetch", vec![]));
+/// flow.add_after(&[fetch], NewJob::new("etl", "merge", vec![]));
+/// let id = jobs::enqueue_workflow(&mut conn, &flow)?.id;
+/// assert_eq!(jobs::cancel_workflow(&mut conn, id)?, 2);
+/// assert!(jobs::claim(&mut conn, "etl", 10, Duration::from_secs(60))?.is_empty());
+/// # Ok(()) }
+/// ```
 pub fn cancel_workflow<C: DibsConnection>(conn: &mut C, id: i64) -> Result<usize> {
     let released = retrying_transaction(conn, |conn| {
         let ids: Vec<i64> = dispatch!(conn, c => {
