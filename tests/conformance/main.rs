@@ -8,6 +8,7 @@ mod attacks18b;
 mod attacks18c;
 mod attacks19;
 mod attacks19b;
+mod attacks19c;
 mod attacks2;
 mod attacks3;
 mod attacks4;
