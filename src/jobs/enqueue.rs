@@ -437,7 +437,7 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
     let backend = conn.backend();
     let enqueued = retrying_transaction(conn, |conn| {
         let locked = lock_dependencies(conn, jobs)?;
-        dispatch!(conn, c => {
+        let enqueued = dispatch!(conn, c => {
             let syntax = c.syntax();
             // Without RETURNING (MySQL), a multi-row insert's ids are known only where the
             // server hands out consecutive ones per statement.
@@ -530,15 +530,13 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                 rest = &rest[run..];
             }
             Ok::<Vec<Enqueued>, Error>(out)
-        })
+        })?;
+        // In the transaction (PostgreSQL delivers NOTIFY at commit): a failure here is the
+        // enqueue's, never an error after the jobs committed (which a retry would double).
+        notify(conn, fresh_queues(jobs, &enqueued))?;
+        Ok(enqueued)
     })?;
-    let fresh: HashSet<&str> = jobs
-        .iter()
-        .zip(&enqueued)
-        .filter(|(_, e)| !e.existing)
-        .map(|(job, _)| job.queue.as_str())
-        .collect();
-    notify(conn, fresh.iter().copied())?;
+    let fresh = fresh_queues(jobs, &enqueued);
     #[cfg(feature = "metrics")]
     for queue in &fresh {
         let n = jobs
@@ -550,6 +548,15 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
     }
     crate::wake::wake(fresh);
     Ok(enqueued)
+}
+
+/// The queues of the jobs an enqueue made (not those folded into existing ones).
+fn fresh_queues<'j>(jobs: &'j [NewJob], enqueued: &[Enqueued]) -> HashSet<&'j str> {
+    jobs.iter()
+        .zip(enqueued)
+        .filter(|(_, e)| !e.existing)
+        .map(|(job, _)| job.queue.as_str())
+        .collect()
 }
 
 fn unexpected(message: String) -> Error {
