@@ -110,8 +110,8 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
                 let mut state = shared.lock();
                 for job in claimed {
                     let timeout = config.kinds.get(&job.kind).and_then(|k| k.timeout);
-                    let stop = state.claimed(job.claim(), RunInfo::of(&job), timeout);
-                    if tasks.send(Task { job, stop }).is_err() {
+                    let (stop, notes) = state.claimed(job.claim(), RunInfo::of(&job), timeout);
+                    if tasks.send(Task { job, stop, notes }).is_err() {
                         return;
                     }
                 }

@@ -58,10 +58,10 @@ pub(crate) fn drain(config: Config) -> crate::Result<Report> {
                 ran = true;
                 let claim = job.claim();
                 let timeout = config.kinds.get(&job.kind).and_then(|k| k.timeout);
-                let stop = shared.lock().claimed(claim, RunInfo::of(&job), timeout);
+                let (stop, notes) = shared.lock().claimed(claim, RunInfo::of(&job), timeout);
                 shared.lock().start(claim);
                 let started = Instant::now();
-                let settle = handlers::run_one(&shared, &Task { job, stop });
+                let settle = handlers::run_one(&shared, &Task { job, stop, notes });
                 shared
                     .lock()
                     .returned(claim, settle.clone(), started.elapsed());

@@ -56,13 +56,7 @@ pub(super) fn run_handlers(shared: &Shared, inbox: &Mutex<Receiver<Task>>) {
 
 /// Runs one job's handler (catching a panic) and says how to record the run.
 pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
-    let Task { job, stop } = task;
-    let notes = shared
-        .lock()
-        .runs
-        .get(&job.claim())
-        .map(|run| run.notes.clone())
-        .unwrap_or_default();
+    let Task { job, stop, notes } = task;
     let ctx = JobContext {
         id: job.id,
         queue: job.queue.clone(),

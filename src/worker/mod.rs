@@ -82,6 +82,8 @@ pub use runs::Report;
 struct Task {
     job: crate::jobs::ClaimedJob,
     stop: Arc<AtomicBool>,
+    /// Where its handler leaves its result and progress (shared with its entry in the runs).
+    notes: Arc<job::RunNotes>,
 }
 
 type Handler = dyn Fn(&JobContext, &[u8]) -> std::result::Result<(), HandlerFailure> + Send + Sync;

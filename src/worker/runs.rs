@@ -247,14 +247,15 @@ impl State {
         }
     }
 
-    /// The claimer: a new claim, queued for a thread. Returns its stop flag.
+    /// The claimer: a new claim, queued for a thread. Returns its stop flag and its notes.
     pub fn claimed(
         &mut self,
         claim: JobClaim,
         info: RunInfo,
         timeout: Option<Duration>,
-    ) -> Arc<AtomicBool> {
+    ) -> (Arc<AtomicBool>, Arc<RunNotes>) {
         let stop = Arc::new(AtomicBool::new(false));
+        let notes = Arc::new(RunNotes::default());
         self.queued += 1;
         self.runs.insert(
             claim,
@@ -266,10 +267,10 @@ impl State {
                 timed_out: false,
                 panicked: false,
                 run_time: None,
-                notes: Default::default(),
+                notes: notes.clone(),
             },
         );
-        stop
+        (stop, notes)
     }
 
     /// A handler thread took the task of `claim`.

@@ -10,11 +10,13 @@ use diesel::Connection;
 use diesel::connection::SimpleConnection;
 
 use dibs::jobs::{
-    self, ClaimedJob, Finished, JobResult, JobState, NewJob, Outcome, Retention, RunWhen, Workflow,
+    self, Finished, JobResult, JobState, NewJob, Outcome, Retention, RunWhen, Workflow,
 };
-use dibs::{AnyConnection, Backend, Error};
+use dibs::{Backend, Error};
 
-use crate::support::{TestDb, conformance, contest, count};
+use crate::support::{
+    TestDb, claim_one, conformance, contest, count, enqueue_id as enqueue, job_state as state,
+};
 
 conformance!(
     a_completion_in_a_repeatable_read_transaction_never_misses_a_dependent,
@@ -29,20 +31,6 @@ conformance!(
 );
 
 const TTL: Duration = Duration::from_secs(120);
-
-fn claim_one(conn: &mut AnyConnection, queue: &str, kind: &str) -> ClaimedJob {
-    let mut claimed = jobs::claim_kinds(conn, queue, &[kind], 10, TTL).unwrap();
-    assert_eq!(claimed.len(), 1, "claimed {claimed:?}");
-    claimed.remove(0)
-}
-
-fn state(conn: &mut AnyConnection, id: i64) -> JobState {
-    jobs::get(conn, id).unwrap().unwrap().state
-}
-
-fn enqueue(conn: &mut AnyConnection, job: NewJob) -> i64 {
-    jobs::enqueue(conn, &job).unwrap().id
-}
 
 /// A handler's own transaction at REPEATABLE READ (MySQL's default isolation; a choice on
 /// PostgreSQL) reads first, then completes its job. Meanwhile a second dependent of the job

@@ -8,10 +8,13 @@ use std::time::Duration;
 
 use diesel::Connection;
 
-use dibs::jobs::{self, ClaimedJob, JobState, NewJob, Outcome, RunWhen, Workflow};
-use dibs::{AnyConnection, Backend, Error};
+use dibs::jobs::{self, JobState, NewJob, Outcome, RunWhen, Workflow};
+use dibs::{Backend, Error};
 
-use crate::support::{TestDb, conformance, contest, count, wait_for_db_clock};
+use crate::support::{
+    TestDb, claim_one, conformance, contest, count, enqueue_id as enqueue, job_state as state,
+    wait_for_db_clock,
+};
 
 conformance!(
     a_batch_completion_settling_a_step_of_lower_id_does_not_deadlock_cancel_workflow,
@@ -23,20 +26,6 @@ conformance!(
 );
 
 const TTL: Duration = Duration::from_secs(120);
-
-fn claim_one(conn: &mut AnyConnection, queue: &str, kind: &str) -> ClaimedJob {
-    let mut claimed = jobs::claim_kinds(conn, queue, &[kind], 10, TTL).unwrap();
-    assert_eq!(claimed.len(), 1, "claimed {claimed:?}");
-    claimed.remove(0)
-}
-
-fn state(conn: &mut AnyConnection, id: i64) -> JobState {
-    jobs::get(conn, id).unwrap().unwrap().state
-}
-
-fn enqueue(conn: &mut AnyConnection, job: NewJob) -> i64 {
-    jobs::enqueue(conn, &job).unwrap().id
-}
 
 /// E (external) has 300 dependents, then a workflow whose step S waits for E and whose step
 /// X (id above S's) runs. A finisher completes [E, X]: it holds E's and X's rows while it

@@ -8,10 +8,12 @@ use std::time::Duration;
 
 use diesel::RunQueryDsl;
 
-use dibs::jobs::{self, ClaimedJob, JobState, NewJob, Outcome};
-use dibs::{AnyConnection, Backend, Error};
+use dibs::jobs::{self, JobState, NewJob, Outcome};
+use dibs::{Backend, Error};
 
-use crate::support::{TestDb, conformance, count};
+use crate::support::{
+    TestDb, claim_one, conformance, count, enqueue_id as enqueue, job_state as state,
+};
 
 conformance!(
     a_batch_completion_waiting_mid_fetch_in_a_deadlock_with_cancels_does_not_hang,
@@ -19,20 +21,6 @@ conformance!(
 );
 
 const TTL: Duration = Duration::from_secs(120);
-
-fn claim_one(conn: &mut AnyConnection, queue: &str, kind: &str) -> ClaimedJob {
-    let mut claimed = jobs::claim_kinds(conn, queue, &[kind], 10, TTL).unwrap();
-    assert_eq!(claimed.len(), 1, "claimed {claimed:?}");
-    claimed.remove(0)
-}
-
-fn state(conn: &mut AnyConnection, id: i64) -> JobState {
-    jobs::get(conn, id).unwrap().unwrap().state
-}
-
-fn enqueue(conn: &mut AnyConnection, job: NewJob) -> i64 {
-    jobs::enqueue(conn, &job).unwrap().id
-}
 
 /// A worker completes [A, B] (both running) in one call: its locking read of their rows
 /// (`LOCK_STATES`, no lock taken ahead by an UPDATE) locks A, then waits for B, which a

@@ -341,3 +341,28 @@ pub fn wait_for_db_clock(conn: &mut AnyConnection, at: chrono::DateTime<chrono::
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// Claims the one due job of `kind` in `queue` (for 120 s); fails the test if the claim
+/// takes any other number.
+pub fn claim_one(conn: &mut AnyConnection, queue: &str, kind: &str) -> dibs::jobs::ClaimedJob {
+    let mut claimed = dibs::jobs::claim_kinds(
+        conn,
+        queue,
+        &[kind],
+        10,
+        std::time::Duration::from_secs(120),
+    )
+    .unwrap();
+    assert_eq!(claimed.len(), 1, "claimed {claimed:?}");
+    claimed.remove(0)
+}
+
+/// A job's state (the job must exist).
+pub fn job_state(conn: &mut AnyConnection, id: i64) -> dibs::jobs::JobState {
+    dibs::jobs::get(conn, id).unwrap().unwrap().state
+}
+
+/// Enqueues a job and gives its id.
+pub fn enqueue_id(conn: &mut AnyConnection, job: dibs::jobs::NewJob) -> i64 {
+    dibs::jobs::enqueue(conn, &job).unwrap().id
+}

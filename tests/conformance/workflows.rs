@@ -6,7 +6,7 @@ use std::time::Duration;
 use dibs::jobs::{self, JobResult, JobState, NewJob, Outcome, RunWhen, Workflow};
 use dibs::{AnyConnection, Backend, Error};
 
-use crate::support::{TestDb, conformance, count};
+use crate::support::{TestDb, claim_one, conformance, count, job_state as state};
 
 conformance!(
     a_dependent_waits_for_every_dependency_and_reads_their_results,
@@ -22,17 +22,6 @@ conformance!(
 );
 
 const TTL: Duration = Duration::from_secs(120);
-
-/// Claims the one due job of `kind` in `queue` (panics if it is not the only one claimed).
-fn claim_one(conn: &mut AnyConnection, queue: &str, kind: &str) -> jobs::ClaimedJob {
-    let mut claimed = jobs::claim_kinds(conn, queue, &[kind], 10, TTL).unwrap();
-    assert_eq!(claimed.len(), 1, "claimed {claimed:?}");
-    claimed.remove(0)
-}
-
-fn state(conn: &mut AnyConnection, id: i64) -> JobState {
-    jobs::get(conn, id).unwrap().unwrap().state
-}
 
 fn kill(conn: &mut AnyConnection, job: &jobs::ClaimedJob) {
     let outcome = jobs::fail(conn, job.claim(), "boom", jobs::Retry::Never).unwrap();
