@@ -1,8 +1,17 @@
-//! Wake-ups inside this process: an enqueue wakes the idle workers of its queues at once, on
-//! every backend (PostgreSQL's NOTIFY also reaches other processes). The queue layer calls
-//! [`wake`]; workers [`register`] themselves. Neither knows the other.
+//! Wake-ups: an enqueue wakes the idle workers of its queues in this process at once, on
+//! every backend, and on PostgreSQL those of other processes by NOTIFY ([`notify`],
+//! [`notify_committed`]). The queue layer calls [`wake`]; workers [`register`] themselves.
+//! Neither knows the other.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use diesel::prelude::*;
+use diesel::sql_types::Text;
+
+use crate::backend::statement::statement;
+use crate::backend::{Dialect, dispatch};
+use crate::{DibsConnection, Error, Result};
 
 /// Something that wants to hear of new jobs: a running worker.
 pub(crate) trait Waker: Send + Sync {
@@ -34,5 +43,42 @@ pub(crate) fn wake<'q>(queues: impl IntoIterator<Item = &'q str>) {
         for queue in &queues {
             waker.wake(queue);
         }
+    }
+}
+
+/// Wakes idle workers of `queues` in other processes where the backend can: PostgreSQL's
+/// NOTIFY, delivered when the connection's transaction commits. Inside a caller's
+/// transaction, so that a rolled-back enqueue wakes nobody.
+pub(crate) fn notify<'q, C: DibsConnection>(
+    conn: &mut C,
+    queues: impl IntoIterator<Item = &'q str>,
+) -> Result<()> {
+    let queues: HashSet<&str> = queues.into_iter().collect();
+    dispatch!(conn, c => {
+        if let Some(sql) = c.syntax().notify_queue {
+            for queue in queues {
+                statement(c.syntax().render(sql)).bind::<Text, _>(queue).execute(c)?;
+            }
+        }
+        Ok::<(), Error>(())
+    })
+}
+
+/// [`notify`] after the enqueue committed, in a transaction of its own. A NOTIFY makes its
+/// transaction take PostgreSQL's cluster-wide notify lock at commit and hold it until the
+/// commit is flushed: in the inserting transaction every enqueuer's commit would wait for
+/// the one before it (measured: 16 producers at 0.39 of a plain insert's rate). A
+/// transaction that only notifies writes no WAL, so it holds the lock for a moment. Its
+/// failure is logged and not returned: the jobs are in (a caller retrying would double
+/// them), and idle workers still find them at their next poll.
+pub(crate) fn notify_committed<'q, C: DibsConnection>(
+    conn: &mut C,
+    queues: impl IntoIterator<Item = &'q str>,
+) {
+    if conn.backend() != crate::Backend::Postgres {
+        return;
+    }
+    if let Err(e) = notify(conn, queues) {
+        tracing::warn!(error = %e, "the jobs are enqueued, but waking other processes' workers failed");
     }
 }

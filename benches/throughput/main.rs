@@ -10,7 +10,7 @@
 //!   --samples N       enqueue -> start samples for the latency workload (default 200)
 //!   --scale           also drain with 1,000,000 finished and with 100,000 waiting jobs
 //!   --prefetch N      the workers' prefetch (default: the builder's, 100)
-//!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; K, L, R and W only when listed)
+//!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; E, K, L, R and W only when listed)
 //!   --events          the drain's worker has an `on_event` hook (counting events)
 //!   --metrics         a Prometheus recorder is installed (with the `metrics` feature)
 //! ```
@@ -35,6 +35,7 @@ use dibs::worker::{JobContext, JobError, Worker};
 use dibs::{AnyConnection, Backend, Pool};
 use diesel::connection::SimpleConnection;
 
+mod producers;
 mod support;
 mod workflows;
 use support::*;
@@ -572,6 +573,31 @@ fn main() {
                 runs(&|| workflows::fan_in_by_claimers(backend, options.jobs)),
                 None,
             );
+        }
+        if wanted('E') {
+            for threads in producers::PRODUCERS {
+                let mut ratio = Vec::new();
+                for (how, label) in [
+                    (
+                        producers::Producer::PlainInsert,
+                        "plain diesel insert (ceiling)",
+                    ),
+                    (producers::Producer::Dibs, "dibs enqueue"),
+                ] {
+                    let figures =
+                        runs(&|| producers::producers(backend, options.jobs, threads, how));
+                    ratio.push(figures.jobs_per_s);
+                    row(
+                        &format!("E. {threads} producers, one job a transaction: {label}"),
+                        figures,
+                        None,
+                    );
+                }
+                println!(
+                    "| {name} | E. {threads} producers: dibs / ceiling | {:.2} | | | |",
+                    ratio[1] / ratio[0]
+                );
+            }
         }
         if wanted('D') {
             row(

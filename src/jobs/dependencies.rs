@@ -408,7 +408,7 @@ pub(crate) fn settle<C: DibsConnection>(
     }
     released_queues.sort_unstable();
     released_queues.dedup();
-    notify(conn, &released_queues)?;
+    crate::wake::notify(conn, released_queues.iter().map(String::as_str))?;
     Ok(released_queues)
 }
 
@@ -534,17 +534,4 @@ pub(crate) fn rearm<C: DibsConnection>(conn: &mut C, ids: &[i64]) -> Result<()> 
         })?;
     }
     Ok(())
-}
-
-/// Wakes idle workers of these queues where the backend can (PostgreSQL NOTIFY, delivered
-/// when the transaction commits).
-fn notify<C: DibsConnection>(conn: &mut C, queues: &[String]) -> Result<()> {
-    dispatch!(conn, c => {
-        if let Some(sql) = c.syntax().notify_queue {
-            for queue in queues {
-                statement(c.syntax().render(sql)).bind::<Text, _>(queue.as_str()).execute(c)?;
-            }
-        }
-        Ok::<(), Error>(())
-    })
 }

@@ -12,8 +12,8 @@ use super::{DedupOver, Enqueued, NewJob, OnDuplicate, ids_of};
 use crate::backend::statement::{Statement, row, statement};
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::sql_types::Instant;
-use crate::transaction::retrying_transaction;
-use crate::transaction::write_turn;
+use crate::transaction::{in_transaction, retrying_transaction, write_turn};
+use crate::wake;
 use crate::{Backend, DibsConnection, Error, Result};
 
 const INSERT_HEAD: &str = "INSERT INTO dibs_jobs \
@@ -135,7 +135,7 @@ const LAST_INSERT_ID: &str = "SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id";
 /// On MySQL a mode other than `Keep` needs a transaction around this (see
 /// [`needs_transaction`]).
 macro_rules! insert_one {
-    ($c:ident, $job:expr, $backend:expr) => {{
+    ($c:ident, $job:expr, $backend:expr, $notify_inline:expr) => {{
         let job: &NewJob = $job;
         let syntax = $c.syntax();
         let (at, delay) = job.due_params();
@@ -147,7 +147,7 @@ macro_rules! insert_one {
             Upsert::OnDuplicateKey => INSERT_DEDUP_ON_DUPLICATE_KEY
                 .replace("{sets}", on_duplicate_key_sets(job.on_duplicate)),
         });
-        if syntax.returning {
+        if syntax.returning && $notify_inline {
             sql.push_str(syntax.notify_in_returning);
         }
         let (state, run_when, stripes) = job.dependency_params();
@@ -263,18 +263,18 @@ macro_rules! fold_into_finished_twin {
 /// since the transaction has not committed, is deleted. So two jobs of one key never both
 /// stand inside a window.
 macro_rules! insert_deduplicated {
-    ($c:ident, $job:expr, $backend:expr) => {{
+    ($c:ident, $job:expr, $backend:expr, $notify_inline:expr) => {{
         let job: &NewJob = $job;
         'done: {
             if job.dedup_window.is_none() {
-                break 'done insert_one!($c, job, $backend);
+                break 'done insert_one!($c, job, $backend, $notify_inline);
             }
             match fold_into_finished_twin!($c, job, $backend, -1i64) {
                 Ok(Some(twin)) => break 'done Ok(twin),
                 Ok(None) => {}
                 Err(e) => break 'done Err(e),
             }
-            let new = match insert_one!($c, job, $backend) {
+            let new = match insert_one!($c, job, $backend, $notify_inline) {
                 Ok(new) if !new.existing => new,
                 other => break 'done other,
             };
@@ -339,7 +339,7 @@ pub(super) fn insert_dependent<C: DibsConnection>(
         }
         _ => job,
     };
-    let enqueued = dispatch!(conn, c => insert_one!(c, job, backend))?;
+    let enqueued = dispatch!(conn, c => insert_one!(c, job, backend, false))?;
     if !job.limits.is_empty() {
         limits::record(conn, &[(enqueued.id, &job.limits)])?;
     }
@@ -367,14 +367,20 @@ fn needs_transaction(job: &NewJob, backend: Backend) -> bool {
 pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued> {
     job.validate()?;
     let backend = conn.backend();
-    // Wakes idle workers too (PostgreSQL: a NOTIFY in the insert's RETURNING list).
+    // Other processes' idle workers are woken by a NOTIFY: in the insert's RETURNING list
+    // inside a caller's transaction (delivered if it commits), else after the commit.
+    let inline = in_transaction(conn);
     let enqueued = if needs_transaction(job, backend) {
         retrying_transaction(conn, |conn| {
             if !job.dependencies.is_empty() {
                 let locked = lock_dependencies(conn, std::slice::from_ref(job))?;
-                return insert_dependent(conn, job, backend, &locked);
+                let enqueued = insert_dependent(conn, job, backend, &locked)?;
+                if inline {
+                    wake::notify(conn, [job.queue.as_str()])?;
+                }
+                return Ok(enqueued);
             }
-            let enqueued = dispatch!(conn, c => insert_deduplicated!(c, job, backend))?;
+            let enqueued = dispatch!(conn, c => insert_deduplicated!(c, job, backend, inline))?;
             if !enqueued.existing && !job.limits.is_empty() {
                 limits::record(conn, &[(enqueued.id, &job.limits)])?;
             }
@@ -384,33 +390,20 @@ pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued
         // SQLite: this process's writers take turns (see `dibs::transaction`); the insert is
         // one statement, so the turn is held only around it.
         let turn = write_turn(conn)?;
-        let enqueued = dispatch!(conn, c => insert_one!(c, job, backend))?;
+        let enqueued = dispatch!(conn, c => insert_one!(c, job, backend, inline))?;
         drop(turn);
         enqueued
     };
-    crate::wake::wake([job.queue.as_str()]);
+    let fresh = !enqueued.existing || enqueued.updated;
+    if fresh && !inline {
+        wake::notify_committed(conn, [job.queue.as_str()]);
+    }
+    wake::wake([job.queue.as_str()]);
     #[cfg(feature = "metrics")]
     if !enqueued.existing {
         crate::metrics::record_enqueued(&job.queue, 1);
     }
     Ok(enqueued)
-}
-
-/// Wakes idle workers of these queues where the backend can (PostgreSQL NOTIFY, delivered
-/// when the enqueueing transaction commits), after a multi-row insert.
-fn notify<'q, C: DibsConnection>(
-    conn: &mut C,
-    queues: impl IntoIterator<Item = &'q str>,
-) -> Result<()> {
-    let queues: HashSet<&str> = queues.into_iter().collect();
-    dispatch!(conn, c => {
-        if let Some(sql) = c.syntax().notify_queue {
-            for queue in queues {
-                statement(c.syntax().render(sql)).bind::<Text, _>(queue).execute(c)?;
-            }
-        }
-        Ok::<(), Error>(())
-    })
 }
 
 /// Enqueues several jobs in one transaction (the caller's, if one is open: then in a
@@ -435,6 +428,7 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
         job.validate()?;
     }
     let backend = conn.backend();
+    let inline = in_transaction(conn);
     let enqueued = retrying_transaction(conn, |conn| {
         let locked = lock_dependencies(conn, jobs)?;
         let enqueued = dispatch!(conn, c => {
@@ -462,7 +456,7 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                             rest = tail;
                             continue;
                         }
-                        let enqueued = insert_deduplicated!(c, job, backend)?;
+                        let enqueued = insert_deduplicated!(c, job, backend, false)?;
                         if !enqueued.existing && !job.limits.is_empty() {
                             limits::record(c, &[(enqueued.id, &job.limits)])?;
                         }
@@ -531,12 +525,17 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
             }
             Ok::<Vec<Enqueued>, Error>(out)
         })?;
-        // In the transaction (PostgreSQL delivers NOTIFY at commit): a failure here is the
-        // enqueue's, never an error after the jobs committed (which a retry would double).
-        notify(conn, fresh_queues(jobs, &enqueued))?;
+        // In a caller's transaction, NOTIFY goes with it (delivered if it commits); a
+        // failure here is the enqueue's.
+        if inline {
+            wake::notify(conn, fresh_queues(jobs, &enqueued))?;
+        }
         Ok(enqueued)
     })?;
     let fresh = fresh_queues(jobs, &enqueued);
+    if !inline {
+        wake::notify_committed(conn, fresh.iter().copied());
+    }
     #[cfg(feature = "metrics")]
     for queue in &fresh {
         let n = jobs
@@ -546,7 +545,7 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
             .count();
         crate::metrics::record_enqueued(queue, n);
     }
-    crate::wake::wake(fresh);
+    wake::wake(fresh);
     Ok(enqueued)
 }
 

@@ -33,6 +33,9 @@ mod snooze;
 mod statements;
 mod testing_helpers;
 mod typed;
+// NOTIFY is PostgreSQL's.
+#[cfg(feature = "postgres")]
+mod wakeups;
 mod worker;
 mod worker_attacks;
 mod worker_runs;

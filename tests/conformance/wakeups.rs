@@ -1,0 +1,158 @@
+//! PostgreSQL wakes other processes' idle workers by NOTIFY on the `dibs_jobs` channel, with
+//! the queue as payload: after the commit of an enqueue dibs owns (in a transaction of its
+//! own, so enqueuers' commits do not queue behind each other), inside a caller's
+//! transaction otherwise (delivered only if it commits). MySQL/MariaDB and SQLite have no
+//! such channel: other processes' workers poll (this process's are woken directly, on
+//! every backend: see `worker::an_idle_worker_starts_an_enqueued_job_at_once`-style tests).
+
+use std::time::{Duration, Instant};
+
+use diesel::connection::SimpleConnection;
+use diesel::pg::PgConnection;
+
+use dibs::jobs::{self, DedupOver, NewJob};
+use dibs::{AnyConnection, Backend, DibsConnection};
+
+use crate::support::{TestDb, count};
+
+/// A second session LISTENing on dibs's channel.
+fn listener(db: &TestDb) -> AnyConnection {
+    let mut conn = db.connect();
+    conn.batch_execute("LISTEN dibs_jobs").unwrap();
+    conn
+}
+
+fn pg(conn: &mut AnyConnection) -> &mut PgConnection {
+    match conn.backend_connection() {
+        dibs::BackendConnection::Postgres(c) => c,
+        #[allow(unreachable_patterns)]
+        _ => unreachable!("a PostgreSQL connection"),
+    }
+}
+
+/// The payloads delivered to `conn` within `wait` (polled; a notification that comes at all
+/// comes within milliseconds).
+fn received(conn: &mut AnyConnection, wait: Duration) -> Vec<String> {
+    let deadline = Instant::now() + wait;
+    let mut payloads = Vec::new();
+    loop {
+        // Reading a notification needs a round trip to the server.
+        pg(conn).batch_execute("SELECT 1").unwrap();
+        for n in pg(conn).notifications_iter() {
+            payloads.push(n.unwrap().payload);
+        }
+        if Instant::now() >= deadline {
+            return payloads;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_enqueue_outside_a_transaction_notifies_its_queue_once_committed() {
+    let db = TestDb::migrated(Backend::Postgres);
+    let mut listen = listener(&db);
+    let mut conn = db.connect();
+    let id = jobs::enqueue(&mut conn, &NewJob::new("mail", "send", vec![]))
+        .unwrap()
+        .id;
+    assert_eq!(received(&mut listen, Duration::from_millis(500)), ["mail"]);
+    // Committed before the wake-up: the listener's own session sees the job.
+    let sql = format!("SELECT COUNT(*) AS n FROM dibs_jobs WHERE id = {id}");
+    assert_eq!(count(&mut listen, &sql), 1, "job {id} visible");
+}
+
+#[test]
+fn a_bulk_enqueue_notifies_each_queue_once() {
+    let db = TestDb::migrated(Backend::Postgres);
+    let mut listen = listener(&db);
+    let mut conn = db.connect();
+    let batch: Vec<NewJob> = (0..50)
+        .map(|i| NewJob::new(if i % 2 == 0 { "a" } else { "b" }, "k", vec![]))
+        .collect();
+    jobs::enqueue_many(&mut conn, &batch).unwrap();
+    let mut got = received(&mut listen, Duration::from_millis(500));
+    got.sort();
+    assert_eq!(got, ["a", "b"]);
+}
+
+#[test]
+fn an_enqueue_in_a_callers_transaction_notifies_only_if_it_commits() {
+    let db = TestDb::migrated(Backend::Postgres);
+    let mut listen = listener(&db);
+    let mut conn = db.connect();
+    let keyed = NewJob::new("windowed", "k", vec![])
+        .dedup_key("x")
+        .dedup_window(Duration::from_secs(60), DedupOver::Completed);
+    let rolled_back: Result<(), dibs::Error> = dibs::transaction(&mut conn, |conn| {
+        jobs::enqueue(conn, &NewJob::new("plain", "k", vec![]))?;
+        jobs::enqueue(conn, &keyed)?;
+        jobs::enqueue_many(conn, &[NewJob::new("many", "k", vec![])])?;
+        Err(diesel::result::Error::RollbackTransaction.into())
+    });
+    assert!(rolled_back.is_err());
+    assert_eq!(
+        received(&mut listen, Duration::from_millis(500)),
+        Vec::<String>::new(),
+        "a rolled-back enqueue woke a worker"
+    );
+    dibs::transaction(&mut conn, |conn| {
+        jobs::enqueue(conn, &NewJob::new("plain", "k", vec![]))?;
+        jobs::enqueue(conn, &keyed)?;
+        jobs::enqueue_many(conn, &[NewJob::new("many", "k", vec![])])?;
+        Ok::<_, dibs::Error>(())
+    })
+    .unwrap();
+    let mut got = received(&mut listen, Duration::from_millis(500));
+    got.sort();
+    assert_eq!(got, ["many", "plain", "windowed"]);
+}
+
+#[test]
+fn enqueues_dibs_runs_in_a_transaction_of_its_own_notify_after_it() {
+    let db = TestDb::migrated(Backend::Postgres);
+    let mut listen = listener(&db);
+    let mut conn = db.connect();
+    // A dedup window and a dependency each make the enqueue a transaction of dibs's own.
+    let keyed = NewJob::new("windowed", "k", vec![])
+        .dedup_key("x")
+        .dedup_window(Duration::from_secs(60), DedupOver::Completed);
+    jobs::enqueue(&mut conn, &keyed).unwrap();
+    let first = jobs::enqueue(&mut conn, &NewJob::new("first", "k", vec![]))
+        .unwrap()
+        .id;
+    let mut got = received(&mut listen, Duration::from_millis(300));
+    got.sort();
+    assert_eq!(got, ["first", "windowed"]);
+    // Its dependency done, a dependent is waiting at once: a wake-up; blocked, none is
+    // needed but one costs only an empty claim.
+    let claimed = jobs::claim(&mut conn, "first", 1, Duration::from_secs(60)).unwrap();
+    jobs::complete(&mut conn, &[claimed[0].claim()]).unwrap();
+    received(&mut listen, Duration::from_millis(200));
+    jobs::enqueue(
+        &mut conn,
+        &NewJob::new("after", "k", vec![]).depends_on([first]),
+    )
+    .unwrap();
+    let got = received(&mut listen, Duration::from_millis(300));
+    assert!(
+        !got.is_empty() && got.iter().all(|q| q == "after"),
+        "woken for {got:?}"
+    );
+}
+
+#[test]
+fn an_enqueue_folded_into_a_live_job_wakes_nobody() {
+    let db = TestDb::migrated(Backend::Postgres);
+    let mut listen = listener(&db);
+    let mut conn = db.connect();
+    let keyed = NewJob::new("mail", "send", vec![]).dedup_key("once");
+    jobs::enqueue(&mut conn, &keyed).unwrap();
+    assert_eq!(received(&mut listen, Duration::from_millis(300)), ["mail"]);
+    let again = jobs::enqueue(&mut conn, &keyed).unwrap();
+    assert!(again.existing);
+    assert_eq!(
+        received(&mut listen, Duration::from_millis(300)),
+        Vec::<String>::new()
+    );
+}
