@@ -430,6 +430,33 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
     let backend = conn.backend();
     let inline = in_transaction(conn);
     let enqueued = retrying_transaction(conn, |conn| {
+        #[cfg(feature = "postgres")]
+        if super::copy_in::wanted(jobs)
+            && let crate::BackendConnection::Postgres(pg) = conn.backend_connection()
+        {
+            let ids = super::copy_in::copy_jobs(pg, jobs)?;
+            let limited: Vec<(i64, &[Limit])> = ids
+                .iter()
+                .zip(jobs)
+                .filter(|(_, job)| !job.limits.is_empty())
+                .map(|(id, job)| (*id, job.limits.as_slice()))
+                .collect();
+            if !limited.is_empty() {
+                limits::record(conn, &limited)?;
+            }
+            let enqueued: Vec<Enqueued> = ids
+                .into_iter()
+                .map(|id| Enqueued {
+                    id,
+                    existing: false,
+                    updated: false,
+                })
+                .collect();
+            if inline {
+                wake::notify(conn, fresh_queues(jobs, &enqueued))?;
+            }
+            return Ok(enqueued);
+        }
         let locked = lock_dependencies(conn, jobs)?;
         let enqueued = dispatch!(conn, c => {
             let syntax = c.syntax();
@@ -558,7 +585,7 @@ fn fresh_queues<'j>(jobs: &'j [NewJob], enqueued: &[Enqueued]) -> HashSet<&'j st
         .collect()
 }
 
-fn unexpected(message: String) -> Error {
+pub(super) fn unexpected(message: String) -> Error {
     Error::Database(diesel::result::Error::DeserializationError(message.into()))
 }
 

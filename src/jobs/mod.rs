@@ -33,6 +33,8 @@
 
 mod admission;
 mod claim;
+#[cfg(feature = "postgres")]
+mod copy_in;
 mod dependencies;
 mod enqueue;
 mod finish;

@@ -13,6 +13,7 @@ mod attacks2;
 mod attacks3;
 mod attacks4;
 mod attacks5;
+mod bulk;
 mod contention;
 mod dedup_windows;
 mod events;

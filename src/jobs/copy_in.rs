@@ -1,0 +1,118 @@
+//! Bulk enqueue by COPY on PostgreSQL: a batch of plain jobs (no dedup key, no
+//! dependencies) streamed in PostgreSQL's binary COPY format instead of multi-row INSERTs,
+//! which spend most of their time parsing and binding thousands of parameters.
+//!
+//! COPY returns no ids, so they are taken first from the table's identity sequence (one
+//! `nextval` per job, in one statement) and written explicitly; the jobs get them in order.
+//! The due and creation times are the database's clock, read once in the same transaction
+//! (what the INSERT's `statement_timestamp()` would have given, to the statement).
+
+use chrono::{DateTime, Utc};
+use diesel::pg::PgConnection;
+use diesel::prelude::*;
+use diesel::sql_types::BigInt;
+
+use super::NewJob;
+use super::enqueue::unexpected;
+use super::model::IdRow;
+use crate::backend::statement::statement;
+use crate::schema::dibs_jobs;
+use crate::sql_types::InstantValue;
+use crate::{Error, Result};
+
+/// Batches at least this long go by COPY; shorter ones are cheaper as one INSERT.
+pub(super) const COPY_MIN_ROWS: usize = 64;
+
+/// Ids for `n` new jobs, ascending.
+const TAKE_IDS: &str = "SELECT nextval(pg_get_serial_sequence('dibs_jobs', 'id')) AS id \
+    FROM generate_series(1, ?) ORDER BY 1";
+
+#[derive(QueryableByName)]
+struct NowRow {
+    #[diesel(sql_type = crate::sql_types::Instant)]
+    now: DateTime<Utc>,
+}
+
+#[derive(Insertable)]
+#[diesel(table_name = dibs_jobs, treat_none_as_default_value = false)]
+struct CopyRow<'a> {
+    id: i64,
+    queue: &'a str,
+    kind: &'a str,
+    payload: &'a [u8],
+    priority: i32,
+    state: &'a str,
+    attempt: i32,
+    max_attempts: i32,
+    due_at: InstantValue,
+    created_at: InstantValue,
+    limit_key: Option<&'a str>,
+    limit_max: Option<i32>,
+    workflow_id: Option<i64>,
+}
+
+/// Whether `jobs` go by COPY: long enough, and every one plain (a dedup key needs the
+/// upsert, a dependency its edges).
+pub(super) fn wanted(jobs: &[NewJob]) -> bool {
+    jobs.len() >= COPY_MIN_ROWS
+        && jobs
+            .iter()
+            .all(|job| job.dedup_key.is_none() && job.dependencies.is_empty())
+}
+
+/// Inserts `jobs` (all plain: see [`wanted`]) by COPY in the connection's transaction and
+/// returns their ids, in the jobs' order.
+pub(super) fn copy_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec<i64>> {
+    let n = i64::try_from(jobs.len()).map_err(|_| Error::invalid("jobs", "too many"))?;
+    let ids: Vec<i64> = statement(TAKE_IDS)
+        .bind::<BigInt, _>(n)
+        .load::<IdRow>(conn)?
+        .into_iter()
+        .map(|row| row.id)
+        .collect();
+    if ids.len() != jobs.len() {
+        return Err(unexpected(format!(
+            "{} ids taken for {} jobs",
+            ids.len(),
+            jobs.len()
+        )));
+    }
+    let now = statement("SELECT statement_timestamp() AS now")
+        .get_result::<NowRow>(conn)?
+        .now;
+    let rows: Vec<CopyRow<'_>> = ids
+        .iter()
+        .zip(jobs)
+        .map(|(&id, job)| {
+            let (at, delay_micros) = job.due_params();
+            let (limit_key, limit_max) = job.first_limit();
+            CopyRow {
+                id,
+                queue: &job.queue,
+                kind: &job.kind,
+                payload: &job.payload,
+                priority: job.priority,
+                state: "waiting",
+                attempt: 0,
+                max_attempts: job.max_attempts as i32,
+                due_at: InstantValue(
+                    at.unwrap_or_else(|| now + chrono::TimeDelta::microseconds(delay_micros)),
+                ),
+                created_at: InstantValue(now),
+                limit_key,
+                limit_max,
+                workflow_id: job.workflow_id,
+            }
+        })
+        .collect();
+    let copied = diesel::copy_from(dibs_jobs::table)
+        .from_insertable(&rows)
+        .execute(conn)?;
+    if copied != jobs.len() {
+        return Err(unexpected(format!(
+            "{copied} rows copied for {} jobs",
+            jobs.len()
+        )));
+    }
+    Ok(ids)
+}
