@@ -10,7 +10,12 @@
 //!   --samples N       enqueue -> start samples for the latency workload (default 200)
 //!   --scale           also drain with 1,000,000 finished and with 100,000 waiting jobs
 //!   --prefetch N      the workers' prefetch (default: the builder's, 100)
-//!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; E, K, L, R and W only when listed)
+//!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; E, G, K, L, Q, R and W only
+//!                     when listed)
+//!   --phase-secs N    G: seconds of its clean and released phases; the snapshot is held
+//!                     twice as long (default 30)
+//!   --rate N          G: jobs a second (default 1000)
+//!   --window-secs N   G: seconds per printed window (default 5)
 //!   --events          the drain's worker has an `on_event` hook (counting events)
 //!   --metrics         a Prometheus recorder is installed (with the `metrics` feature)
 //! ```
@@ -36,6 +41,7 @@ use dibs::{AnyConnection, Backend, Pool};
 use diesel::connection::SimpleConnection;
 
 mod producers;
+mod steady;
 mod support;
 mod workflows;
 use support::*;
@@ -52,6 +58,7 @@ struct Options {
     only: Vec<char>,
     events: bool,
     metrics: bool,
+    steady: steady::Steady,
 }
 
 fn parse_options() -> Result<Options, String> {
@@ -67,6 +74,11 @@ fn parse_options() -> Result<Options, String> {
         only: vec!['A', 'B', 'C', 'D'],
         events: false,
         metrics: false,
+        steady: steady::Steady {
+            phase_secs: 30,
+            rate: 1000,
+            window_secs: 5,
+        },
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -82,6 +94,9 @@ fn parse_options() -> Result<Options, String> {
             "--payload" => options.payload = number("--payload")?,
             "--runs" => options.runs = number("--runs")?,
             "--samples" => options.samples = number("--samples")?,
+            "--phase-secs" => options.steady.phase_secs = number("--phase-secs")? as u64,
+            "--rate" => options.steady.rate = number("--rate")? as u64,
+            "--window-secs" => options.steady.window_secs = number("--window-secs")? as u64,
             "--scale" => options.scale = true,
             "--prefetch" => {
                 options.prefetch = Some(
@@ -599,6 +614,11 @@ fn main() {
                 );
             }
         }
+        if wanted('Q') {
+            let (depth, stats) = steady::depth_calls(backend);
+            row("Q. queue_depth (bound 10,000), 1,000,000 waiting", depth, None);
+            row("Q. stats, 1,000,000 waiting", stats, None);
+        }
         if wanted('D') {
             row(
                 "D. enqueue -> start, idle worker",
@@ -626,6 +646,11 @@ fn main() {
                 Setup::Finished(1_000_000),
             );
             drain_row("C2. drain, 100,000 more waiting", Setup::Waiting(100_000));
+        }
+    }
+    if options.only.contains(&'G') {
+        for &backend in &options.backends {
+            steady::steady(backend, &options.steady);
         }
     }
     println!();

@@ -75,6 +75,11 @@ impl BenchDb {
         conn
     }
 
+    /// The database's URL (on SQLite, its file's path).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     pub fn pool(&self, size: u32) -> Pool {
         Pool::options()
             .max_size(size)

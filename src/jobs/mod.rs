@@ -36,6 +36,7 @@ mod claim;
 #[cfg(feature = "postgres")]
 mod copy_in;
 mod dependencies;
+mod depth;
 mod enqueue;
 mod finish;
 mod limits;
@@ -56,6 +57,7 @@ pub(crate) use claim::claim_kinds_throttled;
 pub use claim::{claim, claim_kinds, rescue};
 pub(crate) use dependencies::settle;
 pub use dependencies::{MAX_DEPENDENCIES, MAX_STRIPES, RunWhen, STRIPE_SIZE};
+pub use depth::{MAX_DEPTH_BOUND, QueueDepth, queue_depth};
 pub use enqueue::{INSERT_CHUNK_BYTES, INSERT_CHUNK_ROWS, enqueue, enqueue_many};
 pub(crate) use finish::complete_with_results;
 pub(crate) use finish::snooze_noting_death;

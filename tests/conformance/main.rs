@@ -16,6 +16,7 @@ mod attacks5;
 mod bulk;
 mod contention;
 mod dedup_windows;
+mod depth;
 mod events;
 mod flow_control;
 mod foundation;
