@@ -10,12 +10,14 @@
 //!   --samples N       enqueue -> start samples for the latency workload (default 200)
 //!   --scale           also drain with 1,000,000 finished and with 100,000 waiting jobs
 //!   --prefetch N      the workers' prefetch (default: the builder's, 100)
-//!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; E, G, K, L, Q, R and W only
+//!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; E, F, G, K, L, Q, R and W only
 //!                     when listed)
 //!   --phase-secs N    G: seconds of its clean and released phases; the snapshot is held
 //!                     twice as long (default 30)
 //!   --rate N          G: jobs a second (default 1000)
 //!   --window-secs N   G: seconds per printed window (default 5)
+//!   --autovacuum-on   G: turn PostgreSQL's autovacuum on for the run (ALTER SYSTEM, reset
+//!                     after); G prints the setting it ran with
 //!   --events          the drain's worker has an `on_event` hook (counting events)
 //!   --metrics         a Prometheus recorder is installed (with the `metrics` feature)
 //! ```
@@ -40,6 +42,7 @@ use dibs::worker::{JobContext, JobError, Worker};
 use dibs::{AnyConnection, Backend, Pool};
 use diesel::connection::SimpleConnection;
 
+mod fleet;
 mod producers;
 mod steady;
 mod support;
@@ -78,6 +81,7 @@ fn parse_options() -> Result<Options, String> {
             phase_secs: 30,
             rate: 1000,
             window_secs: 5,
+            autovacuum_on: false,
         },
     };
     let mut args = std::env::args().skip(1);
@@ -97,6 +101,7 @@ fn parse_options() -> Result<Options, String> {
             "--phase-secs" => options.steady.phase_secs = number("--phase-secs")? as u64,
             "--rate" => options.steady.rate = number("--rate")? as u64,
             "--window-secs" => options.steady.window_secs = number("--window-secs")? as u64,
+            "--autovacuum-on" => options.steady.autovacuum_on = true,
             "--scale" => options.scale = true,
             "--prefetch" => {
                 options.prefetch = Some(
@@ -478,6 +483,10 @@ fn kinds_backlog(backend: Backend, options: &Options, kinds: &[&str]) -> Figures
 static IDLE_CPU: Mutex<Vec<(Backend, f64)>> = Mutex::new(Vec::new());
 
 fn main() {
+    let mut args = std::env::args().skip(1);
+    if args.next().as_deref() == Some("--fleet-child") {
+        fleet::child(args);
+    }
     let options = match parse_options() {
         Ok(options) => options,
         Err(message) => {
@@ -614,9 +623,22 @@ fn main() {
                 );
             }
         }
+        if wanted('F') {
+            for (processes, threads) in fleet::SHAPES {
+                row(
+                    &format!("F. drain, {processes} worker processes x {threads} threads"),
+                    runs(&|| fleet::fleet(backend, options.jobs, processes, threads)),
+                    None,
+                );
+            }
+        }
         if wanted('Q') {
             let (depth, stats) = steady::depth_calls(backend);
-            row("Q. queue_depth (bound 10,000), 1,000,000 waiting", depth, None);
+            row(
+                "Q. queue_depth (bound 10,000), 1,000,000 waiting",
+                depth,
+                None,
+            );
             row("Q. stats, 1,000,000 waiting", stats, None);
         }
         if wanted('D') {

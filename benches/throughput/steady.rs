@@ -28,6 +28,35 @@ pub struct Steady {
     pub phase_secs: u64,
     pub rate: u64,
     pub window_secs: u64,
+    /// PostgreSQL: turn the server's autovacuum on for the run (`ALTER SYSTEM`, reset after).
+    pub autovacuum_on: bool,
+}
+
+/// PostgreSQL's `autovacuum` setting, with `ALTER SYSTEM` when asked to turn it on for the
+/// run (reset by [`reset_autovacuum`]).
+fn autovacuum(conn: &mut AnyConnection, turn_on: bool) -> String {
+    if turn_on {
+        conn.batch_execute("ALTER SYSTEM SET autovacuum = on")
+            .expect("ALTER SYSTEM");
+        conn.batch_execute("SELECT pg_reload_conf()")
+            .expect("reload");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    #[derive(diesel::QueryableByName)]
+    struct Setting {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        value: String,
+    }
+    diesel::sql_query("SELECT current_setting('autovacuum') AS value")
+        .get_result::<Setting>(conn)
+        .map_or_else(|e| e.to_string(), |s| s.value)
+}
+
+fn reset_autovacuum(conn: &mut AnyConnection) {
+    conn.batch_execute("ALTER SYSTEM RESET autovacuum")
+        .expect("ALTER SYSTEM");
+    conn.batch_execute("SELECT pg_reload_conf()")
+        .expect("reload");
 }
 
 #[derive(diesel::QueryableByName)]
@@ -44,7 +73,11 @@ fn number(conn: &mut AnyConnection, sql: &str) -> i64 {
 }
 
 /// (dead row versions, or the backend's closest reading; bytes of table and indexes).
-fn table_readings(conn: &mut AnyConnection, backend: Backend, sqlite_path: Option<&str>) -> (i64, i64) {
+fn table_readings(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    sqlite_path: Option<&str>,
+) -> (i64, i64) {
     match backend {
         Backend::Postgres => (
             number(
@@ -87,7 +120,9 @@ fn pin_snapshot(conn: &mut AnyConnection, backend: Backend) {
         Backend::Postgres => {
             "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT COUNT(*) FROM dibs_leases;"
         }
-        Backend::Mysql => "START TRANSACTION WITH CONSISTENT SNAPSHOT; SELECT COUNT(*) FROM dibs_leases;",
+        Backend::Mysql => {
+            "START TRANSACTION WITH CONSISTENT SNAPSHOT; SELECT COUNT(*) FROM dibs_leases;"
+        }
         Backend::Sqlite => "BEGIN; SELECT COUNT(*) FROM dibs_jobs;",
     };
     conn.batch_execute(sql).expect("pin a snapshot");
@@ -143,8 +178,19 @@ pub fn steady(backend: Backend, shape: &Steady) {
         ("snapshot held", shape.phase_secs * 2),
         ("released", shape.phase_secs),
     ];
+    let vacuum = if backend == Backend::Postgres {
+        format!(
+            ", autovacuum {}",
+            autovacuum(&mut watch, shape.autovacuum_on)
+        )
+    } else {
+        String::new()
+    };
     println!();
-    println!("G on {backend:?}: {} jobs/s, windows of {} s", shape.rate, shape.window_secs);
+    println!(
+        "G on {backend:?}: {} jobs/s, windows of {} s{vacuum}",
+        shape.rate, shape.window_secs
+    );
     println!("| phase | t (s) | pickup p50 | pickup p99 | due depth | dead versions | size (MB) |");
     println!("|---|---|---|---|---|---|---|");
     let mut summary: Vec<(&str, Vec<Duration>, i64)> = Vec::new();
@@ -153,7 +199,9 @@ pub fn steady(backend: Backend, shape: &Steady) {
             pin_snapshot(&mut holder, backend);
         }
         if phase == "released" {
-            holder.batch_execute("ROLLBACK").expect("release the snapshot");
+            holder
+                .batch_execute("ROLLBACK")
+                .expect("release the snapshot");
         }
         let mut phase_pickups = Vec::new();
         let mut peak_size = 0;
@@ -181,11 +229,16 @@ pub fn steady(backend: Backend, shape: &Steady) {
     stop.store(true, Ordering::Relaxed);
     producer.join().expect("the producer panicked");
     worker.shutdown(Duration::from_secs(10));
+    if backend == Backend::Postgres && shape.autovacuum_on {
+        reset_autovacuum(&mut watch);
+    }
     let clean_p99 = percentile(&summary[0].1, 0.99);
     for (phase, pickups, peak) in &summary {
         let p99 = percentile(pickups, 0.99);
         let ratio = match (p99, clean_p99) {
-            (Some(p), Some(c)) if !c.is_zero() => format!("{:.2}", p.as_secs_f64() / c.as_secs_f64()),
+            (Some(p), Some(c)) if !c.is_zero() => {
+                format!("{:.2}", p.as_secs_f64() / c.as_secs_f64())
+            }
             _ => "-".into(),
         };
         println!(
@@ -203,12 +256,15 @@ pub fn depth_calls(backend: Backend) -> (Figures, Figures) {
     let db = BenchDb::new(backend);
     let mut conn = db.connect();
     for _ in 0..100 {
-        let batch: Vec<NewJob> = (0..10_000).map(|_| NewJob::new("bench", "noop", vec![])).collect();
+        let batch: Vec<NewJob> = (0..10_000)
+            .map(|_| NewJob::new("bench", "noop", vec![]))
+            .collect();
         jobs::enqueue_many(&mut conn, &batch).expect("fill");
     }
     jobs::claim(&mut conn, "bench", 1000, Duration::from_secs(3600)).expect("claim");
     if backend == Backend::Postgres {
-        conn.batch_execute("VACUUM ANALYZE dibs_jobs").expect("vacuum");
+        conn.batch_execute("VACUUM ANALYZE dibs_jobs")
+            .expect("vacuum");
     }
     let time = |f: &mut dyn FnMut(), n: usize| {
         let mut latencies = Vec::with_capacity(n);

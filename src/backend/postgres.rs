@@ -136,6 +136,19 @@ pub(crate) fn listen(conn: &mut PgConnection) -> QueryResult<()> {
     Ok(())
 }
 
+/// Whether the server's autovacuum is off: then nothing reclaims the dead row versions that
+/// every job leaves in `dibs_jobs` (three a job), and claims slow down as they pile up.
+pub(crate) fn autovacuum_is_off(conn: &mut PgConnection) -> QueryResult<bool> {
+    #[derive(diesel::QueryableByName)]
+    struct Setting {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        value: String,
+    }
+    let setting = diesel::sql_query("SELECT current_setting('autovacuum') AS value")
+        .get_result::<Setting>(conn)?;
+    Ok(setting.value == "off")
+}
+
 /// The queues named by notifications that arrived since the last call. diesel's iterator
 /// does not block (it returns at once when nothing is pending), so callers poll it.
 pub(crate) fn notified_queues(conn: &mut PgConnection) -> QueryResult<Vec<String>> {

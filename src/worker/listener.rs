@@ -20,10 +20,11 @@ const LISTEN_POLL: std::time::Duration = std::time::Duration::from_millis(1);
 pub(super) fn listen(shared: &Shared) {
     use std::time::Duration;
 
-    use crate::backend::postgres::{listen, notified_queues};
+    use crate::backend::postgres::{autovacuum_is_off, listen, notified_queues};
     use crate::{BackendConnection, DibsConnection};
 
     let mut pause = Duration::from_millis(100);
+    let mut checked_vacuum = false;
     while !shared.stopping() {
         let mut conn = match shared.config.pool.dedicated_connection() {
             Ok(conn) => conn,
@@ -45,6 +46,16 @@ pub(super) fn listen(shared: &Shared) {
             continue;
         }
         pause = Duration::from_millis(100);
+        if !checked_vacuum {
+            checked_vacuum = true;
+            if let Ok(true) = autovacuum_is_off(pg) {
+                tracing::warn!(
+                    "PostgreSQL's autovacuum is off: nothing reclaims the dead row versions each \
+                     job leaves in dibs_jobs, and claims slow down as they pile up \
+                     (turn it on, or VACUUM dibs_jobs regularly)"
+                );
+            }
+        }
         while !shared.stopping() {
             match notified_queues(pg) {
                 Ok(queues) => {

@@ -128,3 +128,32 @@ fn db_now(conn: &mut dibs::AnyConnection) -> chrono::DateTime<Utc> {
         .unwrap()
         .now
 }
+
+/// dibs_jobs turns over every row: PostgreSQL vacuums it after a fixed number of dead row
+/// versions, not after a fifth of the table (the default), which on a small busy table
+/// means many times its live rows.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_vacuums_dibs_jobs_by_dead_versions_not_by_share() {
+    use diesel::RunQueryDsl;
+    #[derive(diesel::QueryableByName)]
+    struct Options {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        options: String,
+    }
+    let db = TestDb::migrated(Backend::Postgres);
+    let mut conn = db.connect();
+    let got = diesel::sql_query(
+        "SELECT array_to_string(reloptions, ',') AS options FROM pg_class \
+         WHERE relname = 'dibs_jobs' AND relnamespace = current_schema()::regnamespace",
+    )
+    .get_result::<Options>(&mut conn)
+    .unwrap()
+    .options;
+    for option in [
+        "autovacuum_vacuum_scale_factor=0",
+        "autovacuum_vacuum_threshold=5000",
+    ] {
+        assert!(got.split(',').any(|o| o == option), "{option} not in {got}");
+    }
+}
