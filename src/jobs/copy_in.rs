@@ -23,6 +23,12 @@ use crate::{Error, Result};
 /// Batches at least this long go by COPY; shorter ones are cheaper as one INSERT.
 pub(super) const COPY_MIN_ROWS: usize = 64;
 
+/// Whether this session may take ids from the identity sequence itself. An INSERT's
+/// identity default needs only INSERT on the table; an explicit `nextval` needs USAGE on the
+/// sequence, which an application user granted only table privileges lacks.
+const MAY_TAKE_IDS: &str = "SELECT CASE WHEN has_sequence_privilege(\
+    pg_get_serial_sequence('dibs_jobs', 'id'), 'USAGE') THEN 1::bigint ELSE 0::bigint END AS id";
+
 /// Ids for `n` new jobs, ascending.
 const TAKE_IDS: &str = "SELECT nextval(pg_get_serial_sequence('dibs_jobs', 'id')) AS id \
     FROM generate_series(1, ?) ORDER BY 1";
@@ -61,8 +67,12 @@ pub(super) fn wanted(jobs: &[NewJob]) -> bool {
 }
 
 /// Inserts `jobs` (all plain: see [`wanted`]) by COPY in the connection's transaction and
-/// returns their ids, in the jobs' order.
-pub(super) fn copy_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec<i64>> {
+/// returns their ids, in the jobs' order; `None` (nothing done) where the session may not
+/// take ids from the sequence: the caller inserts them as usual.
+pub(super) fn copy_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Option<Vec<i64>>> {
+    if statement(MAY_TAKE_IDS).get_result::<IdRow>(conn)?.id == 0 {
+        return Ok(None);
+    }
     let n = i64::try_from(jobs.len()).map_err(|_| Error::invalid("jobs", "too many"))?;
     let ids: Vec<i64> = statement(TAKE_IDS)
         .bind::<BigInt, _>(n)
@@ -114,5 +124,5 @@ pub(super) fn copy_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec<
             jobs.len()
         )));
     }
-    Ok(ids)
+    Ok(Some(ids))
 }

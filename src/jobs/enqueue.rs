@@ -433,8 +433,8 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
         #[cfg(feature = "postgres")]
         if super::copy_in::wanted(jobs)
             && let crate::BackendConnection::Postgres(pg) = conn.backend_connection()
+            && let Some(ids) = super::copy_in::copy_jobs(pg, jobs)?
         {
-            let ids = super::copy_in::copy_jobs(pg, jobs)?;
             let limited: Vec<(i64, &[Limit])> = ids
                 .iter()
                 .zip(jobs)

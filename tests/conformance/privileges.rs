@@ -90,6 +90,12 @@ fn exercise(url: &str) {
     assert!(dibs::schema_version(&mut conn).unwrap().is_some());
     let tasks: Vec<Task> = (0..30).map(|n| Task { n }).collect();
     jobs::enqueue_jobs(&mut conn, &tasks).unwrap();
+    // A batch long enough for PostgreSQL's COPY path, which takes ids from the sequence
+    // (a privilege this user lacks: it inserts them as usual then).
+    let bulk: Vec<jobs::NewJob> = (0..100)
+        .map(|_| jobs::NewJob::new("bulk", "k", vec![]))
+        .collect();
+    assert_eq!(jobs::enqueue_many(&mut conn, &bulk).unwrap().len(), 100);
     // A schedule the worker fires (its ticks are the tasks past the 30th).
     dibs::schedules::upsert(
         &mut conn,
