@@ -196,6 +196,24 @@ fn enqueue_bulk(backend: Backend, options: &Options) -> Figures {
     )
 }
 
+/// B2. All jobs in one `enqueue_many` call, each with a dedup key (a retry-safe bulk
+/// enqueue).
+fn enqueue_bulk_keyed(backend: Backend, options: &Options) -> Figures {
+    let db = BenchDb::new(backend);
+    let mut conn = db.connect();
+    let jobs: Vec<NewJob> = batch(options, "bench", options.jobs)
+        .into_iter()
+        .enumerate()
+        .map(|(i, job)| job.dedup_key(format!("key-{i}")))
+        .collect();
+    let started = Instant::now();
+    jobs::enqueue_many(&mut conn, &jobs).expect("enqueue_many");
+    with_latencies(
+        options.jobs as f64 / started.elapsed().as_secs_f64(),
+        vec![],
+    )
+}
+
 /// Fills the table with `n` jobs of `queue` in bulk calls of at most 10,000.
 fn fill(conn: &mut AnyConnection, options: &Options, queue: &str, n: usize) {
     let mut left = n;
@@ -546,6 +564,11 @@ fn main() {
             row(
                 "B. enqueue, one bulk call",
                 runs(&|| enqueue_bulk(backend, &options)),
+                None,
+            );
+            row(
+                "B2. enqueue, one bulk call, every job keyed",
+                runs(&|| enqueue_bulk_keyed(backend, &options)),
                 None,
             );
         }

@@ -290,6 +290,116 @@ macro_rules! insert_deduplicated {
     }};
 }
 
+/// The length of the run of keyed jobs at the head of `jobs` that can share one multi-row
+/// upsert: each with a dedup key and no window (whose twin checks are per job) or
+/// dependencies, all with the first one's [`OnDuplicate`] mode (the statement's text), and
+/// no queue and key twice (an upsert cannot change one row twice; a later twin waits for the
+/// next statement, which folds it into the first).
+fn keyed_run(jobs: &[NewJob]) -> usize {
+    let Some(mode) = jobs.first().map(|job| job.on_duplicate) else {
+        return 0;
+    };
+    let mut seen = HashSet::new();
+    jobs.iter()
+        .take_while(|job| {
+            job.dedup_window.is_none()
+                && job.dependencies.is_empty()
+                && job.on_duplicate == mode
+                && job
+                    .dedup_key
+                    .as_deref()
+                    .is_some_and(|key| seen.insert((job.queue.as_str(), key)))
+        })
+        .count()
+}
+
+/// A keyed job's row from a multi-row upsert: matched to its job by queue and key (the order
+/// of RETURNING rows is not promised).
+#[derive(QueryableByName)]
+struct UpsertedRow {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = BigInt)]
+    dedup_hits: i64,
+    #[diesel(sql_type = Text)]
+    state: String,
+    #[diesel(sql_type = Text)]
+    kind: String,
+    #[diesel(sql_type = Text)]
+    queue: String,
+    #[diesel(sql_type = Text)]
+    dedup_key: String,
+}
+
+/// Upserts a [`keyed_run`] chunk in one statement (PostgreSQL and SQLite: ON CONFLICT with
+/// RETURNING) and evaluates to `Result<Vec<Enqueued>>`, in the chunk's order, with the same
+/// outcome per job as [`insert_one!`].
+macro_rules! upsert_keyed_rows {
+    ($c:ident, $chunk:expr, $backend:expr) => {{
+        let chunk: &[NewJob] = $chunk;
+        let syntax = $c.syntax();
+        let mode = chunk[0].on_duplicate;
+        let rows = vec![INSERT_ROW; chunk.len()].join(", ");
+        let conflict = INSERT_DEDUP_ON_CONFLICT
+            .replace("{greatest}", greatest($backend))
+            .replace("{sets}", on_conflict_sets(mode));
+        let sql = syntax.render(&format!("{INSERT_HEAD} {rows}{conflict}, queue, dedup_key"));
+        let rows = chunk
+            .iter()
+            .map(|job| {
+                let (at, delay) = job.due_params();
+                row()
+                    .bind::<Text, _>(job.queue.as_str())
+                    .bind::<Text, _>(job.kind.as_str())
+                    .bind::<Binary, _>(job.payload.as_slice())
+                    .bind::<Integer, _>(job.priority)
+                    .bind::<Text, _>("waiting")
+                    .bind::<Integer, _>(job.max_attempts as i32)
+                    .bind::<Nullable<Instant>, _>(at)
+                    .bind::<BigInt, _>(delay)
+                    .bind::<Nullable<Text>, _>(job.dedup_key.as_deref())
+                    .bind::<Nullable<Text>, _>(job.first_limit().0)
+                    .bind::<Nullable<Integer>, _>(job.first_limit().1)
+                    .bind::<Nullable<BigInt>, _>(None::<i64>)
+                    .bind::<Nullable<BigInt>, _>(job.workflow_id)
+                    .bind::<Nullable<Text>, _>(None::<&str>)
+                    .bind::<Nullable<Integer>, _>(None::<i32>)
+            })
+            .collect();
+        // The text changes with the row count: not kept prepared.
+        statement(sql)
+            .uncached()
+            .bind_rows(rows)
+            .load::<UpsertedRow>($c)
+            .map_err(Error::from)
+            .and_then(|rows| {
+                let mut by_key: HashMap<(String, String), UpsertedRow> = rows
+                    .into_iter()
+                    .map(|row| ((row.queue.clone(), row.dedup_key.clone()), row))
+                    .collect();
+                let moded = mode != OnDuplicate::Keep;
+                chunk
+                    .iter()
+                    .map(|job| {
+                        let key = (job.queue.clone(), job.dedup_key.clone().unwrap_or_default());
+                        let row = by_key.remove(&key).ok_or_else(|| {
+                            unexpected(format!("no row came back for key {:?}", key.1))
+                        })?;
+                        let existing = row.dedup_hits > 0;
+                        Ok(Enqueued {
+                            id: row.id,
+                            existing,
+                            updated: existing
+                                && moded
+                                && row.state == "waiting"
+                                && row.kind == job.kind,
+                        })
+                    })
+                    .collect::<Result<Vec<Enqueued>>>()
+            })
+    }};
+}
+
 /// Locks the dependencies of every job of a batch at once, in ascending id order (one
 /// order for every locker: two enqueues, or an enqueue and a finish, never wait for each
 /// other in a cycle), so none finishes unseen until the enqueue commits; refuses a missing
@@ -476,6 +586,25 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                 } else {
                     0
                 };
+                // PostgreSQL and SQLite: a run of keyed jobs goes in multi-row upserts too.
+                let keyed = if syntax.returning { keyed_run(rest) } else { 0 };
+                if run == 0 && keyed >= 2 {
+                    for chunk in chunks(&rest[..keyed]) {
+                        let enqueued = upsert_keyed_rows!(c, chunk, backend)?;
+                        let limited: Vec<(i64, &[Limit])> = enqueued
+                            .iter()
+                            .zip(chunk.iter())
+                            .filter(|(e, job)| !e.existing && !job.limits.is_empty())
+                            .map(|(e, job)| (e.id, job.limits.as_slice()))
+                            .collect();
+                        if !limited.is_empty() {
+                            limits::record(c, &limited)?;
+                        }
+                        out.extend(enqueued);
+                    }
+                    rest = &rest[keyed..];
+                    continue;
+                }
                 if run == 0 {
                     if let Some((job, tail)) = rest.split_first() {
                         if !job.dependencies.is_empty() {

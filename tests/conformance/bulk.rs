@@ -7,13 +7,15 @@ use std::time::Duration;
 
 use chrono::{SubsecRound, TimeDelta, Utc};
 use dibs::Backend;
-use dibs::jobs::{self, JobState, NewJob};
+use dibs::jobs::{self, JobState, NewJob, OnDuplicate};
 
-use crate::support::{TestDb, conformance, count, now_sql};
+use crate::support::{TestDb, conformance, count, now_sql, race};
 
 conformance!(
     a_long_plain_batch_keeps_every_field_in_order,
     a_long_batch_in_a_rolled_back_transaction_leaves_nothing,
+    a_keyed_batch_enqueued_twice_makes_each_job_once,
+    keyed_batches_racing_make_one_job_a_key,
 );
 
 /// Longer than the shortest batch that PostgreSQL copies.
@@ -156,4 +158,106 @@ fn postgres_vacuums_dibs_jobs_by_dead_versions_not_by_share() {
     ] {
         assert!(got.split(',').any(|o| o == option), "{option} not in {got}");
     }
+}
+
+/// A bulk enqueue whose outcome was unknown (a dropped connection at commit) is retried with
+/// the same batch: keyed jobs make it idempotent, at bulk speed (multi-row upserts where
+/// the backend returns rows). Keys already live fold, a key twice in the batch folds into
+/// its first, modes apply, limits are recorded for new jobs only.
+fn a_keyed_batch_enqueued_twice_makes_each_job_once(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let live = jobs::enqueue(
+        &mut conn,
+        &NewJob::new("q", "k", b"old".to_vec()).dedup_key("key7"),
+    )
+    .unwrap();
+    let batch: Vec<NewJob> = (0..N)
+        .map(|i| {
+            // Every 50th job repeats the key of the one before it.
+            let key = if i % 50 == 49 { i - 1 } else { i };
+            let job = NewJob::new("q", "k", format!("p{i}").into_bytes())
+                .dedup_key(format!("key{key}"))
+                .limit("lk", 5);
+            if i >= 200 {
+                job.on_duplicate(OnDuplicate::Replace)
+            } else {
+                job
+            }
+        })
+        .collect();
+    let first = jobs::enqueue_many(&mut conn, &batch).unwrap();
+    assert_eq!(first.len(), N);
+    for (i, e) in first.iter().enumerate() {
+        let twin = i % 50 == 49;
+        assert_eq!(e.existing, i == 7 || twin, "job {i}: {e:?}");
+        if i == 7 {
+            assert_eq!(e.id, live.id);
+        }
+        if twin {
+            assert_eq!(e.id, first[i - 1].id, "job {i} folds into its twin");
+        }
+    }
+    let distinct = N - N / 50;
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"),
+        distinct as i64
+    );
+    // Limits for the jobs made (not the live one folded into).
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_job_limits"),
+        distinct as i64 - 1
+    );
+    let new_ids: Vec<i64> = first.iter().filter(|e| !e.existing).map(|e| e.id).collect();
+    assert!(
+        new_ids.windows(2).all(|w| w[0] < w[1]),
+        "new jobs' ids ascend in order"
+    );
+    // The retry: nothing new, every id the same.
+    let again = jobs::enqueue_many(&mut conn, &batch).unwrap();
+    for (i, (a, b)) in first.iter().zip(&again).enumerate() {
+        assert!(b.existing, "job {i} made twice");
+        assert_eq!(a.id, b.id, "job {i}");
+        // Replace applied to the waiting jobs of the same kind.
+        assert_eq!(b.updated, i >= 200, "job {i}: {b:?}");
+    }
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"),
+        distinct as i64
+    );
+    let replaced = jobs::get(&mut conn, again[250].id).unwrap().unwrap();
+    assert_eq!(replaced.payload, b"p250");
+}
+
+/// Four connections enqueue overlapping keyed batches at once, many rounds: one job a key,
+/// and every caller is given that job's id.
+fn keyed_batches_racing_make_one_job_a_key(backend: Backend) {
+    const ROUNDS: usize = 8;
+    const KEYS: usize = 120;
+    let db = TestDb::migrated(backend);
+    let results = race(&db, 4, |t, conn| {
+        let mut seen = Vec::new();
+        for round in 0..ROUNDS {
+            // Each thread its own order of the same keys.
+            let mut keys: Vec<usize> = (0..KEYS).collect();
+            keys.rotate_left(t * 30);
+            let batch: Vec<NewJob> = keys
+                .iter()
+                .map(|k| NewJob::new("q", "k", vec![]).dedup_key(format!("r{round}k{k}")))
+                .collect();
+            let enqueued = jobs::enqueue_many(conn, &batch).expect("enqueue_many");
+            seen.extend(keys.iter().zip(enqueued).map(|(k, e)| ((round, *k), e.id)));
+        }
+        seen
+    });
+    let mut ids = std::collections::HashMap::new();
+    for (key, id) in results.into_iter().flatten() {
+        let first = *ids.entry(key).or_insert(id);
+        assert_eq!(first, id, "key {key:?} got two jobs");
+    }
+    let mut conn = db.connect();
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"),
+        (ROUNDS * KEYS) as i64
+    );
 }
