@@ -24,10 +24,10 @@ use crate::{Error, Result};
 pub(super) const COPY_MIN_ROWS: usize = 64;
 
 /// Whether this session may take ids from the identity sequence itself. An INSERT's
-/// identity default needs only INSERT on the table; an explicit `nextval` needs USAGE on the
+/// identity default needs only INSERT on the table; an explicit `nextval` needs USAGE or UPDATE on the
 /// sequence, which an application user granted only table privileges lacks.
 const MAY_TAKE_IDS: &str = "SELECT CASE WHEN has_sequence_privilege(\
-    pg_get_serial_sequence('dibs_jobs', 'id'), 'USAGE') THEN 1::bigint ELSE 0::bigint END AS id";
+    pg_get_serial_sequence('dibs_jobs', 'id'), 'USAGE, UPDATE') THEN 1::bigint ELSE 0::bigint END AS id";
 
 /// Ids for `n` new jobs, ascending.
 const TAKE_IDS: &str = "SELECT nextval(pg_get_serial_sequence('dibs_jobs', 'id')) AS id \

@@ -699,17 +699,20 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
             .zip(&enqueued)
             .filter(|(job, e)| !e.existing && job.queue == *queue)
             .count();
-        crate::metrics::record_enqueued(queue, n);
+        if n > 0 {
+            crate::metrics::record_enqueued(queue, n);
+        }
     }
     wake::wake(fresh);
     Ok(enqueued)
 }
 
-/// The queues of the jobs an enqueue made (not those folded into existing ones).
+/// The queues of the jobs an enqueue made or changed (a mode may have moved a waiting job's
+/// due time earlier); not those folded into existing ones unchanged.
 fn fresh_queues<'j>(jobs: &'j [NewJob], enqueued: &[Enqueued]) -> HashSet<&'j str> {
     jobs.iter()
         .zip(enqueued)
-        .filter(|(_, e)| !e.existing)
+        .filter(|(_, e)| !e.existing || e.updated)
         .map(|(job, _)| job.queue.as_str())
         .collect()
 }

@@ -40,12 +40,6 @@ pub(super) fn listen(shared: &Shared) {
         let BackendConnection::Postgres(pg) = conn.backend_connection() else {
             return;
         };
-        if let Err(e) = listen(pg) {
-            tracing::warn!(error = %e, "listener: LISTEN failed");
-            std::thread::sleep(pause);
-            continue;
-        }
-        pause = Duration::from_millis(100);
         if !checked_vacuum {
             checked_vacuum = true;
             if let Ok(true) = autovacuum_is_off(pg) {
@@ -56,6 +50,12 @@ pub(super) fn listen(shared: &Shared) {
                 );
             }
         }
+        if let Err(e) = listen(pg) {
+            tracing::warn!(error = %e, "listener: LISTEN failed");
+            std::thread::sleep(pause);
+            continue;
+        }
+        pause = Duration::from_millis(100);
         while !shared.stopping() {
             match notified_queues(pg) {
                 Ok(queues) => {

@@ -10,6 +10,7 @@ mod attacks19;
 mod attacks19b;
 mod attacks19c;
 mod attacks2;
+mod attacks20;
 mod attacks3;
 mod attacks4;
 mod attacks5;
