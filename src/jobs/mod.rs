@@ -32,6 +32,7 @@
 //! ```
 
 mod admission;
+mod batch;
 mod claim;
 #[cfg(feature = "postgres")]
 mod copy_in;
@@ -53,12 +54,13 @@ use diesel::prelude::*;
 use crate::backend::dispatch;
 use crate::{DibsConnection, Error, Result};
 
+pub use batch::{INSERT_CHUNK_BYTES, INSERT_CHUNK_ROWS, enqueue_many};
 pub(crate) use claim::claim_kinds_throttled;
 pub use claim::{claim, claim_kinds, rescue};
 pub(crate) use dependencies::settle;
 pub use dependencies::{MAX_DEPENDENCIES, MAX_STRIPES, RunWhen, STRIPE_SIZE};
 pub use depth::{MAX_DEPTH_BOUND, QueueDepth, queue_depth};
-pub use enqueue::{INSERT_CHUNK_BYTES, INSERT_CHUNK_ROWS, enqueue, enqueue_many};
+pub use enqueue::enqueue;
 pub(crate) use finish::complete_with_results;
 pub(crate) use finish::snooze_noting_death;
 pub use finish::{complete, fail, give_back, renew, snooze};

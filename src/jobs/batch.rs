@@ -1,0 +1,405 @@
+//! Enqueueing many jobs at once: plain jobs in multi-row inserts (on PostgreSQL, long runs
+//! by COPY: [`super::copy_in`]), keyed jobs in multi-row upserts where the backend returns
+//! rows, the rest one statement each, all in one transaction.
+
+use std::collections::{HashMap, HashSet};
+
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
+
+use super::enqueue::{
+    FIND_FINISHED_TWIN, FOLD_FINISHED, INSERT_DEDUP_ON_CONFLICT, INSERT_DEDUP_ON_DUPLICATE_KEY,
+    INSERT_HEAD, INSERT_ROW, LAST_INSERT_ID, STATE_OF, StateKind, fold_into_finished_twin,
+    greatest, insert_deduplicated, insert_dependent, insert_one, lock_dependencies,
+    on_conflict_sets, on_duplicate_key_sets, unexpected,
+};
+use super::limits::{self, Limit};
+use super::model::{IdRow, InsertedRow};
+use super::{DedupOver, Enqueued, NewJob, OnDuplicate, ids_of};
+use crate::backend::statement::{Statement, row, statement};
+use crate::backend::{Dialect, Upsert, dispatch};
+use crate::sql_types::Instant;
+use crate::transaction::{in_transaction, retrying_transaction};
+use crate::wake;
+use crate::{DibsConnection, Error, Result};
+
+/// The length of the run of keyed jobs at the head of `jobs` that can share one multi-row
+/// upsert: each with a dedup key and no window (whose twin checks are per job) or
+/// dependencies, all with the first one's [`OnDuplicate`] mode (the statement's text), and
+/// no queue and key twice (an upsert cannot change one row twice; a later twin waits for the
+/// next statement, which folds it into the first).
+fn keyed_run(jobs: &[NewJob]) -> usize {
+    let Some(mode) = jobs.first().map(|job| job.on_duplicate) else {
+        return 0;
+    };
+    let mut seen = HashSet::new();
+    jobs.iter()
+        .take_while(|job| {
+            job.dedup_window.is_none()
+                && job.dependencies.is_empty()
+                && job.on_duplicate == mode
+                && job
+                    .dedup_key
+                    .as_deref()
+                    .is_some_and(|key| seen.insert((job.queue.as_str(), key)))
+        })
+        .count()
+}
+
+/// A keyed job's row from a multi-row upsert: matched to its job by queue and key (the order
+/// of RETURNING rows is not promised).
+#[derive(QueryableByName)]
+struct UpsertedRow {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = BigInt)]
+    dedup_hits: i64,
+    #[diesel(sql_type = Text)]
+    state: String,
+    #[diesel(sql_type = Text)]
+    kind: String,
+    #[diesel(sql_type = Text)]
+    queue: String,
+    #[diesel(sql_type = Text)]
+    dedup_key: String,
+}
+
+/// Upserts a [`keyed_run`] chunk in one statement (PostgreSQL and SQLite: ON CONFLICT with
+/// RETURNING) and evaluates to `Result<Vec<Enqueued>>`, in the chunk's order, with the same
+/// outcome per job as [`insert_one!`].
+macro_rules! upsert_keyed_rows {
+    ($c:ident, $chunk:expr, $backend:expr) => {{
+        let chunk: &[NewJob] = $chunk;
+        let syntax = $c.syntax();
+        let mode = chunk[0].on_duplicate;
+        let rows = vec![INSERT_ROW; chunk.len()].join(", ");
+        let conflict = INSERT_DEDUP_ON_CONFLICT
+            .replace("{greatest}", greatest($backend))
+            .replace("{sets}", on_conflict_sets(mode));
+        let sql = syntax.render(&format!("{INSERT_HEAD} {rows}{conflict}, queue, dedup_key"));
+        let rows = chunk
+            .iter()
+            .map(|job| {
+                let (at, delay) = job.due_params();
+                row()
+                    .bind::<Text, _>(job.queue.as_str())
+                    .bind::<Text, _>(job.kind.as_str())
+                    .bind::<Binary, _>(job.payload.as_slice())
+                    .bind::<Integer, _>(job.priority)
+                    .bind::<Text, _>("waiting")
+                    .bind::<Integer, _>(job.max_attempts as i32)
+                    .bind::<Nullable<Instant>, _>(at)
+                    .bind::<BigInt, _>(delay)
+                    .bind::<Nullable<Text>, _>(job.dedup_key.as_deref())
+                    .bind::<Nullable<Text>, _>(job.first_limit().0)
+                    .bind::<Nullable<Integer>, _>(job.first_limit().1)
+                    .bind::<Nullable<BigInt>, _>(None::<i64>)
+                    .bind::<Nullable<BigInt>, _>(job.workflow_id)
+                    .bind::<Nullable<Text>, _>(None::<&str>)
+                    .bind::<Nullable<Integer>, _>(None::<i32>)
+            })
+            .collect();
+        // The text changes with the row count: not kept prepared.
+        statement(sql)
+            .uncached()
+            .bind_rows(rows)
+            .load::<UpsertedRow>($c)
+            .map_err(Error::from)
+            .and_then(|rows| {
+                let mut by_key: HashMap<(String, String), UpsertedRow> = rows
+                    .into_iter()
+                    .map(|row| ((row.queue.clone(), row.dedup_key.clone()), row))
+                    .collect();
+                let moded = mode != OnDuplicate::Keep;
+                chunk
+                    .iter()
+                    .map(|job| {
+                        let key = (job.queue.clone(), job.dedup_key.clone().unwrap_or_default());
+                        let row = by_key.remove(&key).ok_or_else(|| {
+                            unexpected(format!("no row came back for key {:?}", key.1))
+                        })?;
+                        let existing = row.dedup_hits > 0;
+                        Ok(Enqueued {
+                            id: row.id,
+                            existing,
+                            updated: existing
+                                && moded
+                                && row.state == "waiting"
+                                && row.kind == job.kind,
+                        })
+                    })
+                    .collect::<Result<Vec<Enqueued>>>()
+            })
+    }};
+}
+
+/// Enqueues several jobs in one transaction (the caller's, if one is open: then in a
+/// savepoint of it) and returns one [`Enqueued`] per job, in the order given. Nothing is
+/// written if any job is invalid. Jobs with a dedup key are deduplicated against live jobs
+/// and against earlier jobs of the same batch, with their [`NewJob::on_duplicate`] mode and
+/// [`NewJob::dedup_window`], as [`enqueue`] does.
+///
+/// Jobs without a dedup key go in multi-row statements of up to [`INSERT_CHUNK_ROWS`] rows
+/// (and about [`INSERT_CHUNK_BYTES`] of payload). PostgreSQL and SQLite return their ids
+/// (`RETURNING id`: within one statement rows are inserted in order and ids only grow, so the
+/// ascending ids are the jobs in order). MySQL/MariaDB has no RETURNING: there the ids are
+/// `LAST_INSERT_ID()` onwards, which holds only where InnoDB reserves one run of ids per
+/// statement (`innodb_autoinc_lock_mode` 0 or 1, MariaDB's default); under mode 2 (MySQL 8's
+/// default) every job is its own statement. Jobs with a key are inserted one statement each,
+/// all in the one transaction.
+pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
+    if jobs.is_empty() {
+        return Err(Error::invalid("jobs", "an empty batch"));
+    }
+    for job in jobs {
+        job.validate()?;
+    }
+    let backend = conn.backend();
+    let inline = in_transaction(conn);
+    let enqueued = retrying_transaction(conn, |conn| {
+        #[cfg(feature = "postgres")]
+        if super::copy_in::wanted(jobs)
+            && let crate::BackendConnection::Postgres(pg) = conn.backend_connection()
+            && let Some(ids) = super::copy_in::copy_jobs(pg, jobs)?
+        {
+            let limited: Vec<(i64, &[Limit])> = ids
+                .iter()
+                .zip(jobs)
+                .filter(|(_, job)| !job.limits.is_empty())
+                .map(|(id, job)| (*id, job.limits.as_slice()))
+                .collect();
+            if !limited.is_empty() {
+                limits::record(conn, &limited)?;
+            }
+            let enqueued: Vec<Enqueued> = ids
+                .into_iter()
+                .map(|id| Enqueued {
+                    id,
+                    existing: false,
+                    updated: false,
+                })
+                .collect();
+            if inline {
+                wake::notify(conn, fresh_queues(jobs, &enqueued))?;
+            }
+            return Ok(enqueued);
+        }
+        let locked = lock_dependencies(conn, jobs)?;
+        let enqueued = dispatch!(conn, c => {
+            let syntax = c.syntax();
+            // Without RETURNING (MySQL), a multi-row insert's ids are known only where the
+            // server hands out consecutive ones per statement.
+            let id_step = if syntax.returning { None } else { consecutive_id_step(c)? };
+            let multi_row = syntax.returning || id_step.is_some();
+            let mut out = Vec::with_capacity(jobs.len());
+            let mut rest = jobs;
+            while !rest.is_empty() {
+                // The run of jobs without a key at the head of `rest` goes in multi-row
+                // statements; a keyed job goes alone.
+                let run = if multi_row {
+                    rest.iter()
+                        .take_while(|job| job.dedup_key.is_none() && job.dependencies.is_empty())
+                        .count()
+                } else {
+                    0
+                };
+                // PostgreSQL and SQLite: a run of keyed jobs goes in multi-row upserts too.
+                let keyed = if syntax.returning { keyed_run(rest) } else { 0 };
+                if run == 0 && keyed >= 2 {
+                    for chunk in chunks(&rest[..keyed]) {
+                        let enqueued = upsert_keyed_rows!(c, chunk, backend)?;
+                        let limited: Vec<(i64, &[Limit])> = enqueued
+                            .iter()
+                            .zip(chunk.iter())
+                            .filter(|(e, job)| !e.existing && !job.limits.is_empty())
+                            .map(|(e, job)| (e.id, job.limits.as_slice()))
+                            .collect();
+                        if !limited.is_empty() {
+                            limits::record(c, &limited)?;
+                        }
+                        out.extend(enqueued);
+                    }
+                    rest = &rest[keyed..];
+                    continue;
+                }
+                if run == 0 {
+                    if let Some((job, tail)) = rest.split_first() {
+                        if !job.dependencies.is_empty() {
+                            out.push(insert_dependent(c, job, backend, &locked)?);
+                            rest = tail;
+                            continue;
+                        }
+                        let enqueued = insert_deduplicated!(c, job, backend, false)?;
+                        if !enqueued.existing && !job.limits.is_empty() {
+                            limits::record(c, &[(enqueued.id, &job.limits)])?;
+                        }
+                        out.push(enqueued);
+                        rest = tail;
+                    }
+                    continue;
+                }
+                for chunk in chunks(&rest[..run]) {
+                    let rows = vec![INSERT_ROW; chunk.len()].join(", ");
+                    let returning = if syntax.returning { " RETURNING id" } else { "" };
+                    let sql = syntax.render(&format!("{INSERT_HEAD} {rows}{returning}"));
+                    let rows = chunk
+                        .iter()
+                        .map(|job| {
+                            let (at, delay) = job.due_params();
+                            row()
+                                .bind::<Text, _>(job.queue.as_str())
+                                .bind::<Text, _>(job.kind.as_str())
+                                .bind::<Binary, _>(job.payload.as_slice())
+                                .bind::<Integer, _>(job.priority)
+                                .bind::<Text, _>("waiting")
+                                .bind::<Integer, _>(job.max_attempts as i32)
+                                .bind::<Nullable<Instant>, _>(at)
+                                .bind::<BigInt, _>(delay)
+                                .bind::<Nullable<Text>, _>(None::<&str>)
+                                .bind::<Nullable<Text>, _>(job.first_limit().0)
+                                .bind::<Nullable<Integer>, _>(job.first_limit().1)
+                                .bind::<Nullable<BigInt>, _>(None::<i64>)
+                                .bind::<Nullable<BigInt>, _>(job.workflow_id)
+                                .bind::<Nullable<Text>, _>(None::<&str>)
+                                .bind::<Nullable<Integer>, _>(None::<i32>)
+                        })
+                        .collect();
+                    // The text changes with the row count: not kept prepared.
+                    let insert = statement(sql).uncached().bind_rows(rows);
+                    let mut ids: Vec<i64> = match id_step {
+                        None => insert.load::<IdRow>(c).map(ids_of)?,
+                        Some(step) => {
+                            let inserted = insert.execute(c)?;
+                            let first = statement(LAST_INSERT_ID)
+                                .get_result::<IdRow>(c)?
+                                .id;
+                            if inserted != chunk.len() {
+                                return Err(unexpected(format!("{inserted} rows inserted for {} jobs", chunk.len())));
+                            }
+                            (0..chunk.len() as i64).map(|i| first + i * step).collect()
+                        }
+                    };
+                    if ids.len() != chunk.len() {
+                        return Err(unexpected(format!("{} ids for {} inserted jobs", ids.len(), chunk.len())));
+                    }
+                    ids.sort_unstable();
+                    let limited: Vec<(i64, &[Limit])> = ids
+                        .iter()
+                        .zip(chunk.iter())
+                        .filter(|(_, job)| !job.limits.is_empty())
+                        .map(|(id, job)| (*id, job.limits.as_slice()))
+                        .collect();
+                    if !limited.is_empty() {
+                        limits::record(c, &limited)?;
+                    }
+                    out.extend(ids.into_iter().map(|id| Enqueued { id, existing: false, updated: false }));
+                }
+                rest = &rest[run..];
+            }
+            Ok::<Vec<Enqueued>, Error>(out)
+        })?;
+        // In a caller's transaction, NOTIFY goes with it (delivered if it commits); a
+        // failure here is the enqueue's.
+        if inline {
+            wake::notify(conn, fresh_queues(jobs, &enqueued))?;
+        }
+        Ok(enqueued)
+    })?;
+    let fresh = fresh_queues(jobs, &enqueued);
+    if !inline {
+        wake::notify_committed(conn, fresh.iter().copied());
+    }
+    #[cfg(feature = "metrics")]
+    for queue in &fresh {
+        let n = jobs
+            .iter()
+            .zip(&enqueued)
+            .filter(|(job, e)| !e.existing && job.queue == *queue)
+            .count();
+        if n > 0 {
+            crate::metrics::record_enqueued(queue, n);
+        }
+    }
+    wake::wake(fresh);
+    Ok(enqueued)
+}
+
+/// The queues of the jobs an enqueue made or changed (a mode may have moved a waiting job's
+/// due time earlier); not those folded into existing ones unchanged.
+fn fresh_queues<'j>(jobs: &'j [NewJob], enqueued: &[Enqueued]) -> HashSet<&'j str> {
+    jobs.iter()
+        .zip(enqueued)
+        .filter(|(_, e)| !e.existing || e.updated)
+        .map(|(job, _)| job.queue.as_str())
+        .collect()
+}
+
+#[derive(QueryableByName)]
+struct AutoIncrement {
+    #[diesel(sql_type = BigInt)]
+    lock_mode: i64,
+    #[diesel(sql_type = BigInt)]
+    step: i64,
+}
+
+/// MySQL/MariaDB: the step between the ids of one multi-row insert, where they are
+/// consecutive: InnoDB's `innodb_autoinc_lock_mode` 0 ("traditional") and 1 ("consecutive",
+/// MariaDB's default) reserve one run of ids per simple insert statement, so the rows get
+/// `LAST_INSERT_ID()`, then `+ auto_increment_increment` each. Mode 2 ("interleaved",
+/// MySQL 8's default) does not promise that: `None`, one statement per row.
+fn consecutive_id_step<C: diesel::Connection>(c: &mut C) -> Result<Option<i64>>
+where
+    Statement: diesel::query_dsl::LoadQuery<'static, C, AutoIncrement>,
+{
+    let row = statement(
+        "SELECT CAST(@@innodb_autoinc_lock_mode AS SIGNED) AS lock_mode, \
+                CAST(@@auto_increment_increment AS SIGNED) AS step",
+    )
+    .get_result::<AutoIncrement>(c)?;
+    Ok((row.lock_mode <= 1 && row.step >= 1).then_some(row.step))
+}
+
+/// Rows per multi-row insert: 11 parameters a row stays well under SQLite's 32,766 and
+/// PostgreSQL's 65,535 parameters per statement.
+pub const INSERT_CHUNK_ROWS: usize = 1000;
+/// Payload bytes per multi-row insert, past which a new statement starts.
+pub const INSERT_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+
+/// Splits a batch into statements of at most [`INSERT_CHUNK_ROWS`] rows and about
+/// [`INSERT_CHUNK_BYTES`] of payload (one larger job goes alone).
+fn chunks(jobs: &[NewJob]) -> Vec<&[NewJob]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, job) in jobs.iter().enumerate() {
+        let full = i - start >= INSERT_CHUNK_ROWS || bytes + job.payload.len() > INSERT_CHUNK_BYTES;
+        if full && i > start {
+            out.push(&jobs[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += job.payload.len();
+    }
+    out.push(&jobs[start..]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_are_cut_by_rows_and_bytes() {
+        let small = |n: usize| vec![NewJob::new("q", "k", vec![0u8; 10]); n];
+        let sizes = |jobs: &[NewJob]| chunks(jobs).iter().map(|c| c.len()).collect::<Vec<_>>();
+        assert_eq!(sizes(&small(1)), vec![1]);
+        assert_eq!(sizes(&small(INSERT_CHUNK_ROWS)), vec![INSERT_CHUNK_ROWS]);
+        assert_eq!(
+            sizes(&small(INSERT_CHUNK_ROWS + 1)),
+            vec![INSERT_CHUNK_ROWS, 1]
+        );
+        let big = NewJob::new("q", "k", vec![0u8; INSERT_CHUNK_BYTES / 2 + 1]);
+        assert_eq!(sizes(&[big.clone(), big.clone(), big]), vec![1, 1, 1]);
+        let huge = NewJob::new("q", "k", vec![0u8; INSERT_CHUNK_BYTES + 1]);
+        assert_eq!(sizes(&[huge.clone(), huge]), vec![1, 1]);
+    }
+}
