@@ -9,9 +9,9 @@ use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 
 use super::enqueue::{
     FIND_FINISHED_TWIN, FOLD_FINISHED, INSERT_DEDUP_ON_CONFLICT, INSERT_DEDUP_ON_DUPLICATE_KEY,
-    INSERT_HEAD, INSERT_ROW, LAST_INSERT_ID, STATE_OF, StateKind, fold_into_finished_twin,
-    greatest, insert_deduplicated, insert_dependent, insert_one, lock_dependencies,
-    on_conflict_sets, on_duplicate_key_sets, unexpected,
+    INSERT_HEAD, INSERT_ROW, INSERTED_RETURNING, LAST_INSERT_ID, STATE_OF, StateKind,
+    fold_into_finished_twin, greatest, insert_deduplicated, insert_dependent, insert_one,
+    lock_dependencies, on_conflict_sets, on_duplicate_key_sets, unexpected,
 };
 use super::limits::{self, Limit};
 use super::model::{IdRow, InsertedRow};

@@ -41,6 +41,9 @@ pub(super) const INSERT_DEDUP_ON_CONFLICT: &str = " ON CONFLICT (queue, dedup_ke
         COALESCE(excluded.dedup_window_micros, dibs_jobs.dedup_window_micros)){sets} \
     RETURNING id, dedup_hits, state, kind";
 
+/// What a plain insert returns where the backend can: the same row as the upsert's.
+pub(super) const INSERTED_RETURNING: &str = " RETURNING id, dedup_hits, state, kind";
+
 /// MySQL/MariaDB: the unique index is on the generated `live_dedup_key`. On a duplicate the
 /// live job's `dedup_hits` changes, so the statement reports 2 affected rows (1 for an
 /// insert, even with CLIENT_FOUND_ROWS), and `LAST_INSERT_ID(id)` makes its id the one
@@ -141,12 +144,16 @@ macro_rules! insert_one {
         let syntax = $c.syntax();
         let (at, delay) = job.due_params();
         let mut sql = syntax.render(&format!("{INSERT_HEAD} {INSERT_ROW}"));
-        sql.push_str(&match syntax.upsert {
-            Upsert::OnConflictWhere => INSERT_DEDUP_ON_CONFLICT
+        // Only a keyed job can meet a twin: a plain one is a plain insert (the upsert's
+        // arbiter check and, on MySQL, its locks cost concurrent enqueuers).
+        sql.push_str(&match (job.dedup_key.is_some(), syntax.upsert) {
+            (true, Upsert::OnConflictWhere) => INSERT_DEDUP_ON_CONFLICT
                 .replace("{greatest}", greatest($backend))
                 .replace("{sets}", on_conflict_sets(job.on_duplicate)),
-            Upsert::OnDuplicateKey => INSERT_DEDUP_ON_DUPLICATE_KEY
+            (true, Upsert::OnDuplicateKey) => INSERT_DEDUP_ON_DUPLICATE_KEY
                 .replace("{sets}", on_duplicate_key_sets(job.on_duplicate)),
+            (false, _) if syntax.returning => INSERTED_RETURNING.to_string(),
+            (false, _) => String::new(),
         });
         if syntax.returning && $notify_inline {
             sql.push_str(syntax.notify_in_returning);
