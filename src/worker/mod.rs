@@ -61,6 +61,7 @@ mod handlers;
 mod heartbeat;
 mod job;
 mod listener;
+mod liveness;
 mod runs;
 
 use std::collections::HashMap;
