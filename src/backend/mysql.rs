@@ -136,7 +136,11 @@ impl Liveness for MysqlConnection {
         .bind::<BigInt, _>(id)
         .get_result::<Flag>(self)?
         .flag;
-        Ok(if free == 1 { Probe::Free(None) } else { Probe::Held })
+        Ok(if free == 1 {
+            Probe::Free(None)
+        } else {
+            Probe::Held
+        })
     }
 }
 

@@ -11,9 +11,9 @@ use diesel::sql_types::{BigInt, Binary, Nullable, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection, SqliteValue};
 use diesel::{QueryResult, RunQueryDsl};
 
+use super::file_lock::{self, FileLock};
 use super::statement::statement;
 use super::turns::{self, Turn};
-use super::file_lock::{self, FileLock};
 use super::{Dialect, Liveness, Probe, Syntax, Upsert, WorkerLock};
 use crate::pool::{SessionSetup, Synchronous};
 use crate::sql_types::{Instant, SQLITE_INSTANT_FORMAT, Token, token_from_bytes};

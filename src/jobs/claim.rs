@@ -403,7 +403,11 @@ pub(super) fn requeue<C: DibsConnection>(
             _ => None,
         })
         .collect();
-    let released = if ended.is_empty() { Vec::new() } else { settle(c, ended)? };
+    let released = if ended.is_empty() {
+        Vec::new()
+    } else {
+        settle(c, ended)?
+    };
     Ok((rows, released))
 }
 

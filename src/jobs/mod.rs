@@ -56,8 +56,8 @@ use crate::backend::dispatch;
 use crate::{DibsConnection, Error, Result};
 
 pub use batch::{INSERT_CHUNK_BYTES, INSERT_CHUNK_ROWS, enqueue_many};
-pub(crate) use claim::{claim_kinds_throttled, rescue_lapsed};
 pub use claim::{claim, claim_kinds, rescue};
+pub(crate) use claim::{claim_kinds_throttled, rescue_lapsed};
 pub(crate) use dependencies::settle;
 pub use dependencies::{MAX_DEPENDENCIES, MAX_STRIPES, RunWhen, STRIPE_SIZE};
 pub use depth::{MAX_DEPTH_BOUND, QueueDepth, queue_depth};

@@ -364,7 +364,9 @@ fn look_at<C: DibsConnection>(c: &mut C, id: i64, backend: Backend, limit: i64) 
     if backend != Backend::Sqlite {
         let ago = |d: Duration| row.db_now - chrono::Duration::from_std(d).unwrap_or_default();
         let silent = row.heartbeat_at <= ago(SILENT_AFTER);
-        let free_long = row.lock_free_since.is_some_and(|at| at <= ago(LOCK_FREE_FOR));
+        let free_long = row
+            .lock_free_since
+            .is_some_and(|at| at <= ago(LOCK_FREE_FOR));
         if !(silent && free_long) {
             if row.lock_free_since.is_none() {
                 execute_for(c, MARK_FREE, id)?;
@@ -372,14 +374,16 @@ fn look_at<C: DibsConnection>(c: &mut C, id: i64, backend: Backend, limit: i64) 
             return Ok(nothing());
         }
     }
-    // Dead: its claims come back.
-    let held: Vec<i64> = dispatch!(c, c => {
+    // Dead: its claims come back (one more read than taken: are there more?).
+    let mut held: Vec<i64> = dispatch!(c, c => {
         statement(HELD_JOBS)
             .bind::<BigInt, _>(id)
-            .bind::<BigInt, _>(limit)
+            .bind::<BigInt, _>(limit + 1)
             .load::<IdRow>(c)
     })
     .map(ids_of)?;
+    let more = held.len() as i64 > limit;
+    held.truncate(usize::try_from(limit).unwrap_or(0));
     let mut ids = Vec::new();
     if !held.is_empty() {
         let locked = dispatch!(c, c => {
@@ -394,7 +398,7 @@ fn look_at<C: DibsConnection>(c: &mut C, id: i64, backend: Backend, limit: i64) 
             .collect();
     }
     // All of them here (none skipped as locked, none left past the limit): it is forgotten.
-    let all = (held.len() as i64) < limit && ids.len() == held.len();
+    let all = !more && ids.len() == held.len();
     let (rows, released) = requeue(c, ids, DIED)?;
     if !all {
         return Ok(Pass {

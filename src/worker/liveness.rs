@@ -183,7 +183,9 @@ fn leave(pool: &Pool, registration: Registration) {
     } = registration;
     let left = match conn.as_mut() {
         Some(conn) => jobs::unregister(conn, id),
-        None => pool.get().and_then(|mut conn| jobs::unregister(&mut conn, id)),
+        None => pool
+            .get()
+            .and_then(|mut conn| jobs::unregister(&mut conn, id)),
     };
     match left {
         Ok(()) => {
