@@ -37,9 +37,7 @@ mod postgres_heartbeats {
 mod mysql_heartbeats {
     #[test]
     fn a_worker_with_a_fresh_heartbeat_is_not_rescued_without_its_lock() {
-        super::a_worker_with_a_fresh_heartbeat_is_not_rescued_without_its_lock(
-            dibs::Backend::Mysql,
-        )
+        super::a_worker_with_a_fresh_heartbeat_is_not_rescued_without_its_lock(dibs::Backend::Mysql)
     }
 }
 
@@ -195,7 +193,9 @@ fn a_worker_registers_and_leaves_no_row_behind(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            &format!("SELECT COUNT(*) AS n FROM dibs_jobs WHERE id = {id} AND claimed_by = {registered}")
+            &format!(
+                "SELECT COUNT(*) AS n FROM dibs_jobs WHERE id = {id} AND claimed_by = {registered}"
+            )
         ),
         1,
         "the claim records its worker"
@@ -232,7 +232,10 @@ fn a_worker_registers_and_leaves_no_row_behind(backend: Backend) {
     );
     #[cfg(all(feature = "sqlite", unix))]
     if backend == Backend::Sqlite {
-        assert!(!std::path::Path::new(&file).exists(), "its lock file is gone");
+        assert!(
+            !std::path::Path::new(&file).exists(),
+            "its lock file is gone"
+        );
     }
     let job = jobs::get(&mut conn, id).unwrap().unwrap();
     assert_eq!(job.state, JobState::Running, "still in its handler");
@@ -319,7 +322,10 @@ fn a_worker_whose_session_ended_is_rescued(backend: Backend) {
         "at the first look".to_string()
     } else {
         // Its lock found free for 3 s (by the database's clock) first.
-        assert!(took > Duration::from_millis(2500), "taken back after {took:?}");
+        assert!(
+            took > Duration::from_millis(2500),
+            "taken back after {took:?}"
+        );
         format!("after {rescues} looks, {took:.1?}")
     };
     for id in &claims {
@@ -351,7 +357,10 @@ fn a_worker_whose_session_ended_is_rescued(backend: Backend) {
     #[cfg(all(feature = "sqlite", unix))]
     if backend == Backend::Sqlite {
         let file = format!("{}-workers/{}", db.url(), dead.id);
-        assert!(!std::path::Path::new(&file).exists(), "its lock file is gone");
+        assert!(
+            !std::path::Path::new(&file).exists(),
+            "its lock file is gone"
+        );
     }
     println!("{backend}: a dead worker's 3 claims came back {first_look_found}");
     drop(live);

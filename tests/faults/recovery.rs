@@ -95,7 +95,7 @@ pub fn holding_worker(url: &str, cap: u64) {
 
 /// The database with the starts table and the jobs: warm-up, slow (sleeping `slow_ms`),
 /// tail; one attempt each (a kill must use none). Enqueued in that order: claimed in it.
-fn setup(backend: Backend, slow_ms: u64) -> (TestDb, AnyConnection) {
+pub(crate) fn setup(backend: Backend, slow_ms: u64) -> (TestDb, AnyConnection) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let text = if backend == Backend::Mysql {
@@ -121,7 +121,11 @@ fn setup(backend: Backend, slow_ms: u64) -> (TestDb, AnyConnection) {
 /// the slow jobs, and as many of the tail as it claims ahead (between half its prefetch and
 /// all of it: it claims again when fewer than half are left), unchanged for a second.
 /// Returns it and the ids it holds.
-fn start_holding(db: &TestDb, conn: &mut AnyConnection, cap: u64) -> (Spawned, HashSet<i64>) {
+pub(crate) fn start_holding(
+    db: &TestDb,
+    conn: &mut AnyConnection,
+    cap: u64,
+) -> (Spawned, HashSet<i64>) {
     let mut worker = spawn("holding-worker", &[db.url(), &cap.to_string()]);
     assert_eq!(worker.next_report().as_deref(), Some("started"));
     let until = Instant::now() + Duration::from_secs(60);
@@ -169,7 +173,7 @@ fn ids(conn: &mut AnyConnection, query: &str) -> HashSet<i64> {
 }
 
 /// Every start recorded: job id -> the pids that started it.
-fn starts(conn: &mut AnyConnection) -> HashMap<i64, Vec<i64>> {
+pub(crate) fn starts(conn: &mut AnyConnection) -> HashMap<i64, Vec<i64>> {
     #[derive(QueryableByName)]
     struct Start {
         #[diesel(sql_type = BigInt)]
