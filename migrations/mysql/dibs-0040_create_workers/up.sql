@@ -1,4 +1,4 @@
--- Running workers (see the PostgreSQL migration dibs-0030 for what each column means). One
+-- Running workers (see the PostgreSQL migration dibs-0040 for what each column means). One
 -- DDL statement (MySQL commits DDL implicitly). A worker holds the named lock
 -- GET_LOCK(CONCAT('dibs.worker.', MD5(DATABASE()), '.', id), 0) on a connection it keeps for
 -- its life (lock names are server-wide: the database's digest keeps two databases apart).

@@ -1,4 +1,4 @@
--- Running workers (see the PostgreSQL migration dibs-0030 for what each column means). On
+-- Running workers (see the PostgreSQL migration dibs-0040 for what each column means). On
 -- SQLite every process is on one host: a worker holds an exclusive flock on the file
 -- `<database>-workers/<id>` for its life, which the kernel releases when the process dies.
 CREATE TABLE dibs_workers (
