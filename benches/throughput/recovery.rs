@@ -172,7 +172,7 @@ pub fn print_summary() {
     for (backend, held, last) in EVERY_ONE.lock().expect("lock").iter() {
         println!(
             "H on {backend:?}: a killed worker held {held} jobs ({SLOW} running, {} claimed \
-             ahead); every one had started again {:.1} s after the kill",
+             ahead); every one had started again {:.2} s after the kill",
             held - SLOW,
             last.as_secs_f64()
         );
