@@ -302,6 +302,16 @@ pub(crate) fn rescue_dead<C: DibsConnection>(conn: &mut C, limit: usize) -> Resu
         if left <= 0 {
             break;
         }
+        // SQLite: every worker is a candidate, and a write transaction takes the file's one
+        // write lock: look at its lock file first (it is looked at again in the transaction).
+        if backend == Backend::Sqlite
+            && !matches!(
+                dispatch!(conn, c => c.probe_worker_lock(id))?,
+                Probe::Free(_)
+            )
+        {
+            continue;
+        }
         let pass = retry_transient(|| {
             dispatch!(conn, c => {
                 bare_write_transaction(c, "rescuing a dead worker's jobs", |c| {
