@@ -517,6 +517,7 @@ impl FileLock {
 pub(crate) enum WorkerLock {
     /// By the session of the connection that took it (PostgreSQL, MySQL/MariaDB): the
     /// server frees it when the session ends.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     Session,
     /// By an exclusive `flock` of the worker's lock file (SQLite): the kernel frees it when
     /// the process ends.

@@ -393,6 +393,7 @@ fn a_worker_whose_session_ended_is_rescued(backend: Backend) {
 /// A server worker whose session ended but whose heartbeat is fresh (its lock connection
 /// was lost, the worker goes on through its others) is not rescued, however long its lock
 /// has been free; once it is silent too, it is.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn a_worker_with_a_fresh_heartbeat_is_not_rescued_without_its_lock(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();

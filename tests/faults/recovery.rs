@@ -346,6 +346,7 @@ fn a_stopped_worker_is_never_taken_for_dead(backend: Backend) {
 }
 
 /// The session that holds worker `id`'s lock, by the server's connection id.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn lock_session(conn: &mut AnyConnection, backend: Backend, id: i64) -> Option<i64> {
     #[derive(QueryableByName)]
     struct Session {
@@ -371,6 +372,7 @@ fn lock_session(conn: &mut AnyConnection, backend: Backend, id: i64) -> Option<i
 /// network reset would): its lock is free, but its heartbeat goes on through its other
 /// connections, so a second worker does not take it for dead; it takes its lock again on a
 /// new session within seconds, and runs every job it held, each once.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn a_worker_whose_lock_connection_is_killed_keeps_its_jobs(backend: Backend) {
     let (db, mut conn) = setup(backend, 8_000);
     let (holder, held) = start_holding(&db, &mut conn, u64::MAX);
