@@ -18,6 +18,7 @@ const PRUNE_EVERY: Duration = Duration::from_secs(5);
 
 pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
     let config = &shared.config;
+    shared.registration.wait_for_first(shared);
     let mut conn = Connection::new(&config.pool);
     let mut idle = Duration::from_millis(10);
     let mut error_pause = Duration::from_millis(100);

@@ -94,16 +94,6 @@ pub(crate) fn start(config: Config) -> crate::Result<WorkerHandle> {
     let threads = config.threads;
     let listen = config.pool.backend() == crate::Backend::Postgres;
     let shared = Shared::new(config);
-    // Registered before the first claim, so that every claim records the worker; a worker
-    // that cannot register yet works on, its claims protected by their ttl alone, and keeps
-    // trying.
-    let registration = match liveness::register(&shared.config.pool, &shared.registration) {
-        Ok(registration) => Some(registration),
-        Err(e) => {
-            tracing::warn!(target: "dibs::worker", error = %e, "cannot register this worker yet; its claims are protected by their ttl alone until it can");
-            None
-        }
-    };
     let (tasks, inbox) = channel::<Task>();
     let inbox = Arc::new(Mutex::new(inbox));
     let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
@@ -148,7 +138,7 @@ pub(crate) fn start(config: Config) -> crate::Result<WorkerHandle> {
         let (stop, stopped) = channel::<()>();
         let thread = spawn(
             "dibs-liveness".into(),
-            Box::new(move || liveness::keep_alive(&shared, stopped, registration)),
+            Box::new(move || liveness::keep_alive(&shared, stopped)),
         )?;
         (thread, stop)
     };

@@ -5,6 +5,10 @@
 //! (a server restart, a killed connection); on SQLite, an open file. The heartbeat thread
 //! writes the heartbeat (through its pooled connection, so that a lost lock connection does
 //! not stop it). At shutdown the worker's row is deleted and the lock released.
+//!
+//! The first registration is made by this thread, not by `start`, which never waits for the
+//! database; the claimer waits for it instead, so that every claim records the worker (a
+//! worker that dies in its first seconds is recognised as well).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -23,9 +27,23 @@ pub(super) struct Current {
     id: AtomicI64,
     /// Set by the heartbeat when the row is gone: a rescue took the worker for dead.
     gone: AtomicBool,
+    /// The first registration was tried (made or failed): the claimer waits for it, so that
+    /// the worker's first claims record it.
+    tried: AtomicBool,
 }
 
 impl Current {
+    /// Waits until the first registration was tried, or the worker stops.
+    pub fn wait_for_first(&self, shared: &Shared) {
+        while !self.tried.load(Ordering::SeqCst) {
+            let state = shared.lock();
+            if state.stopping {
+                return;
+            }
+            drop(shared.wait(state, Duration::from_millis(20)));
+        }
+    }
+
     pub fn id(&self) -> Option<i64> {
         let id = self.id.load(Ordering::SeqCst);
         (id != 0).then_some(id)
@@ -49,7 +67,7 @@ impl Current {
 }
 
 /// A registration, and what holds its lock.
-pub(super) struct Registration {
+struct Registration {
     registered: Registered,
     /// On a server: the connection whose session holds the lock (`None` while it is lost).
     conn: Option<AnyConnection>,
@@ -63,7 +81,7 @@ impl Registration {
 
 /// Registers a worker of this process: its row and its lock, on a connection of its own
 /// (servers) or in its lock file (SQLite).
-pub(super) fn register(pool: &Pool, current: &Current) -> Result<Registration> {
+fn register(pool: &Pool, current: &Current) -> Result<Registration> {
     let host = host();
     let registration = if pool.backend() == Backend::Sqlite {
         let registered = jobs::register(&mut pool.get()?, &host)?;
@@ -84,14 +102,22 @@ pub(super) fn register(pool: &Pool, current: &Current) -> Result<Registration> {
     Ok(registration)
 }
 
-/// The liveness thread: keeps the registration (or makes one) until `stop` says to stop,
-/// then unregisters.
-pub(super) fn keep_alive(shared: &Shared, stop: Receiver<()>, registration: Option<Registration>) {
+/// The liveness thread: registers the worker (as it starts: its first claims wait for it),
+/// keeps the registration (or makes one) until `stop` says to stop, then unregisters.
+pub(super) fn keep_alive(shared: &Shared, stop: Receiver<()>) {
     let pool = &shared.config.pool;
     let current = &shared.registration;
-    let mut registration = registration;
+    let mut registration = match register(pool, current) {
+        Ok(made) => Some(made),
+        Err(e) => {
+            tracing::warn!(target: "dibs::worker", error = %e, "cannot register this worker yet; its claims are protected by their ttl alone until it can");
+            None
+        }
+    };
+    current.tried.store(true, Ordering::SeqCst);
+    shared.changed.notify_all();
     // Warnings about a registration that keeps failing, at most every minute.
-    let mut next_warning = Instant::now();
+    let mut next_warning = Instant::now() + Duration::from_secs(60);
     while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(WORKER_BEAT) {
         if current.take_gone() {
             if let Some(gone) = registration.take() {
