@@ -118,6 +118,17 @@ pub enum Error {
     /// The connection pool could not hand out a connection in time.
     #[error("connection pool: {0}")]
     Pool(#[from] r2d2::Error),
+
+    /// A worker's lock file (SQLite: `<database>-workers/<id>`, whose lock says the worker
+    /// lives) could not be created, locked or removed.
+    #[error("worker lock file {path}: {source}")]
+    LockFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// `Result` with dibs's [`Error`].

@@ -46,8 +46,9 @@ use std::time::Duration;
 pub enum Event {
     /// A run ended and how it ended is recorded in the database.
     Run(RunEvent),
-    /// A rescue pass of this worker returned jobs whose claims had lapsed (a worker died or
-    /// stalled): counts of jobs back in the queue, dead (too many lapses), and cancelled.
+    /// A rescue pass of this worker returned jobs whose worker died (its lock was released)
+    /// or whose claims had lapsed (a worker stalled): counts of jobs back in the queue, dead
+    /// (too many lapses), and cancelled.
     Rescued {
         /// Back in the queue, due at once.
         requeued: usize,
@@ -174,7 +175,7 @@ pub(crate) fn log(event: &Event) {
             cancelled,
         } => tracing::info!(
             target: "dibs::worker",
-            requeued, dead, cancelled, "rescued jobs whose claims lapsed"
+            requeued, dead, cancelled, "rescued jobs whose worker died or whose claims lapsed"
         ),
         Event::Pruned { queue, deleted } => {
             tracing::debug!(target: "dibs::worker", %queue, deleted, "pruned finished jobs")

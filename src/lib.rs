@@ -44,6 +44,11 @@
 //!   exactly once. A lapsed claim uses no attempt (a worker may die holding jobs it claimed
 //!   ahead and never started) but counts as a lapse; [`jobs::MAX_LAPSES`] of them make a job
 //!   dead, so a job that takes its worker down every time cannot loop forever.
+//! - **A dead worker is recognised by its process ending, not by a timer.** A worker holds a
+//!   lock for its process's life (a database session's lock on a server, a file lock on
+//!   SQLite): when it dies, its claims (running and claimed ahead) are taken back within
+//!   seconds, not the claim ttl; a worker that is only stopped or slow keeps its lock and
+//!   its jobs (see [`worker`], "When a worker dies").
 //! - **A worker runs only kinds it has handlers for.** Its claim asks for those kinds in
 //!   SQL: jobs of other kinds (a rolling deploy, a mixed fleet) wait for their own workers,
 //!   never claimed, their attempts untouched.

@@ -123,6 +123,9 @@ diesel::table! {
         progress -> Nullable<Double>,
         /// The message with that progress.
         progress_message -> Nullable<Text>,
+        /// The worker ([`dibs_workers`]) whose claim it runs (or last ran) under; NULL for a
+        /// claim made outside a worker ([`claim`](crate::jobs::claim)).
+        claimed_by -> Nullable<BigInt>,
     }
 }
 
@@ -343,6 +346,32 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::sql_types::Instant;
+
+    /// Running workers: how a dead worker is recognised (see
+    /// [`crate::worker`], "When a worker dies"). A worker inserts its row and takes a lock
+    /// that lasts as long as its process: on PostgreSQL the session-level advisory lock
+    /// `pg_advisory_lock(1684628083, id)` (the id's low 32 bits), on MySQL/MariaDB the named
+    /// lock `CONCAT('dibs.worker.', MD5(DATABASE()), '.', id)`, each on a connection the
+    /// worker keeps; on SQLite an exclusive `flock` of the file `<database>-workers/<id>`.
+    dibs_workers (id) {
+        /// The worker's id (never reused).
+        id -> BigInt,
+        /// The host it runs on.
+        host -> Text,
+        /// Its process id on that host.
+        pid -> BigInt,
+        /// When it registered.
+        started_at -> Instant,
+        /// When it last said it lives (every second).
+        heartbeat_at -> Instant,
+        /// When a rescue first found its lock free (NULL while it is held).
+        lock_free_since -> Nullable<Instant>,
+    }
+}
+
 diesel::joinable!(dibs_job_errors -> dibs_jobs (job_id));
 diesel::joinable!(dibs_job_outputs -> dibs_jobs (job_id));
 diesel::joinable!(dibs_job_limits -> dibs_jobs (job_id));
@@ -364,4 +393,5 @@ diesel::allow_tables_to_appear_in_same_query!(
     dibs_job_dependencies,
     dibs_dependency_stripes,
     dibs_job_results,
+    dibs_workers,
 );

@@ -10,8 +10,8 @@
 //!   --samples N       enqueue -> start samples for the latency workload (default 200)
 //!   --scale           also drain with 1,000,000 finished and with 100,000 waiting jobs
 //!   --prefetch N      the workers' prefetch (default: the builder's, 100)
-//!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; E, F, G, K, L, Q, R and W only
-//!                     when listed)
+//!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; E, F, G, H, K, L, Q, R and
+//!                     W only when listed)
 //!   --phase-secs N    G: seconds of its clean and released phases; the snapshot is held
 //!                     twice as long (default 30)
 //!   --rate N          G: jobs a second (default 1000)
@@ -44,6 +44,7 @@ use diesel::connection::SimpleConnection;
 
 mod fleet;
 mod producers;
+mod recovery;
 mod steady;
 mod support;
 mod workflows;
@@ -505,6 +506,7 @@ fn main() {
     if args.next().as_deref() == Some("--fleet-child") {
         fleet::child(args);
     }
+    recovery::run_victim_if_asked();
     let options = match parse_options() {
         Ok(options) => options,
         Err(message) => {
@@ -671,6 +673,10 @@ fn main() {
                 None,
             );
         }
+        if wanted('H') {
+            let label = "H. crash recovery: a killed worker's jobs start again (after the kill)";
+            row(label, runs(&|| recovery::crash_recovery(backend)), None);
+        }
         if wanted('K') {
             row(
                 "K. claim 1 kind behind 100,000 others",
@@ -706,6 +712,7 @@ fn main() {
             idle * 100.0
         );
     }
+    recovery::print_summary();
     println!(
         "peak RSS of the process: {:.1} MiB",
         resident_bytes("VmHWM") as f64 / 1048576.0

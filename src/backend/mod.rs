@@ -14,6 +14,8 @@ use diesel::result::QueryResult;
 use crate::pool::SessionSetup;
 use crate::{Error, Result};
 
+#[cfg(feature = "sqlite")]
+pub(crate) mod file_lock;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
@@ -494,4 +496,63 @@ pub(crate) trait Dialect: Connection<TransactionManager = AnsiTransactionManager
 
     /// Runs dibs's pending migrations, serialized against other processes doing the same.
     fn migrate(&mut self) -> Result<Vec<String>>;
+}
+
+#[cfg(feature = "sqlite")]
+pub(crate) use file_lock::FileLock;
+
+/// Without SQLite there are no lock files.
+#[cfg(not(feature = "sqlite"))]
+#[derive(Debug)]
+pub(crate) struct FileLock;
+
+#[cfg(not(feature = "sqlite"))]
+impl FileLock {
+    pub fn remove(self) {}
+}
+
+/// Where a worker's lock is held (see `jobs::workers`): it lasts as long as the worker's
+/// process, and no longer.
+#[derive(Debug)]
+pub(crate) enum WorkerLock {
+    /// By the session of the connection that took it (PostgreSQL, MySQL/MariaDB): the
+    /// server frees it when the session ends.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    Session,
+    /// By an exclusive `flock` of the worker's lock file (SQLite): the kernel frees it when
+    /// the process ends.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    File(FileLock),
+    /// Nowhere: nothing can tell this worker's death (an SQLite database in memory, or a
+    /// platform without `flock`). Its claims are protected by their ttl alone.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    Nowhere,
+}
+
+/// What a rescue finds of a worker's lock.
+#[derive(Debug)]
+pub(crate) enum Probe {
+    /// Held: the worker lives (or its session does).
+    Held,
+    /// Free: the worker's session (or process) ended. On PostgreSQL the rescue's transaction
+    /// holds it until it ends; on SQLite the file lock given here does, until dropped.
+    Free(Option<FileLock>),
+    /// Nothing can be told (SQLite: no lock file where it should be): taken as alive.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    Unknown,
+}
+
+/// How a worker says it lives, per backend: a lock that ends with its process (see
+/// `jobs::workers`). One implementation per backend file.
+pub(crate) trait Liveness: Dialect {
+    /// Takes worker `id`'s lock: for this connection's session (servers) or in its lock file
+    /// (SQLite). `None` if another holds it.
+    fn take_worker_lock(&mut self, id: i64) -> Result<Option<WorkerLock>>;
+
+    /// Whether this connection's session holds worker `id`'s lock (servers; SQLite's file
+    /// lock cannot be lost while the process lives).
+    fn holds_worker_lock(&mut self, id: i64) -> Result<bool>;
+
+    /// Inside a rescue's transaction: whether worker `id`'s lock is free.
+    fn probe_worker_lock(&mut self, id: i64) -> Result<Probe>;
 }

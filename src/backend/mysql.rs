@@ -5,11 +5,11 @@ use diesel::connection::{AnsiTransactionManager, SimpleConnection};
 use diesel::deserialize::{self, FromSql};
 use diesel::mysql::{Mysql, MysqlConnection, MysqlValue};
 use diesel::serialize::{self, Output, ToSql};
-use diesel::sql_types::{Binary, Datetime, Integer, Nullable};
+use diesel::sql_types::{BigInt, Binary, Datetime, Integer, Nullable};
 use diesel::{QueryResult, RunQueryDsl};
 
 use super::statement::statement;
-use super::{Dialect, Syntax, Upsert};
+use super::{Dialect, Liveness, Probe, Syntax, Upsert, WorkerLock};
 use crate::pool::SessionSetup;
 use crate::sql_types::{Instant, Token, token_from_bytes};
 use crate::transaction::require_bare;
@@ -92,6 +92,55 @@ impl Dialect for MysqlConnection {
         let applied = outcome?;
         released?;
         Ok(applied)
+    }
+}
+
+/// The name of worker `?`'s lock. Named locks are server-wide, so the database's digest keeps
+/// the workers of two databases apart; at most 64 characters (MySQL's limit), whatever the
+/// database's name.
+const WORKER_LOCK: &str = "CONCAT('dibs.worker.', MD5(DATABASE()), '.', ?)";
+
+#[derive(diesel::QueryableByName)]
+struct Flag {
+    #[diesel(sql_type = BigInt)]
+    flag: i64,
+}
+
+impl Liveness for MysqlConnection {
+    fn take_worker_lock(&mut self, id: i64) -> Result<Option<WorkerLock>> {
+        // Held by this session until it ends (or RELEASE_LOCK); a wait of 0: no blocking.
+        let got = statement(format!("SELECT GET_LOCK({WORKER_LOCK}, 0) AS got"))
+            .bind::<BigInt, _>(id)
+            .get_result::<LockResult>(self)?
+            .got;
+        Ok((got == Some(1)).then_some(WorkerLock::Session))
+    }
+
+    fn holds_worker_lock(&mut self, id: i64) -> Result<bool> {
+        let held = statement(format!(
+            "SELECT CAST(COALESCE(IS_USED_LOCK({WORKER_LOCK}) = CONNECTION_ID(), 0) AS SIGNED) AS flag"
+        ))
+        .bind::<BigInt, _>(id)
+        .get_result::<Flag>(self)?
+        .flag;
+        Ok(held == 1)
+    }
+
+    fn probe_worker_lock(&mut self, id: i64) -> Result<Probe> {
+        // A look that takes nothing: the worker may take its lock again right after it, and
+        // is then judged by its heartbeat and by how long its lock was found free (see
+        // `jobs::workers`), as on a backend where the look takes the lock.
+        let free = statement(format!(
+            "SELECT CAST(IS_USED_LOCK({WORKER_LOCK}) IS NULL AS SIGNED) AS flag"
+        ))
+        .bind::<BigInt, _>(id)
+        .get_result::<Flag>(self)?
+        .flag;
+        Ok(if free == 1 {
+            Probe::Free(None)
+        } else {
+            Probe::Held
+        })
     }
 }
 

@@ -7,11 +7,11 @@ use diesel::connection::{AnsiTransactionManager, CacheSize, Connection, SimpleCo
 use diesel::deserialize::{self, FromSql};
 use diesel::pg::{Pg, PgConnection, PgValue};
 use diesel::serialize::{self, IsNull, Output, ToSql};
-use diesel::sql_types::{BigInt, Binary, Timestamptz};
+use diesel::sql_types::{BigInt, Binary, Bool, Integer, Timestamptz};
 use diesel::{QueryResult, RunQueryDsl};
 
 use super::statement::statement;
-use super::{Dialect, Syntax, Upsert};
+use super::{Dialect, Liveness, Probe, Syntax, Upsert, WorkerLock};
 use crate::error::DatabaseFailure;
 use crate::pool::SessionSetup;
 use crate::sql_types::{Instant, Token, token_from_bytes};
@@ -110,6 +110,60 @@ impl ToSql<Token, Pg> for uuid::Uuid {
     fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Pg>) -> serialize::Result {
         out.write_all(self.as_bytes())?;
         Ok(IsNull::No)
+    }
+}
+
+/// The first key of a worker's advisory lock, `pg_advisory_lock(key1, key2)`: the bytes spell
+/// "dibs". The two-key form is a key space apart from the one-key form (which the migration
+/// lock and most applications use), and advisory locks are per database.
+const WORKER_LOCK_CLASS: i32 = 0x6469_6273;
+
+/// The second key of worker `id`'s lock: its low 32 bits (ids are never reused, and four
+/// billion workers apart before two could share a key).
+fn worker_key(id: i64) -> i32 {
+    id as i32
+}
+
+#[derive(diesel::QueryableByName)]
+struct Got {
+    #[diesel(sql_type = Bool)]
+    got: bool,
+}
+
+impl Liveness for PgConnection {
+    fn take_worker_lock(&mut self, id: i64) -> Result<Option<WorkerLock>> {
+        // Session-level: held until the session ends (also if the transaction that took it
+        // rolls back), whatever the transactions after it do.
+        let got = statement("SELECT pg_try_advisory_lock(?, ?) AS got")
+            .bind::<Integer, _>(WORKER_LOCK_CLASS)
+            .bind::<Integer, _>(worker_key(id))
+            .get_result::<Got>(self)?
+            .got;
+        Ok(got.then_some(WorkerLock::Session))
+    }
+
+    fn holds_worker_lock(&mut self, id: i64) -> Result<bool> {
+        // pg_locks shows each key as an oid; an int4 cast to oid keeps its 32 bits.
+        Ok(statement(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+             AND pid = pg_backend_pid() AND classid = CAST(? AS oid) \
+             AND objid = CAST(? AS oid) AND objsubid = 2 AND granted) AS got",
+        )
+        .bind::<Integer, _>(WORKER_LOCK_CLASS)
+        .bind::<Integer, _>(worker_key(id))
+        .get_result::<Got>(self)?
+        .got)
+    }
+
+    fn probe_worker_lock(&mut self, id: i64) -> Result<Probe> {
+        // Taken only if no session holds it (the worker's ended); then held by this
+        // transaction until it ends, so the worker cannot take it again meanwhile.
+        let free = statement("SELECT pg_try_advisory_xact_lock(?, ?) AS got")
+            .bind::<Integer, _>(WORKER_LOCK_CLASS)
+            .bind::<Integer, _>(worker_key(id))
+            .get_result::<Got>(self)?
+            .got;
+        Ok(if free { Probe::Free(None) } else { Probe::Held })
     }
 }
 

@@ -11,9 +11,10 @@ use diesel::sql_types::{BigInt, Binary, Nullable, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection, SqliteValue};
 use diesel::{QueryResult, RunQueryDsl};
 
+use super::file_lock::{self, FileLock};
 use super::statement::statement;
 use super::turns::{self, Turn};
-use super::{Dialect, Syntax, Upsert};
+use super::{Dialect, Liveness, Probe, Syntax, Upsert, WorkerLock};
 use crate::pool::{SessionSetup, Synchronous};
 use crate::sql_types::{Instant, SQLITE_INSTANT_FORMAT, Token, token_from_bytes};
 use crate::transaction::bare_write_transaction;
@@ -116,6 +117,50 @@ impl Dialect for SqliteConnection {
         bare_write_transaction(self, "run_migrations", |conn| {
             migrate::run_harness(conn, migrate::SQLITE)
         })
+    }
+}
+
+/// The file of the connection's main database; `None` for a private in-memory or temporary
+/// one (no other process can use it).
+fn main_file(conn: &mut SqliteConnection) -> QueryResult<Option<String>> {
+    let target = statement(WRITE_TARGET).get_result::<WriteTarget>(conn)?;
+    Ok(target.file.filter(|file| !file.is_empty()))
+}
+
+impl Liveness for SqliteConnection {
+    fn take_worker_lock(&mut self, id: i64) -> Result<Option<WorkerLock>> {
+        let Some(database) = main_file(self)? else {
+            return Ok(Some(WorkerLock::Nowhere));
+        };
+        if cfg!(not(unix)) {
+            return Ok(Some(WorkerLock::Nowhere));
+        }
+        Ok(FileLock::create(&database, id)?.map(WorkerLock::File))
+    }
+
+    fn holds_worker_lock(&mut self, _id: i64) -> Result<bool> {
+        // A lock on a file this process keeps open is held until the process ends.
+        Ok(true)
+    }
+
+    fn probe_worker_lock(&mut self, id: i64) -> Result<Probe> {
+        let Some(database) = main_file(self)? else {
+            return Ok(Probe::Unknown);
+        };
+        if cfg!(not(unix)) {
+            return Ok(Probe::Unknown);
+        }
+        match FileLock::existing(&database, id) {
+            Ok(Some(lock)) => Ok(Probe::Free(Some(lock))),
+            Ok(None) => Ok(Probe::Held),
+            // Its worker took it (the file is made before its row commits): someone removed
+            // it, or this process names the database by another path. Taken as alive.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Probe::Unknown),
+            Err(source) => Err(crate::Error::LockFile {
+                path: file_lock::path_of(&database, id),
+                source,
+            }),
+        }
     }
 }
 

@@ -1,9 +1,10 @@
-//! Claiming due jobs (within their concurrency limits) and rescuing lapsed claims.
+//! Claiming due jobs (within their concurrency limits) and rescuing lapsed claims (and,
+//! through `workers`, the claims of dead workers).
 
 use std::time::Duration;
 
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Integer, Text};
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
 use super::dependencies::settle;
 use super::finish::record_error;
@@ -56,16 +57,19 @@ const CLAIM_PICK: &str = "\
 const KIND_FILTER: &str = " AND kind = ?";
 
 /// Claim, step 3: claim exactly the accepted ids (a bound list, see `backend::statement`),
-/// each with its own random token. The WHERE is the primary key alone, so no other index can
-/// serve it (a `state = ...` condition could be served by the stalled-claims index on MySQL,
-/// locking other rows). RETURNING where there is one; MySQL reads them back.
+/// each with its own random token, recording the worker that claims (NULL outside a worker).
+/// The WHERE is the primary key alone, so no other index can serve it (a `state = ...`
+/// condition could be served by the stalled-claims index on MySQL, locking other rows).
+/// RETURNING where there is one; MySQL reads them back.
 const CLAIM_MARK: &str = "\
     UPDATE dibs_jobs SET state = 'running', attempt = attempt + 1, \
-        claim_token = {random_token}, claimed_at = {now}, claim_expires_at = {now+ttl} \
+        claim_token = {random_token}, claimed_at = {now}, claim_expires_at = {now+ttl}, \
+        claimed_by = ? \
     WHERE id IN {ids}";
 
-/// Rescue, step 3: return lapsed claims to the queue without using an attempt (the worker
-/// may have died before the run began: jobs claimed ahead never start), counting the lapse;
+/// Rescue, step 3: return lapsed claims (or a dead worker's) to the queue without using an
+/// attempt (the worker may have died before the run began: jobs claimed ahead never start,
+/// and nothing records whether a run began), counting the lapse;
 /// a job asked to cancel is cancelled; a job whose claims lapsed [`MAX_LAPSES`] times (it
 /// takes its worker down every time) is dead. Only rows this transaction holds locked and
 /// found stalled (step 2), so a job completed or renewed meanwhile is left alone. The WHERE
@@ -77,7 +81,7 @@ const RESCUE_SET: &str = "\
     UPDATE dibs_jobs SET \
         finished_at = CASE WHEN cancel_requested_at IS NOT NULL OR lapses + 1 >= ? \
             THEN {now} ELSE NULL END, \
-        last_error = 'the claim lapsed: the worker stalled or died', \
+        last_error = ?, \
         attempt = attempt - 1, \
         claim_token = NULL, claim_expires_at = NULL, due_at = {now}, \
         state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' \
@@ -85,7 +89,7 @@ const RESCUE_SET: &str = "\
         lapses = lapses + 1 \
     WHERE id IN {ids}";
 
-/// The error a rescued run leaves in the job's history (as in `RESCUE_SET`).
+/// The error a rescued run leaves in the job's history (and as its `last_error`).
 const RESCUE_ERROR: &str = "the claim lapsed: the worker stalled or died";
 
 /// Rescue, step 1: candidates, by a plain read of the stalled-claims index. Not a locking
@@ -128,7 +132,7 @@ pub fn claim<C: DibsConnection>(
     limit: usize,
     ttl: Duration,
 ) -> Result<Vec<ClaimedJob>> {
-    Ok(claim_of(conn, queue, None, limit, ttl)?.0)
+    Ok(claim_of(conn, queue, None, limit, ttl, None)?.0)
 }
 
 /// Like [`claim`], taking only jobs whose kind is one of `kinds` (1 to [`MAX_KINDS`]; repeats
@@ -160,7 +164,7 @@ pub fn claim_kinds<C: DibsConnection, K: AsRef<str>>(
     ttl: Duration,
 ) -> Result<Vec<ClaimedJob>> {
     let names = kind_names(kinds)?;
-    Ok(claim_of(conn, queue, Some(&names), limit, ttl)?.0)
+    Ok(claim_of(conn, queue, Some(&names), limit, ttl, None)?.0)
 }
 
 /// The kinds validated (1 to [`MAX_KINDS`]), sorted and without repeats: one statement shape
@@ -185,27 +189,32 @@ fn kind_names<K: AsRef<str>>(kinds: &[K]) -> Result<Vec<&str>> {
     Ok(names)
 }
 
-/// [`claim_kinds`], and how long until the soonest rate this claim found full has room
-/// again (by the database's clock): when a worker finding nothing to claim may look again.
+/// [`claim_kinds`] for the registered worker `worker` (`dibs_workers`, recorded as the
+/// claims' `claimed_by`, or none), and how long until the soonest rate this claim found full
+/// has room again (by the database's clock): when a worker finding nothing to claim may look
+/// again.
 pub(crate) fn claim_kinds_throttled<C: DibsConnection, K: AsRef<str>>(
     conn: &mut C,
     queue: &str,
     kinds: &[K],
     limit: usize,
     ttl: Duration,
+    worker: Option<i64>,
 ) -> Result<(Vec<ClaimedJob>, Option<Duration>)> {
     let names = kind_names(kinds)?;
-    claim_of(conn, queue, Some(&names), limit, ttl)
+    claim_of(conn, queue, Some(&names), limit, ttl, worker)
 }
 
-/// [`claim`], of the given kinds only (`Some`, validated and non-empty) or of any kind, and
-/// how long until the soonest rate it found full has room again.
+/// [`claim`], of the given kinds only (`Some`, validated and non-empty) or of any kind, by
+/// `worker` if a registered worker claims, and how long until the soonest rate it found full
+/// has room again.
 fn claim_of<C: DibsConnection>(
     conn: &mut C,
     queue: &str,
     kinds: Option<&[&str]>,
     limit: usize,
     ttl: Duration,
+    worker: Option<i64>,
 ) -> Result<(Vec<ClaimedJob>, Option<Duration>)> {
     validate::name("queue", queue)?;
     let micros = validate::ttl(ttl)?;
@@ -263,10 +272,15 @@ fn claim_of<C: DibsConnection>(
             let rows = if syntax.returning {
                 statement(format!("{mark} RETURNING {CLAIMED_COLUMNS}"))
                     .bind::<BigInt, _>(micros)
+                    .bind::<Nullable<BigInt>, _>(worker)
                     .bind_ids(ids)
                     .load::<JobRow>(c)?
             } else {
-                statement(mark).bind::<BigInt, _>(micros).bind_ids(ids.iter().copied()).execute(c)?;
+                statement(mark)
+                    .bind::<BigInt, _>(micros)
+                    .bind::<Nullable<BigInt>, _>(worker)
+                    .bind_ids(ids.iter().copied())
+                    .execute(c)?;
                 statement(format!("SELECT {CLAIMED_COLUMNS} FROM dibs_jobs WHERE id IN {{ids}}"))
                     .bind_ids(ids)
                     .load::<JobRow>(c)?
@@ -288,12 +302,35 @@ fn claim_of<C: DibsConnection>(
     Ok((claimed, throttled_for))
 }
 
-/// Returns stalled jobs (running, claim lapsed by the database's clock) to the queue, due at
-/// once, up to `limit` per call. A lapsed claim uses no attempt (the worker may have died
-/// before the run began: jobs it claimed ahead never started) but counts as a lapse: a job
-/// whose claims lapsed [`MAX_LAPSES`] times is dead. A job asked to cancel while it ran is
-/// cancelled. Needs a bare connection.
+/// Returns stalled jobs to the queue, due at once, up to `limit` per call: jobs whose claim
+/// lapsed by the database's clock, and jobs claimed by a worker that died (its lock is free:
+/// its process, or its database session, ended; see [`crate::worker`], "When a worker
+/// dies"). A rescued claim uses no attempt (the worker may have died before the run began:
+/// jobs it claimed ahead never started) but counts as a lapse: a job whose claims lapsed
+/// [`MAX_LAPSES`] times is dead. A job asked to cancel while it ran is cancelled. Needs a bare
+/// connection.
+///
+/// A worker is judged dead only once its lock has been found free for a few seconds (on
+/// PostgreSQL and MySQL/MariaDB, so that a live worker whose connection dropped, or a server
+/// that restarted, leaves it time to take its lock again): a call may only note that a lock is
+/// free, and a later call takes the claims back. Workers call this themselves.
 pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
+    let mut rescued = rescue_lapsed(conn, limit)?;
+    let taken = rescued.requeued.len() + rescued.dead.len() + rescued.cancelled.len();
+    if taken < limit {
+        let dead = super::workers::rescue_dead(conn, limit - taken)?;
+        rescued.requeued.extend(dead.requeued);
+        rescued.dead.extend(dead.dead);
+        rescued.cancelled.extend(dead.cancelled);
+        rescued.requeued.sort_unstable();
+        rescued.dead.sort_unstable();
+        rescued.cancelled.sort_unstable();
+    }
+    Ok(rescued)
+}
+
+/// [`rescue`] of lapsed claims only (what a worker does every ttl/2).
+pub(crate) fn rescue_lapsed<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
     let limit = check_limit(limit)?;
     // A deadlock with a cancel or an enqueue locking in id order (the settle below locks
     // dependents of lower id than jobs it rescued) runs the rescue again.
@@ -319,47 +356,74 @@ pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> 
                         ids.push(row.id);
                     }
                 }
-                if ids.is_empty() {
-                    return Ok((Vec::new(), Vec::new()));
-                }
-                // The history names the run that lapsed: before the attempt is given back.
-                for id in &ids {
-                    record_error(c, *id, None, RESCUE_ERROR)?;
-                }
-                statement(syntax.render(RESCUE_SET))
-                    .bind::<Integer, _>(MAX_LAPSES as i32)
-                    .bind::<Integer, _>(MAX_LAPSES as i32)
-                    .bind_ids(ids.iter().copied())
-                    .execute(c)?;
-                let rows = statement("SELECT id, state FROM dibs_jobs WHERE id IN {ids}")
-                    .bind_ids(ids)
-                    .load::<IdStateRow>(c)?;
-                // Jobs the rescue ended (dead or cancelled): their dependents follow, here.
-                let ended: Vec<(i64, JobState)> = rows
-                    .iter()
-                    .filter_map(|row| match JobState::parse(&row.state) {
-                        Ok(state @ (JobState::Dead | JobState::Cancelled)) => Some((row.id, state)),
-                        _ => None,
-                    })
-                    .collect();
-                let released = if ended.is_empty() { Vec::new() } else { settle(c, ended)? };
-                Ok((rows, released))
+                requeue(c, ids, RESCUE_ERROR)
             })
         })
     })?;
     crate::wake::wake(released.iter().map(String::as_str));
     let mut rescued = Rescued::default();
+    tally(rows, &mut rescued)?;
+    Ok(rescued)
+}
+
+/// Rescue, the common part: returns the claims of `ids` (running, locked by the caller's
+/// transaction, which found them to rescue) to the queue as `RESCUE_SET` says, with `error`
+/// in their history, and settles the dependents of those it ended. Returns their states and
+/// the queues of the dependents it released.
+pub(super) fn requeue<C: DibsConnection>(
+    c: &mut C,
+    ids: Vec<i64>,
+    error: &str,
+) -> Result<(Vec<IdStateRow>, Vec<String>)> {
+    if ids.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    // The history names the run that lapsed: before the attempt is given back.
+    for id in &ids {
+        record_error(c, *id, None, error)?;
+    }
+    dispatch!(c, c => {
+        statement(c.syntax().render(RESCUE_SET))
+            .bind::<Integer, _>(MAX_LAPSES as i32)
+            .bind::<Text, _>(error)
+            .bind::<Integer, _>(MAX_LAPSES as i32)
+            .bind_ids(ids.iter().copied())
+            .execute(c)
+    })?;
+    let rows = dispatch!(c, c => {
+        statement("SELECT id, state FROM dibs_jobs WHERE id IN {ids}")
+            .bind_ids(ids)
+            .load::<IdStateRow>(c)
+    })?;
+    // Jobs the rescue ended (dead or cancelled): their dependents follow, here.
+    let ended: Vec<(i64, JobState)> = rows
+        .iter()
+        .filter_map(|row| match JobState::parse(&row.state) {
+            Ok(state @ (JobState::Dead | JobState::Cancelled)) => Some((row.id, state)),
+            _ => None,
+        })
+        .collect();
+    let released = if ended.is_empty() {
+        Vec::new()
+    } else {
+        settle(c, ended)?
+    };
+    Ok((rows, released))
+}
+
+/// Adds rescued jobs to `rescued` by the state the rescue left them in.
+pub(super) fn tally(rows: Vec<IdStateRow>, rescued: &mut Rescued) -> Result<()> {
     for row in rows {
         match JobState::parse(&row.state)? {
             JobState::Waiting => rescued.requeued.push(row.id),
             JobState::Dead => rescued.dead.push(row.id),
             JobState::Cancelled => rescued.cancelled.push(row.id),
-            // Not possible for rows this transaction locked and found stalled.
+            // Not possible for rows the rescue locked and found to rescue.
             JobState::Blocked | JobState::Running | JobState::Completed => {}
         }
     }
     rescued.requeued.sort_unstable();
     rescued.dead.sort_unstable();
     rescued.cancelled.sort_unstable();
-    Ok(rescued)
+    Ok(())
 }

@@ -10,7 +10,7 @@
 //! | [`enqueue`], [`enqueue_many`] | any, joins the caller's transaction | a rolled-back transaction leaves no job |
 //! | [`claim`], [`claim_kinds`] | bare | atomic: no job is ever held by two claimers |
 //! | [`complete`], [`fail`], [`renew`], [`give_back`], [`snooze`] | any; inside the caller's transaction they commit with it | fenced by the claim token, one [`Outcome`] per job |
-//! | [`rescue`] | bare | returns stalled jobs (claim lapsed) to the queue, or marks them dead |
+//! | [`rescue`] | bare | returns stalled jobs (claim lapsed, or its worker died) to the queue, or marks them dead |
 //! | [`get`] | any | a job's state |
 //!
 //! Handlers run at least once. The only exactly-once there is: the handler's own writes and
@@ -47,6 +47,7 @@ mod new_job;
 mod results;
 mod retention;
 mod typed;
+mod workers;
 mod workflow;
 
 use diesel::prelude::*;
@@ -55,8 +56,8 @@ use crate::backend::dispatch;
 use crate::{DibsConnection, Error, Result};
 
 pub use batch::{INSERT_CHUNK_BYTES, INSERT_CHUNK_ROWS, enqueue_many};
-pub(crate) use claim::claim_kinds_throttled;
 pub use claim::{claim, claim_kinds, rescue};
+pub(crate) use claim::{claim_kinds_throttled, rescue_lapsed};
 pub(crate) use dependencies::settle;
 pub use dependencies::{MAX_DEPENDENCIES, MAX_STRIPES, RunWhen, STRIPE_SIZE};
 pub use depth::{MAX_DEPTH_BOUND, QueueDepth, queue_depth};
@@ -82,6 +83,10 @@ pub use results::{
 };
 pub use retention::{Finished, Retention, prune};
 pub use typed::{JobArgs, enqueue_job, enqueue_jobs};
+pub(crate) use workers::{
+    DEAD_WORKERS_EVERY, Registered, Relocked, WORKER_BEAT, beat, holds_lock, register, relock,
+    rescue_dead, unregister,
+};
 pub use workflow::{
     EnqueuedWorkflow, StateCounts, Step, Workflow, WorkflowJob, WorkflowStatus, cancel_workflow,
     enqueue_workflow, workflow_jobs, workflow_status,

@@ -310,7 +310,7 @@ impl Backoff {
 /// What [`super::rescue`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Rescued {
-    /// Jobs whose claim lapsed, back in the queue and due at once.
+    /// Jobs whose claim lapsed (or whose worker died), back in the queue and due at once.
     pub requeued: Vec<i64>,
     /// Jobs whose claim lapsed for the [`super::MAX_LAPSES`]th time: dead.
     pub dead: Vec<i64>,

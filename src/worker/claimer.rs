@@ -18,11 +18,16 @@ const PRUNE_EVERY: Duration = Duration::from_secs(5);
 
 pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
     let config = &shared.config;
+    shared.registration.wait_for_first(shared);
     let mut conn = Connection::new(&config.pool);
     let mut idle = Duration::from_millis(10);
     let mut error_pause = Duration::from_millis(100);
     let rescue_every = (config.claim_ttl / 2).min(Duration::from_secs(30));
     let mut next_rescue = Instant::now();
+    // Dead workers' claims are looked for often (the look is a read of a small table), and
+    // first when this worker starts: a worker started in place of one that died takes its
+    // jobs back within seconds.
+    let mut next_dead_workers = Instant::now();
     let mut next_prune = Instant::now();
     let mut next_schedules = Instant::now();
     // With schedules to fire, idle waits stay short enough to fire them on time.
@@ -70,29 +75,28 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
         }
         if Instant::now() >= next_rescue {
             next_rescue = Instant::now() + rescue_every;
-            match conn.with(|c| jobs::rescue(c, 100)) {
-                Ok(rescued)
-                    if !(rescued.requeued.is_empty()
-                        && rescued.dead.is_empty()
-                        && rescued.cancelled.is_empty()) =>
-                {
-                    shared.emit(Event::Rescued {
-                        requeued: rescued.requeued.len(),
-                        dead: rescued.dead.len(),
-                        cancelled: rescued.cancelled.len(),
-                    });
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "rescue failed"),
-            }
+            rescued(shared, conn.with(|c| jobs::rescue_lapsed(c, 100)));
+        }
+        if Instant::now() >= next_dead_workers {
+            next_dead_workers = Instant::now() + jobs::DEAD_WORKERS_EVERY;
+            rescued(shared, conn.with(|c| jobs::rescue_dead(c, 100)));
         }
         let Some(queue) = config.queues.get(next_queue % config.queues.len().max(1)) else {
             return;
         };
         next_queue += 1;
-        // Only kinds this worker has handlers for: other kinds wait for their workers.
+        // Only kinds this worker has handlers for: other kinds wait for their workers. The
+        // claims record this worker, so that they come back soon after it dies.
+        let worker = shared.registration.id();
         let claim = |c: &mut _| {
-            jobs::claim_kinds_throttled(c, queue, &config.kind_names, wanted, config.claim_ttl)
+            jobs::claim_kinds_throttled(
+                c,
+                queue,
+                &config.kind_names,
+                wanted,
+                config.claim_ttl,
+                worker,
+            )
         };
         let claimed = conn.with(claim).map(|(claimed, throttled_for)| {
             if let Some(wait) = throttled_for {
@@ -150,6 +154,25 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
                 error_pause = (error_pause * 2).min(Duration::from_secs(5));
             }
         }
+    }
+}
+
+/// Reports what a rescue pass did.
+fn rescued(shared: &Shared, outcome: crate::Result<jobs::Rescued>) {
+    match outcome {
+        Ok(rescued)
+            if !(rescued.requeued.is_empty()
+                && rescued.dead.is_empty()
+                && rescued.cancelled.is_empty()) =>
+        {
+            shared.emit(Event::Rescued {
+                requeued: rescued.requeued.len(),
+                dead: rescued.dead.len(),
+                cancelled: rescued.cancelled.len(),
+            });
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "rescue failed"),
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::connection::Connection;
 use super::runs::{Config, Report, RunInfo, Shared, batches};
-use super::{Task, claimer, finisher, handlers, heartbeat, listener};
+use super::{Task, claimer, finisher, handlers, heartbeat, listener, liveness};
 use crate::Error;
 use crate::events::RunOutcome;
 use crate::jobs::{self, Outcome};
@@ -20,6 +20,8 @@ pub struct WorkerHandle {
     finisher: Option<JoinHandle<()>>,
     heartbeat: Option<JoinHandle<()>>,
     listener: Option<JoinHandle<()>>,
+    /// Keeps the worker's registration; told to unregister by dropping its sender.
+    liveness: Option<(JoinHandle<()>, std::sync::mpsc::Sender<()>)>,
     handlers: Vec<JoinHandle<()>>,
     done: bool,
 }
@@ -131,6 +133,15 @@ pub(crate) fn start(config: Config) -> crate::Result<WorkerHandle> {
     } else {
         None
     };
+    let liveness = {
+        let shared = shared.clone();
+        let (stop, stopped) = channel::<()>();
+        let thread = spawn(
+            "dibs-liveness".into(),
+            Box::new(move || liveness::keep_alive(&shared, stopped)),
+        )?;
+        (thread, stop)
+    };
     let claimer = {
         let shared = shared.clone();
         spawn(
@@ -146,6 +157,7 @@ pub(crate) fn start(config: Config) -> crate::Result<WorkerHandle> {
         finisher: Some(finisher),
         heartbeat: Some(heartbeat),
         listener,
+        liveness: Some(liveness),
         handlers,
         done: false,
     })
@@ -248,6 +260,12 @@ impl WorkerHandle {
         .into_iter()
         .flatten()
         {
+            let _ = thread.join();
+        }
+        // Last, once every run was recorded or given back: the worker unregisters (runs still
+        // in their handlers keep their claims under the ttl alone) and releases its lock.
+        if let Some((thread, stop)) = self.liveness.take() {
+            drop(stop);
             let _ = thread.join();
         }
         // Handler threads still inside a handler finish it on their own; the others exit now.

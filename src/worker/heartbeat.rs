@@ -1,8 +1,8 @@
 //! The heartbeat: renews every claim the worker holds every ttl/3 on a connection of its own,
 //! raises the stop flag of runs whose claim was lost or cancelled, and of runs past their
-//! timeout. It also writes the progress handlers reported, at most once a
-//! [`PROGRESS_PERIOD`] and only for runs whose progress changed. It writes nothing else: a
-//! run is recorded only when its handler returns.
+//! timeout. Every [`PROGRESS_PERIOD`] it writes the worker's own heartbeat (`dibs_workers`:
+//! it lives, see `jobs::workers`) and the progress handlers reported, only for runs whose
+//! progress changed. It writes nothing else: a run is recorded only when its handler returns.
 
 use std::time::{Duration, Instant};
 
@@ -35,8 +35,9 @@ pub(super) fn heartbeat(shared: &Shared) {
             }
         }
         if Instant::now() >= next_progress {
-            write_progress(shared, &mut conn);
             next_progress = Instant::now() + PROGRESS_PERIOD;
+            beat(shared, &mut conn);
+            write_progress(shared, &mut conn);
         }
         if Instant::now() < next_beat {
             continue;
@@ -65,8 +66,21 @@ pub(super) fn heartbeat(shared: &Shared) {
     }
 }
 
-/// How often, at most, the progress of a run is written.
-pub(super) const PROGRESS_PERIOD: Duration = Duration::from_secs(1);
+/// How often, at most, the progress of a run is written; how often the worker's heartbeat is.
+pub(super) const PROGRESS_PERIOD: Duration = jobs::WORKER_BEAT;
+
+/// Says the worker lives; a row found gone (a rescue took the worker for dead) makes it
+/// register again.
+fn beat(shared: &Shared, conn: &mut Connection<'_>) {
+    let Some(id) = shared.registration.id() else {
+        return;
+    };
+    match conn.with(|c| jobs::beat(c, id)) {
+        Ok(true) => {}
+        Ok(false) => shared.registration.gone(id),
+        Err(e) => tracing::warn!(error = %e, "the worker's heartbeat failed; retrying in a second"),
+    }
+}
 
 /// Writes the progress of runs whose handler reported a new one since the last time: one
 /// fenced write per such run, whatever the number of reports.

@@ -2,15 +2,42 @@
 //! them, and shut down gracefully.
 //!
 //! A worker holds three pooled connections (one claims and rescues, one records finished
-//! runs, one renews claims), plus on PostgreSQL one dedicated connection outside the pool
-//! that LISTENs for new jobs. Handler threads need none of their own, but handlers that use
-//! the pool need one each: the builder refuses a pool smaller than `threads + 3`.
+//! runs, one renews claims), plus, outside the pool, on PostgreSQL and MySQL/MariaDB one
+//! dedicated connection that holds its lock (see below) and on PostgreSQL one that LISTENs
+//! for new jobs. Handler threads need none of their own, but handlers that use the pool need
+//! one each: the builder refuses a pool smaller than `threads + 3`.
 //!
 //! Short jobs are claimed in batches (up to [`WorkerBuilder::prefetch`], sized to about
 //! 20 ms of work) and their completions recorded together, one transaction for many jobs,
 //! each still fenced by its own claim token. A crash between a handler's return and the
-//! recording leaves the job running under its claim: it is rescued when the claim lapses,
-//! never lost.
+//! recording leaves the job running under its claim: it is rescued, never lost.
+//!
+//! ## When a worker dies
+//!
+//! A worker registers when it starts (a row of [`dibs_workers`](crate::schema::dibs_workers))
+//! and holds a lock for as long as its process lives: on PostgreSQL and MySQL/MariaDB a
+//! session-level lock on its own connection, on SQLite an exclusive `flock` of the file
+//! `<database>-workers/<id>` (every process of an SQLite file is on one host). Its claims
+//! record it. When its process dies (a crash, SIGKILL, the OOM killer), the server ends its
+//! session or the kernel closes its file, and the lock is free: the rescue of any other
+//! worker (every half second, and as soon as a worker starts) takes its claims back, the
+//! jobs it was running and those it had claimed ahead alike, as lapsed claims are (no
+//! attempt used, a lapse counted): within about a second on SQLite and about five on a
+//! server, whatever the claim ttl. A process that is only slow or stopped (a long pause,
+//! SIGSTOP, a machine at load 10) keeps its lock and is never taken for dead; its claims
+//! lapse only if it stops renewing them for the whole claim ttl, as before.
+//!
+//! On a server a session can end while its process lives (the server restarts, an operator
+//! or a proxy kills the connection): the worker goes on writing its heartbeat (every second,
+//! through its pooled connection) and takes its lock again on a new connection within about a
+//! second. So a rescue takes a server worker for dead only once its lock is free, it has
+//! written no heartbeat for 2 s, and rescues have found its lock free for 3 s (counted from
+//! the first one that could see the server again after a restart). A worker whose row was
+//! deleted while it lived (cut off from the database for those seconds) registers again; its
+//! claims made meanwhile keep their ttl. The claim ttl stays the fallback for a host that
+//! vanished without its session ending (a network partition: the server keeps the session
+//! until its TCP keepalive gives up). A clean shutdown deletes the worker's row; runs still
+//! in their handler past the grace period keep their claims under the ttl alone.
 //!
 //! A worker claims only jobs of kinds it has handlers for: jobs of other kinds wait for
 //! their own workers, attempts untouched. Every recorded run is an [`Event`] (to hooks,
@@ -61,6 +88,7 @@ mod handlers;
 mod heartbeat;
 mod job;
 mod listener;
+mod liveness;
 mod runs;
 
 use std::collections::HashMap;
@@ -172,8 +200,10 @@ impl WorkerBuilder {
     }
 
     /// How long a claim on a job lasts between heartbeats (default 30 s; heartbeats every
-    /// third): a worker that dies leaves its jobs to be rescued this long after its last
-    /// heartbeat.
+    /// third). A worker whose process dies is recognised sooner, by its lock (see "When a
+    /// worker dies" in [`crate::worker`]); the ttl is for a worker that stops renewing its
+    /// claims while its process lives (stopped, or cut off from the database), and for claims
+    /// made outside a worker.
     pub fn claim_ttl(mut self, ttl: Duration) -> Self {
         self.claim_ttl = ttl;
         self

@@ -399,6 +399,8 @@ pub(super) struct Shared {
     pub config: Config,
     state: Mutex<State>,
     pub changed: Condvar,
+    /// The worker's registration (`dibs_workers`), recorded in its claims.
+    pub registration: super::liveness::Current,
 }
 
 impl Shared {
@@ -407,6 +409,7 @@ impl Shared {
             config,
             state: Mutex::new(State::new()),
             changed: Condvar::new(),
+            registration: Default::default(),
         })
     }
 

@@ -41,6 +41,7 @@ mod typed;
 mod wakeups;
 mod worker;
 mod worker_attacks;
+mod worker_liveness;
 mod worker_runs;
 mod workflow_races;
 mod workflow_worker;

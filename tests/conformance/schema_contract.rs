@@ -123,6 +123,7 @@ fn schema_tables() -> Vec<TableSpec> {
             dependents,
             progress,
             progress_message,
+            claimed_by,
         }),
         table_spec!(dibs_job_errors {
             id,
@@ -202,6 +203,14 @@ fn schema_tables() -> Vec<TableSpec> {
             job_id,
             format,
             body
+        }),
+        table_spec!(dibs_workers {
+            id,
+            host,
+            pid,
+            started_at,
+            heartbeat_at,
+            lock_free_since
         }),
     ];
     let source = include_str!("../../src/schema.rs");

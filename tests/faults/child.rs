@@ -91,6 +91,9 @@ fn role() {
         "counter" => counter(&args[0], args[1].parse().expect("iterations")),
         "sqlite-load" => sqlite_load(&args[0], args[1].parse().expect("operations")),
         "sqlite-stuck-writer" => sqlite_stuck_writer(&args[0]),
+        "holding-worker" => {
+            crate::recovery::holding_worker(&args[0], args[1].parse().expect("cap"))
+        }
         other => panic!("unknown role {other}"),
     }
 }

@@ -1,4 +1,5 @@
-//! Fault scenarios: killed worker processes, a paused lease holder, mutual exclusion across
+//! Fault scenarios: killed worker processes (and how soon their jobs run again), a paused
+//! lease holder, mutual exclusion across
 //! processes, SQLite under contention, dropped connections, database restarts and hostile
 //! input. Process-level scenarios run this same test binary as a child (`child::role`).
 //!
@@ -12,6 +13,7 @@ mod support;
 mod child;
 mod hostile;
 mod processes;
+mod recovery;
 mod script;
 mod serial;
 mod workflows;

@@ -253,6 +253,73 @@ fn survives_a_server_restart(backend: Backend) {
     );
 }
 
+/// The server restarts while a worker process holds running and prefetched jobs (claim ttl
+/// 60 s) beside a second worker process: every session ends, so both workers' locks are
+/// free and their heartbeats stop for the restart's length. Neither is taken for dead: a
+/// rescue waits, from when it first finds a lock free, for a live worker to take it again.
+/// Every job the first worker held runs once, in it.
+fn a_restart_does_not_make_live_workers_look_dead(backend: Backend) {
+    let variable = match backend {
+        Backend::Postgres => "DIBS_TEST_RESTART_POSTGRES",
+        _ => "DIBS_TEST_RESTART_MYSQL",
+    };
+    let restart = std::env::var(variable).unwrap_or_else(|_| {
+        panic!("{variable} is unset: set it to the command that restarts the {backend} server (scripts/test does)")
+    });
+    let (db, mut conn) = crate::recovery::setup(backend, 20_000);
+    let (holder, held) = crate::recovery::start_holding(&db, &mut conn, u64::MAX);
+    let mut other = crate::child::spawn("holding-worker", &[db.url(), "0"]);
+    assert_eq!(other.next_report().as_deref(), Some("started"));
+    let holder_pid = i64::from(holder.pid());
+    drop(conn);
+    let restarted_at = Instant::now();
+    let status = std::process::Command::new("sh")
+        .args(["-c", &restart])
+        .status()
+        .expect("run the restart command");
+    assert!(status.success(), "{restart}: {status}");
+    let restart_took = restarted_at.elapsed();
+    let until = Instant::now() + Duration::from_secs(120);
+    let mut conn = loop {
+        match AnyConnection::connect(db.url()) {
+            Ok(conn) => break conn,
+            Err(e) => {
+                assert!(Instant::now() < until, "the server did not come back: {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    };
+    while count(
+        &mut conn,
+        "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'",
+    ) > 0
+    {
+        assert!(Instant::now() < until, "the jobs never completed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let by_job = crate::recovery::starts(&mut conn);
+    for id in &held {
+        assert_eq!(
+            by_job.get(id).map(Vec::as_slice),
+            Some(&[holder_pid][..]),
+            "job {id} ran once, in its own worker"
+        );
+    }
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE lapses > 0"
+        ),
+        0
+    );
+    drop((holder, other));
+    println!(
+        "{backend} restart ({restart_took:?}) under two worker processes: the {} jobs one held \
+         ran once, in it; no worker was taken for dead",
+        held.len()
+    );
+}
+
 macro_rules! serial_backend {
     ($module:ident, $feature:literal, $backend:expr) => {
         #[cfg(feature = $feature)]
@@ -268,6 +335,10 @@ macro_rules! serial_backend {
             #[test]
             fn survives_a_server_restart() {
                 super::survives_a_server_restart($backend)
+            }
+            #[test]
+            fn a_restart_does_not_make_live_workers_look_dead() {
+                super::a_restart_does_not_make_live_workers_look_dead($backend)
             }
         }
     };

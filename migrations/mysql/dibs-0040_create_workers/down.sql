@@ -1,0 +1,1 @@
+DROP TABLE dibs_workers;

@@ -1,0 +1,1 @@
+ALTER TABLE dibs_jobs DROP COLUMN claimed_by;
