@@ -123,8 +123,9 @@ diesel::table! {
         progress -> Nullable<Double>,
         /// The message with that progress.
         progress_message -> Nullable<Text>,
-        /// The worker ([`dibs_workers`]) whose claim it runs (or last ran) under; NULL for a
-        /// claim made outside a worker ([`claim`](crate::jobs::claim)).
+        /// The worker ([`dibs_workers`](crate::schema::dibs_workers)) whose claim it runs (or
+        /// last ran) under; NULL for a claim made outside a worker
+        /// ([`claim`](crate::jobs::claim)).
         claimed_by -> Nullable<BigInt>,
     }
 }

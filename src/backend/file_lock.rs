@@ -42,16 +42,24 @@ impl FileLock {
     /// if another holds it.
     pub fn create(database: &str, id: i64) -> Result<Option<FileLock>> {
         let path = path_of(database, id);
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| failed(dir, e))?;
+        let open = || {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+        };
+        // Once more if the directory went between its making and the open (the last worker
+        // leaving removes it when it is empty).
+        let file = match open() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => open(),
+            opened => opened,
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| failed(&path, e))?;
+        .map_err(|e| failed(&path, e))?;
         match try_lock(&file) {
             Ok(true) => Ok(Some(FileLock { _file: file, path })),
             Ok(false) => Ok(None),
@@ -75,6 +83,11 @@ impl FileLock {
     pub fn remove(self) {
         if let Err(e) = std::fs::remove_file(&self.path) {
             tracing::debug!(path = %self.path.display(), error = %e, "removing a worker's lock file failed");
+        }
+        // The directory too, once empty (it fails harmlessly while other workers' files are in
+        // it), so that no worker leaves anything beside the database.
+        if let Some(dir) = self.path.parent() {
+            let _ = std::fs::remove_dir(dir);
         }
     }
 }
