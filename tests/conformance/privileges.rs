@@ -96,6 +96,11 @@ fn exercise(url: &str) {
         .map(|_| jobs::NewJob::new("bulk", "k", vec![]))
         .collect();
     assert_eq!(jobs::enqueue_many(&mut conn, &bulk).unwrap().len(), 100);
+    // A workflow (its row's id comes from an identity column: no sequence privilege needed).
+    let mut flow = jobs::Workflow::new("flow");
+    let first = flow.add(jobs::NewJob::new("bulk", "k", vec![]));
+    flow.add_after(&[first], jobs::NewJob::new("bulk", "k", vec![]));
+    jobs::enqueue_workflow(&mut conn, &flow).unwrap();
     // A schedule the worker fires (its ticks are the tasks past the 30th).
     dibs::schedules::upsert(
         &mut conn,
