@@ -430,6 +430,10 @@ pub(crate) struct Syntax {
     /// A statement that wakes idle workers of the queue bound to it (PostgreSQL NOTIFY; sent
     /// at commit, so a rolled-back enqueue wakes nobody).
     pub notify_queue: Option<&'static str>,
+    /// [`Syntax::notify_queue`] for a transaction of its own, after an enqueue committed:
+    /// its commit need not wait for the log to reach the disk (a crash can lose a wake-up,
+    /// never a job).
+    pub notify_queue_unflushed: Option<&'static str>,
     /// The same wake-up as a column of an insert's RETURNING list (empty where there is
     /// none), so a single enqueue is one round trip.
     pub notify_in_returning: &'static str,

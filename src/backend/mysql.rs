@@ -32,6 +32,7 @@ static SYNTAX: Syntax = Syntax {
     skip_locked: " FOR UPDATE SKIP LOCKED",
     random_token: "RANDOM_BYTES(16)",
     notify_queue: None,
+    notify_queue_unflushed: None,
     notify_in_returning: "",
     claim_index: " FORCE INDEX (dibs_jobs_claim)",
     claim_kind_index: " FORCE INDEX (dibs_jobs_claim_kind)",

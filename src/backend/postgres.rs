@@ -39,6 +39,9 @@ static SYNTAX: Syntax = Syntax {
     skip_locked: " FOR UPDATE SKIP LOCKED",
     random_token: "gen_random_uuid()",
     notify_queue: Some("SELECT pg_notify('dibs_jobs', ?)"),
+    notify_queue_unflushed: Some(
+        "SELECT set_config('synchronous_commit', 'off', true) AS c, pg_notify('dibs_jobs', ?) AS n",
+    ),
     notify_in_returning: ", pg_notify('dibs_jobs', queue)",
     claim_index: "",
     claim_kind_index: "",

@@ -34,6 +34,7 @@ static SYNTAX: Syntax = Syntax {
     skip_locked: "",
     random_token: "randomblob(16)",
     notify_queue: None,
+    notify_queue_unflushed: None,
     notify_in_returning: "",
     claim_index: " INDEXED BY dibs_jobs_claim",
     claim_kind_index: " INDEXED BY dibs_jobs_claim_kind",

@@ -156,3 +156,30 @@ fn an_enqueue_folded_into_a_live_job_wakes_nobody() {
         Vec::<String>::new()
     );
 }
+
+/// The wake-up after an enqueue's commit is sent in a transaction whose commit does not wait
+/// for the disk; that setting is the notifying transaction's alone: the connection's next
+/// transactions (the caller's) are as durable as before.
+#[test]
+fn the_unflushed_wake_up_leaves_the_sessions_durability_alone() {
+    use diesel::RunQueryDsl;
+    #[derive(diesel::QueryableByName)]
+    struct Setting {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        value: String,
+    }
+    let db = TestDb::migrated(Backend::Postgres);
+    let mut listen = listener(&db);
+    let mut conn = db.connect();
+    jobs::enqueue(&mut conn, &NewJob::new("mail", "send", vec![])).unwrap();
+    jobs::enqueue_many(&mut conn, &[NewJob::new("mail", "send", vec![])]).unwrap();
+    let setting = diesel::sql_query("SELECT current_setting('synchronous_commit') AS value")
+        .get_result::<Setting>(pg(&mut conn))
+        .unwrap()
+        .value;
+    assert_eq!(setting, "on");
+    assert_eq!(
+        received(&mut listen, Duration::from_millis(300)),
+        ["mail", "mail"]
+    );
+}
