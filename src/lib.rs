@@ -13,7 +13,7 @@
 //! retention, flow control and workflows (dependencies, batches, results, progress), typed jobs ([`jobs::JobArgs`]), [workers](worker) that
 //! run it on plain threads (short jobs claimed and recorded in batches, each still fenced by
 //! its own claim; only kinds they have handlers for), what workers report
-//! ([events](events), `tracing`, and `dibs::metrics` with the `metrics` feature), helpers for
+//! ([events], `tracing`, and `dibs::metrics` with the `metrics` feature), helpers for
 //! applications' tests ([testing]), and recurring [schedules]. The `cli` feature adds the `dibs` command (inspect and steer the tables, run
 //! shell-command jobs, a demo). The repository's README.md is the tour; BENCHMARKS.md and
 //! RELIABILITY.md hold the measured figures and the fault scenarios.

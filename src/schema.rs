@@ -110,12 +110,12 @@ diesel::table! {
         /// microseconds ([`NewJob::dedup_window`](crate::jobs::NewJob::dedup_window)); NULL:
         /// only while live. Retention keeps it until `finished_at` plus this.
         dedup_window_micros -> Nullable<BigInt>,
-        /// The workflow ([`dibs_workflows`]) it belongs to, if any.
+        /// The workflow (`dibs_workflows`) it belongs to, if any.
         workflow_id -> Nullable<BigInt>,
         /// With dependencies: when it runs, `all_completed`, `all_finished` or `any_failed`
         /// ([`RunWhen`](crate::jobs::RunWhen)); it is `blocked` until then.
         run_when -> Nullable<Text>,
-        /// Its dependency stripes ([`dibs_dependency_stripes`]) with dependencies pending.
+        /// Its dependency stripes (`dibs_dependency_stripes`) with dependencies pending.
         stripes_pending -> Nullable<Integer>,
         /// How many jobs were enqueued depending on it.
         dependents -> Integer,

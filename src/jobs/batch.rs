@@ -137,7 +137,7 @@ macro_rules! upsert_keyed_rows {
 /// savepoint of it) and returns one [`Enqueued`] per job, in the order given. Nothing is
 /// written if any job is invalid. Jobs with a dedup key are deduplicated against live jobs
 /// and against earlier jobs of the same batch, with their [`NewJob::on_duplicate`] mode and
-/// [`NewJob::dedup_window`], as [`enqueue`] does.
+/// [`NewJob::dedup_window`], as [`enqueue`](super::enqueue) does.
 ///
 /// Jobs without a dedup key go in multi-row statements of up to [`INSERT_CHUNK_ROWS`] rows
 /// (and about [`INSERT_CHUNK_BYTES`] of payload). PostgreSQL and SQLite return their ids

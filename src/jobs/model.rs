@@ -264,7 +264,7 @@ pub enum Retry {
     /// Retry after this long (attempts permitting).
     After(Duration),
     /// Retry at this instant (attempts permitting): from year 1 to year 9999, like
-    /// [`NewJob::at`]; [`super::fail`] refuses others with [`Error::InvalidInput`].
+    /// [`NewJob::at`](super::NewJob::at); [`super::fail`] refuses others with [`Error::InvalidInput`].
     At(DateTime<Utc>),
     /// Do not retry: the job is dead now.
     Never,
