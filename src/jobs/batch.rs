@@ -10,7 +10,7 @@ use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 use super::enqueue::{
     FIND_FINISHED_TWIN, FOLD_FINISHED, INSERT_DEDUP_ON_CONFLICT, INSERT_DEDUP_ON_DUPLICATE_KEY,
     INSERT_HEAD, INSERT_ROW, INSERTED_RETURNING, LAST_INSERT_ID, STATE_OF, StateKind,
-    fold_into_finished_twin, greatest, insert_deduplicated, insert_dependent, insert_one,
+    fold_into_finished_twin, greatest, insert_deduplicated, insert_dependent, insert_one, job_row,
     lock_dependencies, on_conflict_sets, on_duplicate_key_sets, unexpected,
 };
 use super::limits::{self, Limit};
@@ -77,28 +77,7 @@ macro_rules! upsert_keyed_rows {
             .replace("{greatest}", greatest($backend))
             .replace("{sets}", on_conflict_sets(mode));
         let sql = syntax.render(&format!("{INSERT_HEAD} {rows}{conflict}, queue, dedup_key"));
-        let rows = chunk
-            .iter()
-            .map(|job| {
-                let (at, delay) = job.due_params();
-                row()
-                    .bind::<Text, _>(job.queue.as_str())
-                    .bind::<Text, _>(job.kind.as_str())
-                    .bind::<Binary, _>(job.payload.as_slice())
-                    .bind::<Integer, _>(job.priority)
-                    .bind::<Text, _>("waiting")
-                    .bind::<Integer, _>(job.max_attempts as i32)
-                    .bind::<Nullable<Instant>, _>(at)
-                    .bind::<BigInt, _>(delay)
-                    .bind::<Nullable<Text>, _>(job.dedup_key.as_deref())
-                    .bind::<Nullable<Text>, _>(job.first_limit().0)
-                    .bind::<Nullable<Integer>, _>(job.first_limit().1)
-                    .bind::<Nullable<BigInt>, _>(None::<i64>)
-                    .bind::<Nullable<BigInt>, _>(job.workflow_id)
-                    .bind::<Nullable<Text>, _>(None::<&str>)
-                    .bind::<Nullable<Integer>, _>(None::<i32>)
-            })
-            .collect();
+        let rows = chunk.iter().map(|job| job_row!(row(), job)).collect();
         // The text changes with the row count: not kept prepared.
         statement(sql)
             .uncached()
@@ -244,25 +223,7 @@ pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<
                     let sql = syntax.render(&format!("{INSERT_HEAD} {rows}{returning}"));
                     let rows = chunk
                         .iter()
-                        .map(|job| {
-                            let (at, delay) = job.due_params();
-                            row()
-                                .bind::<Text, _>(job.queue.as_str())
-                                .bind::<Text, _>(job.kind.as_str())
-                                .bind::<Binary, _>(job.payload.as_slice())
-                                .bind::<Integer, _>(job.priority)
-                                .bind::<Text, _>("waiting")
-                                .bind::<Integer, _>(job.max_attempts as i32)
-                                .bind::<Nullable<Instant>, _>(at)
-                                .bind::<BigInt, _>(delay)
-                                .bind::<Nullable<Text>, _>(None::<&str>)
-                                .bind::<Nullable<Text>, _>(job.first_limit().0)
-                                .bind::<Nullable<Integer>, _>(job.first_limit().1)
-                                .bind::<Nullable<BigInt>, _>(None::<i64>)
-                                .bind::<Nullable<BigInt>, _>(job.workflow_id)
-                                .bind::<Nullable<Text>, _>(None::<&str>)
-                                .bind::<Nullable<Integer>, _>(None::<i32>)
-                        })
+                        .map(|job| job_row!(row(), job))
                         .collect();
                     // The text changes with the row count: not kept prepared.
                     let insert = statement(sql).uncached().bind_rows(rows);

@@ -131,6 +131,32 @@ pub(super) const FOLD_FINISHED: &str = "UPDATE dibs_jobs SET dedup_hits = dedup_
 /// upsert, found).
 pub(super) const LAST_INSERT_ID: &str = "SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id";
 
+/// Binds one [`INSERT_ROW`] for `job` onto `$start` (a statement, or a row of a multi-row
+/// one): every insert of a job binds the same values in the same order.
+macro_rules! job_row {
+    ($start:expr, $job:expr) => {{
+        let job: &NewJob = $job;
+        let (at, delay) = job.due_params();
+        let (state, run_when, stripes) = job.dependency_params();
+        $start
+            .bind::<Text, _>(job.queue.as_str())
+            .bind::<Text, _>(job.kind.as_str())
+            .bind::<Binary, _>(job.payload.as_slice())
+            .bind::<Integer, _>(job.priority)
+            .bind::<Text, _>(state)
+            .bind::<Integer, _>(job.max_attempts as i32)
+            .bind::<Nullable<Instant>, _>(at)
+            .bind::<BigInt, _>(delay)
+            .bind::<Nullable<Text>, _>(job.dedup_key.as_deref())
+            .bind::<Nullable<Text>, _>(job.first_limit().0)
+            .bind::<Nullable<Integer>, _>(job.first_limit().1)
+            .bind::<Nullable<BigInt>, _>(job.window_micros())
+            .bind::<Nullable<BigInt>, _>(job.workflow_id)
+            .bind::<Nullable<Text>, _>(run_when)
+            .bind::<Nullable<Integer>, _>(stripes)
+    }};
+}
+
 /// Inserts one validated job on a concrete connection (or finds the live job with its dedup
 /// key, applying the job's [`OnDuplicate`] mode to it) and evaluates to
 /// `QueryResult<Enqueued>`. The id comes from RETURNING, or on MySQL from
@@ -142,7 +168,6 @@ macro_rules! insert_one {
     ($c:ident, $job:expr, $backend:expr, $notify_inline:expr) => {{
         let job: &NewJob = $job;
         let syntax = $c.syntax();
-        let (at, delay) = job.due_params();
         let mut sql = syntax.render(&format!("{INSERT_HEAD} {INSERT_ROW}"));
         // Only a keyed job can meet a twin: a plain one is a plain insert (the upsert's
         // arbiter check and, on MySQL, its locks cost concurrent enqueuers).
@@ -158,23 +183,7 @@ macro_rules! insert_one {
         if syntax.returning && $notify_inline {
             sql.push_str(syntax.notify_in_returning);
         }
-        let (state, run_when, stripes) = job.dependency_params();
-        let insert = statement(sql)
-            .bind::<Text, _>(&job.queue)
-            .bind::<Text, _>(&job.kind)
-            .bind::<Binary, _>(&job.payload)
-            .bind::<Integer, _>(job.priority)
-            .bind::<Text, _>(state)
-            .bind::<Integer, _>(job.max_attempts as i32)
-            .bind::<Nullable<Instant>, _>(at)
-            .bind::<BigInt, _>(delay)
-            .bind::<Nullable<Text>, _>(job.dedup_key.as_deref())
-            .bind::<Nullable<Text>, _>(job.first_limit().0)
-            .bind::<Nullable<Integer>, _>(job.first_limit().1)
-            .bind::<Nullable<BigInt>, _>(job.window_micros())
-            .bind::<Nullable<BigInt>, _>(job.workflow_id)
-            .bind::<Nullable<Text>, _>(run_when)
-            .bind::<Nullable<Integer>, _>(stripes);
+        let insert = job_row!(statement(sql), job);
         let moded = job.on_duplicate != OnDuplicate::Keep;
         if syntax.returning {
             insert.get_result::<InsertedRow>($c).map(|row| {
@@ -297,7 +306,7 @@ macro_rules! insert_deduplicated {
         }
     }};
 }
-pub(super) use {fold_into_finished_twin, insert_deduplicated, insert_one};
+pub(super) use {fold_into_finished_twin, insert_deduplicated, insert_one, job_row};
 
 /// Locks the dependencies of every job of a batch at once, in ascending id order (one
 /// order for every locker: two enqueues, or an enqueue and a finish, never wait for each

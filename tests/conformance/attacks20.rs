@@ -319,35 +319,12 @@ mod pg {
     use std::time::{Duration, Instant};
 
     use diesel::connection::SimpleConnection;
-    use diesel::pg::PgConnection;
 
     use dibs::jobs::{self, NewJob};
-    use dibs::{AnyConnection, Backend, DibsConnection};
+    use dibs::{AnyConnection, Backend};
 
     use crate::support::{TestDb, count, server_url};
-
-    fn pg(conn: &mut AnyConnection) -> &mut PgConnection {
-        match conn.backend_connection() {
-            dibs::BackendConnection::Postgres(c) => c,
-            #[allow(unreachable_patterns)]
-            _ => unreachable!("a PostgreSQL connection"),
-        }
-    }
-
-    fn received(conn: &mut AnyConnection, wait: Duration) -> Vec<String> {
-        let deadline = Instant::now() + wait;
-        let mut payloads = Vec::new();
-        loop {
-            pg(conn).batch_execute("SELECT 1").unwrap();
-            for n in pg(conn).notifications_iter() {
-                payloads.push(n.unwrap().payload);
-            }
-            if Instant::now() >= deadline {
-                return payloads;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
+    use crate::wakeups::received;
 
     /// A role with exactly README.md's application privileges ("On a server"), and a URL to
     /// connect as it. Dropped with the returned guard.

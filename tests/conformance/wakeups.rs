@@ -16,13 +16,13 @@ use dibs::{AnyConnection, Backend, DibsConnection};
 use crate::support::{TestDb, count};
 
 /// A second session LISTENing on dibs's channel.
-fn listener(db: &TestDb) -> AnyConnection {
+pub(crate) fn listener(db: &TestDb) -> AnyConnection {
     let mut conn = db.connect();
     conn.batch_execute("LISTEN dibs_jobs").unwrap();
     conn
 }
 
-fn pg(conn: &mut AnyConnection) -> &mut PgConnection {
+pub(crate) fn pg(conn: &mut AnyConnection) -> &mut PgConnection {
     match conn.backend_connection() {
         dibs::BackendConnection::Postgres(c) => c,
         #[allow(unreachable_patterns)]
@@ -32,7 +32,7 @@ fn pg(conn: &mut AnyConnection) -> &mut PgConnection {
 
 /// The payloads delivered to `conn` within `wait` (polled; a notification that comes at all
 /// comes within milliseconds).
-fn received(conn: &mut AnyConnection, wait: Duration) -> Vec<String> {
+pub(crate) fn received(conn: &mut AnyConnection, wait: Duration) -> Vec<String> {
     let deadline = Instant::now() + wait;
     let mut payloads = Vec::new();
     loop {
