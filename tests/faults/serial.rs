@@ -266,10 +266,16 @@ fn a_restart_does_not_make_live_workers_look_dead(backend: Backend) {
     let restart = std::env::var(variable).unwrap_or_else(|_| {
         panic!("{variable} is unset: set it to the command that restarts the {backend} server (scripts/test does)")
     });
+    // Each stage is logged with its time, so that a run that hangs shows where.
+    let began = Instant::now();
+    let stage = |what: &str| eprintln!("[{:>6.1?}] {what}", began.elapsed());
     let (db, mut conn) = crate::recovery::setup(backend, 20_000);
+    stage("jobs enqueued");
     let (holder, held) = crate::recovery::start_holding(&db, &mut conn, u64::MAX);
+    stage("the first worker holds its jobs");
     let mut other = crate::child::spawn("holding-worker", &[db.url(), "0"]);
     assert_eq!(other.next_report().as_deref(), Some("started"));
+    stage("the second worker started");
     let holder_pid = i64::from(holder.pid());
     drop(conn);
     let restarted_at = Instant::now();
@@ -279,6 +285,7 @@ fn a_restart_does_not_make_live_workers_look_dead(backend: Backend) {
         .expect("run the restart command");
     assert!(status.success(), "{restart}: {status}");
     let restart_took = restarted_at.elapsed();
+    stage("the server restarted");
     let until = Instant::now() + Duration::from_secs(120);
     let mut conn = loop {
         match AnyConnection::connect(db.url()) {
@@ -297,6 +304,7 @@ fn a_restart_does_not_make_live_workers_look_dead(backend: Backend) {
         assert!(Instant::now() < until, "the jobs never completed");
         std::thread::sleep(Duration::from_millis(100));
     }
+    stage("every job completed");
     let by_job = crate::recovery::starts(&mut conn);
     for id in &held {
         assert_eq!(
