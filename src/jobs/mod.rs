@@ -60,7 +60,7 @@ pub use claim::{claim, claim_kinds, rescue};
 pub(crate) use claim::{claim_kinds_throttled, rescue_lapsed};
 pub(crate) use dependencies::settle;
 pub use dependencies::{MAX_DEPENDENCIES, MAX_STRIPES, RunWhen, STRIPE_SIZE};
-pub use depth::{MAX_DEPTH_BOUND, QueueDepth, queue_depth};
+pub use depth::{MAX_DEPTH_BOUND, QueueCounts, QueueDepth, queue_counts, queue_depth};
 pub use enqueue::enqueue;
 pub(crate) use finish::complete_with_results;
 pub(crate) use finish::snooze_noting_death;

@@ -10,6 +10,7 @@ mod lease_commands;
 mod lease_run;
 mod output;
 mod schedule_commands;
+mod serve;
 mod stats;
 mod work;
 mod workflow_commands;
@@ -76,6 +77,10 @@ enum Command {
     /// (see `dibs work --help`).
     #[command(after_help = work::ABOUT)]
     Work(work::WorkArgs),
+    /// Serve a dashboard (queues, jobs, leases, schedules, workers, with actions) in the
+    /// browser: on 127.0.0.1:8080 unless told otherwise (see `dibs serve --help`).
+    #[command(after_help = serve::ABOUT)]
+    Serve(serve::ServeArgs),
     /// Enqueue a realistic batch and run it with a live progress bar. Its database is the
     /// SQLite file dibs-demo.db here, made anew each time, unless --database-url is given
     /// (DIBS_DATABASE_URL and DATABASE_URL are ignored, so that a demo never writes into the
@@ -154,6 +159,7 @@ fn run(cli: Cli, out: &Out) -> Outcome {
         Command::Schedules(command) => schedule_commands::run(open, command, out),
         Command::Enqueue(args) => enqueue::enqueue(open, args, out),
         Command::Work(args) => work::run(&target, args),
+        Command::Serve(args) => serve::run(&target, args),
         Command::Demo(_) => Err(Failure::new(1, "`demo` reached the wrong place")),
     }
 }

@@ -57,14 +57,14 @@ pub struct WorkArgs {
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
-enum LogFormat {
+pub enum LogFormat {
     Human,
     Json,
 }
 
 /// Logs dibs's tracing events (a line per job, rescues, warnings) to stderr; a stderr that
 /// is gone is ignored, like dibs's own messages.
-fn init_logging(format: LogFormat) {
+pub fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()

@@ -1,0 +1,171 @@
+//! Requests in, replies out: query and form fields, and the headers every reply carries.
+
+use std::io::Read;
+
+use maud::Markup;
+use tiny_http::{Header, Request, Response};
+
+/// The largest form body read (an action's fields are a few hundred bytes).
+const MAX_FORM_BYTES: u64 = 16 * 1024;
+
+/// Headers on every reply: no script, style or frame from anywhere else, no framing of
+/// these pages, no sniffing, no referrer, no caching (the pages show live data).
+const SECURITY_HEADERS: &[(&str, &str)] = &[
+    (
+        "Content-Security-Policy",
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+         form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    ),
+    ("X-Frame-Options", "DENY"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "no-referrer"),
+    ("Cache-Control", "no-store"),
+    ("Cross-Origin-Opener-Policy", "same-origin"),
+    ("Cross-Origin-Resource-Policy", "same-origin"),
+];
+
+/// A reply before it is sent.
+pub struct Reply {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: Vec<u8>,
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl Reply {
+    /// An HTML page.
+    pub fn html(status: u16, markup: Markup) -> Reply {
+        Reply {
+            status,
+            content_type: "text/html; charset=utf-8",
+            body: markup.into_string().into_bytes(),
+            headers: Vec::new(),
+        }
+    }
+
+    /// An embedded asset.
+    pub fn asset(content_type: &'static str, body: &'static str) -> Reply {
+        Reply {
+            status: 200,
+            content_type,
+            body: body.as_bytes().to_vec(),
+            headers: Vec::new(),
+        }
+    }
+
+    /// "See other": where a browser goes after an action (so a reload does not repeat it).
+    pub fn see_other(location: String) -> Reply {
+        Reply {
+            status: 303,
+            content_type: "text/plain; charset=utf-8",
+            body: Vec::new(),
+            headers: vec![("Location", location)],
+        }
+    }
+
+    /// A plain-text refusal.
+    pub fn text(status: u16, text: &str) -> Reply {
+        Reply {
+            status,
+            content_type: "text/plain; charset=utf-8",
+            body: format!("{text}\n").into_bytes(),
+            headers: Vec::new(),
+        }
+    }
+
+    /// Sends it, with the security headers; a client gone is not an error here.
+    pub fn send(self, request: Request) {
+        let mut response = Response::from_data(self.body).with_status_code(self.status);
+        let mut add = |name: &str, value: &str| {
+            if let Ok(header) = Header::from_bytes(name.as_bytes(), value.as_bytes()) {
+                response.add_header(header);
+            }
+        };
+        add("Content-Type", self.content_type);
+        for (name, value) in SECURITY_HEADERS {
+            add(name, value);
+        }
+        for (name, value) in &self.headers {
+            add(name, value);
+        }
+        let _ = request.respond(response);
+    }
+}
+
+/// A request's method, path and fields (query string, or form body for a POST).
+pub struct Incoming {
+    pub post: bool,
+    pub path: String,
+    pub fields: Vec<(String, String)>,
+}
+
+impl Incoming {
+    /// Reads what a handler needs of `request`: the form body of a POST (at most
+    /// `MAX_FORM_BYTES`), else the query string. `None` for a body too long or not a form.
+    pub fn read(request: &mut Request) -> Result<Incoming, Reply> {
+        let post = *request.method() == tiny_http::Method::Post;
+        let url = request.url().to_string();
+        let (path, query) = url.split_once('?').unwrap_or((&url, ""));
+        let fields = if post {
+            let is_form = header(request, "Content-Type").is_some_and(|value| {
+                value
+                    .split(';')
+                    .next()
+                    .is_some_and(|kind| kind.trim().eq_ignore_ascii_case("application/x-www-form-urlencoded"))
+            });
+            if !is_form {
+                return Err(Reply::text(415, "an action is an HTML form post"));
+            }
+            let mut body = Vec::new();
+            let read = request
+                .as_reader()
+                .take(MAX_FORM_BYTES + 1)
+                .read_to_end(&mut body);
+            if read.is_err() || body.len() as u64 > MAX_FORM_BYTES {
+                return Err(Reply::text(413, "the form is too large"));
+            }
+            parse(&body)
+        } else {
+            parse(query.as_bytes())
+        };
+        Ok(Incoming {
+            post,
+            path: path.to_string(),
+            fields,
+        })
+    }
+
+    /// The first value of field `name`, if given and not empty.
+    pub fn field(&self, name: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(key, value)| key == name && !value.is_empty())
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+fn parse(bytes: &[u8]) -> Vec<(String, String)> {
+    form_urlencoded::parse(bytes).into_owned().collect()
+}
+
+/// The value of header `name`, if present once or more (the first).
+pub fn header<'r>(request: &'r Request, name: &str) -> Option<&'r str> {
+    request
+        .headers()
+        .iter()
+        .find(|h| h.field.as_str().as_str().eq_ignore_ascii_case(name))
+        .map(|h| h.value.as_str())
+}
+
+/// `path?name=value&...`, each value encoded.
+pub fn link(path: &str, fields: &[(&str, &str)]) -> String {
+    let fields: Vec<_> = fields.iter().filter(|(_, value)| !value.is_empty()).collect();
+    if fields.is_empty() {
+        return path.to_string();
+    }
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    for (name, value) in fields {
+        query.append_pair(name, value);
+    }
+    format!("{path}?{}", query.finish())
+}
