@@ -13,10 +13,14 @@ use serde_json::Value;
 use support::{TestDb, conformance};
 
 mod attacks17;
+mod browser;
+mod dashboard;
 mod flow_control;
 mod issue17;
 mod lease_run;
 mod lease_run_attacks;
+mod serve;
+mod webdriver;
 mod work_logs;
 mod workflows;
 

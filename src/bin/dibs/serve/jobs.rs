@@ -208,7 +208,11 @@ fn shown_bytes(bytes: &[u8]) -> Markup {
     let cut = &bytes[..bytes.len().min(SHOWN_BYTES)];
     let text = if let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) {
         serde_json::to_string_pretty(&value).unwrap_or_default()
-    } else if let Ok(text) = std::str::from_utf8(cut) {
+    } else if let Some(text) = std::str::from_utf8(cut)
+        .ok()
+        .filter(|text| !text.chars().any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t')))
+    {
+        // Text without control characters (a NUL or an escape is shown as bytes).
         text.to_string()
     } else {
         cut.chunks(16)
