@@ -183,6 +183,9 @@ pub struct ScheduleInfo {
     pub paused: bool,
     /// Its next tick (database clock).
     pub next_due_at: DateTime<Utc>,
+    /// The tick before its next: when it last fired, unless it was added, changed or
+    /// resumed since (dibs does not store fires). `None` if its timing has no earlier tick.
+    pub previous_tick: Option<DateTime<Utc>>,
 }
 
 /// A schedule as stored: the model of a `dibs_schedules` row
@@ -253,9 +256,14 @@ impl ScheduleRecord {
     }
 
     fn info(&self) -> Result<ScheduleInfo> {
+        let spec = self.spec()?;
+        let previous_tick = Timing::new(&spec, &self.time_zone)
+            .ok()
+            .and_then(|timing| timing.previous_before(self.next_due_at));
         Ok(ScheduleInfo {
+            previous_tick,
             name: self.name.clone(),
-            spec: self.spec()?,
+            spec,
             time_zone: self.time_zone.clone(),
             queue: self.queue.clone(),
             kind: self.kind.clone(),

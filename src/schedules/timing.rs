@@ -83,6 +83,17 @@ impl Timing {
         }
     }
 
+    /// The last tick strictly before `before`, if there is one.
+    pub(super) fn previous_before(&self, before: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        match self {
+            Timing::Every(interval) => before.checked_sub_signed(*interval),
+            Timing::Cron(cron, tz) => cron
+                .find_previous_occurrence(&before.with_timezone(tz), false)
+                .ok()
+                .map(|at| at.with_timezone(&Utc)),
+        }
+    }
+
     /// What to fire for a schedule whose tick `due` is at or before `now`: with catch-up,
     /// the ticks from `due` on, at most [`MAX_TICKS_PER_CALL`] (the next call goes on);
     /// without, only the newest tick at or before `now`, and the next is the first after

@@ -21,6 +21,7 @@ conformance!(
     a_schedules_job_keeps_its_limit_dedup_key_and_delay,
     a_long_downtime_costs_one_tick_without_catch_up,
     redeclaring_an_unchanged_schedule_keeps_its_overdue_tick,
+    a_schedule_lists_the_tick_before_its_next,
 );
 
 fn due_times(conn: &mut AnyConnection, queue: &str) -> Vec<DateTime<Utc>> {
@@ -570,4 +571,31 @@ fn redeclaring_an_unchanged_schedule_keeps_its_overdue_tick(backend: Backend) {
     .unwrap();
     assert!(next_due_at(&mut conn, "nightly") > now);
     assert_eq!(schedules::tick(&mut conn).unwrap(), 0);
+}
+
+/// What a dashboard shows as a schedule's last fire: the tick before its next, by interval
+/// or by cron expression in its zone.
+fn a_schedule_lists_the_tick_before_its_next(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let job = || NewJob::new("q", "k", vec![]);
+    schedules::upsert(&mut conn, &Schedule::every("every", Duration::from_secs(90), job())).unwrap();
+    schedules::upsert(
+        &mut conn,
+        &Schedule::cron("hourly", "15 * * * *", job()).time_zone("Asia/Kolkata"),
+    )
+    .unwrap();
+    let all = schedules::list(&mut conn).unwrap();
+    let every = all.iter().find(|s| s.name == "every").unwrap();
+    assert_eq!(
+        every.previous_tick,
+        Some(every.next_due_at - chrono::Duration::seconds(90))
+    );
+    let hourly = all.iter().find(|s| s.name == "hourly").unwrap();
+    assert_eq!(
+        hourly.previous_tick,
+        Some(hourly.next_due_at - chrono::Duration::hours(1))
+    );
+    // Kolkata is UTC+5:30: minute 15 there is minute 45 in UTC.
+    assert_eq!(hourly.next_due_at.minute(), 45);
 }

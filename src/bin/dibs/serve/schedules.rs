@@ -5,7 +5,7 @@ use dibs::{AnyConnection, Error};
 use maud::html;
 
 use super::http::{Incoming, Reply, link};
-use super::layout::{Section, action, instant, page};
+use super::layout::{Section, action, instant, maybe_instant, page};
 use super::{Dashboard, required};
 
 /// `GET /schedules`.
@@ -32,17 +32,7 @@ pub fn list(
                                 Spec::Every(every) => { "every " (crate::duration::format_duration(*every)) },
                             } }
                             td { a href=(link("/queue", &[("name", &schedule.queue)])) { (schedule.queue) } " · " (schedule.kind) }
-                            td { @match &schedule.spec {
-                                // An interval's last tick is one interval before its next; a
-                                // cron expression's is not stored.
-                                Spec::Every(every) => {
-                                    @match chrono::Duration::from_std(*every).ok().and_then(|e| schedule.next_due_at.checked_sub_signed(e)) {
-                                        Some(last) => (instant(last, now)),
-                                        None => "–",
-                                    }
-                                },
-                                Spec::Cron(_) => span.muted { "–" },
-                            } }
+                            td { (maybe_instant(schedule.previous_tick, now)) }
                             td { (instant(schedule.next_due_at, now)) }
                             td {
                                 @if schedule.paused {
