@@ -260,6 +260,15 @@ fn stored_markup_is_shown_as_text(backend: Backend) {
     }
     let job = get(&served.base, &format!("/job?id={id}")).body;
     assert!(job.contains("&lt;script&gt;window.__pwned=1&lt;/script&gt;"), "{job}");
+    // A large payload is shown in part: the page stays small, a character cut in two is
+    // left out rather than shown as bytes.
+    let big = format!("{{\"text\":\"{}\"}}", "é".repeat(60_000));
+    let big_id = jobs::enqueue(&mut conn, &NewJob::new("q", "k", big.into_bytes())).unwrap().id;
+    let page = get(&served.base, &format!("/job?id={big_id}"));
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("The first 65,536 of 120,011 bytes."), "{}", page.body.chars().take(3000).collect::<String>());
+    assert!(page.body.len() < 100_000, "{} bytes", page.body.len());
+    assert!(page.body.contains("{&quot;text&quot;:&quot;éé"));
     assert!(job.contains("&lt;img src=x onerror="), "{job}");
 }
 
@@ -299,6 +308,11 @@ fn the_jobs_list_pages_by_id_and_filters(backend: Backend) {
     let mut even: Vec<i64> = ids.iter().step_by(2).copied().collect();
     even.reverse();
     assert_eq!(seen, even);
+    // A page asked for past the newest job starts at the newest (it does not page through
+    // ids no job has).
+    let first = get(&served.base, "/jobs?queue=even");
+    let past = get(&served.base, &format!("/jobs?queue=even&before={}", i64::MAX));
+    assert_eq!(shown(&past.body), shown(&first.body));
     // Text is matched literally: `%`, `_` and `!` are not wildcards.
     let found = shown(&get(&served.base, "/jobs?text=100%25_done%21").body);
     assert_eq!(found.len(), 1);

@@ -80,15 +80,13 @@ pub fn list(
             ));
         }
     }
-    let top = match before {
-        Some(before) => before,
-        None => {
-            let max: Option<i64> = dibs_jobs::table
-                .select(diesel::dsl::max(dibs_jobs::id))
-                .first(conn)?;
-            max.unwrap_or(0).saturating_add(1)
-        }
-    };
+    // Past the newest job, a page would find nothing and offer to look further: start at
+    // the newest instead.
+    let newest: Option<i64> = dibs_jobs::table
+        .select(diesel::dsl::max(dibs_jobs::id))
+        .first(conn)?;
+    let past_newest = newest.unwrap_or(0).saturating_add(1);
+    let top = before.map_or(past_newest, |before| before.min(past_newest));
     let floor = top.saturating_sub(WINDOW).max(0);
     let mut query = dibs_jobs::table
         .select(Job::as_select())
@@ -206,10 +204,18 @@ fn first_line(text: &str) -> String {
 /// Bytes for people: pretty JSON, else text, else a hex dump; at most `SHOWN_BYTES`.
 fn shown_bytes(bytes: &[u8]) -> Markup {
     let cut = &bytes[..bytes.len().min(SHOWN_BYTES)];
-    let text = if let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) {
+    // A cut may split a character: the text is what comes before it.
+    let cut_text = match std::str::from_utf8(cut) {
+        Ok(text) => Some(text),
+        Err(e) if e.error_len().is_none() => std::str::from_utf8(&cut[..e.valid_up_to()]).ok(),
+        Err(_) => None,
+    };
+    let pretty = (bytes.len() <= SHOWN_BYTES)
+        .then(|| serde_json::from_slice::<serde_json::Value>(bytes).ok())
+        .flatten();
+    let text = if let Some(value) = pretty {
         serde_json::to_string_pretty(&value).unwrap_or_default()
-    } else if let Some(text) = std::str::from_utf8(cut)
-        .ok()
+    } else if let Some(text) = cut_text
         .filter(|text| !text.chars().any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t')))
     {
         // Text without control characters (a NUL or an escape is shown as bytes).

@@ -20,6 +20,10 @@ use super::{Dashboard, required};
 const MAX_QUEUES: usize = 200;
 /// Counts stop here: the front page costs the same with a thousand jobs or ten million.
 const COUNT_BOUND: u32 = 10_000;
+/// What the front page's counts of one state may add up to over all queues: with many
+/// queues, each is counted to less (at least `MIN_BOUND`), so the page's cost stays put.
+const COUNT_BUDGET: u32 = 40_000;
+const MIN_BOUND: u32 = 200;
 /// The chart's minutes.
 const CHART_MINUTES: i64 = 30;
 /// The most finishes the chart reads per state (the newest).
@@ -71,10 +75,10 @@ fn paused_queues(conn: &mut AnyConnection) -> QueryResult<BTreeSet<String>> {
 }
 
 /// A link to the jobs of `queue` in `state`, showing the bounded count.
-fn count_link(queue: &str, state: JobState, count: u64) -> Markup {
+fn count_link(queue: &str, state: JobState, count: u64, bound: u32) -> Markup {
     html! {
         a href=(link("/jobs", &[("queue", queue), ("state", state.as_str())])) {
-            (bounded(count, COUNT_BOUND))
+            (bounded(count, bound))
         }
     }
 }
@@ -104,9 +108,11 @@ pub fn overview(
     let names = queue_names(conn)?;
     let paused = paused_queues(conn)?;
     let limits: BTreeMap<String, u32> = jobs::queue_limits(conn)?.into_iter().collect();
+    let bound = u32::try_from(names.len().max(1))
+        .map_or(MIN_BOUND, |queues| (COUNT_BUDGET / queues).clamp(MIN_BOUND, COUNT_BOUND));
     let mut rows = Vec::new();
     for name in &names {
-        rows.push((name, jobs::queue_counts(conn, name, COUNT_BOUND)?));
+        rows.push((name, jobs::queue_counts(conn, name, bound)?));
     }
     let keys = jobs::key_states(conn, 50)?;
     let content = html! {
@@ -124,25 +130,25 @@ pub fn overview(
                         tr data-queue=(name) {
                             td { a href=(link("/queue", &[("name", name)])) { (name) } }
                             td { @if paused.contains(*name) { span.state.paused { "paused" } } }
-                            td.num { (count_link(name, JobState::Blocked, counts.blocked)) }
-                            td.num { (count_link(name, JobState::Waiting, counts.waiting)) }
-                            td.num { (bounded(counts.due, COUNT_BOUND)) }
-                            td.num { (count_link(name, JobState::Running, counts.running)) }
-                            td.num { (count_link(name, JobState::Completed, counts.completed)) }
-                            td.num { (count_link(name, JobState::Dead, counts.dead)) }
-                            td.num { (count_link(name, JobState::Cancelled, counts.cancelled)) }
+                            td.num { (count_link(name, JobState::Blocked, counts.blocked, bound)) }
+                            td.num { (count_link(name, JobState::Waiting, counts.waiting, bound)) }
+                            td.num { (bounded(counts.due, bound)) }
+                            td.num { (count_link(name, JobState::Running, counts.running, bound)) }
+                            td.num { (count_link(name, JobState::Completed, counts.completed, bound)) }
+                            td.num { (count_link(name, JobState::Dead, counts.dead, bound)) }
+                            td.num { (count_link(name, JobState::Cancelled, counts.cancelled, bound)) }
                             td {
                                 @if let Some(max) = limits.get(*name) {
                                     (meter(counts.running, u64::from(*max))) " "
-                                    (counts.running.min(u64::from(COUNT_BOUND))) " / " (max)
+                                    (bounded(counts.running, bound)) " / " (max)
                                 } @else { span.muted { "none" } }
                             }
                         }
                     }
                 }
             }
-            p.muted { "Counts stop at " (thousands(u64::from(COUNT_BOUND))) " (shown as "
-                (thousands(u64::from(COUNT_BOUND))) "+), so this page costs the same on any table size." }
+            p.muted { "Counts stop at " (thousands(u64::from(bound))) " (shown as "
+                (thousands(u64::from(bound))) "+), so this page costs the same on any table size." }
         }
         h2 { "Limit keys" }
         @if keys.is_empty() {
@@ -239,7 +245,8 @@ pub fn queue_page(
     notice: Option<&str>,
 ) -> Result<Reply, Error> {
     let name = required(incoming, "name")?;
-    let counts: QueueCounts = jobs::queue_counts(conn, name, COUNT_BOUND)?;
+    let bound = COUNT_BOUND;
+    let counts: QueueCounts = jobs::queue_counts(conn, name, bound)?;
     let paused = jobs::is_paused(conn, name)?;
     let now = dibs::database_now(conn)?;
     let since = now - chrono::Duration::minutes(CHART_MINUTES);
@@ -276,8 +283,8 @@ pub fn queue_page(
         div.cards {
             @for (label, state, count) in cards {
                 div.card {
-                    div.n { (count_link(name, state, count)) }
-                    div.label { (label) @if state == JobState::Waiting { " (" (bounded(counts.due, COUNT_BOUND)) " due)" } }
+                    div.n { (count_link(name, state, count, bound)) }
+                    div.label { (label) @if state == JobState::Waiting { " (" (bounded(counts.due, bound)) " due)" } }
                 }
             }
         }
