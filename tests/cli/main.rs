@@ -20,6 +20,7 @@ mod issue17;
 mod lease_run;
 mod lease_run_attacks;
 mod serve;
+mod serve_attacks;
 mod webdriver;
 mod work_logs;
 mod workflows;

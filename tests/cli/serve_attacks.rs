@@ -1,0 +1,1 @@
+//! Attacks on `dibs serve` (written next).
