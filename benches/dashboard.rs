@@ -5,13 +5,14 @@
 //!   --jobs N      jobs in the table (default 1,000,000)
 //!   --samples N   requests per page, after one to warm up (default 20)
 //!   --backend B   sqlite, postgres, mysql or all (default: all compiled in)
+//!   --keep        keep the databases (their URLs are printed), to look at the plans
 //! ```
 //!
 //! The table: 4 queues; 80% of the jobs completed over the last 30 minutes, 5% dead (with
 //! errors), 1% cancelled, 100 running, the rest waiting. States are set by UPDATEs over id
-//! ranges after the enqueue (a fixture, not a workload). PostgreSQL and MariaDB then analyse
-//! the table, as autovacuum or InnoDB's statistics would; SQLite is left without statistics,
-//! as dibs leaves it. Each page is fetched over HTTP from a `dibs serve --threads 1`; the
+//! ranges after the enqueue (a fixture, not a workload). PostgreSQL then vacuums and
+//! analyses the table and MariaDB analyses it, as autovacuum or InnoDB's statistics would;
+//! SQLite is left without statistics, as dibs leaves it. Each page is fetched over HTTP from a `dibs serve --threads 1`; the
 //! figures are the whole request, as a browser waits for it.
 
 #[path = "throughput/support.rs"]
@@ -37,12 +38,14 @@ struct Options {
     jobs: i64,
     samples: usize,
     backends: Vec<Backend>,
+    keep: bool,
 }
 
 fn options() -> Options {
     let mut options = Options {
         jobs: 1_000_000,
         samples: 20,
+        keep: false,
         backends: vec![
             #[cfg(feature = "sqlite")]
             Backend::Sqlite,
@@ -58,6 +61,7 @@ fn options() -> Options {
         match arg.as_str() {
             "--jobs" => options.jobs = value().parse().expect("--jobs N"),
             "--samples" => options.samples = value().parse().expect("--samples N"),
+            "--keep" => options.keep = true,
             "--backend" => {
                 options.backends = match value().as_str() {
                     "sqlite" => vec![Backend::Sqlite],
@@ -135,7 +139,9 @@ fn fill(db: &BenchDb, n: i64) -> i64 {
     lease::try_take(&mut conn, "nightly-backup", Duration::from_secs(3600), "host-a")
         .expect("lease");
     match dibs::DibsConnection::backend(&mut conn) {
-        Backend::Postgres => conn.batch_execute("ANALYZE dibs_jobs").expect("analyze"),
+        // What autovacuum does after such updates (this machine's PostgreSQL has it off):
+        // without it every index still holds each job's first version.
+        Backend::Postgres => conn.batch_execute("VACUUM ANALYZE dibs_jobs").expect("vacuum"),
         Backend::Mysql => conn.batch_execute("ANALYZE TABLE dibs_jobs").expect("analyze"),
         _ => {}
     }
@@ -221,5 +227,9 @@ fn main() {
         }
         let _ = child.kill();
         let _ = child.wait();
+        if options.keep {
+            println!("  kept: {}", db.url());
+            std::mem::forget(db);
+        }
     }
 }

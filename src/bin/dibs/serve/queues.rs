@@ -181,16 +181,24 @@ pub fn overview(
 }
 
 /// The instants of `queue`'s latest finishes in `state` since `since`, newest first, at
-/// most `CHART_BOUND`: a range of the `(queue, state, finished_at, id)` index.
+/// most `CHART_BOUND`: a range of the `(queue, state, finished_at, id)` index. `state` is
+/// completed, dead or cancelled (the index's states).
 fn finishes(
     conn: &mut AnyConnection,
     queue: &str,
     state: JobState,
     since: DateTime<Utc>,
 ) -> QueryResult<Vec<DateTime<Utc>>> {
+    // The state as a literal, not a bind: the index is partial (finished states only), and
+    // a planner can use a partial index only when it sees the state in the statement.
+    let state_literal = match state {
+        JobState::Completed => "'completed'",
+        JobState::Dead => "'dead'",
+        _ => "'cancelled'",
+    };
     Ok(dibs_jobs::table
         .filter(dibs_jobs::queue.eq(queue))
-        .filter(dibs_jobs::state.eq(state))
+        .filter(dibs_jobs::state.eq(diesel::dsl::sql::<diesel::sql_types::Text>(state_literal)))
         .filter(dibs_jobs::finished_at.ge(InstantValue(since)))
         .select(dibs_jobs::finished_at)
         .order(dibs_jobs::finished_at.desc())
