@@ -1,0 +1,611 @@
+//! The dashboard in real headless Chromium (SQLite): every page renders (a screenshot of each
+//! goes to artifacts/screenshots/), the buttons change the database, hostile text stays text,
+//! and a form without its CSRF token is refused.
+//!
+//! Not here: `dibs serve --listen 0.0.0.0:0` without credentials refusing to start needs no
+//! browser; the HTTP tests (tests/cli/serve.rs) cover it.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use dibs::jobs::{self, JobState, NewJob, Retry};
+use dibs::schedules::{self, Schedule};
+use dibs::{AnyConnection, Backend};
+use serde_json::json;
+
+use crate::dashboard::{Served, serve};
+use crate::support::{TestDb, count};
+use crate::webdriver::{Browser, DEADLINE};
+
+const TTL: Duration = Duration::from_secs(600);
+
+/// A database, a dashboard serving it, and a browser (dropped in this order).
+struct Scene {
+    browser: Browser,
+    served: Served,
+    db: TestDb,
+}
+
+impl Scene {
+    /// A migrated SQLite database, filled by `seed` before the dashboard starts.
+    fn new<T>(seed: impl FnOnce(&mut AnyConnection) -> T) -> (Scene, T) {
+        let db = TestDb::migrated(Backend::Sqlite);
+        let seeded = seed(&mut db.connect());
+        let served = serve(db.url(), &[], &[]);
+        let browser = Browser::start();
+        (
+            Scene {
+                browser,
+                served,
+                db,
+            },
+            seeded,
+        )
+    }
+
+    /// Loads `path` and gives its `h1`.
+    fn open(&self, path: &str) -> String {
+        self.browser
+            .navigate(&format!("{}{path}", self.served.base));
+        self.browser.text(&self.browser.find("main h1"))
+    }
+
+    /// Clicks the button of the action form posting to `action` inside `scope`, checks its
+    /// label, and waits for the page the action leads to (its URL has `done=<done>`); gives
+    /// that page's notice.
+    fn act(&self, scope: &str, action: &str, label: &str, done: &str) -> String {
+        let button = self.browser.find(&format!(
+            "{scope} form.action[action=\"{action}\"] button[type=submit]"
+        ));
+        assert_eq!(self.browser.text(&button), label);
+        self.browser.click(&button);
+        let marker = format!("done={done}");
+        self.browser
+            .wait_for_url(&marker, |url| url.contains(&marker));
+        self.browser.text(&self.browser.find("p.notice"))
+    }
+
+    fn conn(&self) -> AnyConnection {
+        self.db.connect()
+    }
+}
+
+/// Enqueues a job, claims it (it must be the one claimed) and gives the claim.
+fn claimed(conn: &mut AnyConnection, job: NewJob) -> jobs::ClaimedJob {
+    let id = jobs::enqueue(conn, &job).unwrap().id;
+    let queue = job_queue(conn, id);
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        // A retry due "now" may be a tick ahead of the database clock's next reading.
+        let mut got = jobs::claim(conn, &queue, 1, TTL).unwrap();
+        if let Some(claim) = got.pop() {
+            assert_eq!(claim.id, id, "claimed another job than the one enqueued");
+            return claim;
+        }
+        assert!(Instant::now() < deadline, "job {id} never became claimable");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn job_queue(conn: &mut AnyConnection, id: i64) -> String {
+    jobs::get(conn, id).unwrap().unwrap().queue
+}
+
+fn completed(conn: &mut AnyConnection, job: NewJob) -> i64 {
+    let claim = claimed(conn, job);
+    jobs::complete(conn, &[claim.claim()]).unwrap();
+    claim.id
+}
+
+/// A job dead after one failed run with `error`.
+fn dead(conn: &mut AnyConnection, job: NewJob, error: &str) -> i64 {
+    let claim = claimed(conn, job);
+    assert_eq!(
+        jobs::fail(conn, claim.claim(), error, Retry::Never).unwrap(),
+        jobs::Outcome::Done
+    );
+    claim.id
+}
+
+/// A job that failed `runs` times (retried at once in between) and is dead after the last.
+fn failed_runs(conn: &mut AnyConnection, job: NewJob, errors: &[&str]) -> i64 {
+    let mut claim = claimed(conn, job.max_attempts(errors.len() as u32));
+    let id = claim.id;
+    let queue = job_queue(conn, id);
+    for (i, error) in errors.iter().enumerate() {
+        jobs::fail(conn, claim.claim(), error, Retry::After(Duration::ZERO)).unwrap();
+        if i + 1 == errors.len() {
+            break;
+        }
+        let deadline = Instant::now() + DEADLINE;
+        claim = loop {
+            if let Some(again) = jobs::claim(conn, &queue, 1, TTL).unwrap().pop() {
+                break again;
+            }
+            assert!(Instant::now() < deadline, "job {id} was not retried");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!(claim.id, id);
+    }
+    assert_eq!(jobs::get(conn, id).unwrap().unwrap().state, JobState::Dead);
+    id
+}
+
+fn state(conn: &mut AnyConnection, id: i64) -> JobState {
+    jobs::get(conn, id).unwrap().unwrap().state
+}
+
+fn screenshot_path(page: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("artifacts/screenshots")
+        .join(format!("{page}.png"))
+}
+
+struct Realistic {
+    charge: i64,
+}
+
+/// Several queues with completed, dead, waiting and running jobs, a job with three failed
+/// runs, a paused queue, two leases and two schedules.
+fn realistic(conn: &mut AnyConnection) -> Realistic {
+    for user in 1..=6 {
+        completed(
+            conn,
+            NewJob::json("mail", "welcome", &json!({ "user": user })).unwrap(),
+        );
+    }
+    dead(
+        conn,
+        NewJob::json("mail", "digest", &json!({ "user": 7 })).unwrap(),
+        "smtp: 550 mailbox unavailable",
+    );
+    dead(
+        conn,
+        NewJob::json("mail", "digest", &json!({ "user": 8 })).unwrap(),
+        "smtp: connection reset by peer",
+    );
+    let charge = failed_runs(
+        conn,
+        NewJob::json(
+            "billing",
+            "charge-card",
+            &json!({ "invoice": "INV-2024-0042", "amount_cents": 12_900, "currency": "EUR",
+                     "customer": { "id": 311, "email": "ada@example.com" } }),
+        )
+        .unwrap(),
+        &[
+            "payment gateway timed out after 30 s",
+            "payment gateway: 502 Bad Gateway\nretry-after: 10",
+            "card declined: insufficient funds (code 51)",
+        ],
+    );
+    completed(
+        conn,
+        NewJob::json(
+            "billing",
+            "invoice-pdf",
+            &json!({ "invoice": "INV-2024-0041" }),
+        )
+        .unwrap(),
+    );
+    // Running: claimed and never finished (the claim lasts the test).
+    claimed(
+        conn,
+        NewJob::json("mail", "newsletter", &json!({ "issue": 12 })).unwrap(),
+    );
+    for n in 0..4 {
+        jobs::enqueue(
+            conn,
+            &NewJob::json("mail", "welcome", &json!({ "user": 100 + n })).unwrap(),
+        )
+        .unwrap();
+    }
+    jobs::enqueue(
+        conn,
+        &NewJob::json(
+            "billing",
+            "invoice-pdf",
+            &json!({ "invoice": "INV-2024-0043" }),
+        )
+        .unwrap()
+        .delay(Duration::from_secs(3600)),
+    )
+    .unwrap();
+    jobs::enqueue(
+        conn,
+        &NewJob::new("reports", "weekly-summary", b"week 23".to_vec()),
+    )
+    .unwrap();
+    jobs::pause(conn, "reports").unwrap();
+    dibs::lease::try_take(conn, "nightly-report", TTL, "host-a pid 4242")
+        .unwrap()
+        .expect("the lease is free");
+    dibs::lease::try_take(conn, "schema-migrations", TTL, "deploy-7")
+        .unwrap()
+        .expect("the lease is free");
+    schedules::upsert(
+        conn,
+        &Schedule::every(
+            "cleanup",
+            Duration::from_secs(15 * 60),
+            NewJob::new("maintenance", "cleanup", vec![]),
+        ),
+    )
+    .unwrap();
+    schedules::upsert(
+        conn,
+        &Schedule::cron(
+            "weekly-report",
+            "0 6 * * 1",
+            NewJob::new("reports", "weekly-summary", vec![]),
+        )
+        .time_zone("Europe/Paris"),
+    )
+    .unwrap();
+    Realistic { charge }
+}
+
+#[test]
+fn every_page_loads_and_is_screenshotted() {
+    let (scene, seeded) = Scene::new(realistic);
+    // A registered worker for the workers page (its queue has no jobs).
+    let worker = dibs::worker::Worker::builder(scene.db.pool(4))
+        .queue("thumbnails")
+        .threads(1)
+        .raw_handler("resize", |_: &dibs::worker::JobContext, _: &[u8]| Ok(()))
+        .start()
+        .unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    while count(&mut scene.conn(), "SELECT COUNT(*) AS n FROM dibs_workers") == 0 {
+        assert!(Instant::now() < deadline, "the worker never registered");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let charge = seeded.charge.to_string();
+    let job_title = format!("Job {charge}");
+    let pages: [(&str, String, &str, &str); 8] = [
+        (
+            "queues",
+            "/".into(),
+            "Queues",
+            "#queues tr[data-queue=billing]",
+        ),
+        (
+            "queue",
+            "/queue?name=mail".into(),
+            "Queue mail",
+            "svg#throughput",
+        ),
+        ("jobs", "/jobs".into(), "Jobs", "#jobs tr[data-id]"),
+        ("job", format!("/job?id={charge}"), &job_title, "#errors"),
+        (
+            "leases",
+            "/leases".into(),
+            "Leases",
+            "#leases tr[data-lease=nightly-report]",
+        ),
+        (
+            "lease-release",
+            "/lease/release?name=nightly-report".into(),
+            "Force-release a lease",
+            "form.action[action=\"/lease/release\"]",
+        ),
+        (
+            "schedules",
+            "/schedules".into(),
+            "Schedules",
+            "#schedules tr[data-schedule=cleanup]",
+        ),
+        ("workers", "/workers".into(), "Workers", "#workers tbody tr"),
+    ];
+    for (name, path, title, present) in &pages {
+        assert_eq!(&scene.open(path), title, "{path}");
+        scene.browser.find(present);
+        scene.browser.screenshot(&screenshot_path(name));
+    }
+    // The contents that matter, as a reader sees them.
+    scene.open(&format!("/job?id={charge}"));
+    let fields = scene.browser.text(&scene.browser.find("#job-fields"));
+    assert!(
+        fields.contains("charge-card") && fields.contains("3 of 3"),
+        "{fields}"
+    );
+    let payload = scene.browser.text(&scene.browser.find("#payload"));
+    assert!(payload.contains("INV-2024-0042"), "{payload}");
+    let errors = scene.browser.text(&scene.browser.find("#errors"));
+    assert!(
+        errors.contains("card declined") && errors.contains("502 Bad Gateway"),
+        "{errors}"
+    );
+    scene.open("/");
+    let paused = scene
+        .browser
+        .text(&scene.browser.find("#queues tr[data-queue=reports]"));
+    assert!(paused.contains("paused"), "{paused}");
+    worker.shutdown(Duration::from_secs(5));
+}
+
+#[test]
+fn retry_on_a_dead_job_makes_it_wait() {
+    let (scene, id) = Scene::new(|conn| {
+        dead(
+            conn,
+            NewJob::new("mail", "digest", b"{}".to_vec()),
+            "smtp down",
+        )
+    });
+    scene.open(&format!("/job?id={id}"));
+    let notice = scene.act("main", "/job/retry", "Retry", "retried-one");
+    assert!(notice.starts_with("Retried"), "{notice}");
+    assert_eq!(state(&mut scene.conn(), id), JobState::Waiting);
+}
+
+#[test]
+fn cancel_on_a_waiting_job_cancels_it() {
+    let (scene, id) = Scene::new(|conn| {
+        jobs::enqueue(conn, &NewJob::new("mail", "welcome", vec![]))
+            .unwrap()
+            .id
+    });
+    scene.open(&format!("/job?id={id}"));
+    let notice = scene.act("main", "/job/cancel", "Cancel", "cancelled");
+    assert!(notice.starts_with("Cancelled"), "{notice}");
+    assert_eq!(state(&mut scene.conn(), id), JobState::Cancelled);
+}
+
+#[test]
+fn pause_then_resume_a_queue() {
+    let (scene, ()) = Scene::new(|conn| {
+        jobs::enqueue(conn, &NewJob::new("mail", "welcome", vec![])).unwrap();
+    });
+    // Reached from the overview, as a person would.
+    scene.open("/");
+    let link = scene.browser.find("#queues tr[data-queue=mail] a");
+    scene.browser.click(&link);
+    scene
+        .browser
+        .wait_for_url("the queue's page", |url| url.contains("/queue?name=mail"));
+    assert_eq!(
+        scene.browser.text(&scene.browser.find("#queue-state")),
+        "active"
+    );
+
+    let notice = scene.act("main", "/queue/pause", "Pause", "queue-paused");
+    assert!(notice.starts_with("Queue paused"), "{notice}");
+    assert!(jobs::is_paused(&mut scene.conn(), "mail").unwrap());
+    assert_eq!(
+        scene.browser.text(&scene.browser.find("#queue-state")),
+        "paused"
+    );
+
+    let notice = scene.act("main", "/queue/resume", "Resume", "queue-resumed");
+    assert_eq!(notice, "Queue resumed.");
+    assert!(!jobs::is_paused(&mut scene.conn(), "mail").unwrap());
+    assert_eq!(
+        scene.browser.text(&scene.browser.find("#queue-state")),
+        "active"
+    );
+}
+
+#[test]
+fn pause_a_schedule() {
+    let (scene, ()) = Scene::new(|conn| {
+        for name in ["cleanup", "rollup"] {
+            schedules::upsert(
+                conn,
+                &Schedule::every(
+                    name,
+                    Duration::from_secs(60),
+                    NewJob::new("m", name, vec![]),
+                ),
+            )
+            .unwrap();
+        }
+    });
+    scene.open("/schedules");
+    let notice = scene.act(
+        "tr[data-schedule=cleanup]",
+        "/schedule/pause",
+        "Pause",
+        "schedule-paused",
+    );
+    assert_eq!(notice, "Schedule paused.");
+    let paused: Vec<(String, bool)> = schedules::list(&mut scene.conn())
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.name, s.paused))
+        .collect();
+    assert_eq!(
+        paused,
+        [("cleanup".to_string(), true), ("rollup".to_string(), false)]
+    );
+    // The row now offers Resume.
+    scene
+        .browser
+        .find("tr[data-schedule=cleanup] form.action[action=\"/schedule/resume\"]");
+}
+
+#[test]
+fn force_release_a_lease_through_its_confirmation() {
+    let (scene, ()) = Scene::new(|conn| {
+        dibs::lease::try_take(conn, "nightly-report", TTL, "host-a")
+            .unwrap()
+            .expect("free");
+    });
+    scene.open("/leases");
+    let link = scene
+        .browser
+        .find("#leases tr[data-lease=nightly-report] a[href^=\"/lease/release\"]");
+    assert_eq!(scene.browser.text(&link), "Force release…");
+    scene.browser.click(&link);
+    scene.browser.wait_for_url("the confirmation", |url| {
+        url.contains("/lease/release?name=")
+    });
+    assert_eq!(
+        scene.browser.text(&scene.browser.find("main h1")),
+        "Force-release a lease"
+    );
+    // Seeing the confirmation changed nothing.
+    let info = dibs::lease::inspect(&mut scene.conn(), "nightly-report")
+        .unwrap()
+        .unwrap();
+    assert!(info.held);
+
+    let notice = scene.act("main", "/lease/release", "Release it now", "released");
+    assert_eq!(notice, "Lease released.");
+    let info = dibs::lease::inspect(&mut scene.conn(), "nightly-report")
+        .unwrap()
+        .unwrap();
+    assert!(!info.held, "{info:?}");
+}
+
+const SCRIPT: &str = "<script>window.__pwned=1</script>";
+const IMG: &str = "\"><img src=x onerror=\"window.__pwned=1\">";
+
+#[test]
+fn hostile_text_renders_as_text() {
+    let (scene, id) = Scene::new(|conn| {
+        let hostile_queue = format!("q{IMG}");
+        jobs::enqueue(conn, &NewJob::new(hostile_queue, "k", vec![])).unwrap();
+        dead(
+            conn,
+            NewJob::new("inbox", SCRIPT, format!("{SCRIPT}{IMG}").into_bytes()),
+            &format!("{IMG} then {SCRIPT}\n{SCRIPT}"),
+        )
+    });
+    // Each page, and a hostile text it must show literally.
+    let pages = [
+        (format!("/job?id={id}"), "<script>"),
+        ("/jobs".to_string(), "<script>"),
+        ("/".to_string(), "<img src=x"),
+        (format!("/jobs?kind={}", urlencode(SCRIPT)), "<script>"),
+    ];
+    for (path, literal) in &pages {
+        scene.open(path);
+        let untouched = scene
+            .browser
+            .execute("return window.__pwned === undefined", json!([]));
+        assert_eq!(untouched, json!(true), "{path} ran injected script");
+        assert!(
+            scene.browser.find_all("img[src=x]").is_empty(),
+            "{path} has an injected <img>"
+        );
+        let text = scene.browser.page_text();
+        assert!(
+            text.contains(literal),
+            "{path} does not show {literal}:\n{text}"
+        );
+    }
+    // The job page shows each hostile text whole, where it belongs.
+    scene.open(&format!("/job?id={id}"));
+    let fields = scene.browser.text(&scene.browser.find("#job-fields"));
+    assert!(fields.contains(SCRIPT), "{fields}");
+    let payload = scene.browser.text(&scene.browser.find("#payload"));
+    assert!(payload.contains(&format!("{SCRIPT}{IMG}")), "{payload}");
+    let errors = scene.browser.text(&scene.browser.find("#errors"));
+    assert!(errors.contains(&format!("{IMG} then {SCRIPT}")), "{errors}");
+    // The hostile queue's link leads to its page.
+    scene.open("/");
+    let link = scene.browser.find("#queues tr[data-queue^=q] a");
+    scene.browser.click(&link);
+    scene
+        .browser
+        .wait_for_url("the queue's page", |url| url.contains("/queue?name=q"));
+    assert_eq!(
+        scene.browser.text(&scene.browser.find("main h1")),
+        format!("Queue q{IMG}")
+    );
+}
+
+fn urlencode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Builds and submits a POST form to `action` with `fields` from the page (as a forged page
+/// would, minus the cross-site headers), and waits for the answer's page.
+fn submit(scene: &Scene, action: &str, fields: serde_json::Value) {
+    scene.browser.execute(
+        "var form = document.createElement('form');
+         form.method = 'post';
+         form.action = arguments[0];
+         for (var name in arguments[1]) {
+           var input = document.createElement('input');
+           input.type = 'hidden';
+           input.name = name;
+           input.value = arguments[1][name];
+           form.appendChild(input);
+         }
+         document.body.appendChild(form);
+         form.submit();",
+        json!([action, fields]),
+    );
+}
+
+/// The HTTP status of the page now shown, once it is the answer to a POST to `action`.
+fn answered_status(scene: &Scene, action: &str) -> i64 {
+    scene
+        .browser
+        .wait_for_url(action, |url| url.ends_with(action));
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let status = scene.browser.execute(
+            "var nav = performance.getEntriesByType('navigation')[0];
+             return document.readyState === 'complete' && nav ? nav.responseStatus : 0;",
+            json!([]),
+        );
+        if let Some(status) = status.as_i64().filter(|status| *status != 0) {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no answer to the POST to {action}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_post_without_its_csrf_token_is_refused() {
+    let (scene, id) = Scene::new(|conn| {
+        jobs::enqueue(conn, &NewJob::new("mail", "welcome", vec![]))
+            .unwrap()
+            .id
+    });
+    scene.open(&format!("/job?id={id}"));
+    submit(&scene, "/job/cancel", json!({ "id": id.to_string() }));
+    assert_eq!(answered_status(&scene, "/job/cancel"), 403);
+    let text = scene.browser.page_text();
+    assert!(text.contains("CSRF"), "{text}");
+    let job = jobs::get(&mut scene.conn(), id).unwrap().unwrap();
+    assert_eq!(job.state, JobState::Waiting);
+    assert!(job.cancel_requested_at.is_none());
+
+    scene.open("/queue?name=mail");
+    submit(&scene, "/queue/pause", json!({ "name": "mail" }));
+    assert_eq!(answered_status(&scene, "/queue/pause"), 403);
+    assert!(!jobs::is_paused(&mut scene.conn(), "mail").unwrap());
+
+    // The same forged form with the page's token goes through: the token alone made the
+    // difference.
+    scene.open(&format!("/job?id={id}"));
+    let token = scene
+        .browser
+        .attribute(&scene.browser.find("input[name=csrf]"), "value")
+        .expect("the page's token");
+    submit(
+        &scene,
+        "/job/cancel",
+        json!({ "id": id.to_string(), "csrf": token }),
+    );
+    scene
+        .browser
+        .wait_for_url("done=cancelled", |url| url.contains("done=cancelled"));
+    assert_eq!(state(&mut scene.conn(), id), JobState::Cancelled);
+}
