@@ -43,7 +43,12 @@ impl Access {
         let from_file = |path: &Path, what: &str| {
             std::fs::read_to_string(path)
                 .map(|text| text.trim_end_matches(['\n', '\r']).to_string())
-                .map_err(|e| Failure::new(2, format!("cannot read the {what} file {}: {e}", path.display())))
+                .map_err(|e| {
+                    Failure::new(
+                        2,
+                        format!("cannot read the {what} file {}: {e}", path.display()),
+                    )
+                })
         };
         let token = match sources.token_file {
             Some(path) => Some(from_file(path, "token")?),
@@ -201,10 +206,22 @@ mod tests {
 
     #[test]
     fn loopback_hosts() {
-        for host in ["localhost:8080", "127.0.0.1", "127.0.0.1:80", "[::1]:9", "LOCALHOST"] {
+        for host in [
+            "localhost:8080",
+            "127.0.0.1",
+            "127.0.0.1:80",
+            "[::1]:9",
+            "LOCALHOST",
+        ] {
             assert!(is_loopback_host(host), "{host}");
         }
-        for host in ["evil.example:8080", "10.0.0.1", "localhost.evil.example", "", "[::2]:1"] {
+        for host in [
+            "evil.example:8080",
+            "10.0.0.1",
+            "localhost.evil.example",
+            "",
+            "[::2]:1",
+        ] {
             assert!(!is_loopback_host(host), "{host}");
         }
     }

@@ -9,7 +9,8 @@ use tiny_http::{Header, Request, Response};
 const MAX_FORM_BYTES: u64 = 16 * 1024;
 
 /// Headers on every reply: no script, style or frame from anywhere else, no framing of
-/// these pages, no sniffing, no referrer, no caching (the pages show live data).
+/// these pages, no sniffing, no referrer to other sites, no caching (the pages show live
+/// data).
 const SECURITY_HEADERS: &[(&str, &str)] = &[
     (
         "Content-Security-Policy",
@@ -18,7 +19,9 @@ const SECURITY_HEADERS: &[(&str, &str)] = &[
     ),
     ("X-Frame-Options", "DENY"),
     ("X-Content-Type-Options", "nosniff"),
-    ("Referrer-Policy", "no-referrer"),
+    // Not `no-referrer`: under it Chromium posts a form to its own site with `Origin: null`,
+    // which the action check must refuse (sandboxed frames send it too).
+    ("Referrer-Policy", "same-origin"),
     ("Cache-Control", "no-store"),
     ("Cross-Origin-Opener-Policy", "same-origin"),
     ("Cross-Origin-Resource-Policy", "same-origin"),
@@ -108,10 +111,10 @@ impl Incoming {
         let (path, query) = url.split_once('?').unwrap_or((&url, ""));
         let fields = if post {
             let is_form = header(request, "Content-Type").is_some_and(|value| {
-                value
-                    .split(';')
-                    .next()
-                    .is_some_and(|kind| kind.trim().eq_ignore_ascii_case("application/x-www-form-urlencoded"))
+                value.split(';').next().is_some_and(|kind| {
+                    kind.trim()
+                        .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+                })
             });
             if !is_form {
                 return Err(Reply::text(415, "an action is an HTML form post"));
@@ -159,7 +162,10 @@ pub fn header<'r>(request: &'r Request, name: &str) -> Option<&'r str> {
 
 /// `path?name=value&...`, each value encoded.
 pub fn link(path: &str, fields: &[(&str, &str)]) -> String {
-    let fields: Vec<_> = fields.iter().filter(|(_, value)| !value.is_empty()).collect();
+    let fields: Vec<_> = fields
+        .iter()
+        .filter(|(_, value)| !value.is_empty())
+        .collect();
     if fields.is_empty() {
         return path.to_string();
     }

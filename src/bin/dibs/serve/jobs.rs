@@ -1,10 +1,10 @@
 //! The jobs: a filtered list paged by id (no OFFSET), one job's page, and the job actions
 //! (retry a dead job, cancel a live one).
 
-use diesel::prelude::*;
 use dibs::jobs::{self, Job, JobState};
 use dibs::schema::dibs_jobs;
 use dibs::{AnyConnection, Error};
+use diesel::prelude::*;
 use maud::{Markup, html};
 
 use super::http::{Incoming, Reply, link};
@@ -215,9 +215,11 @@ fn shown_bytes(bytes: &[u8]) -> Markup {
         .flatten();
     let text = if let Some(value) = pretty {
         serde_json::to_string_pretty(&value).unwrap_or_default()
-    } else if let Some(text) = cut_text
-        .filter(|text| !text.chars().any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t')))
-    {
+    } else if let Some(text) = cut_text.filter(|text| {
+        !text
+            .chars()
+            .any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
+    }) {
         // Text without control characters (a NUL or an escape is shown as bytes).
         text.to_string()
     } else {
@@ -250,7 +252,13 @@ pub fn job_page(
         let content = html! { p #missing { "No job " (id) " (never enqueued, or pruned)." } };
         return Ok(Reply::html(
             404,
-            page(dashboard, Section::Jobs, &format!("Job {id}"), None, content),
+            page(
+                dashboard,
+                Section::Jobs,
+                &format!("Job {id}"),
+                None,
+                content,
+            ),
         ));
     };
     let now = dibs::database_now(conn)?;
@@ -264,7 +272,7 @@ pub fn job_page(
         JobState::Blocked | JobState::Waiting | JobState::Running
     );
     let content = html! {
-        p.actions {
+        div.actions {
             (state_badge(job.state.as_str())) " "
             @if job.state == JobState::Dead {
                 (action(dashboard, "/job/retry", &[("id", &id_text)], "Retry", false))

@@ -126,7 +126,7 @@ pub fn thousands(n: u64) -> String {
 pub fn instant(at: DateTime<Utc>, now: DateTime<Utc>) -> Markup {
     html! {
         time datetime=(at.to_rfc3339()) title=(at.to_rfc3339()) {
-            (at.format("%Y-%m-%d %H:%M:%S")) " "
+            (at.format("%Y-%m-%d %H:%M:%S UTC")) " "
             span.relative { "(" (relative(at - now)) ")" }
         }
     }

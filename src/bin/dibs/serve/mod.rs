@@ -185,7 +185,10 @@ fn respond(dashboard: &Dashboard, request: &mut Request) -> Reply {
         if let Err(reply) = check_action(dashboard, request, &incoming) {
             return reply;
         }
-    } else if !matches!(request.method(), tiny_http::Method::Get | tiny_http::Method::Head) {
+    } else if !matches!(
+        request.method(),
+        tiny_http::Method::Get | tiny_http::Method::Head
+    ) {
         return Reply::text(405, "only GET, HEAD and POST");
     }
     match incoming.path.as_str() {
@@ -205,11 +208,16 @@ fn respond(dashboard: &Dashboard, request: &mut Request) -> Reply {
 
 /// An action must come from a page of this dashboard: a form post with its CSRF token, from
 /// no other origin, and not when read-only.
-fn check_action(dashboard: &Dashboard, request: &Request, incoming: &Incoming) -> Result<(), Reply> {
+fn check_action(
+    dashboard: &Dashboard,
+    request: &Request,
+    incoming: &Incoming,
+) -> Result<(), Reply> {
     if dashboard.read_only {
         return Err(Reply::text(403, "read-only: actions are refused"));
     }
-    if header(request, "Sec-Fetch-Site").is_some_and(|site| site.eq_ignore_ascii_case("cross-site")) {
+    if header(request, "Sec-Fetch-Site").is_some_and(|site| site.eq_ignore_ascii_case("cross-site"))
+    {
         return Err(Reply::text(403, "an action from another site is refused"));
     }
     if let (Some(origin), Some(host)) = (header(request, "Origin"), header(request, "Host")) {
@@ -233,7 +241,11 @@ fn check_action(dashboard: &Dashboard, request: &Request, incoming: &Incoming) -
     Ok(())
 }
 
-fn route(dashboard: &Dashboard, conn: &mut AnyConnection, incoming: &Incoming) -> Result<Reply, Error> {
+fn route(
+    dashboard: &Dashboard,
+    conn: &mut AnyConnection,
+    incoming: &Incoming,
+) -> Result<Reply, Error> {
     let notice = notice(incoming);
     let notice = notice.as_deref();
     let path = incoming.path.as_str();
@@ -262,7 +274,10 @@ fn route(dashboard: &Dashboard, conn: &mut AnyConnection, incoming: &Incoming) -
 /// What an action did, said on the page it leads to: fixed texts chosen by a code (a link
 /// cannot put words of its own on the page).
 fn notice(incoming: &Incoming) -> Option<String> {
-    let n: u64 = incoming.field("n").and_then(|n| n.parse().ok()).unwrap_or(0);
+    let n: u64 = incoming
+        .field("n")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
     Some(match incoming.field("done")? {
         "queue-paused" => "Queue paused: claims skip it until it is resumed.".into(),
         "queue-resumed" => "Queue resumed.".into(),
@@ -284,7 +299,13 @@ fn not_found(dashboard: &Dashboard) -> Reply {
     let content = html! { p { "Nothing here. " a href="/" { "Back to the queues" } } };
     Reply::html(
         404,
-        layout::page(dashboard, layout::Section::Queues, "Not found", None, content),
+        layout::page(
+            dashboard,
+            layout::Section::Queues,
+            "Not found",
+            None,
+            content,
+        ),
     )
 }
 
@@ -296,7 +317,11 @@ fn error_page(dashboard: &Dashboard, error: &Error) -> Reply {
         tracing::warn!(target: "dibs::serve", "a page failed: {error}");
     }
     let content = html! { p.error #error { (error.to_string()) } };
-    let title = if status == 400 { "Bad request" } else { "Database error" };
+    let title = if status == 400 {
+        "Bad request"
+    } else {
+        "Database error"
+    };
     Reply::html(
         status,
         layout::page(dashboard, layout::Section::Queues, title, None, content),

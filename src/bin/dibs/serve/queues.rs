@@ -5,11 +5,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
-use diesel::prelude::*;
 use dibs::jobs::{self, JobState, QueueCounts};
 use dibs::schema::{dibs_jobs, dibs_queue_limits, dibs_queue_pauses};
 use dibs::sql_types::InstantValue;
 use dibs::{AnyConnection, Error};
+use diesel::prelude::*;
 use maud::{Markup, html};
 
 use super::http::{Incoming, Reply, link};
@@ -108,8 +108,9 @@ pub fn overview(
     let names = queue_names(conn)?;
     let paused = paused_queues(conn)?;
     let limits: BTreeMap<String, u32> = jobs::queue_limits(conn)?.into_iter().collect();
-    let bound = u32::try_from(names.len().max(1))
-        .map_or(MIN_BOUND, |queues| (COUNT_BUDGET / queues).clamp(MIN_BOUND, COUNT_BOUND));
+    let bound = u32::try_from(names.len().max(1)).map_or(MIN_BOUND, |queues| {
+        (COUNT_BUDGET / queues).clamp(MIN_BOUND, COUNT_BOUND)
+    });
     let mut rows = Vec::new();
     for name in &names {
         rows.push((name, jobs::queue_counts(conn, name, bound)?));
@@ -219,7 +220,11 @@ fn chart(completed: &[DateTime<Utc>], dead: &[DateTime<Utc>], now: DateTime<Utc>
     let mut bad = vec![0u64; minutes];
     completed.iter().filter_map(bucket).for_each(|i| ok[i] += 1);
     dead.iter().filter_map(bucket).for_each(|i| bad[i] += 1);
-    let top = (0..minutes).map(|i| ok[i] + bad[i]).max().unwrap_or(0).max(1);
+    let top = (0..minutes)
+        .map(|i| ok[i] + bad[i])
+        .max()
+        .unwrap_or(0)
+        .max(1);
     let (width, height, bar) = (620u64, 120u64, 20u64);
     let scale = |n: u64| n * (height - 20) / top;
     html! {
@@ -278,7 +283,7 @@ pub fn queue_page(
         ("Cancelled", JobState::Cancelled, counts.cancelled),
     ];
     let content = html! {
-        p {
+        div.actions {
             @if paused {
                 span.state.paused #queue-state { "paused" } " Claims skip this queue; enqueues still work. "
                 (action(dashboard, "/queue/resume", &[("name", name)], "Resume", false))

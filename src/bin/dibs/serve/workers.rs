@@ -2,9 +2,9 @@
 //! last seen free.
 
 use chrono::{DateTime, Utc};
-use diesel::prelude::*;
 use dibs::schema::dibs_workers;
 use dibs::{AnyConnection, Error};
+use diesel::prelude::*;
 use maud::html;
 
 use super::Dashboard;
@@ -16,7 +16,14 @@ const MAX_WORKERS: i64 = 500;
 
 /// `GET /workers`.
 pub fn list(dashboard: &Dashboard, conn: &mut AnyConnection) -> Result<Reply, Error> {
-    type Row = (i64, String, i64, DateTime<Utc>, DateTime<Utc>, Option<DateTime<Utc>>);
+    type Row = (
+        i64,
+        String,
+        i64,
+        DateTime<Utc>,
+        DateTime<Utc>,
+        Option<DateTime<Utc>>,
+    );
     let rows: Vec<Row> = dibs_workers::table
         .select((
             dibs_workers::id,
