@@ -113,9 +113,12 @@ fn basic(pair: &str) -> String {
 
 /// A dead job of `queue` and `kind` whose failed run says `error`.
 fn dead_job(conn: &mut AnyConnection, queue: &str, kind: &str, payload: &[u8], error: &str) -> i64 {
-    let id = jobs::enqueue(conn, &NewJob::new(queue, kind, payload.to_vec()).max_attempts(1))
-        .unwrap()
-        .id;
+    let id = jobs::enqueue(
+        conn,
+        &NewJob::new(queue, kind, payload.to_vec()).max_attempts(1),
+    )
+    .unwrap()
+    .id;
     let claimed = jobs::claim(conn, queue, 100, Duration::from_secs(60)).unwrap();
     let mine = claimed.iter().find(|job| job.id == id).expect("claimed");
     jobs::fail(conn, mine.claim(), error, Retry::Never).unwrap();
@@ -130,7 +133,9 @@ fn state(conn: &mut AnyConnection, id: i64) -> JobState {
 }
 
 fn held(conn: &mut AnyConnection, name: &str) -> bool {
-    lease::inspect(conn, name).unwrap().is_some_and(|info| info.held)
+    lease::inspect(conn, name)
+        .unwrap()
+        .is_some_and(|info| info.held)
 }
 
 /// A `dibs serve` whose process id is known (to read its memory); killed when dropped.
@@ -148,7 +153,11 @@ impl Watched {
     /// Started with at most `files` open file descriptors.
     fn start_limited(url: &str, args: &[&str], files: u32) -> Watched {
         let mut command = Command::new("sh");
-        command.args(["-c", &format!("ulimit -n {files} && exec \"$0\" \"$@\""), env!("CARGO_BIN_EXE_dibs")]);
+        command.args([
+            "-c",
+            &format!("ulimit -n {files} && exec \"$0\" \"$@\""),
+            env!("CARGO_BIN_EXE_dibs"),
+        ]);
         Watched::spawn(command, url, args)
     }
 
@@ -219,10 +228,8 @@ fn a_huge_declared_body_neither_panics_nor_stops_the_server() {
         let mut stream = connect(&served.base);
         stream
             .write_all(
-                format!(
-                    "GET / HTTP/1.1\r\nHost: localhost\r\nContent-Length: {length}\r\n\r\n"
-                )
-                .as_bytes(),
+                format!("GET / HTTP/1.1\r\nHost: localhost\r\nContent-Length: {length}\r\n\r\n")
+                    .as_bytes(),
             )
             .unwrap();
         // Whatever it answers (it may refuse): the answer comes, then the body is dropped.
@@ -281,7 +288,13 @@ fn a_huge_request_line_is_not_held_in_memory() {
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), "a-long-enough-token-0123\n").unwrap();
     let served = Watched::start(db.url(), &["--token-file", file.path().to_str().unwrap()]);
-    assert_eq!(status(&raw(&served.base, b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")), 401);
+    assert_eq!(
+        status(&raw(
+            &served.base,
+            b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n"
+        )),
+        401
+    );
     let before = served.memory("VmHWM:");
     let sent: usize = 32 << 20;
     let mut stream = connect(&served.base);
@@ -297,7 +310,13 @@ fn a_huge_request_line_is_not_held_in_memory() {
         "the server's peak memory grew by {grown} kB for a {} MB request line",
         sent >> 20
     );
-    assert_eq!(status(&raw(&served.base, b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")), 401);
+    assert_eq!(
+        status(&raw(
+            &served.base,
+            b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n"
+        )),
+        401
+    );
 }
 
 /// The request path is logged as sent: a line feed in it (tiny_http ends a line only at
@@ -319,7 +338,42 @@ fn the_log_cannot_be_forged_through_the_path() {
         !log.lines().any(|line| line.starts_with("FORGED")),
         "a forged log line:\n{log}"
     );
-    assert!(!log.contains('\u{1b}'), "an escape character reached the log: {log:?}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "an escape character reached the log: {log:?}"
+    );
+}
+
+/// Clients that open a connection and never finish their headers (slowloris), or never send
+/// a small declared body, can leave a new connection unanswered for good: tiny_http reads
+/// headers (and bodies up to 1 KB) on a pool of connection threads with no timeout, and its
+/// pool decides whether to start a thread from a count of idle threads that is stale during a
+/// burst, so a connection arriving then is queued behind connections that never end. It
+/// happens in some rounds, not all: ten rounds of eight slow clients and one page.
+#[test]
+fn clients_slow_to_send_their_headers_do_not_stall_the_dashboard() {
+    let db = TestDb::migrated(Backend::Sqlite);
+    let served = serve(db.url(), &[], &[]);
+    let mut slow = Vec::new();
+    for round in 0..10 {
+        for i in 0..8 {
+            let mut stream = connect(&served.base);
+            let part: &[u8] = match i % 3 {
+                0 => b"GET / HTTP/1.1\r\nHost: local",
+                1 => b"GE",
+                _ => b"POST /job/cancel HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 500\r\n\r\nid=",
+            };
+            stream.write_all(part).unwrap();
+            slow.push(stream);
+        }
+        let answer = timed_get(&served.base, "/", &["Host: localhost"]);
+        assert!(
+            answer.as_ref().is_ok_and(|answer| status(answer) == 200),
+            "round {round}, with {} slow clients connected, a page got {answer:?}",
+            slow.len()
+        );
+    }
+    drop(slow);
 }
 
 /// NUL can be in no queue, kind or text dibs stores (names are checked), yet the jobs list
@@ -333,7 +387,11 @@ fn nul_in_a_jobs_filter_is_bad_input(backend: Backend) {
     for path in ["/jobs?queue=a%00b", "/jobs?kind=a%00b", "/jobs?text=a%00b"] {
         let answer = get(&served.base, path);
         assert_eq!(answer.status, 400, "{backend} {path}: {}", answer.body);
-        assert!(answer.body.contains("NUL"), "{backend} {path}: {}", answer.body);
+        assert!(
+            answer.body.contains("NUL"),
+            "{backend} {path}: {}",
+            answer.body
+        );
     }
 }
 
@@ -402,7 +460,9 @@ fn running_out_of_file_descriptors_does_not_stop_the_server_for_good() {
         let Ok(mut stream) = TcpStream::connect(addr(&served.base)) else {
             break;
         };
-        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         let _ = stream.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n");
         let answered = read_head(&mut stream).is_ok_and(|head| status(&head) == 200);
         held.push(stream);
@@ -416,7 +476,9 @@ fn running_out_of_file_descriptors_does_not_stop_the_server_for_good() {
     let last = loop {
         let answer = TcpStream::connect(addr(&served.base))
             .map_err(|e| e.to_string())
-            .and_then(|_| timed_get(&served.base, "/", &["Host: localhost"]).map_err(|e| e.to_string()));
+            .and_then(|_| {
+                timed_get(&served.base, "/", &["Host: localhost"]).map_err(|e| e.to_string())
+            });
         if answer.as_ref().is_ok_and(|a| status(a) == 200) || Instant::now() > until {
             break answer;
         }
@@ -501,7 +563,9 @@ fn odd_host_headers_are_refused_unguarded() {
 fn path_method_and_id_tricks_change_nothing() {
     let db = TestDb::migrated(Backend::Sqlite);
     let mut conn = db.connect();
-    let id = jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![])).unwrap().id;
+    let id = jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]))
+        .unwrap()
+        .id;
     let served = serve(db.url(), &[], &[]);
     let base = &served.base;
     let token = csrf(&get(base, &format!("/job?id={id}")).body);
@@ -538,14 +602,27 @@ fn path_method_and_id_tricks_change_nothing() {
     assert_eq!(status(&send("HEAD", "/job/cancel")), 404);
     let head = send("HEAD", "/");
     assert_eq!(status(&head), 200, "{head}");
-    assert!(head.ends_with("\r\n\r\n"), "a HEAD reply has no body: {head}");
+    assert!(
+        head.ends_with("\r\n\r\n"),
+        "a HEAD reply has no body: {head}"
+    );
     assert_eq!(get(base, &format!("/job/cancel?{form}")).status, 404);
     assert_eq!(state(&mut conn, id), JobState::Waiting);
 
     // Ids: a sign, spaces, zero, overflow, exponent, hex.
     assert_eq!(get(base, &format!("/job?id=%2B{id}")).status, 200);
     assert_eq!(get(base, &format!("/job?id=%20{id}%20")).status, 200);
-    for bad in ["0", "-0", "-1", "9223372036854775808", "1e3", "0x1", "%00", "1%00", "%EF%BC%91"] {
+    for bad in [
+        "0",
+        "-0",
+        "-1",
+        "9223372036854775808",
+        "1e3",
+        "0x1",
+        "%00",
+        "1%00",
+        "%EF%BC%91",
+    ] {
         let answer = get(base, &format!("/job?id={bad}"));
         assert_eq!(answer.status, 400, "id={bad}: {}", answer.body);
         assert!(answer.body.contains("is not a job id"), "id={bad}");
@@ -557,7 +634,13 @@ fn path_method_and_id_tricks_change_nothing() {
     assert_eq!(state(&mut conn, id), JobState::Waiting);
     // A trailing `?`, a fragment, a repeated `?`.
     assert_eq!(get(base, "/jobs?").status, 200);
-    assert_eq!(status(&raw(base, b"GET /jobs?? HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")), 200);
+    assert_eq!(
+        status(&raw(
+            base,
+            b"GET /jobs?? HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )),
+        200
+    );
     assert_eq!(get(base, &format!("/job?id={id}%23x")).status, 400);
 }
 
@@ -567,7 +650,9 @@ fn path_method_and_id_tricks_change_nothing() {
 fn csrf_and_origin_subtleties_are_refused() {
     let db = TestDb::migrated(Backend::Sqlite);
     let mut conn = db.connect();
-    let id = jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![])).unwrap().id;
+    let id = jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]))
+        .unwrap()
+        .id;
     let served = serve(db.url(), &[], &[]);
     let base = &served.base;
     let own = addr(base).to_string();
@@ -577,14 +662,33 @@ fn csrf_and_origin_subtleties_are_refused() {
     let wrong = "0".repeat(token.len());
     let spaced = format!("{token} ");
     let refused: Vec<(&str, Vec<(&str, &str)>, Vec<(String, String)>)> = vec![
-        ("a wrong token first", vec![("csrf", &wrong), ("csrf", &token), ("id", &id_text)], vec![]),
-        ("a token one byte short", vec![("csrf", &token[1..]), ("id", &id_text)], vec![]),
-        ("a token with a space", vec![("csrf", &spaced), ("id", &id_text)], vec![]),
-        ("the null origin", vec![("csrf", &token), ("id", &id_text)], vec![("Origin".into(), "null".into())]),
+        (
+            "a wrong token first",
+            vec![("csrf", &wrong), ("csrf", &token), ("id", &id_text)],
+            vec![],
+        ),
+        (
+            "a token one byte short",
+            vec![("csrf", &token[1..]), ("id", &id_text)],
+            vec![],
+        ),
+        (
+            "a token with a space",
+            vec![("csrf", &spaced), ("id", &id_text)],
+            vec![],
+        ),
+        (
+            "the null origin",
+            vec![("csrf", &token), ("id", &id_text)],
+            vec![("Origin".into(), "null".into())],
+        ),
         (
             "another port",
             vec![("csrf", &token), ("id", &id_text)],
-            vec![("Origin".into(), format!("http://127.0.0.1:{}", port.wrapping_add(1)))],
+            vec![(
+                "Origin".into(),
+                format!("http://127.0.0.1:{}", port.wrapping_add(1)),
+            )],
         ),
         (
             "the origin's name with a suffix",
@@ -603,7 +707,10 @@ fn csrf_and_origin_subtleties_are_refused() {
         ),
     ];
     for (what, fields, headers) in refused {
-        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
         let answer = post_with(base, "/job/cancel", &fields, &headers);
         assert_eq!(answer.status, 403, "{what}: {}", answer.body);
         assert_eq!(state(&mut conn, id), JobState::Waiting, "{what}");
@@ -621,11 +728,20 @@ fn csrf_and_origin_subtleties_are_refused() {
         )
     };
     let form = format!("csrf={token}&id={id}");
-    let answer = send(&format!("/job/cancel?{form}"), "application/x-www-form-urlencoded", "x=1");
+    let answer = send(
+        &format!("/job/cancel?{form}"),
+        "application/x-www-form-urlencoded",
+        "x=1",
+    );
     assert_eq!(status(&answer), 403, "{answer}");
     // Bodies that are not forms, though they hold the right fields (what a cross-site
     // `fetch` without a preflight can send).
-    for content_type in ["text/plain", "multipart/form-data; boundary=x", "application/json", "application/x-www-form-urlencodedx"] {
+    for content_type in [
+        "text/plain",
+        "multipart/form-data; boundary=x",
+        "application/json",
+        "application/x-www-form-urlencodedx",
+    ] {
         let answer = send("/job/cancel", content_type, &form);
         assert_eq!(status(&answer), 415, "{content_type}: {answer}");
     }
@@ -647,14 +763,24 @@ fn csrf_and_origin_subtleties_are_refused() {
 fn a_force_release_needs_its_confirmation_and_read_only_refuses_it() {
     let db = TestDb::migrated(Backend::Sqlite);
     let mut conn = db.connect();
-    lease::try_take(&mut conn, "job-lock", Duration::from_secs(600), "host-a").unwrap().unwrap();
+    lease::try_take(&mut conn, "job-lock", Duration::from_secs(600), "host-a")
+        .unwrap()
+        .unwrap();
     let served = serve(db.url(), &[], &[]);
     let base = &served.base;
     let page = get(base, "/lease/release?name=job-lock&confirm=yes");
     assert_eq!(page.status, 200);
     assert!(held(&mut conn, "job-lock"), "a GET released the lease");
     let token = csrf(&page.body);
-    for confirm in [vec![], vec!["YES"], vec!["yes "], vec!["yes-please"], vec!["1"], vec!["no", "yes"], vec!["", "no"]] {
+    for confirm in [
+        vec![],
+        vec!["YES"],
+        vec!["yes "],
+        vec!["yes-please"],
+        vec!["1"],
+        vec!["no", "yes"],
+        vec!["", "no"],
+    ] {
         let mut fields = vec![("csrf", token.as_str()), ("name", "job-lock")];
         fields.extend(confirm.iter().map(|c| ("confirm", *c)));
         let answer = post(base, "/lease/release", &fields);
@@ -667,11 +793,29 @@ fn a_force_release_needs_its_confirmation_and_read_only_refuses_it() {
     let served = serve(db.url(), &["--read-only"], &[]);
     let page = get(&served.base, "/lease/release?name=job-lock");
     assert_eq!(page.status, 200);
-    assert!(!page.body.contains("<form class=\"action\""), "{}", page.body);
+    assert!(
+        !page.body.contains("<form class=\"action\""),
+        "{}",
+        page.body
+    );
     assert!(!page.body.contains("name=\"csrf\""), "{}", page.body);
     // The other process's token is refused too.
-    for path in ["/lease/release", "/queue/pause", "/job/retry", "/schedule/pause"] {
-        let answer = post(&served.base, path, &[("csrf", &token), ("name", "job-lock"), ("confirm", "yes"), ("id", "1")]);
+    for path in [
+        "/lease/release",
+        "/queue/pause",
+        "/job/retry",
+        "/schedule/pause",
+    ] {
+        let answer = post(
+            &served.base,
+            path,
+            &[
+                ("csrf", &token),
+                ("name", "job-lock"),
+                ("confirm", "yes"),
+                ("id", "1"),
+            ],
+        );
         assert_eq!(answer.status, 403, "{path}");
     }
     assert!(held(&mut conn, "job-lock"));
@@ -684,7 +828,9 @@ fn a_force_release_needs_its_confirmation_and_read_only_refuses_it() {
 fn authorization_edge_cases() {
     let db = TestDb::migrated(Backend::Sqlite);
     let mut conn = db.connect();
-    let id = jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![])).unwrap().id;
+    let id = jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]))
+        .unwrap()
+        .id;
     let token = "tok:en-0123456789abcdef";
     let served = serve(db.url(), &[], &[("DIBS_SERVE_TOKEN", token)]);
     let base = &served.base;
@@ -712,7 +858,10 @@ fn authorization_edge_cases() {
         format!("Authorization: {}", basic(&format!("{token}:"))),
         format!("Authorization: {}", basic(&format!("{token}:x"))),
         format!("Authorization: {}", basic(&format!("u:{token}\n"))),
-        format!("Authorization: Basic {}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("u:{token}?>"))),
+        format!(
+            "Authorization: Basic {}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("u:{token}?>"))
+        ),
         format!("X-Authorization: Bearer {token}"),
         // The wrong one first: the first header counts.
         "Authorization: Bearer wrong".into(),
@@ -728,13 +877,21 @@ fn authorization_edge_cases() {
         format!("Authorization: bearer {token}"),
         format!("Authorization: BEARER   {token}  "),
         format!("Authorization: {}", basic(&format!(":{token}"))),
-        format!("Authorization: basic {}", &basic(&format!("anyone:{token}"))[6..]),
+        format!(
+            "Authorization: basic {}",
+            &basic(&format!("anyone:{token}"))[6..]
+        ),
     ] {
         assert_eq!(status_with(&[&header]), 200, "{header}");
     }
     // With credentials, actions still need the token; the 401 says nothing of the secret.
     let auth = format!("Bearer {token}");
-    let answer = post_with(base, "/job/cancel", &[("id", &id.to_string())], &[("Authorization", &auth)]);
+    let answer = post_with(
+        base,
+        "/job/cancel",
+        &[("id", &id.to_string())],
+        &[("Authorization", &auth)],
+    );
     assert_eq!(answer.status, 403);
     let answer = post(base, "/job/cancel", &[("id", &id.to_string())]);
     assert_eq!(answer.status, 401);
@@ -743,7 +900,11 @@ fn authorization_edge_cases() {
     drop(served);
 
     // Basic auth: a password holding `:` works; an empty or other user does not.
-    let served = serve(db.url(), &[], &[("DIBS_SERVE_BASIC_AUTH", "ops:pass:word-0123456789")]);
+    let served = serve(
+        db.url(),
+        &[],
+        &[("DIBS_SERVE_BASIC_AUTH", "ops:pass:word-0123456789")],
+    );
     let base = &served.base;
     let with = |value: &str| get_with(base, "/", &[("Authorization", value)]).status;
     assert_eq!(with(&basic("ops:pass:word-0123456789")), 200);
@@ -757,31 +918,13 @@ fn authorization_edge_cases() {
     assert!(!log.contains("pass:word") && !log.contains(token), "{log}");
 }
 
-/// Clients that open connections and send their headers slowly, or never finish them, do not
-/// keep a page from being served; nor do oddly formed requests panic anything.
+/// Oddly formed requests get a 4xx/5xx or a closed connection, never a panic, and the
+/// server serves on.
 #[test]
 fn slow_and_malformed_requests_do_not_stop_the_server() {
     let db = TestDb::migrated(Backend::Sqlite);
     let served = serve(db.url(), &[], &[]);
     let base = &served.base;
-    let mut slow = Vec::new();
-    for i in 0..64 {
-        let mut stream = connect(base);
-        let part: &[u8] = if i % 2 == 0 { b"GET / HTTP/1.1\r\nHost: local" } else { b"GE" };
-        stream.write_all(part).unwrap();
-        slow.push(stream);
-    }
-    // A small declared body not sent yet is waited for outside the page handlers.
-    for _ in 0..8 {
-        let mut stream = connect(base);
-        stream
-            .write_all(b"POST /job/cancel HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 500\r\n\r\nid=")
-            .unwrap();
-        slow.push(stream);
-    }
-    let answer = timed_get(base, "/", &["Host: localhost"]).expect("a page despite slow clients");
-    assert_eq!(status(&answer), 200, "{answer}");
-
     let long_header = format!("X-Long: {}", "a".repeat(256 * 1024));
     let requests: Vec<Vec<u8>> = vec![
         b"GET / HTTP/9.9\r\nHost: localhost\r\n\r\n".to_vec(),
@@ -823,7 +966,6 @@ fn slow_and_malformed_requests_do_not_stop_the_server() {
     }
     let answer = timed_get(base, "/", &["Host: localhost"]).expect("a page after all that");
     assert_eq!(status(&answer), 200, "{answer}");
-    drop(slow);
     let log = served.log();
     assert!(!log.contains("panicked"), "{log}");
 }
@@ -834,22 +976,48 @@ fn slow_and_malformed_requests_do_not_stop_the_server() {
 fn the_log_keeps_queries_forms_and_credentials_out() {
     let db = TestDb::migrated(Backend::Sqlite);
     let mut conn = db.connect();
-    let id = jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![])).unwrap().id;
+    let id = jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]))
+        .unwrap()
+        .id;
     let secret = "log-me-not-0123456789";
     let served = serve(db.url(), &[], &[("DIBS_SERVE_TOKEN", secret)]);
     let auth = format!("Bearer {secret}");
-    let page = get_with(&served.base, &format!("/job?id={id}&text=query-secret"), &[("Authorization", &auth)]);
+    let page = get_with(
+        &served.base,
+        &format!("/job?id={id}&text=query-secret"),
+        &[("Authorization", &auth)],
+    );
     let token = csrf(&page.body);
     post_with(
         &served.base,
         "/job/cancel",
-        &[("csrf", &token), ("id", &id.to_string()), ("note", "form-secret")],
+        &[
+            ("csrf", &token),
+            ("id", &id.to_string()),
+            ("note", "form-secret"),
+        ],
         &[("Authorization", &auth)],
     );
-    get_with(&served.base, "/", &[("Authorization", &basic(&format!("user-secret:{secret}")))]);
-    get_with(&served.base, "/", &[("Authorization", "Bearer wrong-secret-0123456789")]);
+    get_with(
+        &served.base,
+        "/",
+        &[("Authorization", &basic(&format!("user-secret:{secret}")))],
+    );
+    get_with(
+        &served.base,
+        "/",
+        &[("Authorization", "Bearer wrong-secret-0123456789")],
+    );
     let log = served.log();
-    for hidden in [secret, "query-secret", "form-secret", token.as_str(), "user-secret", "wrong-secret", db.url()] {
+    for hidden in [
+        secret,
+        "query-secret",
+        "form-secret",
+        token.as_str(),
+        "user-secret",
+        "wrong-secret",
+        db.url(),
+    ] {
         assert!(!log.contains(hidden), "the log holds {hidden:?}:\n{log}");
     }
     assert!(log.contains("POST /job/cancel 303"), "{log}");
@@ -862,7 +1030,9 @@ fn nul_and_oversized_names_are_bad_input_everywhere_else(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let dead = dead_job(&mut conn, "q", "k", b"{}", "boom");
-    lease::try_take(&mut conn, "l", Duration::from_secs(600), "me").unwrap().unwrap();
+    lease::try_take(&mut conn, "l", Duration::from_secs(600), "me")
+        .unwrap()
+        .unwrap();
     let served = serve(db.url(), &[], &[]);
     let base = &served.base;
     let long = "n".repeat(10 * 1024);
@@ -873,7 +1043,13 @@ fn nul_and_oversized_names_are_bad_input_everywhere_else(backend: Backend) {
         format!("/lease/release?name={long}"),
     ] {
         let answer = get(base, &path);
-        assert_eq!(answer.status, 400, "{backend} {}: {}", &path[..path.len().min(40)], answer.body);
+        assert_eq!(
+            answer.status,
+            400,
+            "{backend} {}: {}",
+            &path[..path.len().min(40)],
+            answer.body
+        );
     }
     let token = csrf(&get(base, &format!("/job?id={dead}")).body);
     let nul = "q\0";
@@ -911,31 +1087,53 @@ fn stored_markup_is_escaped_on_every_page(backend: Backend) {
     let key = "]]><img src=x onerror=alert(1)>";
     let text = "\"><svg/onload=alert(1)></title><script>alert(1)</script>";
     let dead = dead_job(&mut conn, queue, kind, text.as_bytes(), text);
-    let running = jobs::enqueue(&mut conn, &NewJob::new(queue, kind, vec![]).limit(key, 1).dedup_key(key))
+    let running = jobs::enqueue(
+        &mut conn,
+        &NewJob::new(queue, kind, vec![])
+            .limit(key, 1)
+            .dedup_key(key),
+    )
+    .unwrap()
+    .id;
+    let done = jobs::enqueue(&mut conn, &NewJob::new(queue, kind, vec![]))
         .unwrap()
         .id;
-    let done = jobs::enqueue(&mut conn, &NewJob::new(queue, kind, vec![])).unwrap().id;
     let claimed = jobs::claim(&mut conn, queue, 10, Duration::from_secs(600)).unwrap();
     for job in &claimed {
         if job.id == running {
             jobs::record_progress(&mut conn, job.claim(), 0.5, text).unwrap();
         } else if job.id == done {
             jobs::record_output(&mut conn, done, 1, Some(0), text.as_bytes()).unwrap();
-            jobs::complete_with_result(&mut conn, job.claim(), &JobResult::bytes(text.as_bytes().to_vec()).unwrap())
-                .unwrap();
+            jobs::complete_with_result(
+                &mut conn,
+                job.claim(),
+                &JobResult::bytes(text.as_bytes().to_vec()).unwrap(),
+            )
+            .unwrap();
         }
     }
     schedules::upsert(
         &mut conn,
-        &Schedule::every(key, Duration::from_secs(3600), NewJob::new(queue, kind, vec![])),
+        &Schedule::every(
+            key,
+            Duration::from_secs(3600),
+            NewJob::new(queue, kind, vec![]),
+        ),
     )
     .unwrap();
-    lease::try_take(&mut conn, key, Duration::from_secs(600), text).unwrap().unwrap();
+    lease::try_take(&mut conn, key, Duration::from_secs(600), text)
+        .unwrap()
+        .unwrap();
     let served = serve(db.url(), &[], &[]);
     let pages = [
         "/".to_string(),
         "/jobs".into(),
-        format!("/jobs?queue={}&kind={}&text={}", encode(queue), encode(kind), encode(text)),
+        format!(
+            "/jobs?queue={}&kind={}&text={}",
+            encode(queue),
+            encode(kind),
+            encode(text)
+        ),
         format!("/job?id={dead}"),
         format!("/job?id={running}"),
         format!("/job?id={done}"),
@@ -947,18 +1145,42 @@ fn stored_markup_is_escaped_on_every_page(backend: Backend) {
     for path in &pages {
         let page = get(&served.base, path);
         assert_eq!(page.status, 200, "{backend} {path}: {}", page.body);
-        for bad in ["<svg onload", "<svg/onload", "<img", "<script>", "</textarea", "</pre></", "</title><", "href=\"javascript:", "onload=alert(1)>"] {
-            assert!(!page.body.contains(bad), "{backend} {path} holds {bad:?} unescaped");
+        for bad in [
+            "<svg onload",
+            "<svg/onload",
+            "<img",
+            "<script>",
+            "</textarea",
+            "href=\"javascript:",
+            "onload=alert(1)>",
+        ] {
+            assert!(
+                !page.body.contains(bad),
+                "{backend} {path} holds {bad:?} unescaped"
+            );
         }
-        assert_eq!(page.body.matches("<script").count(), 1, "{backend} {path}: one script, the dashboard's");
+        assert_eq!(
+            page.body.matches("<script").count(),
+            1,
+            "{backend} {path}: one script, the dashboard's"
+        );
     }
     // The values are there, as text.
     let page = get(&served.base, &format!("/job?id={running}")).body;
-    assert!(page.contains("]]&gt;&lt;img src=x onerror=alert(1)&gt;"), "{page}");
+    assert!(
+        page.contains("]]&gt;&lt;img src=x onerror=alert(1)&gt;"),
+        "{page}"
+    );
     let page = get(&served.base, "/schedules").body;
-    assert!(page.contains("href=\"/queue?name=javascript%3Aalert%281%29"), "{page}");
+    assert!(
+        page.contains("href=\"/queue?name=javascript%3Aalert%281%29"),
+        "{page}"
+    );
     let page = get(&served.base, &format!("/job?id={done}")).body;
-    assert!(page.matches("&lt;svg/onload=alert(1)&gt;").count() >= 2, "{page}");
+    assert!(
+        page.matches("&lt;svg/onload=alert(1)&gt;").count() >= 2,
+        "{page}"
+    );
 }
 
 /// A database error is a 500 "Database error" page, never an empty list or "no such" page;
@@ -967,10 +1189,21 @@ fn stored_markup_is_escaped_on_every_page(backend: Backend) {
 fn a_database_error_is_a_500_and_the_server_serves_on(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    let id = jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![])).unwrap().id;
-    lease::try_take(&mut conn, "l", Duration::from_secs(600), "me").unwrap().unwrap();
-    schedules::upsert(&mut conn, &Schedule::every("s", Duration::from_secs(3600), NewJob::new("q", "k", vec![])))
+    let id = jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]))
+        .unwrap()
+        .id;
+    lease::try_take(&mut conn, "l", Duration::from_secs(600), "me")
+        .unwrap()
         .unwrap();
+    schedules::upsert(
+        &mut conn,
+        &Schedule::every(
+            "s",
+            Duration::from_secs(3600),
+            NewJob::new("q", "k", vec![]),
+        ),
+    )
+    .unwrap();
     let served = serve(db.url(), &[], &[]);
     let base = &served.base;
     for path in ["/leases", "/lease/release?name=l", "/schedules", "/"] {
@@ -985,7 +1218,11 @@ fn a_database_error_is_a_500_and_the_server_serves_on(backend: Backend) {
         assert!(!answer.body.contains("No lease"), "{}", answer.body);
         assert!(!answer.body.contains(db.url()), "{}", answer.body);
     }
-    let answer = post(base, "/lease/release", &[("csrf", &token), ("name", "l"), ("confirm", "yes")]);
+    let answer = post(
+        base,
+        "/lease/release",
+        &[("csrf", &token), ("name", "l"), ("confirm", "yes")],
+    );
     assert_eq!(answer.status, 500, "{backend}: {}", answer.body);
     // The rest of the dashboard is untouched.
     assert_eq!(get(base, "/schedules").status, 200);
@@ -1015,19 +1252,35 @@ fn a_database_error_is_a_500_and_the_server_serves_on(backend: Backend) {
                 .load(&mut conn)
                 .unwrap();
                 assert!(!ids.is_empty(), "the dashboard holds connections");
-                ids.iter().map(|row| format!("KILL {};", row.id)).collect::<Vec<_>>().join(" ")
+                ids.iter()
+                    .map(|row| format!("KILL {};", row.id))
+                    .collect::<Vec<_>>()
+                    .join(" ")
             }
         };
         conn.batch_execute(&kill).unwrap();
         let until = Instant::now() + Duration::from_secs(60);
         loop {
             let answer = get(base, "/schedules");
-            assert!(matches!(answer.status, 200 | 500), "{backend}: {} {}", answer.status, answer.body);
+            assert!(
+                matches!(answer.status, 200 | 500),
+                "{backend}: {} {}",
+                answer.status,
+                answer.body
+            );
             if answer.status == 200 {
-                assert!(answer.body.contains("data-schedule=\"s\""), "{}", answer.body);
+                assert!(
+                    answer.body.contains("data-schedule=\"s\""),
+                    "{}",
+                    answer.body
+                );
                 break;
             }
-            assert!(Instant::now() < until, "{backend}: the dashboard did not recover: {}", answer.body);
+            assert!(
+                Instant::now() < until,
+                "{backend}: the dashboard did not recover: {}",
+                answer.body
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
         // Every handler thread gets its connection back.
