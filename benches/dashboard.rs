@@ -23,12 +23,12 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use diesel::connection::SimpleConnection;
-use diesel::prelude::*;
 use dibs::jobs::{self, JobState, NewJob};
 use dibs::schema::dibs_jobs;
 use dibs::sql_types::InstantValue;
 use dibs::{Backend, lease};
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
 
 use support::{BenchDb, percentile};
 
@@ -104,7 +104,10 @@ fn fill(db: &BenchDb, n: i64) -> i64 {
     let completed_end = at(0.80);
     let slice = (completed_end - first) / 30 + 1;
     for minute in 0..30 {
-        let (from, to) = (first + minute * slice, (first + (minute + 1) * slice).min(completed_end));
+        let (from, to) = (
+            first + minute * slice,
+            (first + (minute + 1) * slice).min(completed_end),
+        );
         let finished = now - chrono::Duration::minutes(29 - minute) - chrono::Duration::seconds(30);
         diesel::update(dibs_jobs::table.filter(dibs_jobs::id.ge(from).and(dibs_jobs::id.lt(to))))
             .set((
@@ -117,32 +120,53 @@ fn fill(db: &BenchDb, n: i64) -> i64 {
             .expect("complete");
     }
     let (dead_end, cancelled_end) = (at(0.85), at(0.86));
-    diesel::update(dibs_jobs::table.filter(dibs_jobs::id.ge(completed_end).and(dibs_jobs::id.lt(dead_end))))
-        .set((
-            dibs_jobs::state.eq(JobState::Dead),
-            dibs_jobs::attempt.eq(dibs_jobs::max_attempts),
-            dibs_jobs::finished_at.eq(InstantValue(now - chrono::Duration::minutes(5))),
-            dibs_jobs::last_error.eq("timeout after 30s talking to the upstream"),
-        ))
-        .execute(&mut conn)
-        .expect("dead");
-    diesel::update(dibs_jobs::table.filter(dibs_jobs::id.ge(dead_end).and(dibs_jobs::id.lt(cancelled_end))))
-        .set((
-            dibs_jobs::state.eq(JobState::Cancelled),
-            dibs_jobs::finished_at.eq(InstantValue(now - chrono::Duration::minutes(7))),
-        ))
-        .execute(&mut conn)
-        .expect("cancelled");
+    diesel::update(
+        dibs_jobs::table.filter(
+            dibs_jobs::id
+                .ge(completed_end)
+                .and(dibs_jobs::id.lt(dead_end)),
+        ),
+    )
+    .set((
+        dibs_jobs::state.eq(JobState::Dead),
+        dibs_jobs::attempt.eq(dibs_jobs::max_attempts),
+        dibs_jobs::finished_at.eq(InstantValue(now - chrono::Duration::minutes(5))),
+        dibs_jobs::last_error.eq("timeout after 30s talking to the upstream"),
+    ))
+    .execute(&mut conn)
+    .expect("dead");
+    diesel::update(
+        dibs_jobs::table.filter(
+            dibs_jobs::id
+                .ge(dead_end)
+                .and(dibs_jobs::id.lt(cancelled_end)),
+        ),
+    )
+    .set((
+        dibs_jobs::state.eq(JobState::Cancelled),
+        dibs_jobs::finished_at.eq(InstantValue(now - chrono::Duration::minutes(7))),
+    ))
+    .execute(&mut conn)
+    .expect("cancelled");
     for queue in QUEUES {
         jobs::claim(&mut conn, queue, 25, Duration::from_secs(3600)).expect("claim");
     }
-    lease::try_take(&mut conn, "nightly-backup", Duration::from_secs(3600), "host-a")
-        .expect("lease");
+    lease::try_take(
+        &mut conn,
+        "nightly-backup",
+        Duration::from_secs(3600),
+        "host-a",
+    )
+    .expect("lease");
     match dibs::DibsConnection::backend(&mut conn) {
         // What autovacuum does after such updates (this machine's PostgreSQL has it off):
         // without it every index still holds each job's first version.
-        Backend::Postgres => conn.batch_execute("VACUUM ANALYZE dibs_jobs").expect("vacuum"),
-        Backend::Mysql => conn.batch_execute("ANALYZE TABLE dibs_jobs").expect("analyze"),
+        Backend::Postgres => conn
+            .batch_execute("VACUUM ANALYZE dibs_jobs")
+            .expect("vacuum"),
+        Backend::Mysql => conn
+            .batch_execute("ANALYZE TABLE dibs_jobs")
+            .expect("analyze"),
         _ => {}
     }
     eprintln!("  filled {n} jobs in {:.0?}", started.elapsed());
@@ -158,12 +182,18 @@ fn fetch(base: &str, path: &str) -> u16 {
     let mut stream = std::net::TcpStream::connect(address).expect("connect");
     stream.set_nodelay(true).expect("nodelay");
     stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n").as_bytes())
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
         .expect("send");
     let mut reply = Vec::new();
     stream.read_to_end(&mut reply).expect("read");
     let head = String::from_utf8_lossy(&reply[..reply.len().min(16)]).to_string();
-    head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+    head.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 fn main() {
@@ -176,7 +206,15 @@ fn main() {
         let db = BenchDb::new(backend);
         let middle = fill(&db, options.jobs);
         let mut child = Command::new(env!("CARGO_BIN_EXE_dibs"))
-            .args(["--database-url", db.url(), "serve", "--listen", "127.0.0.1:0", "--threads", "1"])
+            .args([
+                "--database-url",
+                db.url(),
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--threads",
+                "1",
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -197,14 +235,20 @@ fn main() {
             ("jobs, newest", "/jobs".to_string()),
             ("jobs, dead", "/jobs?state=dead".to_string()),
             ("jobs, a page deep", format!("/jobs?before={middle}")),
-            ("jobs, rare filter", "/jobs?queue=sync&kind=pull&state=cancelled".to_string()),
+            (
+                "jobs, rare filter",
+                "/jobs?queue=sync&kind=pull&state=cancelled".to_string(),
+            ),
             ("jobs, text", "/jobs?text=upstream".to_string()),
             ("one job", format!("/job?id={middle}")),
             ("leases", "/leases".to_string()),
             ("schedules", "/schedules".to_string()),
             ("workers", "/workers".to_string()),
         ];
-        println!("\n{backend}:\n  {:<20} {:>8} {:>8} {:>8}", "page", "p50", "p95", "max");
+        println!(
+            "\n{backend}:\n  {:<20} {:>8} {:>8} {:>8}",
+            "page", "p50", "p95", "max"
+        );
         for (name, path) in &pages {
             let mut times = Vec::new();
             for i in 0..=options.samples {

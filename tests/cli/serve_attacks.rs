@@ -211,13 +211,13 @@ impl Drop for Watched {
 }
 
 // ---------------------------------------------------------------------------------------
-// Broken promises (these fail until the code is fixed).
+// Promises first broken by the HTTP server dibs used before its own (tiny_http 0.12): each
+// of these failed with it.
 // ---------------------------------------------------------------------------------------
 
-/// A request that declares an enormous body kills the handler thread that answered it:
-/// tiny_http drains an unread body when the request is dropped, and first allocates a buffer
-/// the size of what is left (`vec![0; remaining]`): past `isize::MAX` that panics ("capacity
-/// overflow"), around a terabyte the allocation fails and the process aborts. Any client can
+/// A request that declares an enormous body must not kill the thread that answers it (the
+/// old server drained an unread body into a buffer the size of what was left: past
+/// `isize::MAX` a panic, around a terabyte an abort). Any client can
 /// send it, before any credential is checked. With one handler thread, one request is enough
 /// to stop the dashboard.
 #[test]
@@ -248,10 +248,10 @@ fn a_huge_declared_body_neither_panics_nor_stops_the_server() {
     }
 }
 
-/// A client that declares a body and never sends it holds a handler thread for as long as
-/// it keeps the connection open: tiny_http drains the unread body after the reply, with no
-/// timeout. `--threads` such clients (4 by default) stop every page, and on a guarded server
-/// they need no credentials (the 401 reply is followed by the same drain).
+/// Clients that declare a body and never send it, or send too large a body, must not hold
+/// the threads every page needs: a body over the limit is refused before it is read, and
+/// a body that does not come holds only a reader thread, until its deadline. On a guarded
+/// server they need no credentials to try.
 #[test]
 fn clients_that_never_send_their_body_do_not_stall_the_dashboard() {
     let db = TestDb::migrated(Backend::Sqlite);
@@ -264,7 +264,16 @@ fn clients_that_never_send_their_body_do_not_stall_the_dashboard() {
             .write_all(b"GET / HTTP/1.1\r\nHost: anywhere\r\nContent-Length: 100000\r\n\r\n")
             .unwrap();
         let head = read_head(&mut stream).expect("the refusal");
-        assert_eq!(status(&head), 401, "{head}");
+        assert!(matches!(status(&head), 401 | 413), "{head}");
+        stalled.push(stream);
+    }
+    for _ in 0..8 {
+        let mut stream = connect(&served.base);
+        stream
+            .write_all(
+                b"POST /job/cancel HTTP/1.1\r\nHost: anywhere\r\nContent-Length: 1000\r\n\r\nid=",
+            )
+            .unwrap();
         stalled.push(stream);
     }
     let answer = timed_get(
@@ -274,14 +283,14 @@ fn clients_that_never_send_their_body_do_not_stall_the_dashboard() {
     );
     assert!(
         answer.as_ref().is_ok_and(|answer| status(answer) == 200),
-        "with 4 unauthenticated clients holding their bodies back, the dashboard answered \
+        "with 12 unauthenticated clients holding their bodies back, the dashboard answered \
          {answer:?}"
     );
     drop(stalled);
 }
 
-/// A request line is read whole into memory, however long (tiny_http has no limit), before
-/// any check: an unauthenticated client makes the server hold as much memory as it sends.
+/// A request line must not be read whole into memory, however long, before any check: an
+/// unauthenticated client must not make the server hold as much memory as it sends.
 #[test]
 fn a_huge_request_line_is_not_held_in_memory() {
     let db = TestDb::migrated(Backend::Sqlite);
@@ -319,9 +328,8 @@ fn a_huge_request_line_is_not_held_in_memory() {
     );
 }
 
-/// The request path is logged as sent: a line feed in it (tiny_http ends a line only at
-/// CRLF) writes a line of the attacker's choosing into the log, and an escape character
-/// reaches the terminal that shows it.
+/// The request path must not forge log lines: a line feed in it (the old server ended a
+/// line only at CRLF) wrote a line of the attacker's choosing into the log.
 #[test]
 fn the_log_cannot_be_forged_through_the_path() {
     let db = TestDb::migrated(Backend::Sqlite);
@@ -331,9 +339,9 @@ fn the_log_cannot_be_forged_through_the_path() {
         b"GET /nowhere\nFORGED\tdibs::serve:\tPOST\t/lease/release\t303\x1b[2J HTTP/1.1\r\n\
           Host: localhost\r\nConnection: close\r\n\r\n",
     );
-    assert_eq!(status(&answer), 404, "{answer}");
+    // Refused (a line feed alone does not end a line) or not found; never a forged line.
+    assert!(matches!(status(&answer), 400 | 404), "{answer}");
     let log = served.log();
-    assert!(log.contains("404"), "{log}");
     assert!(
         !log.lines().any(|line| line.starts_with("FORGED")),
         "a forged log line:\n{log}"
@@ -345,11 +353,10 @@ fn the_log_cannot_be_forged_through_the_path() {
 }
 
 /// Clients that open a connection and never finish their headers (slowloris), or never send
-/// a small declared body, can leave a new connection unanswered for good: tiny_http reads
-/// headers (and bodies up to 1 KB) on a pool of connection threads with no timeout, and its
-/// pool decides whether to start a thread from a count of idle threads that is stale during a
-/// burst, so a connection arriving then is queued behind connections that never end. It
-/// happens in some rounds, not all: ten rounds of eight slow clients and one page.
+/// a small declared body, must not leave a new connection unanswered (the old server read
+/// them on a pool of threads with no timeout, and a connection arriving in a burst could
+/// queue behind ones that never end: in some rounds, not all, so ten rounds of eight slow
+/// clients and one page).
 #[test]
 fn clients_slow_to_send_their_headers_do_not_stall_the_dashboard() {
     let db = TestDb::migrated(Backend::Sqlite);
@@ -423,10 +430,8 @@ fn a_host_that_only_starts_like_a_loopback_address_is_refused() {
     }
 }
 
-/// A request line saying HTTP/2.0 (or 3.0) is never answered and its connection never
-/// closed, even after the client has gone: tiny_http writes its 505 through a writer that
-/// waits for the request's own reply, which is sent only when the request is dropped, after
-/// the 505 (a deadlock). Each such request keeps a thread and a file descriptor for good.
+/// A request line saying HTTP/2.0 (or 3.0) must be answered and closed (the old server
+/// deadlocked on it, keeping a thread and a file descriptor for good).
 #[test]
 fn an_http2_request_line_gets_an_answer_and_a_close() {
     let db = TestDb::migrated(Backend::Sqlite);
@@ -447,10 +452,9 @@ fn an_http2_request_line_gets_an_answer_and_a_close() {
     }
 }
 
-/// When the process runs out of file descriptors (many connections held open at once), the
-/// dashboard stops for good: tiny_http's accept loop ends at the first accept error and
-/// drops the listening socket, and nothing notices (the process stays up, refusing every
-/// connection). Once the connections are gone, it should serve again.
+/// When the process runs out of file descriptors (many connections held open at once,
+/// each sending a request that never ends), the dashboard must serve again once they are
+/// gone: an accept error is waited out, never the end of the server.
 #[test]
 fn running_out_of_file_descriptors_does_not_stop_the_server_for_good() {
     let db = TestDb::migrated(Backend::Sqlite);
@@ -460,17 +464,10 @@ fn running_out_of_file_descriptors_does_not_stop_the_server_for_good() {
         let Ok(mut stream) = TcpStream::connect(addr(&served.base)) else {
             break;
         };
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        let _ = stream.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n");
-        let answered = read_head(&mut stream).is_ok_and(|head| status(&head) == 200);
+        let _ = stream.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n");
         held.push(stream);
-        if !answered {
-            break;
-        }
     }
-    assert!(held.len() < 200, "64 descriptors held 200 connections?");
+    assert!(held.len() > 64, "only {} connections were made", held.len());
     drop(held);
     let until = Instant::now() + PATIENCE;
     let last = loop {
@@ -489,6 +486,9 @@ fn running_out_of_file_descriptors_does_not_stop_the_server_for_good() {
         "after the connections closed, the dashboard answered {last:?}; the log:\n{}",
         served.log()
     );
+    // The attack did what it is for: the server ran out of descriptors, and went on.
+    let log = served.log();
+    assert!(log.contains("cannot accept a connection"), "{log}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -661,7 +661,8 @@ fn csrf_and_origin_subtleties_are_refused() {
     let id_text = id.to_string();
     let wrong = "0".repeat(token.len());
     let spaced = format!("{token} ");
-    let refused: Vec<(&str, Vec<(&str, &str)>, Vec<(String, String)>)> = vec![
+    type Refusal<'a> = (&'a str, Vec<(&'a str, &'a str)>, Vec<(String, String)>);
+    let refused: Vec<Refusal> = vec![
         (
             "a wrong token first",
             vec![("csrf", &wrong), ("csrf", &token), ("id", &id_text)],

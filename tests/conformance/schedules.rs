@@ -579,7 +579,11 @@ fn a_schedule_lists_the_tick_before_its_next(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let job = || NewJob::new("q", "k", vec![]);
-    schedules::upsert(&mut conn, &Schedule::every("every", Duration::from_secs(90), job())).unwrap();
+    schedules::upsert(
+        &mut conn,
+        &Schedule::every("every", Duration::from_secs(90), job()),
+    )
+    .unwrap();
     schedules::upsert(
         &mut conn,
         &Schedule::cron("hourly", "15 * * * *", job()).time_zone("Asia/Kolkata"),

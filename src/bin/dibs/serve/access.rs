@@ -187,16 +187,35 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// `localhost`, `127.x.x.x` or `[::1]`, with or without a port.
+/// `localhost`, `127.x.x.x` or `[::1]`, with or without a port (digits), and nothing else.
 fn is_loopback_host(host: &str) -> bool {
-    let name = if let Some(rest) = host.strip_prefix('[') {
-        rest.split(']').next().unwrap_or("")
+    let port_ok = |port: &str| !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit());
+    let (name, port) = if let Some(rest) = host.strip_prefix('[') {
+        let Some((inside, after)) = rest.split_once(']') else {
+            return false;
+        };
+        match after.strip_prefix(':') {
+            Some(port) => (inside, Some(port)),
+            None if after.is_empty() => (inside, None),
+            None => return false,
+        }
     } else {
-        host.rsplit_once(':').map_or(host, |(name, _)| name)
+        match host.split_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (host, None),
+        }
     };
+    if port.is_some_and(|port| !port_ok(port)) {
+        return false;
+    }
+    if host.starts_with('[') {
+        return name
+            .parse::<std::net::Ipv6Addr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    }
     name.eq_ignore_ascii_case("localhost")
         || name
-            .parse::<std::net::IpAddr>()
+            .parse::<std::net::Ipv4Addr>()
             .is_ok_and(|ip| ip.is_loopback())
 }
 

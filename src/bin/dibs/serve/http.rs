@@ -1,17 +1,13 @@
 //! Requests in, replies out: query and form fields, and the headers every reply carries.
 
-use std::io::Read;
-
 use maud::Markup;
-use tiny_http::{Header, Request, Response};
 
-/// The largest form body read (an action's fields are a few hundred bytes).
-const MAX_FORM_BYTES: u64 = 16 * 1024;
+use super::server::Request;
 
 /// Headers on every reply: no script, style or frame from anywhere else, no framing of
 /// these pages, no sniffing, no referrer to other sites, no caching (the pages show live
 /// data).
-const SECURITY_HEADERS: &[(&str, &str)] = &[
+pub const SECURITY_HEADERS: &[(&str, &str)] = &[
     (
         "Content-Security-Policy",
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
@@ -75,24 +71,6 @@ impl Reply {
             headers: Vec::new(),
         }
     }
-
-    /// Sends it, with the security headers; a client gone is not an error here.
-    pub fn send(self, request: Request) {
-        let mut response = Response::from_data(self.body).with_status_code(self.status);
-        let mut add = |name: &str, value: &str| {
-            if let Ok(header) = Header::from_bytes(name.as_bytes(), value.as_bytes()) {
-                response.add_header(header);
-            }
-        };
-        add("Content-Type", self.content_type);
-        for (name, value) in SECURITY_HEADERS {
-            add(name, value);
-        }
-        for (name, value) in &self.headers {
-            add(name, value);
-        }
-        let _ = request.respond(response);
-    }
 }
 
 /// A request's method, path and fields (query string, or form body for a POST).
@@ -103,14 +81,16 @@ pub struct Incoming {
 }
 
 impl Incoming {
-    /// Reads what a handler needs of `request`: the form body of a POST (at most
-    /// `MAX_FORM_BYTES`), else the query string. `None` for a body too long or not a form.
-    pub fn read(request: &mut Request) -> Result<Incoming, Reply> {
-        let post = *request.method() == tiny_http::Method::Post;
-        let url = request.url().to_string();
-        let (path, query) = url.split_once('?').unwrap_or((&url, ""));
+    /// What a handler needs of `request`: the fields of a POST's form body, else of the
+    /// query string. A POST whose body is not a form is refused.
+    pub fn read(request: &Request) -> Result<Incoming, Reply> {
+        let post = request.method == "POST";
+        let (path, query) = request
+            .target
+            .split_once('?')
+            .unwrap_or((&request.target, ""));
         let fields = if post {
-            let is_form = header(request, "Content-Type").is_some_and(|value| {
+            let is_form = request.header("Content-Type").is_some_and(|value| {
                 value.split(';').next().is_some_and(|kind| {
                     kind.trim()
                         .eq_ignore_ascii_case("application/x-www-form-urlencoded")
@@ -119,15 +99,7 @@ impl Incoming {
             if !is_form {
                 return Err(Reply::text(415, "an action is an HTML form post"));
             }
-            let mut body = Vec::new();
-            let read = request
-                .as_reader()
-                .take(MAX_FORM_BYTES + 1)
-                .read_to_end(&mut body);
-            if read.is_err() || body.len() as u64 > MAX_FORM_BYTES {
-                return Err(Reply::text(413, "the form is too large"));
-            }
-            parse(&body)
+            parse(&request.body)
         } else {
             parse(query.as_bytes())
         };
@@ -149,15 +121,6 @@ impl Incoming {
 
 fn parse(bytes: &[u8]) -> Vec<(String, String)> {
     form_urlencoded::parse(bytes).into_owned().collect()
-}
-
-/// The value of header `name`, if present once or more (the first).
-pub fn header<'r>(request: &'r Request, name: &str) -> Option<&'r str> {
-    request
-        .headers()
-        .iter()
-        .find(|h| h.field.as_str().as_str().eq_ignore_ascii_case(name))
-        .map(|h| h.value.as_str())
 }
 
 /// `path?name=value&...`, each value encoded.

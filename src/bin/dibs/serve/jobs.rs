@@ -79,6 +79,10 @@ pub fn list(
                 format!("longer than {} bytes", dibs::MAX_NAME_BYTES),
             ));
         }
+        // No stored name holds one, and PostgreSQL refuses it in text.
+        if value.is_some_and(|v| v.contains('\0')) {
+            return Err(invalid(field, "must not contain a NUL character"));
+        }
     }
     // Past the newest job, a page would find nothing and offer to look further: start at
     // the newest instead.
@@ -177,8 +181,7 @@ pub fn list(
             }
             @if let Some(next) = next {
                 @let next = next.to_string();
-                @let mut fields = filters.to_vec();
-                @let _ = fields.push(("before", next.as_str()));
+                @let fields = [filters.as_slice(), &[("before", next.as_str())]].concat();
                 a #older href=(link("/jobs", &fields)) { "Older" }
                 @if (found.len() as i64) < PAGE {
                     span.muted { "This page looked through " (thousands(WINDOW as u64)) " ids; older ones may match." }

@@ -1,5 +1,5 @@
 //! `dibs serve`: a dashboard in the browser, served by a small blocking HTTP server
-//! (tiny_http) on a few threads, each page rendered on the server from bounded queries.
+//! (`server.rs`) on a few threads, each page rendered on the server from bounded queries.
 //!
 //! Safety: it listens on loopback unless credentials are set (an access token or basic auth,
 //! from the environment or a file); unguarded, it answers only loopback Host names (against
@@ -14,22 +14,23 @@ mod layout;
 mod leases;
 mod queues;
 mod schedules;
+mod server;
 mod workers;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::Args;
 use dibs::{AnyConnection, Backend, Error, Pool};
 use maud::html;
-use tiny_http::{Request, Server};
 
 use crate::{Failure, Outcome, database};
 use access::{Access, Sources, Verdict};
-use http::{Incoming, Reply, header};
+use http::{Incoming, Reply};
+use server::Request;
 
 /// What `dibs serve --help` says after the flags.
 pub const ABOUT: &str = "\
@@ -83,12 +84,11 @@ pub fn run(target: &database::Target, args: ServeArgs) -> Outcome {
         listen,
     )?;
     let pool = database::open(target, args.threads, true)?;
-    let server = Server::http(listen)
+    let listener = std::net::TcpListener::bind(listen)
         .map_err(|e| Failure::new(1, format!("cannot listen on {listen}: {e}")))?;
-    let bound = server
-        .server_addr()
-        .to_ip()
-        .map_or_else(|| listen.to_string(), |addr| addr.to_string());
+    let bound = listener
+        .local_addr()
+        .map_or_else(|_| listen.to_string(), |addr| addr.to_string());
     crate::work::init_logging(crate::work::LogFormat::Human);
     let dashboard = Arc::new(Dashboard {
         backend: pool.backend(),
@@ -110,22 +110,9 @@ pub fn run(target: &database::Target, args: ServeArgs) -> Outcome {
         },
         if args.read_only { ", read-only" } else { "" }
     ))?;
-    let server = Arc::new(server);
-    let handlers: Vec<_> = (0..args.threads)
-        .map(|_| {
-            let (server, dashboard, stop) = (server.clone(), dashboard.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::SeqCst) {
-                    if let Ok(Some(request)) = server.recv_timeout(Duration::from_millis(250)) {
-                        handle(&dashboard, request);
-                    }
-                }
-            })
-        })
-        .collect();
-    for handler in handlers {
-        let _ = handler.join();
-    }
+    server::serve(listener, args.threads, stop, move |request| {
+        handle(&dashboard, request)
+    });
     Ok(())
 }
 
@@ -140,26 +127,27 @@ fn resolve(listen: &str) -> Result<SocketAddr, Failure> {
         .ok_or_else(|| Failure::new(2, format!("--listen {listen:?} is not an address:port")))
 }
 
-/// Serves one request and logs it (method, path, status, time; never its query, form or
-/// credentials).
-fn handle(dashboard: &Dashboard, mut request: Request) {
+/// Answers one request and logs it (method, path with its control characters escaped,
+/// status, time; never its query, form or credentials).
+fn handle(dashboard: &Dashboard, request: &Request) -> Reply {
     let started = Instant::now();
-    let method = request.method().to_string();
-    let reply = respond(dashboard, &mut request);
-    let path = request.url().split('?').next().unwrap_or("").to_string();
+    let reply = respond(dashboard, request);
+    let path = request.target.split('?').next().unwrap_or("");
     tracing::info!(
         target: "dibs::serve",
-        "{method} {path} {} {} ms",
+        "{} {} {} {} ms",
+        request.method.escape_debug(),
+        path.escape_debug(),
         reply.status,
         started.elapsed().as_millis()
     );
-    reply.send(request);
+    reply
 }
 
-fn respond(dashboard: &Dashboard, request: &mut Request) -> Reply {
+fn respond(dashboard: &Dashboard, request: &Request) -> Reply {
     match dashboard
         .access
-        .admits(header(request, "Authorization"), header(request, "Host"))
+        .admits(request.header("Authorization"), request.header("Host"))
     {
         Verdict::Admitted => {}
         Verdict::Unauthorized => {
@@ -177,6 +165,9 @@ fn respond(dashboard: &Dashboard, request: &mut Request) -> Reply {
             );
         }
     }
+    if !matches!(request.method.as_str(), "GET" | "HEAD" | "POST") {
+        return Reply::text(405, "only GET, HEAD and POST");
+    }
     let incoming = match Incoming::read(request) {
         Ok(incoming) => incoming,
         Err(reply) => return reply,
@@ -185,11 +176,6 @@ fn respond(dashboard: &Dashboard, request: &mut Request) -> Reply {
         if let Err(reply) = check_action(dashboard, request, &incoming) {
             return reply;
         }
-    } else if !matches!(
-        request.method(),
-        tiny_http::Method::Get | tiny_http::Method::Head
-    ) {
-        return Reply::text(405, "only GET, HEAD and POST");
     }
     match incoming.path.as_str() {
         "/assets/dashboard.css" => return Reply::asset("text/css; charset=utf-8", layout::CSS),
@@ -216,11 +202,13 @@ fn check_action(
     if dashboard.read_only {
         return Err(Reply::text(403, "read-only: actions are refused"));
     }
-    if header(request, "Sec-Fetch-Site").is_some_and(|site| site.eq_ignore_ascii_case("cross-site"))
+    if request
+        .header("Sec-Fetch-Site")
+        .is_some_and(|site| site.eq_ignore_ascii_case("cross-site"))
     {
         return Err(Reply::text(403, "an action from another site is refused"));
     }
-    if let (Some(origin), Some(host)) = (header(request, "Origin"), header(request, "Host")) {
+    if let (Some(origin), Some(host)) = (request.header("Origin"), request.header("Host")) {
         let own = origin
             .strip_prefix("http://")
             .or_else(|| origin.strip_prefix("https://"))

@@ -85,11 +85,9 @@ fn count_link(queue: &str, state: JobState, count: u64, bound: u32) -> Markup {
 
 /// A saturation meter: `used` of `max` (SVG, since the page's policy allows no inline style).
 fn meter(used: u64, max: u64) -> Markup {
-    let width = if max == 0 {
-        60
-    } else {
-        (used.min(max) * 60 / max) as u32
-    };
+    let width = (used.min(max) * 60)
+        .checked_div(max)
+        .map_or(60, |w| w as u32);
     let full = used >= max;
     html! {
         svg.meter width="60" height="8" role="img" aria-label={ (used) " of " (max) } {
