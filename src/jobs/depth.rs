@@ -38,6 +38,23 @@ const DEPTH: &str = "SELECT \
     (SELECT COUNT(*) FROM (SELECT 1 AS x FROM dibs_jobs \
         WHERE queue = ? AND state = 'running' LIMIT ?) r) AS running";
 
+/// A queue name and a bound, checked; the bound as bound in the statements.
+fn checked(queue: &str, bound: u32) -> Result<i64> {
+    crate::validate::name("queue", queue)?;
+    if bound == 0 || bound > MAX_DEPTH_BOUND {
+        return Err(Error::invalid(
+            "bound",
+            format!("{bound} (1 to {MAX_DEPTH_BOUND})"),
+        ));
+    }
+    Ok(i64::from(bound))
+}
+
+/// A count as returned (never negative).
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
 #[derive(QueryableByName)]
 struct DepthRow {
     #[diesel(sql_type = BigInt)]
@@ -65,14 +82,7 @@ struct DepthRow {
 /// # Ok(()) }
 /// ```
 pub fn queue_depth<C: DibsConnection>(conn: &mut C, queue: &str, bound: u32) -> Result<QueueDepth> {
-    crate::validate::name("queue", queue)?;
-    if bound == 0 || bound > MAX_DEPTH_BOUND {
-        return Err(Error::invalid(
-            "bound",
-            format!("{bound} (1 to {MAX_DEPTH_BOUND})"),
-        ));
-    }
-    let bound = i64::from(bound);
+    let bound = checked(queue, bound)?;
     let row = dispatch!(conn, c => {
         statement(c.syntax().render(DEPTH))
             .bind::<Text, _>(queue)
@@ -83,7 +93,6 @@ pub fn queue_depth<C: DibsConnection>(conn: &mut C, queue: &str, bound: u32) -> 
             .bind::<BigInt, _>(bound)
             .get_result::<DepthRow>(c)
     })?;
-    let count = |n: i64| u64::try_from(n).unwrap_or(0);
     Ok(QueueDepth {
         waiting: count(row.waiting),
         due: count(row.due),
@@ -169,14 +178,7 @@ pub fn queue_counts<C: DibsConnection>(
     queue: &str,
     bound: u32,
 ) -> Result<QueueCounts> {
-    crate::validate::name("queue", queue)?;
-    if bound == 0 || bound > MAX_DEPTH_BOUND {
-        return Err(Error::invalid(
-            "bound",
-            format!("{bound} (1 to {MAX_DEPTH_BOUND})"),
-        ));
-    }
-    let bound = i64::from(bound);
+    let bound = checked(queue, bound)?;
     let row = dispatch!(conn, c => {
         statement(c.syntax().render(COUNTS))
             .bind::<Text, _>(queue)
@@ -195,7 +197,6 @@ pub fn queue_counts<C: DibsConnection>(
             .bind::<BigInt, _>(bound)
             .get_result::<CountsRow>(c)
     })?;
-    let count = |n: i64| u64::try_from(n).unwrap_or(0);
     Ok(QueueCounts {
         blocked: count(row.blocked),
         waiting: count(row.waiting),

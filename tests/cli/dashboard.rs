@@ -14,6 +14,23 @@ pub struct Served {
 }
 
 impl Served {
+    /// Sends SIGTERM and waits (up to a minute) for the exit; its status.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let signalled = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(signalled.success());
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::time::Instant::now() < until {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        None
+    }
+
     /// What it logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log.path()).unwrap_or_default()
@@ -27,13 +44,18 @@ impl Drop for Served {
     }
 }
 
-/// Starts `dibs serve` on a free loopback port with `args` and `env`, and waits for the line
+/// Starts `dibs serve` on a free loopback port (unless `args` has a `--listen`) with `args` and `env`, and waits for the line
 /// that says where it listens. Panics with its stderr if it exits first.
 pub fn serve(url: &str, args: &[&str], env: &[(&str, &str)]) -> Served {
     let log = tempfile::NamedTempFile::new().expect("a log file");
     let mut command = Command::new(env!("CARGO_BIN_EXE_dibs"));
     command
-        .args(["--database-url", url, "serve", "--listen", "127.0.0.1:0"])
+        .args(["--database-url", url, "serve"])
+        .args(if args.contains(&"--listen") {
+            &[][..]
+        } else {
+            &["--listen", "127.0.0.1:0"][..]
+        })
         .args(args)
         .env_remove("DIBS_DATABASE_URL")
         .env_remove("DATABASE_URL")

@@ -23,7 +23,13 @@ const HOSTILE: &str =
     "<script>window.__pwned=1</script>\"><img src=x onerror=\"window.__pwned=1\">";
 
 /// A dead job of `queue` and `kind`, with `error` as its failed run's error.
-fn dead_job(conn: &mut AnyConnection, queue: &str, kind: &str, payload: &[u8], error: &str) -> i64 {
+pub(crate) fn dead_job(
+    conn: &mut AnyConnection,
+    queue: &str,
+    kind: &str,
+    payload: &[u8],
+    error: &str,
+) -> i64 {
     let id = jobs::enqueue(
         conn,
         &NewJob::new(queue, kind, payload.to_vec()).max_attempts(1),
@@ -39,7 +45,7 @@ fn dead_job(conn: &mut AnyConnection, queue: &str, kind: &str, payload: &[u8], e
     id
 }
 
-fn state(conn: &mut AnyConnection, id: i64) -> JobState {
+pub(crate) fn state(conn: &mut AnyConnection, id: i64) -> JobState {
     jobs::get(conn, id).unwrap().unwrap().state
 }
 
@@ -637,4 +643,21 @@ fn credentials_guard_a_dashboard_beyond_loopback() {
         .status,
         401
     );
+}
+
+/// SIGTERM (or Ctrl-C) stops the server: its blocking accept is woken, it exits 0, and
+/// the port is free again.
+#[test]
+fn sigterm_stops_the_server() {
+    let db = TestDb::migrated(Backend::Sqlite);
+    for listen in ["127.0.0.1:0", "0.0.0.0:0"] {
+        let env: &[(&str, &str)] = if listen.starts_with("0.0.0.0") {
+            &[("DIBS_SERVE_TOKEN", "a-long-enough-token-0123")]
+        } else {
+            &[]
+        };
+        let mut served = serve(db.url(), &["--listen", listen], env);
+        let status = served.terminate().expect("dibs serve exits after SIGTERM");
+        assert!(status.success(), "{listen}: {status:?}\n{}", served.log());
+    }
 }

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use dibs::jobs::{self, JobResult, JobState, NewJob, Retry};
+use dibs::jobs::{self, JobResult, JobState, NewJob};
 use dibs::schedules::{self, Schedule};
 use dibs::{AnyConnection, Backend, lease};
 use diesel::connection::SimpleConnection;
@@ -111,26 +111,7 @@ fn basic(pair: &str) -> String {
     )
 }
 
-/// A dead job of `queue` and `kind` whose failed run says `error`.
-fn dead_job(conn: &mut AnyConnection, queue: &str, kind: &str, payload: &[u8], error: &str) -> i64 {
-    let id = jobs::enqueue(
-        conn,
-        &NewJob::new(queue, kind, payload.to_vec()).max_attempts(1),
-    )
-    .unwrap()
-    .id;
-    let claimed = jobs::claim(conn, queue, 100, Duration::from_secs(60)).unwrap();
-    let mine = claimed.iter().find(|job| job.id == id).expect("claimed");
-    jobs::fail(conn, mine.claim(), error, Retry::Never).unwrap();
-    for other in claimed.iter().filter(|job| job.id != id) {
-        jobs::give_back(conn, &[other.claim()]).unwrap();
-    }
-    id
-}
-
-fn state(conn: &mut AnyConnection, id: i64) -> JobState {
-    jobs::get(conn, id).unwrap().unwrap().state
-}
+use crate::serve::{dead_job, state};
 
 fn held(conn: &mut AnyConnection, name: &str) -> bool {
     lease::inspect(conn, name)

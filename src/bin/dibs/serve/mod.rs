@@ -20,7 +20,7 @@ mod workers;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use clap::Args;
@@ -86,9 +86,8 @@ pub fn run(target: &database::Target, args: ServeArgs) -> Outcome {
     let pool = database::open(target, args.threads, true)?;
     let listener = std::net::TcpListener::bind(listen)
         .map_err(|e| Failure::new(1, format!("cannot listen on {listen}: {e}")))?;
-    let bound = listener
-        .local_addr()
-        .map_or_else(|_| listen.to_string(), |addr| addr.to_string());
+    let local = listener.local_addr().unwrap_or(listen);
+    let bound = local.to_string();
     crate::work::init_logging(crate::work::LogFormat::Human);
     let dashboard = Arc::new(Dashboard {
         backend: pool.backend(),
@@ -98,7 +97,13 @@ pub fn run(target: &database::Target, args: ServeArgs) -> Outcome {
     });
     let stop = Arc::new(AtomicBool::new(false));
     let stopping = stop.clone();
-    ctrlc::set_handler(move || stopping.store(true, Ordering::SeqCst))
+    // Listening on 0.0.0.0, the wake-up connects to loopback on the same port.
+    let wake_at = if local.ip().is_unspecified() {
+        SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), local.port())
+    } else {
+        local
+    };
+    ctrlc::set_handler(move || server::wake(wake_at, &stopping))
         .map_err(|e| Failure::new(1, format!("cannot handle Ctrl-C: {e}")))?;
     crate::output::line(&format!(
         "dibs serve: http://{bound}/ ({}{}{})",

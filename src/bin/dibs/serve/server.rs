@@ -99,18 +99,11 @@ fn handler<H: Fn(&Request) -> Reply>(
 
 fn accept(listener: &TcpListener, queue: &SyncSender<Job>, stop: &AtomicBool) {
     let readers = Arc::new(AtomicUsize::new(0));
-    if listener.set_nonblocking(true).is_err() {
-        tracing::error!(target: "dibs::serve", "cannot poll the listening socket");
-        return;
-    }
     let mut last_warning: Option<Instant> = None;
+    // A blocking accept: whoever sets `stop` connects once to wake it (see `wake`).
     while !stop.load(Ordering::SeqCst) {
         let stream = match listener.accept() {
             Ok((stream, _)) => stream,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
-                continue;
-            }
             Err(e) => {
                 // Out of file descriptors, a connection reset before it was accepted...:
                 // wait and go on (once a minute in the log).
@@ -122,6 +115,9 @@ fn accept(listener: &TcpListener, queue: &SyncSender<Job>, stop: &AtomicBool) {
                 continue;
             }
         };
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
         if readers.fetch_add(1, Ordering::SeqCst) >= MAX_READERS {
             readers.fetch_sub(1, Ordering::SeqCst);
             continue; // dropped: closed unread
@@ -148,6 +144,13 @@ fn accept(listener: &TcpListener, queue: &SyncSender<Job>, stop: &AtomicBool) {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// Stops a [`serve`] on `address`: sets `stop`, then connects once so that its blocking
+/// accept returns and sees it.
+pub fn wake(address: std::net::SocketAddr, stop: &AtomicBool) {
+    stop.store(true, Ordering::SeqCst);
+    let _ = TcpStream::connect_timeout(&address, Duration::from_secs(1));
 }
 
 /// Reads one request within the limits; `Err(Some(reply))` to refuse it with a reply,
