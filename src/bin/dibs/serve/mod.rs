@@ -97,11 +97,15 @@ pub fn run(target: &database::Target, args: ServeArgs) -> Outcome {
     });
     let stop = Arc::new(AtomicBool::new(false));
     let stopping = stop.clone();
-    // Listening on 0.0.0.0, the wake-up connects to loopback on the same port.
-    let wake_at = if local.ip().is_unspecified() {
-        SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), local.port())
-    } else {
-        local
+    // Listening on every address, the wake-up connects to loopback on the same port.
+    let wake_at = match local.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), local.port())
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), local.port())
+        }
+        _ => local,
     };
     ctrlc::set_handler(move || server::wake(wake_at, &stopping))
         .map_err(|e| Failure::new(1, format!("cannot handle Ctrl-C: {e}")))?;
