@@ -21,6 +21,7 @@ mod lease_run;
 mod lease_run_attacks;
 mod serve;
 mod serve_attacks;
+mod serve_attacks2;
 mod webdriver;
 mod work_logs;
 mod workflows;
