@@ -66,12 +66,20 @@ fn options() -> Options {
                 options.backends = match value().as_str() {
                     "sqlite" => vec![Backend::Sqlite],
                     "postgres" => vec![Backend::Postgres],
-                    "mysql" => vec![Backend::Mysql],
-                    _ => options.backends.clone(),
+                    "mysql" | "mariadb" => vec![Backend::Mysql],
+                    "all" => options.backends.clone(),
+                    other => panic!("unknown backend {other:?}"),
                 }
             }
+            // A test runner listing every target's tests (`cargo nextest run
+            // --all-targets`): this harness has none.
+            "--list" => std::process::exit(0),
+            "--format" => {
+                let _ = value();
+            }
             // `cargo bench` passes --bench; `cargo test --bench` passes nothing else.
-            _ => {}
+            "--bench" | "--ignored" => {}
+            other => panic!("unknown option {other:?} (see the comment at the top)"),
         }
     }
     options
