@@ -1,19 +1,21 @@
 //! The HTTP/1.1 server under the dashboard: std's sockets and httparse, with every limit an
 //! exposed server needs. Each connection carries one request (`Connection: close`).
 //!
-//! A connection is first read by a reader thread of its own, within `READ_DEADLINE`, its
-//! head at most `MAX_HEAD` bytes and `MAX_HEADERS` headers, its body at most `MAX_BODY`
-//! bytes by `Content-Length` (no chunked bodies); at most `MAX_READERS` are read at once and
-//! others are closed at once. Only a request read whole reaches the handler threads, which
-//! render and write (within `WRITE_DEADLINE`). So slow or stuck clients hold readers, never
-//! the handlers every page needs, and no client makes the server read or keep more than
-//! those bounds. An error accepting a connection (out of file descriptors) is waited out,
-//! never the end of the server.
+//! Each connection has a thread of its own, which reads the request within
+//! `READ_DEADLINE` (head at most `MAX_HEAD` bytes and `MAX_HEADERS` headers, body at most
+//! `MAX_BODY` bytes by `Content-Length`, no chunked bodies), hands it to the handler
+//! threads, and writes their reply within `WRITE_DEADLINE` (one deadline for the whole
+//! reply). The handlers only render: no client, slow to send or to read, can hold one.
+//! At most `MAX_READERS` connections are being read at once (a new one cuts off the oldest,
+//! so clients that never finish cannot shut out those that do) and `MAX_CONNECTIONS` are
+//! open. An error accepting a connection (out of file descriptors) is waited out, never the
+//! end of the server.
 
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,8 +31,11 @@ const MAX_HEAD: usize = 16 * 1024;
 const MAX_HEADERS: usize = 64;
 /// The largest body (an action's form is a few hundred bytes).
 pub const MAX_BODY: usize = 16 * 1024;
-/// Connections being read at once; more are closed unread.
+/// Connections being read at once; a new one past that cuts off the oldest.
 const MAX_READERS: usize = 128;
+/// Connections open at once, reading, waiting for their page or writing it; more are
+/// closed unread.
+const MAX_CONNECTIONS: usize = 256;
 /// Requests read and waiting for a handler; more are answered 503.
 const QUEUED: usize = 64;
 
@@ -53,7 +58,41 @@ impl Request {
     }
 }
 
-type Job = (Request, TcpStream);
+/// A request and where its reply goes (back to the connection's own thread).
+type Job = (Request, SyncSender<Reply>);
+
+/// The connections being read, oldest first: when `MAX_READERS` are, the oldest is cut off
+/// for a new one, so that clients that never finish cannot shut out those that do.
+#[derive(Default)]
+struct Reading {
+    next: u64,
+    streams: VecDeque<(u64, TcpStream)>,
+}
+
+impl Reading {
+    fn add(reading: &Mutex<Reading>, stream: &TcpStream) -> u64 {
+        let Ok(mut reading) = reading.lock() else {
+            return 0;
+        };
+        if reading.streams.len() >= MAX_READERS {
+            if let Some((_, oldest)) = reading.streams.pop_front() {
+                let _ = oldest.shutdown(Shutdown::Both);
+            }
+        }
+        reading.next += 1;
+        let id = reading.next;
+        if let Ok(clone) = stream.try_clone() {
+            reading.streams.push_back((id, clone));
+        }
+        id
+    }
+
+    fn done(reading: &Mutex<Reading>, id: u64) {
+        if let Ok(mut reading) = reading.lock() {
+            reading.streams.retain(|(other, _)| *other != id);
+        }
+    }
+}
 
 /// Serves `handle` on `listener` with `threads` handler threads until `stop` is set.
 pub fn serve<H>(listener: TcpListener, threads: u32, stop: Arc<AtomicBool>, handle: H)
@@ -71,11 +110,14 @@ where
         .collect();
     accept(&listener, &queue, &stop);
     drop(queue);
+    // Handlers only render (connections' own threads read and write), so they end within
+    // a page's time; connections still open end with the process.
     for handler in handlers {
         let _ = handler.join();
     }
 }
 
+/// Renders replies; never touches a socket, so no client can hold it.
 fn handler<H: Fn(&Request) -> Reply>(
     requests: &Mutex<Receiver<Job>>,
     handle: &H,
@@ -87,9 +129,11 @@ fn handler<H: Fn(&Request) -> Reply>(
             Err(_) => return,
         };
         match next {
-            Ok((request, stream)) => {
-                let reply = handle(&request);
-                write_reply(stream, reply, request.method == "HEAD");
+            Ok((request, reply_to)) => {
+                let reply =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(&request)))
+                        .unwrap_or_else(|_| Reply::text(500, "the page failed"));
+                let _ = reply_to.send(reply);
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
@@ -98,7 +142,8 @@ fn handler<H: Fn(&Request) -> Reply>(
 }
 
 fn accept(listener: &TcpListener, queue: &SyncSender<Job>, stop: &AtomicBool) {
-    let readers = Arc::new(AtomicUsize::new(0));
+    let reading = Arc::new(Mutex::new(Reading::default()));
+    let connections = Arc::new(AtomicUsize::new(0));
     let mut last_warning: Option<Instant> = None;
     // A blocking accept: whoever sets `stop` connects once to wake it (see `wake`).
     while !stop.load(Ordering::SeqCst) {
@@ -118,29 +163,38 @@ fn accept(listener: &TcpListener, queue: &SyncSender<Job>, stop: &AtomicBool) {
         if stop.load(Ordering::SeqCst) {
             break;
         }
-        if readers.fetch_add(1, Ordering::SeqCst) >= MAX_READERS {
-            readers.fetch_sub(1, Ordering::SeqCst);
-            continue; // dropped: closed unread
+        if connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            // Every thread is a connection waiting for its page or writing it (readers
+            // beyond `MAX_READERS` are cut off): this one is closed unread.
+            connections.fetch_sub(1, Ordering::SeqCst);
+            continue;
         }
-        let (readers, queue) = (readers.clone(), queue.clone());
+        let id = Reading::add(&reading, &stream);
+        let (mine, open, queue) = (reading.clone(), connections.clone(), queue.clone());
         let spawned = std::thread::Builder::new().spawn(move || {
             let read = read_request(&stream);
-            readers.fetch_sub(1, Ordering::SeqCst);
+            Reading::done(&mine, id);
             match read {
-                Ok(request) => match queue.try_send((request, stream)) {
-                    Ok(()) => {}
-                    Err(
-                        TrySendError::Full((_, stream)) | TrySendError::Disconnected((_, stream)),
-                    ) => {
-                        write_reply(stream, Reply::text(503, "busy: try again"), false);
-                    }
-                },
+                Ok(request) => {
+                    let head_only = request.method == "HEAD";
+                    let (reply_to, reply) = sync_channel(1);
+                    let reply = match queue.try_send((request, reply_to)) {
+                        Ok(()) => reply
+                            .recv()
+                            .unwrap_or_else(|_| Reply::text(503, "stopping")),
+                        Err(_) => Reply::text(503, "busy: try again"),
+                    };
+                    write_reply(stream, reply, head_only);
+                }
                 Err(Some(reply)) => write_reply(stream, reply, false),
                 Err(None) => {}
             }
+            open.fetch_sub(1, Ordering::SeqCst);
         });
         if spawned.is_err() {
-            // No thread to read it: the connection was closed with the closure.
+            // No thread to serve it: the connection was closed with the closure.
+            Reading::done(&reading, id);
+            connections.fetch_sub(1, Ordering::SeqCst);
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -161,16 +215,23 @@ fn read_request(mut stream: &TcpStream) -> Result<Request, Option<Reply>> {
     let _ = stream.set_nodelay(true);
     let mut buffer = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
+    // Where the search for the head's end goes on from: each byte is looked at once (a
+    // head dripped a byte at a time must not cost its length squared).
+    let mut searched = 0;
     let head_end = loop {
-        if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-            break at + 4;
+        if let Some(at) = buffer[searched..].windows(4).position(|w| w == b"\r\n\r\n") {
+            break searched + at + 4;
         }
+        searched = buffer.len().saturating_sub(3);
         if buffer.len() > MAX_HEAD {
             return Err(Some(Reply::text(431, "the request's head is too large")));
         }
         let n = read_some(&mut stream, &mut chunk, deadline)?;
         buffer.extend_from_slice(&chunk[..n]);
     };
+    if head_end > MAX_HEAD {
+        return Err(Some(Reply::text(431, "the request's head is too large")));
+    }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut headers);
     match parsed.parse(&buffer[..head_end]) {
@@ -212,10 +273,12 @@ fn read_request(mut stream: &TcpStream) -> Result<Request, Option<Reply>> {
     let lengths = named("Content-Length");
     let length = match lengths.as_slice() {
         [] => 0,
-        [one] => one
-            .trim()
-            .parse::<usize>()
-            .map_err(|_| Some(Reply::text(400, "a malformed Content-Length")))?,
+        // Digits only (RFC 9110), around them only spaces and tabs: no sign, no other
+        // white space, as a proxy in front may read them differently.
+        [one] => Some(one.trim_matches([' ', '\t']))
+            .filter(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|digits| digits.parse::<usize>().ok())
+            .ok_or(Some(Reply::text(400, "a malformed Content-Length")))?,
         _ => return Err(Some(Reply::text(400, "more than one Content-Length"))),
     };
     if length > MAX_BODY {
@@ -252,7 +315,6 @@ fn read_some(
 }
 
 fn write_reply(mut stream: TcpStream, reply: Reply, head_only: bool) {
-    let _ = stream.set_write_timeout(Some(WRITE_DEADLINE));
     let mut out = format!(
         "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
         reply.status,
@@ -275,8 +337,20 @@ fn write_reply(mut stream: TcpStream, reply: Reply, head_only: bool) {
     if !head_only {
         out.extend_from_slice(&reply.body);
     }
-    let _ = stream.write_all(&out);
-    let _ = stream.flush();
+    // One deadline for the whole reply (a timeout per write would start again with every
+    // byte a slow reader takes).
+    let deadline = Instant::now() + WRITE_DEADLINE;
+    let mut written = 0;
+    while written < out.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_write_timeout(Some(left)).is_err() {
+            return;
+        }
+        match stream.write(&out[written..]) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => written += n,
+        }
+    }
     let _ = stream.shutdown(Shutdown::Write);
     // Read what the client sent beyond its request and is already here (a bounded amount,
     // without waiting): closing with unread bytes would reset the connection, and the
