@@ -1,4 +1,4 @@
-//! How long each page of `dibs serve` takes with a million jobs in the table.
+//! How long each page of `tenure serve` takes with a million jobs in the table.
 //!
 //! ```text
 //! cargo bench --bench dashboard --all-features -- [--jobs N] [--samples N] [--backend B]
@@ -12,7 +12,7 @@
 //! errors), 1% cancelled, 100 running, the rest waiting. States are set by UPDATEs over id
 //! ranges after the enqueue (a fixture, not a workload). PostgreSQL then vacuums and
 //! analyses the table and MariaDB analyses it, as autovacuum or InnoDB's statistics would;
-//! SQLite is left without statistics, as dibs leaves it. Each page is fetched over HTTP from a `dibs serve --threads 1`; the
+//! SQLite is left without statistics, as tenure leaves it. Each page is fetched over HTTP from a `tenure serve --threads 1`; the
 //! figures are the whole request, as a browser waits for it.
 
 #[path = "throughput/support.rs"]
@@ -23,12 +23,12 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dibs::jobs::{self, JobState, NewJob};
-use dibs::schema::dibs_jobs;
-use dibs::sql_types::InstantValue;
-use dibs::{Backend, lease};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
+use tenure::jobs::{self, JobState, NewJob};
+use tenure::schema::tenure_jobs;
+use tenure::sql_types::InstantValue;
+use tenure::{Backend, lease};
 
 use support::{BenchDb, percentile};
 
@@ -101,12 +101,12 @@ fn fill(db: &BenchDb, n: i64) -> i64 {
         done += batch.len() as i64;
         jobs::enqueue_many(&mut conn, &batch).expect("enqueue");
     }
-    let first: i64 = dibs_jobs::table
-        .select(diesel::dsl::min(dibs_jobs::id))
+    let first: i64 = tenure_jobs::table
+        .select(diesel::dsl::min(tenure_jobs::id))
         .first::<Option<i64>>(&mut conn)
         .expect("min id")
         .unwrap_or(1);
-    let now = dibs::database_now(&mut conn).expect("now");
+    let now = tenure::database_now(&mut conn).expect("now");
     let at = |share: f64| first + (n as f64 * share) as i64;
     // Completed: 30 slices, one per minute of the last 30.
     let completed_end = at(0.80);
@@ -117,42 +117,44 @@ fn fill(db: &BenchDb, n: i64) -> i64 {
             (first + (minute + 1) * slice).min(completed_end),
         );
         let finished = now - chrono::Duration::minutes(29 - minute) - chrono::Duration::seconds(30);
-        diesel::update(dibs_jobs::table.filter(dibs_jobs::id.ge(from).and(dibs_jobs::id.lt(to))))
-            .set((
-                dibs_jobs::state.eq(JobState::Completed),
-                dibs_jobs::attempt.eq(1),
-                dibs_jobs::claimed_at.eq(InstantValue(finished - chrono::Duration::seconds(1))),
-                dibs_jobs::finished_at.eq(InstantValue(finished)),
-            ))
-            .execute(&mut conn)
-            .expect("complete");
+        diesel::update(
+            tenure_jobs::table.filter(tenure_jobs::id.ge(from).and(tenure_jobs::id.lt(to))),
+        )
+        .set((
+            tenure_jobs::state.eq(JobState::Completed),
+            tenure_jobs::attempt.eq(1),
+            tenure_jobs::claimed_at.eq(InstantValue(finished - chrono::Duration::seconds(1))),
+            tenure_jobs::finished_at.eq(InstantValue(finished)),
+        ))
+        .execute(&mut conn)
+        .expect("complete");
     }
     let (dead_end, cancelled_end) = (at(0.85), at(0.86));
     diesel::update(
-        dibs_jobs::table.filter(
-            dibs_jobs::id
+        tenure_jobs::table.filter(
+            tenure_jobs::id
                 .ge(completed_end)
-                .and(dibs_jobs::id.lt(dead_end)),
+                .and(tenure_jobs::id.lt(dead_end)),
         ),
     )
     .set((
-        dibs_jobs::state.eq(JobState::Dead),
-        dibs_jobs::attempt.eq(dibs_jobs::max_attempts),
-        dibs_jobs::finished_at.eq(InstantValue(now - chrono::Duration::minutes(5))),
-        dibs_jobs::last_error.eq("timeout after 30s talking to the upstream"),
+        tenure_jobs::state.eq(JobState::Dead),
+        tenure_jobs::attempt.eq(tenure_jobs::max_attempts),
+        tenure_jobs::finished_at.eq(InstantValue(now - chrono::Duration::minutes(5))),
+        tenure_jobs::last_error.eq("timeout after 30s talking to the upstream"),
     ))
     .execute(&mut conn)
     .expect("dead");
     diesel::update(
-        dibs_jobs::table.filter(
-            dibs_jobs::id
+        tenure_jobs::table.filter(
+            tenure_jobs::id
                 .ge(dead_end)
-                .and(dibs_jobs::id.lt(cancelled_end)),
+                .and(tenure_jobs::id.lt(cancelled_end)),
         ),
     )
     .set((
-        dibs_jobs::state.eq(JobState::Cancelled),
-        dibs_jobs::finished_at.eq(InstantValue(now - chrono::Duration::minutes(7))),
+        tenure_jobs::state.eq(JobState::Cancelled),
+        tenure_jobs::finished_at.eq(InstantValue(now - chrono::Duration::minutes(7))),
     ))
     .execute(&mut conn)
     .expect("cancelled");
@@ -166,14 +168,14 @@ fn fill(db: &BenchDb, n: i64) -> i64 {
         "host-a",
     )
     .expect("lease");
-    match dibs::DibsConnection::backend(&mut conn) {
+    match tenure::TenureConnection::backend(&mut conn) {
         // What autovacuum does after such updates (this machine's PostgreSQL has it off):
         // without it every index still holds each job's first version.
         Backend::Postgres => conn
-            .batch_execute("VACUUM ANALYZE dibs_jobs")
+            .batch_execute("VACUUM ANALYZE tenure_jobs")
             .expect("vacuum"),
         Backend::Mysql => conn
-            .batch_execute("ANALYZE TABLE dibs_jobs")
+            .batch_execute("ANALYZE TABLE tenure_jobs")
             .expect("analyze"),
         _ => {}
     }
@@ -207,13 +209,13 @@ fn fetch(base: &str, path: &str) -> u16 {
 fn main() {
     let options = options();
     println!(
-        "dibs serve, {} jobs: milliseconds per page over HTTP ({} requests each, after a warm-up)",
+        "tenure serve, {} jobs: milliseconds per page over HTTP ({} requests each, after a warm-up)",
         options.jobs, options.samples
     );
     for &backend in &options.backends {
         let db = BenchDb::new(backend);
         let middle = fill(&db, options.jobs);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_dibs"))
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tenure"))
             .args([
                 "--database-url",
                 db.url(),
@@ -226,7 +228,7 @@ fn main() {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .expect("run dibs serve");
+            .expect("run tenure serve");
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("stdout"))
             .read_line(&mut line)

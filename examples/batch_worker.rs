@@ -22,11 +22,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dibs::jobs::{self, NewJob};
-use dibs::worker::{JobContext, JobError, Worker};
-use dibs::{DibsConnection, Error, Pool};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
+use tenure::jobs::{self, NewJob};
+use tenure::worker::{JobContext, JobError, Worker};
+use tenure::{Error, Pool, TenureConnection};
 
 type BoxError = Box<dyn std::error::Error>;
 
@@ -68,7 +68,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
         Some(dir) => {
-            let url = positional.get(1).map_or("dibs-batch.db", |u| u.as_str());
+            let url = positional.get(1).map_or("tenure-batch.db", |u| u.as_str());
             run(Path::new(dir.as_str()), url, threads, crash_after).map(|_| ())
         }
         None => self_check(threads),
@@ -85,8 +85,8 @@ fn main() -> ExitCode {
 /// Kills a first run part-way, resumes, and checks every file got exactly one checksum.
 fn self_check(threads: usize) -> Result<(), BoxError> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let url = "dibs-batch.db";
-    for file in [url, "dibs-batch.db-wal", "dibs-batch.db-shm"] {
+    let url = "tenure-batch.db";
+    for file in [url, "tenure-batch.db-wal", "tenure-batch.db-shm"] {
         let _ = std::fs::remove_file(file);
     }
     println!("first run: a copy of this program that dies abruptly after 10 files");
@@ -122,7 +122,7 @@ fn run(
 ) -> Result<usize, BoxError> {
     let pool = Pool::options().max_size(threads as u32 + 4).open(url)?;
     let mut conn = pool.get()?;
-    dibs::run_migrations(&mut conn)?;
+    tenure::run_migrations(&mut conn)?;
     diesel::sql_query(
         "CREATE TABLE IF NOT EXISTS example_checksums (path VARCHAR(255) PRIMARY KEY, \
          bytes BIGINT NOT NULL, checksum BIGINT NOT NULL)",
@@ -170,7 +170,7 @@ fn run(
             let mut conn = results.get()?;
             let backend = results.backend();
             // The checksum and the completion commit together, or neither does.
-            dibs::transaction(&mut conn, |conn| {
+            tenure::transaction(&mut conn, |conn| {
                 diesel::sql_query(sql_for(
                     backend,
                     "INSERT INTO example_checksums (path, bytes, checksum) VALUES (?, ?, ?)",
@@ -240,7 +240,7 @@ struct N {
     n: i64,
 }
 
-fn count<C: DibsConnection + diesel::Connection>(conn: &mut C, query: &str) -> Result<i64, Error>
+fn count<C: TenureConnection + diesel::Connection>(conn: &mut C, query: &str) -> Result<i64, Error>
 where
     diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'static, C, N>,
 {
@@ -252,8 +252,8 @@ fn sql(pool: &Pool, template: &str) -> String {
 }
 
 /// `?` placeholders as the backend wants them.
-fn sql_for(backend: dibs::Backend, template: &str) -> String {
-    if backend != dibs::Backend::Postgres {
+fn sql_for(backend: tenure::Backend, template: &str) -> String {
+    if backend != tenure::Backend::Postgres {
         return template.to_string();
     }
     let mut n = 0;

@@ -13,9 +13,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use dibs::Pool;
-use dibs::jobs::{self, Backoff, JobResult, JobState, NewJob, Workflow};
-use dibs::worker::{JobContext, JobError, Worker};
+use tenure::Pool;
+use tenure::jobs::{self, Backoff, JobResult, JobState, NewJob, Workflow};
+use tenure::worker::{JobContext, JobError, Worker};
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Part {
@@ -59,12 +59,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let parts: u32 = args.first().map(|n| n.parse()).transpose()?.unwrap_or(8);
     let url = args.get(1).map_or("etl.db", String::as_str);
     let pool = Pool::open(url)?;
-    dibs::run_migrations(&mut pool.get()?)?;
+    tenure::run_migrations(&mut pool.get()?)?;
 
     let mut etl = Workflow::new("nightly-etl");
     let fetches: Vec<_> = (0..parts)
         .map(|i| Ok(etl.add(NewJob::json("etl", "fetch", &i)?)))
-        .collect::<Result<_, dibs::Error>>()?;
+        .collect::<Result<_, tenure::Error>>()?;
     etl.add_after(&fetches, NewJob::new("etl", "merge", vec![]));
     etl.on_success(NewJob::new("etl", "report", vec![]));
     let made = jobs::enqueue_workflow(&mut pool.get()?, &etl)?;

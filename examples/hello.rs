@@ -1,9 +1,9 @@
 //! Migrates each database named on the command line (an embedded SQLite file by default) and
-//! shows dibs's schema version and the database's clock.
+//! shows tenure's schema version and the database's clock.
 //!
 //! ```text
 //! cargo run --example hello
-//! cargo run --example hello --all-features -- dibs.db postgres://root@127.0.0.1/test mysql://root@127.0.0.1/test
+//! cargo run --example hello --all-features -- tenure.db postgres://root@127.0.0.1/test mysql://root@127.0.0.1/test
 //! ```
 
 use std::process::ExitCode;
@@ -11,7 +11,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let mut urls: Vec<String> = std::env::args().skip(1).collect();
     if urls.is_empty() {
-        urls.push("dibs-hello.db".to_string());
+        urls.push("tenure-hello.db".to_string());
     }
     let mut failed = false;
     for url in &urls {
@@ -19,7 +19,7 @@ fn main() -> ExitCode {
             Ok(()) => {}
             Err(e) => {
                 // The URL may hold a password: name only its backend.
-                let backend = dibs::Backend::from_url(url)
+                let backend = tenure::Backend::from_url(url)
                     .map(|(b, _)| b.to_string())
                     .unwrap_or_else(|_| "?".to_string());
                 eprintln!("{backend}: {e}");
@@ -34,12 +34,12 @@ fn main() -> ExitCode {
     }
 }
 
-fn show(url: &str) -> Result<(), dibs::Error> {
-    let pool = dibs::Pool::open(url)?;
+fn show(url: &str) -> Result<(), tenure::Error> {
+    let pool = tenure::Pool::open(url)?;
     let mut conn = pool.get()?;
-    let applied = dibs::run_migrations(&mut conn)?;
-    let version = dibs::schema_version(&mut conn)?.unwrap_or_default();
-    let now = dibs::database_now(&mut conn)?;
+    let applied = tenure::run_migrations(&mut conn)?;
+    let version = tenure::schema_version(&mut conn)?.unwrap_or_default();
+    let now = tenure::database_now(&mut conn)?;
     let skew = chrono::Utc::now() - now;
     println!(
         "{:<14} schema {version} ({} applied now)  database clock {}  (this host's clock - database's: {} ms)",

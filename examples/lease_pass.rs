@@ -17,10 +17,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use dibs::lease::{self, Wait};
-use dibs::{DibsConnection, Error, LeaseGuard, Pool};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
+use tenure::lease::{self, Wait};
+use tenure::{Error, LeaseGuard, Pool, TenureConnection};
 
 const LEASE: &str = "example-periodic-pass";
 const TTL: Duration = Duration::from_secs(1);
@@ -37,7 +37,7 @@ fn main() -> ExitCode {
             let url = args
                 .get(1)
                 .cloned()
-                .unwrap_or_else(|| "dibs-example.db".to_string());
+                .unwrap_or_else(|| "tenure-example.db".to_string());
             coordinator(&url)
         }
     };
@@ -54,10 +54,10 @@ fn open(url: &str) -> Result<Pool, Error> {
     Pool::options().max_size(8).open(url)
 }
 
-/// Creates the example's table (the lease table comes with dibs's migrations).
+/// Creates the example's table (the lease table comes with tenure's migrations).
 fn prepare(pool: &Pool) -> Result<(), Error> {
     let mut conn = pool.get()?;
-    dibs::run_migrations(&mut conn)?;
+    tenure::run_migrations(&mut conn)?;
     diesel::sql_query("DROP TABLE IF EXISTS example_passes").execute(&mut conn)?;
     diesel::sql_query(
         "CREATE TABLE example_passes (fence BIGINT PRIMARY KEY, holder TEXT NOT NULL, \
@@ -87,9 +87,9 @@ fn one_pass(pool: &Pool, who: &str) -> Result<bool, Error> {
         std::thread::sleep(Duration::from_millis(30));
     }
     let mut conn = pool.get()?;
-    let recorded = dibs::transaction(&mut conn, |c| {
+    let recorded = tenure::transaction(&mut conn, |c| {
         guard.lease().verify(c)?;
-        let ended = dibs::database_now(c)?;
+        let ended = tenure::database_now(c)?;
         record(c, guard.fence(), who, started, ended)
     });
     match recorded {
@@ -100,14 +100,14 @@ fn one_pass(pool: &Pool, who: &str) -> Result<bool, Error> {
 }
 
 fn record(
-    conn: &mut dibs::PooledConnection,
+    conn: &mut tenure::PooledConnection,
     fence: i64,
     who: &str,
     started: DateTime<Utc>,
     ended: DateTime<Utc>,
 ) -> Result<(), Error> {
     let sql = match conn.backend() {
-        dibs::Backend::Postgres => "INSERT INTO example_passes VALUES ($1, $2, $3, $4)",
+        tenure::Backend::Postgres => "INSERT INTO example_passes VALUES ($1, $2, $3, $4)",
         _ => "INSERT INTO example_passes VALUES (?, ?, ?, ?)",
     };
     diesel::sql_query(sql)
@@ -158,7 +158,7 @@ fn coordinator(url: &str) -> Result<(), BoxError> {
     prepare(&pool)?;
     let exe = std::env::current_exe()?;
     println!(
-        "dibs lease example on {} (lease ttl {TTL:?})",
+        "tenure lease example on {} (lease ttl {TTL:?})",
         pool.backend()
     );
 

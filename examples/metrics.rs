@@ -10,14 +10,14 @@
 //! once, one snoozes), runs them through a worker with a tracing log line per job, sets the
 //! queue gauges from `jobs::stats`, and prints what a scrape of `/metrics` would return. A
 //! real service serves `handle.render()` on its HTTP endpoint (or uses the exporter's own
-//! listener) and calls `dibs::metrics::record_stats` every few seconds.
+//! listener) and calls `tenure::metrics::record_stats` every few seconds.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use dibs::jobs::{self, Backoff, JobArgs};
-use dibs::worker::{JobContext, JobError, Worker};
 use metrics_exporter_prometheus::PrometheusBuilder;
+use tenure::jobs::{self, Backoff, JobArgs};
+use tenure::worker::{JobContext, JobError, Worker};
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Thumbnail {
@@ -50,12 +50,12 @@ fn thumbnail(ctx: &JobContext, job: Thumbnail) -> Result<(), JobError> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::args()
         .nth(1)
-        .unwrap_or_else(|| "dibs-metrics.db".to_string());
+        .unwrap_or_else(|| "tenure-metrics.db".to_string());
     let handle = PrometheusBuilder::new().install_recorder()?;
     tracing_subscriber_init();
 
-    let pool = dibs::Pool::options().max_size(8).open(&url)?;
-    dibs::run_migrations(&mut pool.get()?)?;
+    let pool = tenure::Pool::options().max_size(8).open(&url)?;
+    tenure::run_migrations(&mut pool.get()?)?;
     let images: Vec<Thumbnail> = (0..20).map(|image| Thumbnail { image }).collect();
     jobs::enqueue_jobs(&mut pool.get()?, &images)?;
 
@@ -68,17 +68,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    dibs::metrics::record_stats(&jobs::stats(&mut pool.get()?)?);
+    tenure::metrics::record_stats(&jobs::stats(&mut pool.get()?)?);
 
     let text = handle.render();
     println!("{text}");
     // What the example promises: every run counted by outcome.
     for expected in [
-        "dibs_job_runs_total{queue=\"images\",kind=\"thumbnail\",outcome=\"dead\"}",
-        "dibs_job_runs_total{queue=\"images\",kind=\"thumbnail\",outcome=\"completed\"}",
-        "dibs_jobs_enqueued_total{queue=\"images\"}",
-        "dibs_job_run_seconds",
-        "dibs_jobs{queue=\"images\",state=\"waiting\"}",
+        "tenure_job_runs_total{queue=\"images\",kind=\"thumbnail\",outcome=\"dead\"}",
+        "tenure_job_runs_total{queue=\"images\",kind=\"thumbnail\",outcome=\"completed\"}",
+        "tenure_jobs_enqueued_total{queue=\"images\"}",
+        "tenure_job_run_seconds",
+        "tenure_jobs{queue=\"images\",state=\"waiting\"}",
     ] {
         if !text.contains(expected) {
             return Err(format!("the scrape lacks {expected}").into());
@@ -87,7 +87,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// A log line per job on stderr (`RUST_LOG=dibs=debug` for more).
+/// A log line per job on stderr (`RUST_LOG=tenure=debug` for more).
 fn tracing_subscriber_init() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));

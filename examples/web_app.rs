@@ -19,11 +19,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dibs::jobs::{self, JobState, NewJob};
-use dibs::worker::{JobContext, JobError, Worker};
-use dibs::{Error, Pool};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
+use tenure::jobs::{self, JobState, NewJob};
+use tenure::worker::{JobContext, JobError, Worker};
+use tenure::{Error, Pool};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -43,11 +43,11 @@ fn main() -> Result<(), BoxError> {
         .first()
         .filter(|a| !a.starts_with("--"))
         .cloned()
-        .unwrap_or_else(|| "dibs-web.db".into());
+        .unwrap_or_else(|| "tenure-web.db".into());
 
     let pool = Pool::options().max_size(12).open(&url)?;
     let mut conn = pool.get()?;
-    dibs::run_migrations(&mut conn)?;
+    tenure::run_migrations(&mut conn)?;
     diesel::sql_query(
         "CREATE TABLE IF NOT EXISTS example_users (id BIGINT NOT NULL PRIMARY KEY, name VARCHAR(255) NOT NULL)",
     )
@@ -121,7 +121,7 @@ fn handle(pool: &Pool, request: &mut tiny_http::Request) -> Result<(u16, String)
             let mut conn = pool.get()?;
             let backend = pool.backend();
             // The user's row and their welcome job: both or neither.
-            let signed_up = dibs::transaction(&mut conn, |conn| -> Result<_, Signup> {
+            let signed_up = tenure::transaction(&mut conn, |conn| -> Result<_, Signup> {
                 let id = next_user_id(conn, backend)?;
                 diesel::sql_query(placeholders(
                     backend,
@@ -197,8 +197,11 @@ struct Id {
 
 /// The next user id (the transaction's write lock keeps two signups from taking one id on
 /// SQLite; elsewhere the primary key refuses the second, and the signup fails cleanly).
-fn next_user_id(conn: &mut dibs::PooledConnection, backend: dibs::Backend) -> Result<i64, Error> {
-    let integer = if backend == dibs::Backend::Mysql {
+fn next_user_id(
+    conn: &mut tenure::PooledConnection,
+    backend: tenure::Backend,
+) -> Result<i64, Error> {
+    let integer = if backend == tenure::Backend::Mysql {
         "SIGNED"
     } else {
         "BIGINT"
@@ -208,8 +211,8 @@ fn next_user_id(conn: &mut dibs::PooledConnection, backend: dibs::Backend) -> Re
     Ok(diesel::sql_query(sql).get_result::<Id>(&mut **conn)?.id)
 }
 
-fn placeholders(backend: dibs::Backend, sql: &str) -> String {
-    if backend != dibs::Backend::Postgres {
+fn placeholders(backend: tenure::Backend, sql: &str) -> String {
+    if backend != tenure::Backend::Postgres {
         return sql.to_string();
     }
     let mut n = 0;

@@ -9,14 +9,14 @@
 //! payload that does not decode), runs a worker with 4 threads, prints progress, and on
 //! Ctrl-C/SIGTERM (or once the queue is empty) stops claiming, lets running jobs finish for
 //! up to 5 seconds, gives back the rest, and prints what happened. Its handler is a plain
-//! function with unit tests (`dibs::testing`), run by `cargo test --example worker`.
+//! function with unit tests (`tenure::testing`), run by `cargo test --example worker`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use dibs::jobs::{self, Backoff, JobArgs, NewJob};
-use dibs::worker::{JobContext, JobError, Worker};
+use tenure::jobs::{self, Backoff, JobArgs, NewJob};
+use tenure::worker::{JobContext, JobError, Worker};
 
 /// A typed job: its kind, queue and options, declared once.
 #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -53,9 +53,9 @@ fn resize(ctx: &JobContext, job: Resize) -> Result<(), JobError> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::args()
         .nth(1)
-        .unwrap_or_else(|| "dibs-worker.db".to_string());
-    let pool = dibs::Pool::options().max_size(8).open(&url)?;
-    dibs::run_migrations(&mut pool.get()?)?;
+        .unwrap_or_else(|| "tenure-worker.db".to_string());
+    let pool = tenure::Pool::options().max_size(8).open(&url)?;
+    tenure::run_migrations(&mut pool.get()?)?;
 
     let images: Vec<Resize> = (0..200).map(|image| Resize { image, width: 640 }).collect();
     jobs::enqueue_jobs(&mut pool.get()?, &images)?;
@@ -102,7 +102,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dibs::testing;
+    use tenure::testing;
 
     #[test]
     fn a_width_of_zero_is_dead_at_once() {
@@ -136,9 +136,9 @@ mod tests {
     }
 
     #[test]
-    fn enqueued_resizes_are_drained() -> Result<(), dibs::Error> {
-        let pool = dibs::Pool::options().max_size(1).open(":memory:")?;
-        dibs::run_migrations(&mut pool.get()?)?;
+    fn enqueued_resizes_are_drained() -> Result<(), tenure::Error> {
+        let pool = tenure::Pool::options().max_size(1).open(":memory:")?;
+        tenure::run_migrations(&mut pool.get()?)?;
         jobs::enqueue_job(
             &mut pool.get()?,
             &Resize {

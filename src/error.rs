@@ -1,10 +1,10 @@
-//! The one error type of dibs, and how to tell what a caller can do about an error.
+//! The one error type of tenure, and how to tell what a caller can do about an error.
 
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
 use crate::Backend;
 
-/// Everything that can go wrong in dibs.
+/// Everything that can go wrong in tenure.
 ///
 /// Three questions a caller usually asks are answered by methods rather than by matching:
 /// [`Error::is_retryable`] (a transient conflict: the same call may simply be repeated),
@@ -12,12 +12,12 @@ use crate::Backend;
 /// have happened) and [`Error::is_invalid_input`] (the call itself is wrong; nothing was
 /// written).
 ///
-/// A database error is never turned into "nothing there": when a dibs operation cannot tell,
+/// A database error is never turned into "nothing there": when a tenure operation cannot tell,
 /// it returns an error.
 ///
 /// ```
-/// let err = dibs::AnyConnection::connect("redis://localhost").unwrap_err();
-/// assert!(matches!(err, dibs::Error::UnsupportedUrl { .. }));
+/// let err = tenure::AnyConnection::connect("redis://localhost").unwrap_err();
+/// assert!(matches!(err, tenure::Error::UnsupportedUrl { .. }));
 /// assert!(!err.is_retryable());
 /// ```
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +32,7 @@ pub enum Error {
         reason: String,
     },
 
-    /// The URL's scheme names no database dibs knows. The URL itself is not repeated, since it
+    /// The URL's scheme names no database tenure knows. The URL itself is not repeated, since it
     /// may hold a password.
     #[error(
         "unsupported database URL scheme {scheme:?}: use postgres://, postgresql://, mysql://, \
@@ -44,7 +44,7 @@ pub enum Error {
     },
 
     /// The URL names a backend whose cargo feature is not enabled in this build.
-    #[error("the {backend} backend is not compiled in: enable dibs's `{feature}` cargo feature")]
+    #[error("the {backend} backend is not compiled in: enable tenure's `{feature}` cargo feature")]
     BackendNotEnabled {
         /// The backend the URL asked for.
         backend: &'static str,
@@ -131,7 +131,7 @@ pub enum Error {
     },
 }
 
-/// `Result` with dibs's [`Error`].
+/// `Result` with tenure's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
@@ -223,7 +223,7 @@ fn is_lost_connection(error: &DieselError) -> bool {
 }
 
 /// PostgreSQL refuses a prepared statement whose result columns changed type since it was
-/// prepared (a migration changed a column dibs reads). dibs then forgets every statement the
+/// prepared (a migration changed a column tenure reads). tenure then forgets every statement the
 /// connection has prepared (`backend::postgres::forget_stale_plans`), so the call can be
 /// repeated as it is.
 const STALE_PLAN: &str = "cached plan must not change result type";
@@ -338,7 +338,7 @@ mod tests {
             "Duplicate entry 'x' for key 'PRIMARY'",
             "Query execution was interrupted",
             "Deadlock found when trying to get lock; try restarting transaction",
-            "relation \"dibs_jobs\" does not exist",
+            "relation \"tenure_jobs\" does not exist",
         ] {
             assert!(!database_error(message).is_outcome_unknown(), "{message:?}");
         }

@@ -7,14 +7,14 @@
 //!
 //! | what | kind | target | level | fields |
 //! |---|---|---|---|---|
-//! | a run | span `dibs.job` | `dibs::worker` | INFO | `job.id`, `queue`, `kind`, `attempt`, `queue_wait_ms`; recorded at its end: `result` (`ok`, `error`, `panic`), `run_ms` |
-//! | a run recorded | event | `dibs::job` | INFO (WARN when dead or lost) | `job.id`, `queue`, `kind`, `attempt`, `max_attempts`, `outcome`, `run_ms`, `queue_wait_ms`, `error` |
-//! | a claim | event | `dibs::worker` | DEBUG | `queue`, `jobs` |
-//! | a rescue | event | `dibs::worker` | INFO | `requeued`, `dead`, `cancelled` |
-//! | a prune | event | `dibs::worker` | DEBUG | `queue`, `deleted` |
-//! | schedules fired | event | `dibs::worker` | DEBUG | `enqueued` |
-//! | a claim ended under a run (lost, cancelled) | event | `dibs::worker` | WARN | `job.id`, `outcome` |
-//! | a lease lost ([`crate::LeaseGuard`]) | event | `dibs::lease` | WARN | `lease`, `reason` |
+//! | a run | span `tenure.job` | `tenure::worker` | INFO | `job.id`, `queue`, `kind`, `attempt`, `queue_wait_ms`; recorded at its end: `result` (`ok`, `error`, `panic`), `run_ms` |
+//! | a run recorded | event | `tenure::job` | INFO (WARN when dead or lost) | `job.id`, `queue`, `kind`, `attempt`, `max_attempts`, `outcome`, `run_ms`, `queue_wait_ms`, `error` |
+//! | a claim | event | `tenure::worker` | DEBUG | `queue`, `jobs` |
+//! | a rescue | event | `tenure::worker` | INFO | `requeued`, `dead`, `cancelled` |
+//! | a prune | event | `tenure::worker` | DEBUG | `queue`, `deleted` |
+//! | schedules fired | event | `tenure::worker` | DEBUG | `enqueued` |
+//! | a claim ended under a run (lost, cancelled) | event | `tenure::worker` | WARN | `job.id`, `outcome` |
+//! | a lease lost ([`crate::LeaseGuard`]) | event | `tenure::lease` | WARN | `lease`, `reason` |
 //!
 //! Failures of the worker's own statements (a claim, a heartbeat, a record) are WARN events
 //! with an `error` field; the worker retries them.
@@ -27,7 +27,7 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::sync::{Arc, Mutex};
-/// use dibs::worker::{Event, RunOutcome};
+/// use tenure::worker::{Event, RunOutcome};
 ///
 /// let dead = Arc::new(Mutex::new(Vec::new()));
 /// let seen = dead.clone();
@@ -149,7 +149,7 @@ pub(crate) fn log(event: &Event) {
             macro_rules! run_event {
                 ($level:expr) => {
                     tracing::event!(
-                        target: "dibs::job",
+                        target: "tenure::job",
                         $level,
                         job.id = run.id,
                         queue = %run.queue,
@@ -174,14 +174,14 @@ pub(crate) fn log(event: &Event) {
             dead,
             cancelled,
         } => tracing::info!(
-            target: "dibs::worker",
+            target: "tenure::worker",
             requeued, dead, cancelled, "rescued jobs whose worker died or whose claims lapsed"
         ),
         Event::Pruned { queue, deleted } => {
-            tracing::debug!(target: "dibs::worker", %queue, deleted, "pruned finished jobs")
+            tracing::debug!(target: "tenure::worker", %queue, deleted, "pruned finished jobs")
         }
         Event::SchedulesFired { enqueued } => {
-            tracing::debug!(target: "dibs::worker", enqueued, "fired schedules")
+            tracing::debug!(target: "tenure::worker", enqueued, "fired schedules")
         }
     }
 }

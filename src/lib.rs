@@ -1,6 +1,6 @@
-//! # dibs: leases and a job queue in the database you already run
+//! # tenure: leases and a job queue in the database you already run
 //!
-//! dibs gives synchronous, thread-based Rust programs named, time-limited leases ("one at a
+//! tenure gives synchronous, thread-based Rust programs named, time-limited leases ("one at a
 //! time" across threads, processes and hosts) and a job queue, on SQLite, PostgreSQL or
 //! MySQL/MariaDB through diesel. No async runtime. The same API and the same guarantees on
 //! every backend, each with the SQL that is right for it; SQLite is the default and needs no
@@ -13,8 +13,8 @@
 //! retention, flow control and workflows (dependencies, batches, results, progress), typed jobs ([`jobs::JobArgs`]), [workers](worker) that
 //! run it on plain threads (short jobs claimed and recorded in batches, each still fenced by
 //! its own claim; only kinds they have handlers for), what workers report
-//! ([events], `tracing`, and `dibs::metrics` with the `metrics` feature), helpers for
-//! applications' tests ([testing]), and recurring [schedules]. The `cli` feature adds the `dibs` command (inspect and steer the tables, run
+//! ([events], `tracing`, and `tenure::metrics` with the `metrics` feature), helpers for
+//! applications' tests ([testing]), and recurring [schedules]. The `cli` feature adds the `tenure` command (inspect and steer the tables, run
 //! shell-command jobs, a demo). The repository's README.md is the tour; BENCHMARKS.md and
 //! RELIABILITY.md hold the measured figures and the fault scenarios.
 //!
@@ -68,9 +68,9 @@
 //!   once. Results ([`jobs::JobResult`]) commit with their completion, and retention keeps a
 //!   job while a job that depends on it has not finished.
 //! - **Bad input changes nothing.** It is an [`Error::InvalidInput`] before any statement.
-//!   Instants given to dibs (a job's due time, a retry time) must lie in the years 1 to 9999,
+//!   Instants given to tenure (a job's due time, a retry time) must lie in the years 1 to 9999,
 //!   what every backend stores and orders correctly (MySQL's `DATETIME` ends in 9999, SQLite
-//!   compares four-digit years as text); due times dibs computes are the database's now plus
+//!   compares four-digit years as text); due times tenure computes are the database's now plus
 //!   at most 366 days.
 //! - **Errors are never "nothing there".** A database error is returned as an error, and
 //!   [`Error::is_retryable`] / [`Error::is_outcome_unknown`] say whether to repeat the call or
@@ -78,8 +78,8 @@
 //!
 //! ## Connections
 //!
-//! Every operation takes `&mut C` where `C: `[`DibsConnection`]: diesel's `SqliteConnection`,
-//! `PgConnection`, `MysqlConnection`, dibs's [`AnyConnection`] (backend chosen at run time by
+//! Every operation takes `&mut C` where `C: `[`TenureConnection`]: diesel's `SqliteConnection`,
+//! `PgConnection`, `MysqlConnection`, tenure's [`AnyConnection`] (backend chosen at run time by
 //! [`AnyConnection::connect`]) or a connection from an r2d2 pool of any of them. [`Pool`]
 //! opens a pool from a URL with [`SessionSetup`] applied to each connection (SQLite: WAL, a busy
 //! timeout, `synchronous=FULL`; MySQL: UTC, strict mode); [`AnyConnection::connect`] applies
@@ -87,17 +87,17 @@
 //! (diesel's `establish`) has none until you call [`SessionSetup::apply`]: on SQLite, without a
 //! busy timeout, any write that meets another connection's write lock fails at once.
 //!
-//! ## Your own queries on dibs's tables
+//! ## Your own queries on tenure's tables
 //!
-//! [`schema`] has a diesel `table!` for every dibs table, and the models that read them are
+//! [`schema`] has a diesel `table!` for every tenure table, and the models that read them are
 //! public ([`jobs::Job`], [`jobs::FailedRun`], [`jobs::RunOutput`], [`lease::LeaseRecord`],
-//! [`schedules::ScheduleRecord`]): join your tables to dibs's jobs with diesel's query
-//! builder, on any backend and on [`AnyConnection`] ([`AnyBackend`] knows dibs's portable
+//! [`schedules::ScheduleRecord`]): join your tables to tenure's jobs with diesel's query
+//! builder, on any backend and on [`AnyConnection`] ([`AnyBackend`] knows tenure's portable
 //! [`sql_types`]). A conformance test checks the schema against the migrations on every
-//! backend. Read them freely; change them only through dibs's functions.
+//! backend. Read them freely; change them only through tenure's functions.
 //!
-//! dibs's own statements are prepared once per connection and then only executed: the query
-//! builder where it says what dibs means, and its tuned per-backend SQL as cacheable
+//! tenure's own statements are prepared once per connection and then only executed: the query
+//! builder where it says what tenure means, and its tuned per-backend SQL as cacheable
 //! statements with bound values (no value is ever formatted into SQL text; id lists are
 //! bound in a few fixed lengths). A multi-row insert, whose text changes with its row
 //! count, is the one statement prepared each time.
@@ -142,6 +142,7 @@ pub mod lease;
 pub mod metrics;
 mod migrate;
 mod pool;
+mod redact;
 pub mod schedules;
 pub mod schema;
 pub mod sql_types;
@@ -151,8 +152,8 @@ mod validate;
 mod wake;
 pub mod worker;
 
-pub use backend::{AnyConnection, Backend, BackendConnection, DibsConnection};
-/// The diesel backend of [`AnyConnection`] (the one its queries are built for): dibs's SQL
+pub use backend::{AnyConnection, Backend, BackendConnection, TenureConnection};
+/// The diesel backend of [`AnyConnection`] (the one its queries are built for): tenure's SQL
 /// types ([`sql_types::Instant`], [`sql_types::Token`]) and [`schema`] work with it.
 pub type AnyBackend = <AnyConnection as diesel::Connection>::Backend;
 pub use error::{Error, Result};
@@ -167,13 +168,13 @@ use backend::{Dialect, dispatch};
 /// The database's clock, in UTC: the instant every expiry and due time is measured against.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// let now = dibs::database_now(&mut conn)?;
+/// # fn main() -> Result<(), tenure::Error> {
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// let now = tenure::database_now(&mut conn)?;
 /// assert!((chrono::Utc::now() - now).num_seconds().abs() < 5);
 /// # Ok(()) }
 /// ```
-pub fn database_now<C: DibsConnection>(conn: &mut C) -> Result<chrono::DateTime<chrono::Utc>> {
+pub fn database_now<C: TenureConnection>(conn: &mut C) -> Result<chrono::DateTime<chrono::Utc>> {
     Ok(dispatch!(conn, c => c.database_now())?)
 }
 

@@ -5,26 +5,26 @@
 //!
 //! | name | type | labels | what |
 //! |---|---|---|---|
-//! | `dibs_jobs_enqueued_total` | counter | `queue` | jobs enqueued by this process (counted when the insert returns: a transaction rolled back later still counts) |
-//! | `dibs_job_runs_total` | counter | `queue`, `kind`, `outcome` | runs recorded, by [`RunOutcome`] (`completed`, `retried`, `dead`, `snoozed`, `cancelled`, `lost`, `given_back`) |
-//! | `dibs_job_run_seconds` | histogram | `queue`, `kind` | how long handlers ran |
-//! | `dibs_job_queue_wait_seconds` | histogram | `queue`, `kind` | from a job's due time to its claim (database clock) |
-//! | `dibs_jobs_rescued_total` | counter | `result` (`requeued`, `dead`, `cancelled`) | jobs whose claims lapsed, returned by this process's workers |
-//! | `dibs_jobs_pruned_total` | counter | `queue` | finished jobs deleted by retention |
-//! | `dibs_jobs` | gauge | `queue`, `state` | jobs per state, from [`record_stats`] |
-//! | `dibs_queue_oldest_waiting_seconds` | gauge | `queue` | the longest wait of a due job, from [`record_stats`] |
-//! | `dibs_queue_paused` | gauge | `queue` | 1 while paused, from [`record_stats`] |
+//! | `tenure_jobs_enqueued_total` | counter | `queue` | jobs enqueued by this process (counted when the insert returns: a transaction rolled back later still counts) |
+//! | `tenure_job_runs_total` | counter | `queue`, `kind`, `outcome` | runs recorded, by [`RunOutcome`] (`completed`, `retried`, `dead`, `snoozed`, `cancelled`, `lost`, `given_back`) |
+//! | `tenure_job_run_seconds` | histogram | `queue`, `kind` | how long handlers ran |
+//! | `tenure_job_queue_wait_seconds` | histogram | `queue`, `kind` | from a job's due time to its claim (database clock) |
+//! | `tenure_jobs_rescued_total` | counter | `result` (`requeued`, `dead`, `cancelled`) | jobs whose claims lapsed, returned by this process's workers |
+//! | `tenure_jobs_pruned_total` | counter | `queue` | finished jobs deleted by retention |
+//! | `tenure_jobs` | gauge | `queue`, `state` | jobs per state, from [`record_stats`] |
+//! | `tenure_queue_oldest_waiting_seconds` | gauge | `queue` | the longest wait of a due job, from [`record_stats`] |
+//! | `tenure_queue_paused` | gauge | `queue` | 1 while paused, from [`record_stats`] |
 //!
 //! Counters say what this process did; the gauges say what the database holds, so call
 //! [`record_stats`] with [`crate::jobs::stats`] from one place (every few seconds, or when
 //! scraped).
 //!
 //! ```
-//! # fn main() -> Result<(), dibs::Error> {
-//! let mut conn = dibs::AnyConnection::connect(":memory:")?;
-//! dibs::run_migrations(&mut conn)?;
+//! # fn main() -> Result<(), tenure::Error> {
+//! let mut conn = tenure::AnyConnection::connect(":memory:")?;
+//! tenure::run_migrations(&mut conn)?;
 //! // With a recorder installed, this sets the gauges:
-//! dibs::metrics::record_stats(&dibs::jobs::stats(&mut conn)?);
+//! tenure::metrics::record_stats(&tenure::jobs::stats(&mut conn)?);
 //! # Ok(()) }
 //! ```
 
@@ -45,17 +45,17 @@ pub fn record_stats(stats: &Stats) {
             ("dead", queue.dead),
             ("cancelled", queue.cancelled),
         ] {
-            gauge!("dibs_jobs", "queue" => name.clone(), "state" => state).set(n as f64);
+            gauge!("tenure_jobs", "queue" => name.clone(), "state" => state).set(n as f64);
         }
         let oldest = queue.oldest_waiting.num_milliseconds() as f64 / 1000.0;
-        gauge!("dibs_queue_oldest_waiting_seconds", "queue" => name.clone()).set(oldest);
-        gauge!("dibs_queue_paused", "queue" => name).set(if queue.paused { 1.0 } else { 0.0 });
+        gauge!("tenure_queue_oldest_waiting_seconds", "queue" => name.clone()).set(oldest);
+        gauge!("tenure_queue_paused", "queue" => name).set(if queue.paused { 1.0 } else { 0.0 });
     }
 }
 
 /// Counts enqueued jobs of `queue`.
 pub(crate) fn record_enqueued(queue: &str, n: usize) {
-    counter!("dibs_jobs_enqueued_total", "queue" => queue.to_string()).increment(n as u64);
+    counter!("tenure_jobs_enqueued_total", "queue" => queue.to_string()).increment(n as u64);
 }
 
 /// Counts a worker's event.
@@ -65,18 +65,18 @@ pub(crate) fn record_event(event: &Event) {
             // Shared, not copied: a run's labels cost no allocation of their text.
             let (queue, kind) = (run.queue.clone(), run.kind.clone());
             counter!(
-                "dibs_job_runs_total",
+                "tenure_job_runs_total",
                 "queue" => queue.clone(),
                 "kind" => kind.clone(),
                 "outcome" => run.outcome.as_str()
             )
             .increment(1);
             if let Some(run_time) = run.run_time {
-                histogram!("dibs_job_run_seconds", "queue" => queue.clone(), "kind" => kind.clone())
+                histogram!("tenure_job_run_seconds", "queue" => queue.clone(), "kind" => kind.clone())
                     .record(run_time.as_secs_f64());
             }
             if run.outcome != RunOutcome::GivenBack {
-                histogram!("dibs_job_queue_wait_seconds", "queue" => queue, "kind" => kind)
+                histogram!("tenure_job_queue_wait_seconds", "queue" => queue, "kind" => kind)
                     .record(run.queue_wait.as_secs_f64());
             }
         }
@@ -90,11 +90,12 @@ pub(crate) fn record_event(event: &Event) {
                 ("dead", dead),
                 ("cancelled", cancelled),
             ] {
-                counter!("dibs_jobs_rescued_total", "result" => result).increment(*n as u64);
+                counter!("tenure_jobs_rescued_total", "result" => result).increment(*n as u64);
             }
         }
         Event::Pruned { queue, deleted } => {
-            counter!("dibs_jobs_pruned_total", "queue" => queue.clone()).increment(*deleted as u64);
+            counter!("tenure_jobs_pruned_total", "queue" => queue.clone())
+                .increment(*deleted as u64);
         }
         Event::SchedulesFired { .. } => {}
     }

@@ -1,4 +1,4 @@
-//! dibs's schema: embedded migrations per backend, run under a lock.
+//! tenure's schema: embedded migrations per backend, run under a lock.
 
 use diesel::backend::Backend as DieselBackend;
 use diesel::prelude::*;
@@ -6,7 +6,8 @@ use diesel::sql_types::{BigInt, Text};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
 use crate::backend::{Dialect, dispatch};
-use crate::{Backend, DibsConnection, Error, Result};
+use crate::transaction::in_transaction;
+use crate::{Backend, Error, Result, TenureConnection};
 
 #[cfg(feature = "sqlite")]
 pub(crate) const SQLITE: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
@@ -15,15 +16,15 @@ pub(crate) const POSTGRES: EmbeddedMigrations = embed_migrations!("migrations/po
 #[cfg(feature = "mysql")]
 pub(crate) const MYSQL: EmbeddedMigrations = embed_migrations!("migrations/mysql");
 
-/// Every version dibs records in `__diesel_schema_migrations` starts with this, so it cannot
+/// Every version tenure records in `__diesel_schema_migrations` starts with this, so it cannot
 /// collide with a user's own versions (diesel's are timestamps or numbers).
-pub const VERSION_PREFIX: &str = "dibs";
+pub const VERSION_PREFIX: &str = "tenure";
 
-/// Runs dibs's pending migrations on any backend and returns the versions it applied (empty
+/// Runs tenure's pending migrations on any backend and returns the versions it applied (empty
 /// when the schema is current).
 ///
-/// It shares diesel's `__diesel_schema_migrations` table with your own migrations: dibs's
-/// versions all start with `dibs`, and each set only runs its own. Several processes may run
+/// It shares diesel's `__diesel_schema_migrations` table with your own migrations: tenure's
+/// versions all start with `tenure`, and each set only runs its own. Several processes may run
 /// it at once: PostgreSQL serializes them with an advisory lock (and applies the whole set in
 /// one transaction), MySQL/MariaDB with `GET_LOCK` (one DDL statement per step, since DDL
 /// commits implicitly there), SQLite with an IMMEDIATE transaction.
@@ -31,33 +32,64 @@ pub const VERSION_PREFIX: &str = "dibs";
 /// Needs a connection outside any transaction ([`Error::InTransaction`] otherwise).
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// assert!(!dibs::run_migrations(&mut conn)?.is_empty());
-/// assert!(dibs::run_migrations(&mut conn)?.is_empty());
+/// # fn main() -> Result<(), tenure::Error> {
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// assert!(!tenure::run_migrations(&mut conn)?.is_empty());
+/// assert!(tenure::run_migrations(&mut conn)?.is_empty());
 /// # Ok(()) }
 /// ```
-pub fn run_migrations<C: DibsConnection>(conn: &mut C) -> Result<Vec<String>> {
+pub fn run_migrations<C: TenureConnection>(conn: &mut C) -> Result<Vec<String>> {
+    // A database migrated under the crate's former name holds its tables under other names:
+    // migrating it would silently add a second, empty set beside them.
+    if in_transaction(conn) {
+        return Err(Error::InTransaction {
+            operation: "run_migrations",
+        });
+    }
+    if recorded_versions(conn)?
+        .iter()
+        .any(|v| v.starts_with(FORMER_VERSION_PREFIX))
+    {
+        return Err(Error::Migration(FORMER_NAME_FOUND.to_owned()));
+    }
     dispatch!(conn, c => c.migrate())
 }
 
-/// The newest dibs migration applied to this database, or `None` before the first
+/// The prefix of the versions recorded by this crate under its former name.
+const FORMER_VERSION_PREFIX: &str = "dibs";
+
+/// What [`run_migrations`] says of a database migrated under the former name.
+const FORMER_NAME_FOUND: &str = "this database was migrated by `dibs`, this crate's former name: \
+its tables are named dibs_* and its versions in __diesel_schema_migrations start with `dibs`. \
+tenure does not take them over. Use a new database, or drain the old queue with the old \
+version, then drop the dibs_* tables and delete the rows of __diesel_schema_migrations whose \
+version starts with `dibs`, and run the migrations again";
+
+/// The newest tenure migration applied to this database, or `None` before the first
 /// [`run_migrations`].
 ///
 /// It only reads: on a database without diesel's `__diesel_schema_migrations` table it says
 /// `None` and creates nothing, so it can run at the same time as [`run_migrations`] (a
-/// `dibs work` starting while `dibs migrate` runs). Inside a caller's transaction it is a
+/// `tenure work` starting while `tenure migrate` runs). Inside a caller's transaction it is a
 /// plain read of it.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// assert_eq!(dibs::schema_version(&mut conn)?, None);
-/// dibs::run_migrations(&mut conn)?;
-/// assert!(dibs::schema_version(&mut conn)?.unwrap().starts_with("dibs"));
+/// # fn main() -> Result<(), tenure::Error> {
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// assert_eq!(tenure::schema_version(&mut conn)?, None);
+/// tenure::run_migrations(&mut conn)?;
+/// assert!(tenure::schema_version(&mut conn)?.unwrap().starts_with("tenure"));
 /// # Ok(()) }
 /// ```
-pub fn schema_version<C: DibsConnection>(conn: &mut C) -> Result<Option<String>> {
+pub fn schema_version<C: TenureConnection>(conn: &mut C) -> Result<Option<String>> {
+    Ok(recorded_versions(conn)?
+        .into_iter()
+        .filter(|v| v.starts_with(VERSION_PREFIX))
+        .max())
+}
+
+/// Every version in diesel's `__diesel_schema_migrations`, or none when it does not exist.
+fn recorded_versions<C: TenureConnection>(conn: &mut C) -> Result<Vec<String>> {
     // Asking diesel's harness would create its table when it is missing (CREATE TABLE IF NOT
     // EXISTS), and on PostgreSQL two of those at once fail on pg_type's unique index, even
     // with IF NOT EXISTS: that raced `run_migrations`, which creates it under its lock.
@@ -84,11 +116,7 @@ pub fn schema_version<C: DibsConnection>(conn: &mut C) -> Result<Option<String>>
             Ok(Vec::new())
         }
     })?;
-    Ok(versions
-        .into_iter()
-        .map(|v| v.version)
-        .filter(|v| v.starts_with(VERSION_PREFIX))
-        .max())
+    Ok(versions.into_iter().map(|v| v.version).collect())
 }
 
 #[derive(QueryableByName)]

@@ -4,13 +4,13 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::backend::{Dialect, dispatch};
-use crate::{AnyConnection, Backend, DibsConnection, Error, Result};
+use crate::{AnyConnection, Backend, Error, Result, TenureConnection};
 
 /// How SQLite flushes commits to disk (`PRAGMA synchronous`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Synchronous {
     /// Every commit is on disk before it returns: a committed claim or completion survives a
-    /// power cut. dibs's default.
+    /// power cut. tenure's default.
     #[default]
     Full,
     /// With WAL, a commit survives a crash of the process but the last commits may be lost on
@@ -18,7 +18,7 @@ pub enum Synchronous {
     Normal,
 }
 
-/// The settings dibs applies to every connection it opens, and that you can apply to your own
+/// The settings tenure applies to every connection it opens, and that you can apply to your own
 /// (with [`SessionSetup::apply`], or as an r2d2 connection customizer on your own pool).
 ///
 /// - SQLite: `busy_timeout` (set first), `journal_mode = WAL`, `synchronous` (FULL by
@@ -27,7 +27,7 @@ pub enum Synchronous {
 ///   never truncated).
 /// - PostgreSQL: nothing is needed.
 ///
-/// dibs's operations are correct without these settings (they never depend on the session
+/// tenure's operations are correct without these settings (they never depend on the session
 /// time zone, and choose their own isolation), but SQLite without a busy timeout turns every
 /// concurrent write into an immediate `SQLITE_BUSY` error.
 ///
@@ -35,9 +35,9 @@ pub enum Synchronous {
 /// [`AnyConnection::connect_raw`]:
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// let mut conn = dibs::AnyConnection::connect_raw(":memory:")?;
-/// dibs::SessionSetup::default().synchronous(dibs::Synchronous::Normal).apply(&mut conn)?;
+/// # fn main() -> Result<(), tenure::Error> {
+/// let mut conn = tenure::AnyConnection::connect_raw(":memory:")?;
+/// tenure::SessionSetup::default().synchronous(tenure::Synchronous::Normal).apply(&mut conn)?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
@@ -70,19 +70,19 @@ impl SessionSetup {
     }
 
     /// Applies the settings to one connection.
-    pub fn apply<C: DibsConnection>(&self, conn: &mut C) -> Result<()> {
+    pub fn apply<C: TenureConnection>(&self, conn: &mut C) -> Result<()> {
         Ok(dispatch!(conn, c => c.setup_session(self))?)
     }
 }
 
-impl<C: DibsConnection + 'static> r2d2::CustomizeConnection<C, Error> for SessionSetup {
+impl<C: TenureConnection + 'static> r2d2::CustomizeConnection<C, Error> for SessionSetup {
     fn on_acquire(&self, conn: &mut C) -> Result<()> {
         self.apply(conn)
     }
 }
 
 /// For pools built on diesel's own `r2d2::ConnectionManager`.
-impl<C: DibsConnection + 'static> r2d2::CustomizeConnection<C, diesel::r2d2::Error>
+impl<C: TenureConnection + 'static> r2d2::CustomizeConnection<C, diesel::r2d2::Error>
     for SessionSetup
 {
     fn on_acquire(&self, conn: &mut C) -> std::result::Result<(), diesel::r2d2::Error> {
@@ -121,18 +121,18 @@ impl r2d2::ManageConnection for ConnectionManager {
 }
 
 /// A connection checked out of a [`Pool`]. It derefs to [`AnyConnection`] and is itself a
-/// [`DibsConnection`].
+/// [`TenureConnection`].
 pub type PooledConnection = r2d2::PooledConnection<ConnectionManager>;
 
-/// An r2d2 pool of [`AnyConnection`]s with dibs's [`SessionSetup`] on each.
+/// An r2d2 pool of [`AnyConnection`]s with tenure's [`SessionSetup`] on each.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// # let dir = tempfile::tempdir().unwrap();
 /// # let url = dir.path().join("app.db").display().to_string();
-/// let pool = dibs::Pool::open(&url)?;
+/// let pool = tenure::Pool::open(&url)?;
 /// let mut conn = pool.get()?;
-/// dibs::run_migrations(&mut conn)?;
+/// tenure::run_migrations(&mut conn)?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -196,14 +196,14 @@ impl Pool {
 /// How to open a [`Pool`].
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// # let dir = tempfile::tempdir().unwrap();
 /// # let url = format!("sqlite://{}", dir.path().join("app.db").display());
 /// use std::time::Duration;
-/// let pool = dibs::Pool::options()
+/// let pool = tenure::Pool::options()
 ///     .max_size(4)
 ///     .connection_timeout(Duration::from_secs(10))
-///     .session(dibs::SessionSetup::default().synchronous(dibs::Synchronous::Normal))
+///     .session(tenure::SessionSetup::default().synchronous(tenure::Synchronous::Normal))
 ///     .open(&url)?;
 /// assert_eq!(pool.max_size(), 4);
 /// # Ok(()) }
@@ -254,10 +254,10 @@ impl PoolOptions {
     /// own empty database.
     ///
     /// ```
-    /// # fn main() -> Result<(), dibs::Error> {
-    /// let pool = dibs::Pool::options().max_size(1).open(":memory:")?;
-    /// dibs::run_migrations(&mut pool.get()?)?;
-    /// assert!(dibs::Pool::open(":memory:").is_err());
+    /// # fn main() -> Result<(), tenure::Error> {
+    /// let pool = tenure::Pool::options().max_size(1).open(":memory:")?;
+    /// tenure::run_migrations(&mut pool.get()?)?;
+    /// assert!(tenure::Pool::open(":memory:").is_err());
     /// # Ok(()) }
     /// ```
     pub fn open(self, url: &str) -> Result<Pool> {

@@ -1,5 +1,5 @@
-//! dibs's tables, as diesel `table!` definitions: the contract of what dibs stores, for
-//! querying and joining dibs's tables from your own diesel code.
+//! tenure's tables, as diesel `table!` definitions: the contract of what tenure stores, for
+//! querying and joining tenure's tables from your own diesel code.
 //!
 //! Column types are the ones that mean the same on every backend: names are `Text` (stored
 //! byte-exact: `COLLATE "C"` on PostgreSQL, `VARBINARY` on MySQL/MariaDB, SQLite's binary
@@ -13,22 +13,22 @@
 //! [`FailedRun`](crate::jobs::FailedRun), [`RunOutput`](crate::jobs::RunOutput),
 //! [`LeaseRecord`](crate::lease::LeaseRecord) and [`ScheduleRecord`](crate::schedules::ScheduleRecord).
 //!
-//! Read them freely; write them only through dibs's functions, which keep the invariants
+//! Read them freely; write them only through tenure's functions, which keep the invariants
 //! (claim tokens, fences, limits) that a plain UPDATE would not.
 //!
 //! ```
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use diesel::prelude::*;
-//! use dibs::jobs::{Job, JobState, NewJob};
-//! use dibs::schema::dibs_jobs;
+//! use tenure::jobs::{Job, JobState, NewJob};
+//! use tenure::schema::tenure_jobs;
 //!
-//! let mut conn = dibs::AnyConnection::connect(":memory:")?;
-//! dibs::run_migrations(&mut conn)?;
-//! dibs::jobs::enqueue(&mut conn, &NewJob::new("mail", "welcome", vec![]))?;
+//! let mut conn = tenure::AnyConnection::connect(":memory:")?;
+//! tenure::run_migrations(&mut conn)?;
+//! tenure::jobs::enqueue(&mut conn, &NewJob::new("mail", "welcome", vec![]))?;
 //!
-//! let waiting: Vec<Job> = dibs_jobs::table
-//!     .filter(dibs_jobs::queue.eq("mail"))
-//!     .filter(dibs_jobs::state.eq(JobState::Waiting))
+//! let waiting: Vec<Job> = tenure_jobs::table
+//!     .filter(tenure_jobs::queue.eq("mail"))
+//!     .filter(tenure_jobs::state.eq(JobState::Waiting))
 //!     .select(Job::as_select())
 //!     .load(&mut conn)?;
 //! assert_eq!(waiting.len(), 1);
@@ -40,7 +40,7 @@ diesel::table! {
     use crate::sql_types::{Instant, Token};
 
     /// Leases: one row per name, never deleted (so fences never go back).
-    dibs_leases (name) {
+    tenure_leases (name) {
         /// The lease's name.
         name -> Text,
         /// The current grant's token; NULL once released.
@@ -61,7 +61,7 @@ diesel::table! {
     use crate::sql_types::{Instant, Token};
 
     /// Jobs.
-    dibs_jobs (id) {
+    tenure_jobs (id) {
         /// The job's id.
         id -> BigInt,
         /// Its queue.
@@ -110,12 +110,12 @@ diesel::table! {
         /// microseconds ([`NewJob::dedup_window`](crate::jobs::NewJob::dedup_window)); NULL:
         /// only while live. Retention keeps it until `finished_at` plus this.
         dedup_window_micros -> Nullable<BigInt>,
-        /// The workflow (`dibs_workflows`) it belongs to, if any.
+        /// The workflow (`tenure_workflows`) it belongs to, if any.
         workflow_id -> Nullable<BigInt>,
         /// With dependencies: when it runs, `all_completed`, `all_finished` or `any_failed`
         /// ([`RunWhen`](crate::jobs::RunWhen)); it is `blocked` until then.
         run_when -> Nullable<Text>,
-        /// Its dependency stripes (`dibs_dependency_stripes`) with dependencies pending.
+        /// Its dependency stripes (`tenure_dependency_stripes`) with dependencies pending.
         stripes_pending -> Nullable<Integer>,
         /// How many jobs were enqueued depending on it.
         dependents -> Integer,
@@ -123,7 +123,7 @@ diesel::table! {
         progress -> Nullable<Double>,
         /// The message with that progress.
         progress_message -> Nullable<Text>,
-        /// The worker ([`dibs_workers`](crate::schema::dibs_workers)) whose claim it runs (or
+        /// The worker ([`tenure_workers`](crate::schema::tenure_workers)) whose claim it runs (or
         /// last ran) under; NULL for a claim made outside a worker
         /// ([`claim`](crate::jobs::claim)).
         claimed_by -> Nullable<BigInt>,
@@ -135,7 +135,7 @@ diesel::table! {
     use crate::sql_types::Instant;
 
     /// The errors of jobs' failed runs (the newest 20 per job).
-    dibs_job_errors (id) {
+    tenure_job_errors (id) {
         /// The entry's id.
         id -> BigInt,
         /// The job's id.
@@ -154,7 +154,7 @@ diesel::table! {
     use crate::sql_types::Instant;
 
     /// What runs printed and how they exited (jobs whose runs report it).
-    dibs_job_outputs (id) {
+    tenure_job_outputs (id) {
         /// The entry's id.
         id -> BigInt,
         /// The job's id.
@@ -175,7 +175,7 @@ diesel::table! {
     use crate::sql_types::Instant;
 
     /// Paused queues: claims skip them.
-    dibs_queue_pauses (queue) {
+    tenure_queue_pauses (queue) {
         /// The queue.
         queue -> Text,
         /// Since when.
@@ -188,7 +188,7 @@ diesel::table! {
     use crate::sql_types::Instant;
 
     /// Recurring schedules.
-    dibs_schedules (name) {
+    tenure_schedules (name) {
         /// Its name.
         name -> Text,
         /// Its cron expression (or NULL with an interval).
@@ -229,7 +229,7 @@ diesel::table! {
     use crate::sql_types::Instant;
 
     /// Limit keys: claimers of a key serialize on its row.
-    dibs_limit_keys (limit_key) {
+    tenure_limit_keys (limit_key) {
         /// The key.
         limit_key -> Text,
         /// Until then the key's rate of `throttled_max` starts per `throttled_period_us` is
@@ -239,14 +239,14 @@ diesel::table! {
         throttled_max -> Nullable<Integer>,
         /// The period of that rate, in microseconds.
         throttled_period_us -> Nullable<BigInt>,
-        /// Its rows in `dibs_limit_starts` (the newest 10,000 are kept, at least).
+        /// Its rows in `tenure_limit_starts` (the newest 10,000 are kept, at least).
         starts_kept -> BigInt,
     }
 }
 
 diesel::table! {
     /// A job's limits, one row per key ([`crate::jobs::Limit`]).
-    dibs_job_limits (job_id, limit_key) {
+    tenure_job_limits (job_id, limit_key) {
         /// The job.
         job_id -> BigInt,
         /// The key.
@@ -265,7 +265,7 @@ diesel::table! {
     use crate::sql_types::Instant;
 
     /// The starts of rate-limited keys: the newest 10,000 per key, at least.
-    dibs_limit_starts (limit_key, started_at, job_id) {
+    tenure_limit_starts (limit_key, started_at, job_id) {
         /// The key.
         limit_key -> Text,
         /// When a job with the key was claimed (its `claimed_at`).
@@ -277,7 +277,7 @@ diesel::table! {
 
 diesel::table! {
     /// Queue-wide concurrency limits ([`crate::jobs::limit_queue`]).
-    dibs_queue_limits (queue) {
+    tenure_queue_limits (queue) {
         /// The queue.
         queue -> Text,
         /// At most so many running jobs of the queue.
@@ -290,7 +290,7 @@ diesel::table! {
     use crate::sql_types::Instant;
 
     /// Workflows and batches ([`crate::jobs::Workflow`]): jobs with `workflow_id` are theirs.
-    dibs_workflows (id) {
+    tenure_workflows (id) {
         /// The workflow's id.
         id -> BigInt,
         /// Its name.
@@ -308,7 +308,7 @@ diesel::table! {
 
 diesel::table! {
     /// Dependencies: `job_id` waits for `depends_on`.
-    dibs_job_dependencies (job_id, depends_on) {
+    tenure_job_dependencies (job_id, depends_on) {
         /// The job that waits.
         job_id -> BigInt,
         /// The job it waits for.
@@ -325,7 +325,7 @@ diesel::table! {
 diesel::table! {
     /// A blocked job's pending dependencies, counted in stripes so that finishing them at
     /// once does not serialize on one row.
-    dibs_dependency_stripes (job_id, stripe) {
+    tenure_dependency_stripes (job_id, stripe) {
         /// The blocked job.
         job_id -> BigInt,
         /// The stripe.
@@ -337,7 +337,7 @@ diesel::table! {
 
 diesel::table! {
     /// Results of completed jobs ([`crate::jobs::JobResult`]).
-    dibs_job_results (job_id) {
+    tenure_job_results (job_id) {
         /// The job.
         job_id -> BigInt,
         /// `json` or `bytes`.
@@ -355,9 +355,9 @@ diesel::table! {
     /// [`crate::worker`], "When a worker dies"). A worker inserts its row and takes a lock
     /// that lasts as long as its process: on PostgreSQL the session-level advisory lock
     /// `pg_advisory_lock(1684628083, id)` (the id's low 32 bits), on MySQL/MariaDB the named
-    /// lock `CONCAT('dibs.worker.', MD5(DATABASE()), '.', id)`, each on a connection the
+    /// lock `CONCAT('tenure.worker.', MD5(DATABASE()), '.', id)`, each on a connection the
     /// worker keeps; on SQLite an exclusive `flock` of the file `<database>-workers/<id>`.
-    dibs_workers (id) {
+    tenure_workers (id) {
         /// The worker's id (never reused).
         id -> BigInt,
         /// The host it runs on.
@@ -373,26 +373,26 @@ diesel::table! {
     }
 }
 
-diesel::joinable!(dibs_job_errors -> dibs_jobs (job_id));
-diesel::joinable!(dibs_job_outputs -> dibs_jobs (job_id));
-diesel::joinable!(dibs_job_limits -> dibs_jobs (job_id));
-diesel::joinable!(dibs_job_results -> dibs_jobs (job_id));
-diesel::joinable!(dibs_dependency_stripes -> dibs_jobs (job_id));
+diesel::joinable!(tenure_job_errors -> tenure_jobs (job_id));
+diesel::joinable!(tenure_job_outputs -> tenure_jobs (job_id));
+diesel::joinable!(tenure_job_limits -> tenure_jobs (job_id));
+diesel::joinable!(tenure_job_results -> tenure_jobs (job_id));
+diesel::joinable!(tenure_dependency_stripes -> tenure_jobs (job_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
-    dibs_leases,
-    dibs_jobs,
-    dibs_job_errors,
-    dibs_job_outputs,
-    dibs_queue_pauses,
-    dibs_schedules,
-    dibs_limit_keys,
-    dibs_job_limits,
-    dibs_limit_starts,
-    dibs_queue_limits,
-    dibs_workflows,
-    dibs_job_dependencies,
-    dibs_dependency_stripes,
-    dibs_job_results,
-    dibs_workers,
+    tenure_leases,
+    tenure_jobs,
+    tenure_job_errors,
+    tenure_job_outputs,
+    tenure_queue_pauses,
+    tenure_schedules,
+    tenure_limit_keys,
+    tenure_job_limits,
+    tenure_limit_starts,
+    tenure_queue_limits,
+    tenure_workflows,
+    tenure_job_dependencies,
+    tenure_dependency_stripes,
+    tenure_job_results,
+    tenure_workers,
 );

@@ -40,20 +40,20 @@ pub struct Instant;
 #[cfg_attr(feature = "sqlite", diesel(sqlite_type(name = "Binary")))]
 pub struct Token;
 
-/// The database's clock as a diesel expression of type [`Instant`], spelled as dibs spells it
+/// The database's clock as a diesel expression of type [`Instant`], spelled as tenure spells it
 /// on each backend (`statement_timestamp()`, `UTC_TIMESTAMP(6)`, SQLite's `strftime`): for
-/// your own queries that compare against the instants dibs stores.
+/// your own queries that compare against the instants tenure stores.
 ///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use diesel::prelude::*;
-/// use dibs::schema::dibs_leases;
-/// use dibs::sql_types::DatabaseNow;
-/// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// # dibs::run_migrations(&mut conn)?;
-/// dibs::lease::try_take(&mut conn, "backup", std::time::Duration::from_secs(60), "me")?;
-/// let held: i64 = dibs_leases::table
-///     .filter(dibs_leases::token.is_not_null().and(dibs_leases::expires_at.gt(DatabaseNow)))
+/// use tenure::schema::tenure_leases;
+/// use tenure::sql_types::DatabaseNow;
+/// # let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// # tenure::run_migrations(&mut conn)?;
+/// tenure::lease::try_take(&mut conn, "backup", std::time::Duration::from_secs(60), "me")?;
+/// let held: i64 = tenure_leases::table
+///     .filter(tenure_leases::token.is_not_null().and(tenure_leases::expires_at.gt(DatabaseNow)))
 ///     .count()
 ///     .get_result(&mut conn)?;
 /// assert_eq!(held, 1);
@@ -70,7 +70,7 @@ impl<QS> SelectableExpression<QS> for DatabaseNow {}
 impl<QS> AppearsOnTable<QS> for DatabaseNow {}
 
 /// A `chrono::DateTime<Utc>` to bind as an [`Instant`] in your own queries:
-/// `dibs_jobs::due_at.lt(InstantValue(cutoff))` (also against `Nullable<Instant>` columns).
+/// `tenure_jobs::due_at.lt(InstantValue(cutoff))` (also against `Nullable<Instant>` columns).
 ///
 /// A plain `DateTime<Utc>` cannot be: diesel binds it as its own timestamp types, and Rust's
 /// coherence rules keep any crate but diesel from making it an [`Instant`] expression.
@@ -78,13 +78,13 @@ impl<QS> AppearsOnTable<QS> for DatabaseNow {}
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use diesel::prelude::*;
-/// use dibs::schema::dibs_jobs;
-/// use dibs::sql_types::InstantValue;
-/// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// # dibs::run_migrations(&mut conn)?;
+/// use tenure::schema::tenure_jobs;
+/// use tenure::sql_types::InstantValue;
+/// # let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// # tenure::run_migrations(&mut conn)?;
 /// let in_an_hour = chrono::Utc::now() + chrono::Duration::hours(1);
-/// let due_soon: i64 = dibs_jobs::table
-///     .filter(dibs_jobs::due_at.lt(InstantValue(in_an_hour)))
+/// let due_soon: i64 = tenure_jobs::table
+///     .filter(tenure_jobs::due_at.lt(InstantValue(in_an_hour)))
 ///     .count()
 ///     .get_result(&mut conn)?;
 /// # assert_eq!(due_soon, 0);
@@ -104,7 +104,7 @@ where
 }
 
 /// A `uuid::Uuid` to bind as a [`Token`] in your own queries:
-/// `dibs_leases::token.eq(TokenValue(lease.token()))`. (A plain `Uuid` cannot be, for the
+/// `tenure_leases::token.eq(TokenValue(lease.token()))`. (A plain `Uuid` cannot be, for the
 /// reason given at [`InstantValue`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, AsExpression)]
 #[diesel(sql_type = Token)]

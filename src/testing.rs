@@ -3,10 +3,10 @@
 //! queued jobs inline ([`drain`]). They work on every backend, SQLite in memory included.
 //!
 //! ```
-//! # fn main() -> Result<(), dibs::Error> {
-//! use dibs::jobs::{self, JobArgs};
-//! use dibs::testing;
-//! use dibs::worker::{JobContext, JobError, Worker};
+//! # fn main() -> Result<(), tenure::Error> {
+//! use tenure::jobs::{self, JobArgs};
+//! use tenure::testing;
+//! use tenure::worker::{JobContext, JobError, Worker};
 //!
 //! #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 //! struct Welcome { to: String }
@@ -26,8 +26,8 @@
 //! assert!(send_welcome(&testing::job_context::<Welcome>(), Welcome { to: "".into() }).unwrap_err().is_dead());
 //!
 //! // What the code under test enqueued, then run it inline.
-//! let pool = dibs::Pool::options().max_size(1).open(":memory:")?;
-//! dibs::run_migrations(&mut pool.get()?)?;
+//! let pool = tenure::Pool::options().max_size(1).open(":memory:")?;
+//! tenure::run_migrations(&mut pool.get()?)?;
 //! jobs::enqueue_job(&mut pool.get()?, &Welcome { to: "ada@example.com".into() })?;
 //! testing::assert_enqueued(&mut pool.get()?, &Welcome { to: "ada@example.com".into() });
 //! let report = testing::drain(Worker::builder(pool.clone()).register(send_welcome))?;
@@ -44,9 +44,9 @@ use diesel::prelude::*;
 
 use crate::backend::dispatch;
 use crate::jobs::{JobArgs, JobClaim, JobState};
-use crate::schema::dibs_jobs;
+use crate::schema::tenure_jobs;
 use crate::worker::{JobContext, Report, WorkerBuilder};
-use crate::{DibsConnection, Error, Result};
+use crate::{Error, Result, TenureConnection};
 
 /// A [`JobContext`] for calling a handler of `T` directly in a unit test: job id 0 on
 /// `T::QUEUE`, kind `T::KIND`, first attempt of `T::MAX_ATTEMPTS`, all instants the host's
@@ -106,14 +106,14 @@ pub fn request_stop(ctx: &JobContext) {
 
 /// The waiting jobs of type `T` (on `T::QUEUE`, of kind `T::KIND`), decoded, oldest first.
 /// A payload that does not decode as `T` is an [`Error::InvalidInput`] naming the job.
-pub fn enqueued<T: JobArgs, C: DibsConnection>(conn: &mut C) -> Result<Vec<T>> {
+pub fn enqueued<T: JobArgs, C: TenureConnection>(conn: &mut C) -> Result<Vec<T>> {
     let rows: Vec<(i64, Vec<u8>)> = dispatch!(conn, c => {
-        dibs_jobs::table
-            .filter(dibs_jobs::queue.eq(T::QUEUE))
-            .filter(dibs_jobs::kind.eq(T::KIND))
-            .filter(dibs_jobs::state.eq(JobState::Waiting))
-            .order(dibs_jobs::id)
-            .select((dibs_jobs::id, dibs_jobs::payload))
+        tenure_jobs::table
+            .filter(tenure_jobs::queue.eq(T::QUEUE))
+            .filter(tenure_jobs::kind.eq(T::KIND))
+            .filter(tenure_jobs::state.eq(JobState::Waiting))
+            .order(tenure_jobs::id)
+            .select((tenure_jobs::id, tenure_jobs::payload))
             .load(c)
     })?;
     rows.into_iter()
@@ -136,7 +136,7 @@ pub fn enqueued<T: JobArgs, C: DibsConnection>(conn: &mut C) -> Result<Vec<T>> {
 /// A test assertion: it panics, listing what is waiting, when there is none, and when the
 /// jobs cannot be read.
 #[track_caller]
-pub fn assert_enqueued<T: JobArgs + PartialEq + Debug, C: DibsConnection>(
+pub fn assert_enqueued<T: JobArgs + PartialEq + Debug, C: TenureConnection>(
     conn: &mut C,
     expected: &T,
 ) {

@@ -8,9 +8,9 @@ use diesel::result::Error as DieselError;
 
 use crate::backend::turns::Turn;
 use crate::backend::{Dialect, dispatch};
-use crate::{DibsConnection, Error, Result};
+use crate::{Error, Result, TenureConnection};
 
-/// Runs `f` in a transaction of the kind dibs's writes need on this backend, and commits it if
+/// Runs `f` in a transaction of the kind tenure's writes need on this backend, and commits it if
 /// `f` returns `Ok` (rolls back otherwise).
 ///
 /// - SQLite: `BEGIN IMMEDIATE`, so the transaction holds the write lock from its start and
@@ -27,14 +27,14 @@ use crate::{DibsConnection, Error, Result};
 /// asks for the write lock, and gives the turn back when it ends. So a busy process cannot
 /// starve one of its own writers, which SQLite's busy handler alone allows.
 ///
-/// Use it for your own writes that go with dibs calls which accept a caller's transaction
+/// Use it for your own writes that go with tenure calls which accept a caller's transaction
 /// (enqueue, complete-in-transaction, verifying a lease).
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// use diesel::RunQueryDsl;
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// let n = dibs::transaction(&mut conn, |conn| {
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// let n = tenure::transaction(&mut conn, |conn| {
 ///     diesel::sql_query("CREATE TABLE t (x INTEGER)").execute(conn)?;
 ///     diesel::sql_query("INSERT INTO t VALUES (1)").execute(conn)
 /// })?;
@@ -43,7 +43,7 @@ use crate::{DibsConnection, Error, Result};
 /// ```
 pub fn transaction<C, T, E, F>(conn: &mut C, f: F) -> std::result::Result<T, E>
 where
-    C: DibsConnection,
+    C: TenureConnection,
     E: From<DieselError>,
     F: FnOnce(&mut C) -> std::result::Result<T, E>,
 {
@@ -76,21 +76,21 @@ fn begin_nested<D: Dialect>(conn: &mut D) -> diesel::QueryResult<()> {
     D::TransactionManager::begin_transaction(conn)
 }
 
-/// [`finish`] through the concrete connection, so any [`DibsConnection`] (a pooled one too)
+/// [`finish`] through the concrete connection, so any [`TenureConnection`] (a pooled one too)
 /// can hold the transaction.
 fn finish_any<C, T, E>(
     conn: &mut C,
     outcome: std::result::Result<T, E>,
 ) -> std::result::Result<T, E>
 where
-    C: DibsConnection,
+    C: TenureConnection,
     E: From<DieselError>,
 {
     dispatch!(any conn, c => finish(c, outcome))
 }
 
 /// Commits after `Ok` and rolls back after `Err`, like diesel's own `transaction`, for a
-/// transaction (or savepoint) that dibs began.
+/// transaction (or savepoint) that tenure began.
 fn finish<D, T, E>(conn: &mut D, outcome: std::result::Result<T, E>) -> std::result::Result<T, E>
 where
     D: Dialect,
@@ -108,7 +108,7 @@ where
     }
 }
 
-/// Runs `f` in a write transaction of dibs's kind on a connection that must not be inside a
+/// Runs `f` in a write transaction of tenure's kind on a connection that must not be inside a
 /// caller's transaction (the operations that need a bare connection use this).
 pub(crate) fn bare_write_transaction<D, T, F>(
     conn: &mut D,
@@ -135,11 +135,11 @@ where
 /// For a single write statement that may run on a bare connection (autocommit): this
 /// process's turn to write on SQLite, held by the caller until the statement is done. `None`
 /// on the servers and inside a transaction.
-pub(crate) fn write_turn<C: DibsConnection>(conn: &mut C) -> Result<Option<Turn>> {
+pub(crate) fn write_turn<C: TenureConnection>(conn: &mut C) -> Result<Option<Turn>> {
     Ok(dispatch!(conn, c => c.write_turn())?)
 }
 
-/// Begins dibs's write transaction, or says [`Error::InTransaction`] if the caller has one open.
+/// Begins tenure's write transaction, or says [`Error::InTransaction`] if the caller has one open.
 pub(crate) fn begin_bare<D: Dialect>(conn: &mut D, operation: &'static str) -> Result<()> {
     match conn.begin_write() {
         Ok(()) => Ok(()),
@@ -160,11 +160,11 @@ pub(crate) fn require_bare<D: Dialect>(conn: &mut D, operation: &'static str) ->
     }
 }
 
-/// How often a transaction dibs owns is tried again after a deadlock or a serialization
+/// How often a transaction tenure owns is tried again after a deadlock or a serialization
 /// failure.
 const TRANSIENT_RETRIES: u32 = 6;
 
-/// [`transaction`] for dibs's own operations whose locks can meet other transactions' in a
+/// [`transaction`] for tenure's own operations whose locks can meet other transactions' in a
 /// cycle (a finish settling dependents of lower id than a job it finishes, while a cancel or
 /// an enqueue locks in id order): outside a caller's transaction, a deadlock, serialization
 /// failure or busy database rolls the whole transaction back and it runs again (a few
@@ -173,7 +173,7 @@ const TRANSIENT_RETRIES: u32 = 6;
 /// ([`Error::is_retryable`]).
 pub(crate) fn retrying_transaction<C, T, F>(conn: &mut C, mut f: F) -> Result<T>
 where
-    C: DibsConnection,
+    C: TenureConnection,
     F: FnMut(&mut C) -> Result<T>,
 {
     if in_transaction(conn) {
@@ -182,7 +182,7 @@ where
     retry_transient(|| transaction(conn, &mut f))
 }
 
-/// Runs `attempt` (a whole transaction dibs owns) again after a deadlock, serialization
+/// Runs `attempt` (a whole transaction tenure owns) again after a deadlock, serialization
 /// failure or busy database, a few times, after a short random pause.
 pub(crate) fn retry_transient<T>(mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
     let mut tries = 0;
@@ -199,8 +199,8 @@ pub(crate) fn retry_transient<T>(mut attempt: impl FnMut() -> Result<T>) -> Resu
     }
 }
 
-/// Whether the connection is inside a transaction (the caller's, or one dibs began).
-pub(crate) fn in_transaction<C: DibsConnection>(conn: &mut C) -> bool {
+/// Whether the connection is inside a transaction (the caller's, or one tenure began).
+pub(crate) fn in_transaction<C: TenureConnection>(conn: &mut C) -> bool {
     dispatch!(any conn, c => depth_of(c))
 }
 

@@ -35,7 +35,7 @@ pub(crate) fn name(field: &'static str, value: &str) -> Result<()> {
 /// The longest free-text label (a lease's holder), in bytes.
 pub const MAX_LABEL_BYTES: usize = 255;
 
-/// The longest ttl dibs accepts. Longer is almost certainly a unit mistake (ms for s).
+/// The longest ttl tenure accepts. Longer is almost certainly a unit mistake (ms for s).
 pub const MAX_TTL: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// A free-text label for humans: at most [`MAX_LABEL_BYTES`] bytes, no NUL; may be empty.
@@ -88,7 +88,7 @@ pub(crate) fn delay_micros(delay: Duration) -> Result<i64> {
     i64::try_from(delay.as_micros()).map_err(|_| Error::invalid("delay", "out of range"))
 }
 
-/// The earliest instant dibs stores, `0001-01-01T00:00:00Z`, in seconds since the epoch.
+/// The earliest instant tenure stores, `0001-01-01T00:00:00Z`, in seconds since the epoch.
 ///
 /// Years 1 to 9999 are what all three backends store and give back unchanged: MySQL's
 /// `DATETIME` ends at 9999-12-31 (a later instant is stored as `0000-00-00` even in strict
@@ -96,7 +96,7 @@ pub(crate) fn delay_micros(delay: Duration) -> Result<i64> {
 /// which orders correctly only for four-digit years (`+10000-...` sorts before `2025-...`).
 pub(crate) const EARLIEST_INSTANT_SECS: i64 = -62_135_596_800;
 
-/// The first instant past what dibs stores, `10000-01-01T00:00:00Z`, in seconds since the
+/// The first instant past what tenure stores, `10000-01-01T00:00:00Z`, in seconds since the
 /// epoch: the latest instant stored is just before it (`9999-12-31T23:59:59.999999Z`).
 pub(crate) const END_OF_INSTANTS_SECS: i64 = 253_402_300_800;
 
@@ -111,7 +111,7 @@ pub(crate) fn instant(field: &'static str, at: DateTime<Utc>) -> Result<()> {
     if at.nanosecond() >= 1_000_000_000 {
         return Err(Error::invalid(
             field,
-            format!("{at} is a leap second, which not every database dibs supports stores"),
+            format!("{at} is a leap second, which not every database tenure supports stores"),
         ));
     }
     let secs = at.timestamp();
@@ -120,7 +120,7 @@ pub(crate) fn instant(field: &'static str, at: DateTime<Utc>) -> Result<()> {
     }
     Err(Error::invalid(
         field,
-        format!("{at} is outside the years 1 to 9999, which every database dibs supports stores"),
+        format!("{at} is outside the years 1 to 9999, which every database tenure supports stores"),
     ))
 }
 

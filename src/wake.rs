@@ -11,7 +11,7 @@ use diesel::sql_types::Text;
 
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
-use crate::{DibsConnection, Error, Result};
+use crate::{Error, Result, TenureConnection};
 
 /// Something that wants to hear of new jobs: a running worker.
 pub(crate) trait Waker: Send + Sync {
@@ -49,14 +49,14 @@ pub(crate) fn wake<'q>(queues: impl IntoIterator<Item = &'q str>) {
 /// Wakes idle workers of `queues` in other processes where the backend can: PostgreSQL's
 /// NOTIFY, delivered when the connection's transaction commits. Inside a caller's
 /// transaction, so that a rolled-back enqueue wakes nobody.
-pub(crate) fn notify<'q, C: DibsConnection>(
+pub(crate) fn notify<'q, C: TenureConnection>(
     conn: &mut C,
     queues: impl IntoIterator<Item = &'q str>,
 ) -> Result<()> {
     send(conn, queues, false)
 }
 
-fn send<'q, C: DibsConnection>(
+fn send<'q, C: TenureConnection>(
     conn: &mut C,
     queues: impl IntoIterator<Item = &'q str>,
     unflushed: bool,
@@ -82,7 +82,7 @@ fn send<'q, C: DibsConnection>(
 /// the lock only for a moment and adds no flush of its own; a crash can lose the wake-up,
 /// not the job. Its failure is logged and not returned: the jobs are in (a caller retrying
 /// would double them), and idle workers still find them at their next poll.
-pub(crate) fn notify_committed<'q, C: DibsConnection>(
+pub(crate) fn notify_committed<'q, C: TenureConnection>(
     conn: &mut C,
     queues: impl IntoIterator<Item = &'q str>,
 ) {

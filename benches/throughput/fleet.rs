@@ -6,9 +6,9 @@
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use dibs::Backend;
-use dibs::jobs::{self, NewJob};
-use dibs::worker::{JobContext, JobError, Worker};
+use tenure::Backend;
+use tenure::jobs::{self, NewJob};
+use tenure::worker::{JobContext, JobError, Worker};
 
 use crate::support::{BenchDb, Figures, with_latencies};
 
@@ -20,11 +20,11 @@ pub const SHAPES: [(usize, usize); 3] = [(1, 16), (2, 8), (4, 4)];
 pub fn child(mut args: impl Iterator<Item = String>) -> ! {
     let url = args.next().expect("a URL");
     let threads: usize = args.next().and_then(|t| t.parse().ok()).expect("threads");
-    let pool = dibs::Pool::options()
+    let pool = tenure::Pool::options()
         .max_size(threads as u32 + 4)
         .open(&url)
         .expect("open a pool");
-    let mut watch = dibs::AnyConnection::connect(&url).expect("connect");
+    let mut watch = tenure::AnyConnection::connect(&url).expect("connect");
     let worker = Worker::builder(pool)
         .queue("bench")
         .threads(threads)

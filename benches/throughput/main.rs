@@ -1,4 +1,4 @@
-//! dibs's throughput and latency harness (no extra tooling; prints one table).
+//! tenure's throughput and latency harness (no extra tooling; prints one table).
 //!
 //! ```text
 //! cargo bench --bench throughput --all-features -- [options]
@@ -27,9 +27,9 @@
 //! and completes until the claimed kinds are drained. K claims one kind (A), L two (A and C,
 //! half of N each). p50/p95 are per `claim_kinds` call.
 //!
-//! Servers: `DIBS_TEST_POSTGRES_URL` / `DIBS_TEST_MYSQL_URL` (defaulting to the local
+//! Servers: `TENURE_TEST_POSTGRES_URL` / `TENURE_TEST_MYSQL_URL` (defaulting to the local
 //! services); each run gets a database of its own, dropped afterwards. SQLite runs on a file
-//! in a temporary directory. Everything runs with dibs's defaults (SQLite synchronous=FULL)
+//! in a temporary directory. Everything runs with tenure's defaults (SQLite synchronous=FULL)
 //! and the servers' defaults.
 
 use std::collections::BTreeMap;
@@ -37,10 +37,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dibs::jobs::{self, NewJob};
-use dibs::worker::{JobContext, JobError, Worker};
-use dibs::{AnyConnection, Backend, Pool};
 use diesel::connection::SimpleConnection;
+use tenure::jobs::{self, NewJob};
+use tenure::worker::{JobContext, JobError, Worker};
+use tenure::{AnyConnection, Backend, Pool};
 
 mod fleet;
 mod producers;
@@ -240,7 +240,7 @@ fn fill_finished(conn: &mut AnyConnection, backend: Backend, n: usize) {
         let rows = left.min(1000);
         let values = vec![row.as_str(); rows].join(", ");
         conn.batch_execute(&format!(
-            "INSERT INTO dibs_jobs (queue, kind, payload, priority, state, attempt, \
+            "INSERT INTO tenure_jobs (queue, kind, payload, priority, state, attempt, \
              max_attempts, due_at, created_at, finished_at) VALUES {values}"
         ))
         .expect("insert finished jobs");
@@ -353,10 +353,10 @@ fn settle(backend: Backend, conn: &mut AnyConnection) {
         // No CHECKPOINT: right after one, every page's first change writes a full page
         // image to the WAL, and the drain would pay for that instead.
         Backend::Postgres => conn
-            .batch_execute("VACUUM ANALYZE dibs_jobs")
+            .batch_execute("VACUUM ANALYZE tenure_jobs")
             .expect("vacuum"),
         Backend::Mysql => {
-            conn.batch_execute("ANALYZE TABLE dibs_jobs")
+            conn.batch_execute("ANALYZE TABLE tenure_jobs")
                 .expect("analyze");
             // The history list counts transactions, not rows: the setup's one big UPDATE is
             // one entry until its million row versions are purged.
@@ -374,7 +374,7 @@ fn settle(backend: Backend, conn: &mut AnyConnection) {
             }
             // Then write the pages the setup dirtied (what FOR EXPORT is for), instead of
             // during the drain.
-            conn.batch_execute("FLUSH TABLES dibs_jobs FOR EXPORT")
+            conn.batch_execute("FLUSH TABLES tenure_jobs FOR EXPORT")
                 .expect("flush the table");
             conn.batch_execute("UNLOCK TABLES").expect("unlock");
         }
@@ -383,7 +383,7 @@ fn settle(backend: Backend, conn: &mut AnyConnection) {
 }
 
 /// A worker on the bench queue with the harness's threads and prefetch.
-fn bench_worker(pool: Pool, options: &Options) -> dibs::worker::WorkerBuilder {
+fn bench_worker(pool: Pool, options: &Options) -> tenure::worker::WorkerBuilder {
     let builder = Worker::builder(pool)
         .queue("bench")
         .threads(options.workers);
@@ -515,7 +515,7 @@ fn main() {
         }
     };
     println!(
-        "dibs throughput: {} jobs, {} worker threads, {}-byte payloads, prefetch {}, median of {} runs",
+        "tenure throughput: {} jobs, {} worker threads, {}-byte payloads, prefetch {}, median of {} runs",
         options.jobs,
         options.workers,
         options.payload,
@@ -631,7 +631,7 @@ fn main() {
                         producers::Producer::PlainInsert,
                         "plain diesel insert (ceiling)",
                     ),
-                    (producers::Producer::Dibs, "dibs enqueue"),
+                    (producers::Producer::Tenure, "tenure enqueue"),
                 ] {
                     let figures =
                         runs(&|| producers::producers(backend, options.jobs, threads, how));
@@ -643,7 +643,7 @@ fn main() {
                     );
                 }
                 println!(
-                    "| {name} | E. {threads} producers: dibs / ceiling | {:.2} | | | |",
+                    "| {name} | E. {threads} producers: tenure / ceiling | {:.2} | | | |",
                     ratio[1] / ratio[0]
                 );
             }

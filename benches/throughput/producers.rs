@@ -2,16 +2,16 @@
 //! enqueueing one job per transaction (`jobs::enqueue` on a bare connection: one
 //! autocommit statement), while an idle worker listens (on PostgreSQL its LISTEN
 //! connection receives every wake-up). Beside it, in the same run, the ceiling: the same
-//! row inserted into `dibs_jobs` by a plain diesel statement, no dibs in between.
+//! row inserted into `tenure_jobs` by a plain diesel statement, no tenure in between.
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use dibs::jobs::{self, NewJob};
-use dibs::worker::{JobContext, JobError, Worker};
-use dibs::{AnyConnection, Backend};
 use diesel::RunQueryDsl;
 use diesel::sql_types::{Binary, Text};
+use tenure::jobs::{self, NewJob};
+use tenure::worker::{JobContext, JobError, Worker};
+use tenure::{AnyConnection, Backend};
 
 use crate::support::{BenchDb, Figures, with_latencies};
 
@@ -21,7 +21,7 @@ pub const PRODUCERS: [usize; 3] = [1, 4, 16];
 /// How a producer inserts its jobs.
 #[derive(Clone, Copy, PartialEq)]
 pub enum Producer {
-    Dibs,
+    Tenure,
     PlainInsert,
 }
 
@@ -50,7 +50,7 @@ pub fn producers(backend: Backend, jobs: usize, threads: usize, how: Producer) -
                 for _ in 0..per_thread {
                     let t = Instant::now();
                     match how {
-                        Producer::Dibs => {
+                        Producer::Tenure => {
                             jobs::enqueue(&mut conn, &job).expect("enqueue");
                         }
                         Producer::PlainInsert => plain_insert(&mut conn, backend),
@@ -73,21 +73,21 @@ pub fn producers(backend: Backend, jobs: usize, threads: usize, how: Producer) -
 }
 
 /// The row `jobs::enqueue` writes for a plain job, by one diesel statement (the database's
-/// clock for its times, as dibs's insert uses).
+/// clock for its times, as tenure's insert uses).
 fn plain_insert(conn: &mut AnyConnection, backend: Backend) {
     let sql = match backend {
         Backend::Postgres => {
-            "INSERT INTO dibs_jobs (queue, kind, payload, priority, state, max_attempts, \
+            "INSERT INTO tenure_jobs (queue, kind, payload, priority, state, max_attempts, \
              due_at, created_at) VALUES ($1, $2, $3, 0, 'waiting', 25, \
              statement_timestamp(), statement_timestamp()) RETURNING id"
         }
         Backend::Mysql => {
-            "INSERT INTO dibs_jobs (queue, kind, payload, priority, state, max_attempts, \
+            "INSERT INTO tenure_jobs (queue, kind, payload, priority, state, max_attempts, \
              due_at, created_at) VALUES (?, ?, ?, 0, 'waiting', 25, \
              UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
         }
         Backend::Sqlite => {
-            "INSERT INTO dibs_jobs (queue, kind, payload, priority, state, max_attempts, \
+            "INSERT INTO tenure_jobs (queue, kind, payload, priority, state, max_attempts, \
              due_at, created_at) VALUES (?, ?, ?, 0, 'waiting', 25, \
              strftime('%Y-%m-%d %H:%M:%f','now'), strftime('%Y-%m-%d %H:%M:%f','now')) \
              RETURNING id"

@@ -10,9 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dibs::jobs::{self, NewJob};
-use dibs::worker::{JobContext, JobError, Worker};
-use dibs::{AnyConnection, Backend, Pool};
+use tenure::jobs::{self, NewJob};
+use tenure::worker::{JobContext, JobError, Worker};
+use tenure::{AnyConnection, Backend, Pool};
 
 use crate::support::{BenchDb, Figures, with_latencies};
 
@@ -105,7 +105,7 @@ pub fn crash_recovery(backend: Backend) -> Figures {
     loop {
         let running = count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'running'",
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'running'",
         );
         if running != last.0 {
             last = (running, Instant::now());
@@ -122,7 +122,7 @@ pub fn crash_recovery(backend: Backend) -> Figures {
         id: i64,
     }
     let held: HashSet<i64> = diesel::RunQueryDsl::load::<Id>(
-        diesel::sql_query("SELECT id FROM dibs_jobs WHERE state = 'running'"),
+        diesel::sql_query("SELECT id FROM tenure_jobs WHERE state = 'running'"),
         &mut conn,
     )
     .expect("the held jobs")

@@ -13,12 +13,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dibs::jobs::{self, Finished, NewJob, Retention};
-use dibs::worker::{JobContext, JobError, Worker};
-use dibs::{AnyConnection, Backend};
 use diesel::RunQueryDsl;
 use diesel::connection::SimpleConnection;
 use diesel::sql_types::BigInt;
+use tenure::jobs::{self, Finished, NewJob, Retention};
+use tenure::worker::{JobContext, JobError, Worker};
+use tenure::{AnyConnection, Backend};
 
 use crate::support::{BenchDb, Figures, ms, percentile, with_latencies};
 
@@ -83,12 +83,12 @@ fn table_readings(
             number(
                 conn,
                 "SELECT COALESCE(SUM(n_dead_tup), 0)::bigint AS n FROM pg_stat_user_tables \
-                 WHERE relname LIKE 'dibs\\_%'",
+                 WHERE relname LIKE 'tenure\\_%'",
             ),
             number(
                 conn,
                 "SELECT COALESCE(SUM(pg_total_relation_size(relid)), 0)::bigint AS n \
-                 FROM pg_stat_user_tables WHERE relname LIKE 'dibs\\_%'",
+                 FROM pg_stat_user_tables WHERE relname LIKE 'tenure\\_%'",
             ),
         ),
         Backend::Mysql => (
@@ -102,7 +102,7 @@ fn table_readings(
                 conn,
                 "SELECT CAST(COALESCE(SUM(data_length + index_length), 0) AS SIGNED) AS n \
                  FROM information_schema.TABLES \
-                 WHERE table_schema = DATABASE() AND table_name LIKE 'dibs\\_%'",
+                 WHERE table_schema = DATABASE() AND table_name LIKE 'tenure\\_%'",
             ),
         ),
         Backend::Sqlite => {
@@ -118,12 +118,12 @@ fn table_readings(
 fn pin_snapshot(conn: &mut AnyConnection, backend: Backend) {
     let sql = match backend {
         Backend::Postgres => {
-            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT COUNT(*) FROM dibs_leases;"
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT COUNT(*) FROM tenure_leases;"
         }
         Backend::Mysql => {
-            "START TRANSACTION WITH CONSISTENT SNAPSHOT; SELECT COUNT(*) FROM dibs_leases;"
+            "START TRANSACTION WITH CONSISTENT SNAPSHOT; SELECT COUNT(*) FROM tenure_leases;"
         }
-        Backend::Sqlite => "BEGIN; SELECT COUNT(*) FROM dibs_jobs;",
+        Backend::Sqlite => "BEGIN; SELECT COUNT(*) FROM tenure_jobs;",
     };
     conn.batch_execute(sql).expect("pin a snapshot");
 }
@@ -263,7 +263,7 @@ pub fn depth_calls(backend: Backend) -> (Figures, Figures) {
     }
     jobs::claim(&mut conn, "bench", 1000, Duration::from_secs(3600)).expect("claim");
     if backend == Backend::Postgres {
-        conn.batch_execute("VACUUM ANALYZE dibs_jobs")
+        conn.batch_execute("VACUUM ANALYZE tenure_jobs")
             .expect("vacuum");
     }
     let time = |f: &mut dyn FnMut(), n: usize| {

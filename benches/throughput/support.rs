@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use dibs::{AnyConnection, Backend, DibsConnection, Pool};
 use diesel::connection::SimpleConnection;
+use tenure::{AnyConnection, Backend, Pool, TenureConnection};
 
 /// A database of the run's own.
 pub struct BenchDb {
@@ -20,12 +20,12 @@ impl BenchDb {
                 let url = dir.path().join("bench.db").display().to_string();
                 return BenchDb::migrated(url, None, Some(dir));
             }
-            Backend::Postgres => std::env::var("DIBS_TEST_POSTGRES_URL")
+            Backend::Postgres => std::env::var("TENURE_TEST_POSTGRES_URL")
                 .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into()),
-            Backend::Mysql => std::env::var("DIBS_TEST_MYSQL_URL")
+            Backend::Mysql => std::env::var("TENURE_TEST_MYSQL_URL")
                 .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
         };
-        let name = format!("dibs_bench_{}", uuid::Uuid::new_v4().simple());
+        let name = format!("tenure_bench_{}", uuid::Uuid::new_v4().simple());
         let mut admin = AnyConnection::connect(&server)
             .unwrap_or_else(|e| panic!("cannot reach the {backend:?} server: {e}"));
         admin
@@ -42,7 +42,7 @@ impl BenchDb {
         dir: Option<tempfile::TempDir>,
     ) -> Self {
         let mut conn = AnyConnection::connect(&url).expect("connect to the bench database");
-        dibs::run_migrations(&mut conn).expect("migrations");
+        tenure::run_migrations(&mut conn).expect("migrations");
         BenchDb {
             url,
             drop,
@@ -50,7 +50,7 @@ impl BenchDb {
         }
     }
 
-    /// A connection outside the pool with the same settings as the pool's (dibs's defaults:
+    /// A connection outside the pool with the same settings as the pool's (tenure's defaults:
     /// on SQLite WAL and a busy timeout, so it waits for the workers' writes instead of
     /// failing with "database is locked"). Checked, so no figure is ever measured without
     /// WAL again.

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dibs::Backend;
-use dibs::jobs::{self, NewJob, Workflow};
+use tenure::Backend;
+use tenure::jobs::{self, NewJob, Workflow};
 
 use crate::support::{BenchDb, Figures, with_latencies};
 

@@ -1,4 +1,4 @@
-//! Which database a connection talks to, and the one place where dibs branches on it.
+//! Which database a connection talks to, and the one place where tenure branches on it.
 //!
 //! Every operation that differs per backend is a trait with one implementation per backend,
 //! in a file named after the backend beside the code that uses it (here: [`Dialect`] for the
@@ -34,10 +34,10 @@ use diesel::sqlite::SqliteConnection;
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
 compile_error!(
-    "dibs needs at least one backend: enable the `sqlite`, `postgres` or `mysql` feature"
+    "tenure needs at least one backend: enable the `sqlite`, `postgres` or `mysql` feature"
 );
 
-/// The three databases dibs supports. Always has all three variants, whichever features are
+/// The three databases tenure supports. Always has all three variants, whichever features are
 /// enabled, so that errors and URLs can name a backend that is not compiled in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Backend {
@@ -68,7 +68,7 @@ impl Backend {
     /// without a scheme are SQLite. Any other scheme is [`Error::UnsupportedUrl`].
     ///
     /// ```
-    /// use dibs::Backend;
+    /// use tenure::Backend;
     /// assert_eq!(Backend::from_url("postgres://u@host/db").unwrap().0, Backend::Postgres);
     /// assert_eq!(Backend::from_url("mariadb://u@host/db").unwrap().1, "mysql://u@host/db");
     /// assert_eq!(Backend::from_url("sqlite://jobs.db").unwrap(), (Backend::Sqlite, "jobs.db".to_string()));
@@ -85,6 +85,16 @@ impl Backend {
             "sqlite" => Ok((Backend::Sqlite, rest.to_string())),
             // "file:" URIs have no "//" after the colon in the common case, but may.
             "file" => Ok((Backend::Sqlite, url.to_string())),
+            // A "scheme" of other characters is some other text before a `://` (a password,
+            // say): not repeated.
+            _ if !scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
+            {
+                Err(Error::UnsupportedUrl {
+                    scheme: "(not a scheme)".to_string(),
+                })
+            }
             _ => Err(Error::UnsupportedUrl {
                 scheme: scheme.to_string(),
             }),
@@ -101,7 +111,7 @@ impl Backend {
     }
 }
 
-/// The concrete diesel connection behind any [`DibsConnection`].
+/// The concrete diesel connection behind any [`TenureConnection`].
 #[non_exhaustive]
 pub enum BackendConnection<'a> {
     /// An SQLite connection.
@@ -133,18 +143,18 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// A connection dibs can work on: diesel's `SqliteConnection`, `PgConnection`,
-/// `MysqlConnection`, dibs's [`AnyConnection`] (backend chosen at run time), and an r2d2
+/// A connection tenure can work on: diesel's `SqliteConnection`, `PgConnection`,
+/// `MysqlConnection`, tenure's [`AnyConnection`] (backend chosen at run time), and an r2d2
 /// pooled connection of any of them.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// use dibs::DibsConnection;
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// assert_eq!(conn.backend(), dibs::Backend::Sqlite);
+/// # fn main() -> Result<(), tenure::Error> {
+/// use tenure::TenureConnection;
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// assert_eq!(conn.backend(), tenure::Backend::Sqlite);
 /// # Ok(()) }
 /// ```
-pub trait DibsConnection: sealed::Sealed + Send {
+pub trait TenureConnection: sealed::Sealed + Send {
     /// The concrete diesel connection, for the one `match` that picks the backend's SQL.
     fn backend_connection(&mut self) -> BackendConnection<'_>;
 
@@ -159,10 +169,10 @@ pub trait DibsConnection: sealed::Sealed + Send {
 ///
 /// On PostgreSQL a result that is a refused stale prepared statement makes the connection
 /// forget its prepared statements (see `postgres::forget_stale_plans`). `dispatch!(any ...)`
-/// skips that, for a body whose error type dibs cannot look into (a caller's own).
+/// skips that, for a body whose error type tenure cannot look into (a caller's own).
 macro_rules! dispatch {
     (any $conn:expr, $c:ident => $body:expr) => {
-        match $crate::DibsConnection::backend_connection($conn) {
+        match $crate::TenureConnection::backend_connection($conn) {
             #[cfg(feature = "sqlite")]
             $crate::BackendConnection::Sqlite($c) => $body,
             #[cfg(feature = "postgres")]
@@ -172,7 +182,7 @@ macro_rules! dispatch {
         }
     };
     ($conn:expr, $c:ident => $body:expr) => {
-        match $crate::DibsConnection::backend_connection($conn) {
+        match $crate::TenureConnection::backend_connection($conn) {
             #[cfg(feature = "sqlite")]
             $crate::BackendConnection::Sqlite($c) => $body,
             #[cfg(feature = "postgres")]
@@ -193,7 +203,7 @@ macro_rules! concrete_connection {
         #[cfg(feature = $feature)]
         impl sealed::Sealed for $ty {}
         #[cfg(feature = $feature)]
-        impl DibsConnection for $ty {
+        impl TenureConnection for $ty {
             fn backend_connection(&mut self) -> BackendConnection<'_> {
                 BackendConnection::$variant(self)
             }
@@ -207,13 +217,13 @@ concrete_connection!("mysql", MysqlConnection, Mysql);
 impl<M> sealed::Sealed for r2d2::PooledConnection<M>
 where
     M: r2d2::ManageConnection,
-    M::Connection: DibsConnection,
+    M::Connection: TenureConnection,
 {
 }
-impl<M> DibsConnection for r2d2::PooledConnection<M>
+impl<M> TenureConnection for r2d2::PooledConnection<M>
 where
     M: r2d2::ManageConnection,
-    M::Connection: DibsConnection,
+    M::Connection: TenureConnection,
 {
     fn backend_connection(&mut self) -> BackendConnection<'_> {
         (**self).backend_connection()
@@ -229,9 +239,9 @@ macro_rules! any_connection {
         /// enabled backends run on it, and `match` on it reaches the concrete connection.
         ///
         /// ```
-        /// # fn main() -> Result<(), dibs::Error> {
-        /// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-        /// dibs::run_migrations(&mut conn)?;
+        /// # fn main() -> Result<(), tenure::Error> {
+        /// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+        /// tenure::run_migrations(&mut conn)?;
         /// # Ok(()) }
         /// ```
         #[derive(diesel::MultiConnection)]
@@ -251,7 +261,7 @@ macro_rules! any_connection {
         }
 
         impl sealed::Sealed for AnyConnection {}
-        impl DibsConnection for AnyConnection {
+        impl TenureConnection for AnyConnection {
             fn backend_connection(&mut self) -> BackendConnection<'_> {
                 match self {
                     $(AnyConnection::$variant(c) => BackendConnection::$variant(c),)+
@@ -280,7 +290,7 @@ any_connection!(Postgres(PgConnection));
 #[cfg(all(not(feature = "sqlite"), not(feature = "postgres"), feature = "mysql"))]
 any_connection!(Mysql(MysqlConnection));
 
-/// dibs's portable SQL types through [`AnyConnection`]'s backend, so that queries on
+/// tenure's portable SQL types through [`AnyConnection`]'s backend, so that queries on
 /// [`crate::schema`] (and your own columns of these types) run on an `AnyConnection` or a pool
 /// of it: each value is handed to the backend the connection has.
 mod any_backend_types {
@@ -348,8 +358,8 @@ impl AnyConnection {
     /// error, since it may hold a password.
     ///
     /// ```
-    /// let err = dibs::AnyConnection::connect("ftp://example").unwrap_err();
-    /// assert!(matches!(err, dibs::Error::UnsupportedUrl { .. }));
+    /// let err = tenure::AnyConnection::connect("ftp://example").unwrap_err();
+    /// assert!(matches!(err, tenure::Error::UnsupportedUrl { .. }));
     /// ```
     pub fn connect(url: &str) -> Result<Self> {
         let mut conn = AnyConnection::connect_raw(url)?;
@@ -363,15 +373,18 @@ impl AnyConnection {
     /// own with [`SessionSetup::apply`].
     ///
     /// ```
-    /// # fn main() -> Result<(), dibs::Error> {
+    /// # fn main() -> Result<(), tenure::Error> {
     /// use std::time::Duration;
-    /// let mut conn = dibs::AnyConnection::connect_raw(":memory:")?;
-    /// dibs::SessionSetup::default().busy_timeout(Duration::from_secs(30)).apply(&mut conn)?;
+    /// let mut conn = tenure::AnyConnection::connect_raw(":memory:")?;
+    /// tenure::SessionSetup::default().busy_timeout(Duration::from_secs(30)).apply(&mut conn)?;
     /// # Ok(()) }
     /// ```
     pub fn connect_raw(url: &str) -> Result<Self> {
         let (backend, target) = Backend::from_url(url)?;
-        let connect_error = |source| Error::Connect { backend, source };
+        let connect_error = |source| Error::Connect {
+            backend,
+            source: crate::redact::connection_error(source, url),
+        };
         match backend {
             #[cfg(feature = "sqlite")]
             Backend::Sqlite => SqliteConnection::establish(&target)
@@ -437,7 +450,7 @@ pub(crate) struct Syntax {
     /// The same wake-up as a column of an insert's RETURNING list (empty where there is
     /// none), so a single enqueue is one round trip.
     pub notify_in_returning: &'static str,
-    /// `{claim_index}`, after `FROM dibs_jobs` in the claim: pins the claim index where the
+    /// `{claim_index}`, after `FROM tenure_jobs` in the claim: pins the claim index where the
     /// planner might otherwise pick another (SQLite's skip-scan plus a sort; MySQL, whose
     /// locking reads must follow the index order). PostgreSQL has no hints and needs none.
     pub claim_index: &'static str,
@@ -455,7 +468,7 @@ pub(crate) struct Now {
 
 /// The PostgreSQL channel that enqueues notify and idle workers listen to.
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-pub(crate) const NOTIFY_CHANNEL: &str = "dibs_jobs";
+pub(crate) const NOTIFY_CHANNEL: &str = "tenure_jobs";
 
 impl Syntax {
     /// Renders a statement template for this backend.
@@ -472,7 +485,7 @@ impl Syntax {
     }
 }
 
-/// The foundation's per-backend SQL: session settings, the transaction dibs's writes run in,
+/// The foundation's per-backend SQL: session settings, the transaction tenure's writes run in,
 /// the database clock, and migrations under a lock. One implementation per backend file.
 pub(crate) trait Dialect: Connection<TransactionManager = AnsiTransactionManager> {
     /// The backend's SQL fragments.
@@ -481,15 +494,15 @@ pub(crate) trait Dialect: Connection<TransactionManager = AnsiTransactionManager
     /// Per-connection settings (SQLite pragmas, MySQL time zone and SQL mode).
     fn setup_session(&mut self, setup: &SessionSetup) -> QueryResult<()>;
 
-    /// Begins the transaction dibs's own writes need (SQLite IMMEDIATE, MySQL READ COMMITTED,
+    /// Begins the transaction tenure's own writes need (SQLite IMMEDIATE, MySQL READ COMMITTED,
     /// PostgreSQL READ COMMITTED). Fails with `AlreadyInTransaction` inside a caller's
     /// transaction, before sending anything.
     fn begin_write(&mut self) -> QueryResult<()>;
 
-    /// Before dibs writes on a connection outside any transaction: waits for this process's
+    /// Before tenure writes on a connection outside any transaction: waits for this process's
     /// turn to write to the database (SQLite, see [`turns`]). `None` where writers need no
     /// turns (the servers lock rows, not the database), inside a transaction (the turn was
-    /// taken when it began, or the caller's own transaction is not dibs's to queue), and for
+    /// taken when it began, or the caller's own transaction is not tenure's to queue), and for
     /// a private in-memory database.
     fn write_turn(&mut self) -> QueryResult<Option<turns::Turn>> {
         Ok(None)
@@ -498,7 +511,7 @@ pub(crate) trait Dialect: Connection<TransactionManager = AnsiTransactionManager
     /// The database's clock, in UTC.
     fn database_now(&mut self) -> QueryResult<DateTime<Utc>>;
 
-    /// Runs dibs's pending migrations, serialized against other processes doing the same.
+    /// Runs tenure's pending migrations, serialized against other processes doing the same.
     fn migrate(&mut self) -> Result<Vec<String>>;
 }
 

@@ -34,8 +34,8 @@ static SYNTAX: Syntax = Syntax {
     notify_queue: None,
     notify_queue_unflushed: None,
     notify_in_returning: "",
-    claim_index: " FORCE INDEX (dibs_jobs_claim)",
-    claim_kind_index: " FORCE INDEX (dibs_jobs_claim_kind)",
+    claim_index: " FORCE INDEX (tenure_jobs_claim)",
+    claim_kind_index: " FORCE INDEX (tenure_jobs_claim_kind)",
 };
 
 /// What `GET_LOCK` and `RELEASE_LOCK` return: 1 done, 0 timed out, NULL on an error.
@@ -51,7 +51,7 @@ impl Dialect for MysqlConnection {
     }
 
     fn setup_session(&mut self, _setup: &SessionSetup) -> QueryResult<()> {
-        // UTC so that any NOW() a user writes beside dibs agrees with dibs's UTC_TIMESTAMP(6);
+        // UTC so that any NOW() a user writes beside tenure agrees with tenure's UTC_TIMESTAMP(6);
         // strict mode so that an over-long value is an error, never silently truncated.
         self.batch_execute(
             "SET time_zone = '+00:00'; \
@@ -78,18 +78,19 @@ impl Dialect for MysqlConnection {
         // DDL commits implicitly, so no transaction can hold the set together: each migration
         // is one DDL statement, and a named lock (per database) serializes migrators.
         require_bare(self, "run_migrations")?;
-        let got = statement("SELECT GET_LOCK(CONCAT('dibs.migrate.', DATABASE()), ?) AS got")
+        let got = statement("SELECT GET_LOCK(CONCAT('tenure.migrate.', DATABASE()), ?) AS got")
             .bind::<Integer, _>(MIGRATION_LOCK_WAIT_SECONDS)
             .get_result::<LockResult>(self)?
             .got;
         if got != Some(1) {
             return Err(Error::Timeout {
-                what: "the migration lock (another process is running dibs's migrations)",
+                what: "the migration lock (another process is running tenure's migrations)",
             });
         }
         let outcome = migrate::run_harness(self, migrate::MYSQL);
-        let released = statement("SELECT RELEASE_LOCK(CONCAT('dibs.migrate.', DATABASE())) AS got")
-            .get_result::<LockResult>(self);
+        let released =
+            statement("SELECT RELEASE_LOCK(CONCAT('tenure.migrate.', DATABASE())) AS got")
+                .get_result::<LockResult>(self);
         let applied = outcome?;
         released?;
         Ok(applied)
@@ -99,7 +100,7 @@ impl Dialect for MysqlConnection {
 /// The name of worker `?`'s lock. Named locks are server-wide, so the database's digest keeps
 /// the workers of two databases apart; at most 64 characters (MySQL's limit), whatever the
 /// database's name.
-const WORKER_LOCK: &str = "CONCAT('dibs.worker.', MD5(DATABASE()), '.', ?)";
+const WORKER_LOCK: &str = "CONCAT('tenure.worker.', MD5(DATABASE()), '.', ?)";
 
 #[derive(diesel::QueryableByName)]
 struct Flag {

@@ -23,8 +23,8 @@ use crate::{Result, migrate};
 /// would keep indexes from serving comparisons. `statement_timestamp()` is neither.
 pub(crate) const NOW: &str = "statement_timestamp()";
 
-/// Key of the transaction-level advisory lock that serializes dibs's migrations (advisory
-/// locks are per database). The bytes spell "dibsmigr".
+/// Key of the transaction-level advisory lock that serializes tenure's migrations (advisory
+/// locks are per database). The bytes spell "tenuremigr".
 const MIGRATION_LOCK_KEY: i64 = 0x6469_6273_6d69_6772;
 
 static SYNTAX: Syntax = Syntax {
@@ -38,11 +38,11 @@ static SYNTAX: Syntax = Syntax {
     for_update: " FOR UPDATE",
     skip_locked: " FOR UPDATE SKIP LOCKED",
     random_token: "gen_random_uuid()",
-    notify_queue: Some("SELECT pg_notify('dibs_jobs', ?)"),
+    notify_queue: Some("SELECT pg_notify('tenure_jobs', ?)"),
     notify_queue_unflushed: Some(
-        "SELECT set_config('synchronous_commit', 'off', true) AS c, pg_notify('dibs_jobs', ?) AS n",
+        "SELECT set_config('synchronous_commit', 'off', true) AS c, pg_notify('tenure_jobs', ?) AS n",
     ),
-    notify_in_returning: ", pg_notify('dibs_jobs', queue)",
+    notify_in_returning: ", pg_notify('tenure_jobs', queue)",
     claim_index: "",
     claim_kind_index: "",
 };
@@ -53,7 +53,7 @@ impl Dialect for PgConnection {
     }
 
     fn setup_session(&mut self, _setup: &SessionSetup) -> QueryResult<()> {
-        // Nothing to set: timestamptz is an instant whatever the session's time zone, and dibs
+        // Nothing to set: timestamptz is an instant whatever the session's time zone, and tenure
         // chooses the isolation of each of its transactions itself.
         Ok(())
     }
@@ -117,7 +117,7 @@ impl ToSql<Token, Pg> for uuid::Uuid {
 }
 
 /// The first key of a worker's advisory lock, `pg_advisory_lock(key1, key2)`: the bytes spell
-/// "dibs". The two-key form is a key space apart from the one-key form (which the migration
+/// "tenure". The two-key form is a key space apart from the one-key form (which the migration
 /// lock and most applications use), and advisory locks are per database.
 const WORKER_LOCK_CLASS: i32 = 0x6469_6273;
 
@@ -179,7 +179,9 @@ pub(crate) fn forget_stale_plans(conn: &mut PgConnection, result: &impl Database
     if !result.is_stale_plan() {
         return;
     }
-    tracing::warn!("a column changed type under dibs's prepared statements: preparing them again");
+    tracing::warn!(
+        "a column changed type under tenure's prepared statements: preparing them again"
+    );
     // Frees them on the server; fails harmlessly inside an aborted transaction (diesel keeps
     // numbering new statements past the old names, so none collides).
     let _ = conn.batch_execute("DEALLOCATE ALL");
@@ -194,7 +196,7 @@ pub(crate) fn listen(conn: &mut PgConnection) -> QueryResult<()> {
 }
 
 /// Whether the server's autovacuum is off: then nothing reclaims the dead row versions that
-/// every job leaves in `dibs_jobs` (three a job), and claims slow down as they pile up.
+/// every job leaves in `tenure_jobs` (three a job), and claims slow down as they pile up.
 pub(crate) fn autovacuum_is_off(conn: &mut PgConnection) -> QueryResult<bool> {
     #[derive(diesel::QueryableByName)]
     struct Setting {

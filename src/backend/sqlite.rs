@@ -36,8 +36,8 @@ static SYNTAX: Syntax = Syntax {
     notify_queue: None,
     notify_queue_unflushed: None,
     notify_in_returning: "",
-    claim_index: " INDEXED BY dibs_jobs_claim",
-    claim_kind_index: " INDEXED BY dibs_jobs_claim_kind",
+    claim_index: " INDEXED BY tenure_jobs_claim",
+    claim_kind_index: " INDEXED BY tenure_jobs_claim_kind",
 };
 
 /// The file of the connection's main database ("" for a private in-memory or temporary one)
@@ -179,7 +179,7 @@ impl FromSql<Instant, Sqlite> for DateTime<Utc> {
     fn from_sql(value: SqliteValue<'_, '_, '_>) -> deserialize::Result<Self> {
         let text = <String as FromSql<Text, Sqlite>>::from_sql(value)?;
         let naive = NaiveDateTime::parse_from_str(&text, "%Y-%m-%d %H:%M:%S%.f")
-            .map_err(|e| format!("instant {text:?} is not in dibs's layout: {e}"))?;
+            .map_err(|e| format!("instant {text:?} is not in tenure's layout: {e}"))?;
         Ok(naive.and_utc())
     }
 }

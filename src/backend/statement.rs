@@ -1,4 +1,4 @@
-//! dibs's tuned SQL as statements diesel keeps prepared, once per connection.
+//! tenure's tuned SQL as statements diesel keeps prepared, once per connection.
 //!
 //! diesel's `sql_query` marks itself unsafe to cache, so every call prepares its text again
 //! (on MySQL/MariaDB an extra round trip each time). A [`Statement`] is the same idea (fixed

@@ -4,7 +4,7 @@
 //! growing steps (up to 100 ms) until its busy timeout. Between two of its looks, the other
 //! writers of the process can take the lock again and again, so under load a writer can lose
 //! every time and fail with "database is locked" after its whole timeout while the others
-//! make progress. dibs therefore queues the writers of one process per database file: each
+//! make progress. tenure therefore queues the writers of one process per database file: each
 //! takes a [`Turn`] (a FIFO ticket lock) before it asks SQLite for the write lock and gives
 //! it back after its commit or rollback. SQLite's busy timeout still applies between
 //! processes, where no such queue exists.

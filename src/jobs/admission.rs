@@ -7,7 +7,7 @@
 //! key's lock its counts cannot be overtaken: every claim of the key holds the lock while it
 //! decides and records, and finishing jobs only lower a running count.
 //!
-//! A rate's starts are the claims' `claimed_at`, kept in `dibs_limit_starts`. The claim
+//! A rate's starts are the claims' `claimed_at`, kept in `tenure_limit_starts`. The claim
 //! reads the database's now after taking the locks, so every start recorded before (by a
 //! claim that committed before it took them) is at or before that now, and every start it
 //! makes is at or after it: "fewer than `max` starts in `(now - per, now]`, plus those it
@@ -24,33 +24,33 @@ use super::manage::Count;
 use super::model::Candidate;
 use crate::backend::statement::{row, statement};
 use crate::backend::{Dialect, Upsert, dispatch};
-use crate::schema::{dibs_job_limits, dibs_limit_keys};
+use crate::schema::{tenure_job_limits, tenure_limit_keys};
 use crate::sql_types::Instant;
-use crate::{DibsConnection, Result};
+use crate::{Result, TenureConnection};
 
 /// The queue's limit, read again under its lock (it may have changed since the pick).
 const QUEUE_LOCK: &str =
-    "SELECT max_running AS n FROM dibs_queue_limits WHERE queue = ?{for_update}";
+    "SELECT max_running AS n FROM tenure_queue_limits WHERE queue = ?{for_update}";
 /// The queue's limit, by a plain read.
-const QUEUE_LIMIT: &str = "SELECT max_running AS n FROM dibs_queue_limits WHERE queue = ?";
-/// The queue's running jobs (`dibs_jobs_queue_state`; on MySQL the claim index).
+const QUEUE_LIMIT: &str = "SELECT max_running AS n FROM tenure_queue_limits WHERE queue = ?";
+/// The queue's running jobs (`tenure_jobs_queue_state`; on MySQL the claim index).
 const QUEUE_RUNNING: &str =
-    "SELECT COUNT(*) AS n FROM dibs_jobs WHERE queue = ? AND state = 'running'";
+    "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = ? AND state = 'running'";
 
 /// Take a key's lock: an upsert locks its row until commit.
 const KEY_LOCK_ON_CONFLICT: &str = "\
-    INSERT INTO dibs_limit_keys (limit_key) VALUES (?) \
+    INSERT INTO tenure_limit_keys (limit_key) VALUES (?) \
     ON CONFLICT (limit_key) DO UPDATE SET limit_key = excluded.limit_key";
 const KEY_LOCK_ON_DUPLICATE_KEY: &str = "\
-    INSERT INTO dibs_limit_keys (limit_key) VALUES (?) \
+    INSERT INTO tenure_limit_keys (limit_key) VALUES (?) \
     ON DUPLICATE KEY UPDATE limit_key = VALUES(limit_key)";
 
 /// A key's running jobs: read through the index of running jobs with limits
-/// (`dibs_jobs_limit`), so the cost is the running limited jobs, not the key's waiting ones.
+/// (`tenure_jobs_limit`), so the cost is the running limited jobs, not the key's waiting ones.
 const KEY_RUNNING: &str = "\
-    SELECT COUNT(*) AS n FROM dibs_jobs r \
+    SELECT COUNT(*) AS n FROM tenure_jobs r \
     WHERE r.state = 'running' AND r.limit_key IS NOT NULL AND EXISTS ( \
-        SELECT 1 FROM dibs_job_limits l \
+        SELECT 1 FROM tenure_job_limits l \
         WHERE l.job_id = r.id AND l.limit_key = ? AND l.max_running IS NOT NULL)";
 
 /// A key's newest starts, newest first (the primary key's range, read backwards). A rate of
@@ -58,18 +58,18 @@ const KEY_RUNNING: &str = "\
 /// fall in its window the window is full, and if not, every start in the window is among
 /// them.
 const KEY_STARTS: &str = "\
-    SELECT started_at AS at FROM dibs_limit_starts \
+    SELECT started_at AS at FROM tenure_limit_starts \
     WHERE limit_key = ? ORDER BY started_at DESC LIMIT ?";
 /// The instant of a key's `MAX_LIMIT`-th newest start (the offset is bound).
 const KEY_STARTS_CUTOFF: &str = "\
-    SELECT started_at AS at FROM dibs_limit_starts \
+    SELECT started_at AS at FROM tenure_limit_starts \
     WHERE limit_key = ? ORDER BY started_at DESC LIMIT 1 OFFSET ?";
 /// Starts older than every one the newest `MAX_LIMIT` hold: no rate can need them.
 const KEY_STARTS_TRIM: &str =
-    "DELETE FROM dibs_limit_starts WHERE limit_key = ? AND started_at < ?";
-const KEY_STARTS_COUNT: &str = "SELECT COUNT(*) AS n FROM dibs_limit_starts WHERE limit_key = ?";
+    "DELETE FROM tenure_limit_starts WHERE limit_key = ? AND started_at < ?";
+const KEY_STARTS_COUNT: &str = "SELECT COUNT(*) AS n FROM tenure_limit_starts WHERE limit_key = ?";
 const KEY_THROTTLE: &str = "\
-    UPDATE dibs_limit_keys SET throttled_until = ?, throttled_max = ?, throttled_period_us = ?, \
+    UPDATE tenure_limit_keys SET throttled_until = ?, throttled_max = ?, throttled_period_us = ?, \
         starts_kept = ? WHERE limit_key = ?";
 
 /// A key trims its starts to the newest [`MAX_LIMIT`] once it keeps this many (one trim
@@ -98,7 +98,7 @@ struct Key {
     starts: Vec<DateTime<Utc>>,
     /// The largest count among its candidates' rates: how many of its newest starts to read.
     newest: i64,
-    /// Its rows in `dibs_limit_starts`.
+    /// Its rows in `tenure_limit_starts`.
     kept: i64,
     /// The rates its candidates carry, `(max, per_us)`.
     rates: Vec<(i64, i64)>,
@@ -116,7 +116,7 @@ pub(super) struct Admission {
 
 /// Keeps the candidates that may start now (all of them where nothing limits them), in
 /// their order. Runs inside the claim's transaction, after the pick.
-pub(super) fn admit<C: DibsConnection>(
+pub(super) fn admit<C: TenureConnection>(
     conn: &mut C,
     queue: &str,
     queue_room: Option<i64>,
@@ -140,8 +140,8 @@ pub(super) fn admit<C: DibsConnection>(
         Vec::new()
     } else {
         dispatch!(conn, c => {
-            dibs_job_limits::table
-                .filter(dibs_job_limits::job_id.eq_any(&limited))
+            tenure_job_limits::table
+                .filter(tenure_job_limits::job_id.eq_any(&limited))
                 .select(JobLimitRow::as_select())
                 .load(c)
         })?
@@ -188,9 +188,9 @@ pub(super) fn admit<C: DibsConnection>(
     };
     for (name, key) in keys.iter_mut().filter(|(_, k)| !k.rates.is_empty()) {
         key.kept = dispatch!(conn, c => {
-            dibs_limit_keys::table
+            tenure_limit_keys::table
                 .find(name.as_str())
-                .select(dibs_limit_keys::starts_kept)
+                .select(tenure_limit_keys::starts_kept)
                 .first::<i64>(c)
                 .optional()
         })?
@@ -262,7 +262,7 @@ pub(super) fn admit<C: DibsConnection>(
 /// past this step binds it too if it waits for a key's lock (it reads the limit again after
 /// them); one created while a claim is between its last lock and its commit binds the
 /// claims after it.
-pub(super) fn lock_queue<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<Option<i64>> {
+pub(super) fn lock_queue<C: TenureConnection>(conn: &mut C, queue: &str) -> Result<Option<i64>> {
     let max = dispatch!(conn, c => {
         statement(c.syntax().render(QUEUE_LOCK))
             .bind::<Text, _>(queue)
@@ -281,7 +281,7 @@ pub(super) fn lock_queue<C: DibsConnection>(conn: &mut C, queue: &str) -> Result
 }
 
 /// Takes a key's lock and, where `capped`, counts its running jobs.
-fn lock_key<C: DibsConnection>(conn: &mut C, key: &str, capped: bool) -> Result<i64> {
+fn lock_key<C: TenureConnection>(conn: &mut C, key: &str, capped: bool) -> Result<i64> {
     Ok(dispatch!(conn, c => {
         let syntax = c.syntax();
         let lock = match syntax.upsert {
@@ -304,7 +304,7 @@ fn lock_key<C: DibsConnection>(conn: &mut C, key: &str, capped: bool) -> Result<
 /// `claimed_at`), trims each rated key's starts to what any rate can need, sets its
 /// throttle hint, and says how long until the soonest full rate among them has room again.
 /// In the claim's transaction, under the keys' locks.
-pub(super) fn record_starts<C: DibsConnection>(
+pub(super) fn record_starts<C: TenureConnection>(
     conn: &mut C,
     admission: &Admission,
     claimed: &[(i64, DateTime<Utc>)],
@@ -321,7 +321,7 @@ pub(super) fn record_starts<C: DibsConnection>(
         if !new.is_empty() {
             let values = vec!["(?, ?, ?)"; new.len()].join(", ");
             let sql = format!(
-                "INSERT INTO dibs_limit_starts (limit_key, started_at, job_id) VALUES {values}"
+                "INSERT INTO tenure_limit_starts (limit_key, started_at, job_id) VALUES {values}"
             );
             let binds = new
                 .iter()
@@ -385,7 +385,7 @@ pub(super) fn record_starts<C: DibsConnection>(
 }
 
 /// Deletes a key's starts older than its newest [`MAX_LIMIT`], and says how many it keeps.
-fn trim_starts<C: DibsConnection>(conn: &mut C, key: &str) -> Result<i64> {
+fn trim_starts<C: TenureConnection>(conn: &mut C, key: &str) -> Result<i64> {
     Ok(dispatch!(conn, c => {
         let syntax = c.syntax();
         let cutoff = statement(syntax.render(KEY_STARTS_CUTOFF))

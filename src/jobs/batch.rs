@@ -21,7 +21,7 @@ use crate::backend::{Dialect, Upsert, dispatch};
 use crate::sql_types::Instant;
 use crate::transaction::{in_transaction, retrying_transaction};
 use crate::wake;
-use crate::{DibsConnection, Error, Result};
+use crate::{Error, Result, TenureConnection};
 
 /// The length of the run of keyed jobs at the head of `jobs` that can share one multi-row
 /// upsert: each with a dedup key and no window (whose twin checks are per job) or
@@ -126,7 +126,7 @@ macro_rules! upsert_keyed_rows {
 /// statement (`innodb_autoinc_lock_mode` 0 or 1, MariaDB's default); under mode 2 (MySQL 8's
 /// default) every job is its own statement. Jobs with a key are inserted one statement each,
 /// all in the one transaction.
-pub fn enqueue_many<C: DibsConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
+pub fn enqueue_many<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
     if jobs.is_empty() {
         return Err(Error::invalid("jobs", "an empty batch"));
     }

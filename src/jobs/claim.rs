@@ -14,7 +14,7 @@ use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
 use crate::transaction::bare_write_transaction;
 use crate::transaction::retry_transient;
-use crate::{DibsConnection, Error, Result, validate};
+use crate::{Error, Result, TenureConnection, validate};
 
 /// What a claim reads back of the jobs it claimed ([`model::JobRow`]).
 const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_attempts, \
@@ -27,27 +27,27 @@ const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_
 /// jobs fill the smallest cap among them, or the rate it is throttled on is full and the job's
 /// rate on it is as strict or stricter: `throttled_until`) are left out, so they do not crowd
 /// out the others; these reads are only a filter (step 2 decides under the locks).
-/// A job without limits (`limit_key IS NULL`) never reads `dibs_job_limits`. The index on
+/// A job without limits (`limit_key IS NULL`) never reads `tenure_job_limits`. The index on
 /// `(queue, [state,] priority, due_at, id)` serves filter and order, so InnoDB reads (and
 /// locks) only the rows it returns. MySQL rejects LIMIT in an `IN (subquery)`, hence
 /// separate statements. `{kinds}` is empty for a claim of any kind (see [`KIND_FILTER`]).
 const CLAIM_PICK: &str = "\
-    SELECT id, priority, due_at, limit_key FROM dibs_jobs{index} \
+    SELECT id, priority, due_at, limit_key FROM tenure_jobs{index} \
     WHERE queue = ? AND state = 'waiting' AND due_at <= {now}{kinds} \
-      AND NOT EXISTS (SELECT 1 FROM dibs_queue_pauses p WHERE p.queue = ?) \
+      AND NOT EXISTS (SELECT 1 FROM tenure_queue_pauses p WHERE p.queue = ?) \
       AND (limit_key IS NULL OR NOT EXISTS ( \
-          SELECT 1 FROM dibs_job_limits l WHERE l.job_id = dibs_jobs.id AND ( \
+          SELECT 1 FROM tenure_job_limits l WHERE l.job_id = tenure_jobs.id AND ( \
               (l.rate_max IS NOT NULL AND EXISTS ( \
-                  SELECT 1 FROM dibs_limit_keys t WHERE t.limit_key = l.limit_key \
+                  SELECT 1 FROM tenure_limit_keys t WHERE t.limit_key = l.limit_key \
                   AND t.throttled_until > {now} AND l.rate_max <= t.throttled_max \
                   AND l.rate_period_us >= t.throttled_period_us)) \
               OR (l.max_running IS NOT NULL AND l.limit_key IN ( \
-                  SELECT s.limit_key FROM dibs_jobs r JOIN dibs_job_limits s ON s.job_id = r.id \
+                  SELECT s.limit_key FROM tenure_jobs r JOIN tenure_job_limits s ON s.job_id = r.id \
                   WHERE r.state = 'running' AND r.limit_key IS NOT NULL AND s.max_running IS NOT NULL \
                   GROUP BY s.limit_key HAVING COUNT(*) >= MIN(s.max_running)))))) \
     ORDER BY priority, due_at, id LIMIT ?{skip_locked}";
 
-/// A claim of some kinds picks per kind, served by `dibs_jobs_claim_kind`
+/// A claim of some kinds picks per kind, served by `tenure_jobs_claim_kind`
 /// `(queue, [state,] kind, priority, due_at, id)`: one kind is one range of it, read in claim
 /// order and skipping rows other claimers hold, so waiting jobs of other kinds are never read
 /// nor locked however many sit ahead. Several kinds are one such pick each (up to `limit`
@@ -62,7 +62,7 @@ const KIND_FILTER: &str = " AND kind = ?";
 /// condition could be served by the stalled-claims index on MySQL, locking other rows).
 /// RETURNING where there is one; MySQL reads them back.
 const CLAIM_MARK: &str = "\
-    UPDATE dibs_jobs SET state = 'running', attempt = attempt + 1, \
+    UPDATE tenure_jobs SET state = 'running', attempt = attempt + 1, \
         claim_token = {random_token}, claimed_at = {now}, claim_expires_at = {now+ttl}, \
         claimed_by = ? \
     WHERE id IN {ids}";
@@ -78,7 +78,7 @@ const CLAIM_MARK: &str = "\
 /// heartbeats in the race test). MySQL assigns left to right, reading the values assigned
 /// before: `state` and `lapses` come last, so every CASE reads the row as it was.
 const RESCUE_SET: &str = "\
-    UPDATE dibs_jobs SET \
+    UPDATE tenure_jobs SET \
         finished_at = CASE WHEN cancel_requested_at IS NOT NULL OR lapses + 1 >= ? \
             THEN {now} ELSE NULL END, \
         last_error = ?, \
@@ -97,13 +97,13 @@ const RESCUE_ERROR: &str = "the claim lapsed: the worker stalled or died";
 /// (instead of skipping) entries a concurrent heartbeat is rewriting, while the heartbeat
 /// waits for entries the scan locked: a deadlock (seen in the heartbeat/rescue race test).
 const RESCUE_CANDIDATES: &str = "\
-    SELECT id FROM dibs_jobs WHERE state = 'running' AND claim_expires_at <= {now} \
+    SELECT id FROM tenure_jobs WHERE state = 'running' AND claim_expires_at <= {now} \
     ORDER BY claim_expires_at LIMIT ?";
 
 /// Rescue, step 2: lock the candidates by primary key (`WHERE id IN` only, so no index but
 /// the primary key can serve it), skipping rows a heartbeat or a finisher holds, and read
 /// them as locked: still stalled is decided on these rows.
-const RESCUE_LOCK: &str = "SELECT id, state, claim_expires_at, {now} AS db_now FROM dibs_jobs WHERE id IN {ids}{skip_locked}";
+const RESCUE_LOCK: &str = "SELECT id, state, claim_expires_at, {now} AS db_now FROM tenure_jobs WHERE id IN {ids}{skip_locked}";
 
 /// Claims up to `limit` due jobs of `queue` for `ttl`, by priority, then due time, then id.
 /// Atomic: no job is ever held by two claimers. Each job comes with its attempt number
@@ -115,18 +115,18 @@ const RESCUE_LOCK: &str = "SELECT id, state, claim_expires_at, {now} AS db_now F
 /// `UPDATE` by that id list (`RETURNING` on PostgreSQL and SQLite, a read back on MySQL).
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// use std::time::Duration;
-/// use dibs::jobs::{self, NewJob};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// use tenure::jobs::{self, NewJob};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// jobs::enqueue(&mut conn, &NewJob::new("mail", "welcome", vec![]))?;
 /// let claimed = jobs::claim(&mut conn, "mail", 10, Duration::from_secs(60))?;
 /// assert_eq!(claimed.len(), 1);
 /// assert!(claimed[0].claimed_at >= claimed[0].created_at);
 /// # Ok(()) }
 /// ```
-pub fn claim<C: DibsConnection>(
+pub fn claim<C: TenureConnection>(
     conn: &mut C,
     queue: &str,
     limit: usize,
@@ -143,11 +143,11 @@ pub fn claim<C: DibsConnection>(
 /// before any statement.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// use std::time::Duration;
-/// use dibs::jobs::{self, NewJob};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// use tenure::jobs::{self, NewJob};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// jobs::enqueue(&mut conn, &NewJob::new("media", "video", vec![]))?;
 /// let thumb = jobs::enqueue(&mut conn, &NewJob::new("media", "thumbnail", vec![]))?.id;
 /// let claimed = jobs::claim_kinds(&mut conn, "media", &["thumbnail"], 10, Duration::from_secs(60))?;
@@ -156,7 +156,7 @@ pub fn claim<C: DibsConnection>(
 /// ```
 ///
 /// [`Error::InvalidInput`]: crate::Error::InvalidInput
-pub fn claim_kinds<C: DibsConnection, K: AsRef<str>>(
+pub fn claim_kinds<C: TenureConnection, K: AsRef<str>>(
     conn: &mut C,
     queue: &str,
     kinds: &[K],
@@ -189,11 +189,11 @@ fn kind_names<K: AsRef<str>>(kinds: &[K]) -> Result<Vec<&str>> {
     Ok(names)
 }
 
-/// [`claim_kinds`] for the registered worker `worker` (`dibs_workers`, recorded as the
+/// [`claim_kinds`] for the registered worker `worker` (`tenure_workers`, recorded as the
 /// claims' `claimed_by`, or none), and how long until the soonest rate this claim found full
 /// has room again (by the database's clock): when a worker finding nothing to claim may look
 /// again.
-pub(crate) fn claim_kinds_throttled<C: DibsConnection, K: AsRef<str>>(
+pub(crate) fn claim_kinds_throttled<C: TenureConnection, K: AsRef<str>>(
     conn: &mut C,
     queue: &str,
     kinds: &[K],
@@ -208,7 +208,7 @@ pub(crate) fn claim_kinds_throttled<C: DibsConnection, K: AsRef<str>>(
 /// [`claim`], of the given kinds only (`Some`, validated and non-empty) or of any kind, by
 /// `worker` if a registered worker claims, and how long until the soonest rate it found full
 /// has room again.
-fn claim_of<C: DibsConnection>(
+fn claim_of<C: TenureConnection>(
     conn: &mut C,
     queue: &str,
     kinds: Option<&[&str]>,
@@ -281,7 +281,7 @@ fn claim_of<C: DibsConnection>(
                     .bind::<Nullable<BigInt>, _>(worker)
                     .bind_ids(ids.iter().copied())
                     .execute(c)?;
-                statement(format!("SELECT {CLAIMED_COLUMNS} FROM dibs_jobs WHERE id IN {{ids}}"))
+                statement(format!("SELECT {CLAIMED_COLUMNS} FROM tenure_jobs WHERE id IN {{ids}}"))
                     .bind_ids(ids)
                     .load::<JobRow>(c)?
             };
@@ -314,7 +314,7 @@ fn claim_of<C: DibsConnection>(
 /// PostgreSQL and MySQL/MariaDB, so that a live worker whose connection dropped, or a server
 /// that restarted, leaves it time to take its lock again): a call may only note that a lock is
 /// free, and a later call takes the claims back. Workers call this themselves.
-pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
+pub fn rescue<C: TenureConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
     let mut rescued = rescue_lapsed(conn, limit)?;
     let taken = rescued.requeued.len() + rescued.dead.len() + rescued.cancelled.len();
     if taken < limit {
@@ -330,7 +330,7 @@ pub fn rescue<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> 
 }
 
 /// [`rescue`] of lapsed claims only (what a worker does every ttl/2).
-pub(crate) fn rescue_lapsed<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
+pub(crate) fn rescue_lapsed<C: TenureConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
     let limit = check_limit(limit)?;
     // A deadlock with a cancel or an enqueue locking in id order (the settle below locks
     // dependents of lower id than jobs it rescued) runs the rescue again.
@@ -370,7 +370,7 @@ pub(crate) fn rescue_lapsed<C: DibsConnection>(conn: &mut C, limit: usize) -> Re
 /// transaction, which found them to rescue) to the queue as `RESCUE_SET` says, with `error`
 /// in their history, and settles the dependents of those it ended. Returns their states and
 /// the queues of the dependents it released.
-pub(super) fn requeue<C: DibsConnection>(
+pub(super) fn requeue<C: TenureConnection>(
     c: &mut C,
     ids: Vec<i64>,
     error: &str,
@@ -391,7 +391,7 @@ pub(super) fn requeue<C: DibsConnection>(
             .execute(c)
     })?;
     let rows = dispatch!(c, c => {
-        statement("SELECT id, state FROM dibs_jobs WHERE id IN {ids}")
+        statement("SELECT id, state FROM tenure_jobs WHERE id IN {ids}")
             .bind_ids(ids)
             .load::<IdStateRow>(c)
     })?;

@@ -16,7 +16,7 @@ use super::NewJob;
 use super::enqueue::unexpected;
 use super::model::IdRow;
 use crate::backend::statement::statement;
-use crate::schema::dibs_jobs;
+use crate::schema::tenure_jobs;
 use crate::sql_types::InstantValue;
 use crate::{Error, Result};
 
@@ -27,10 +27,10 @@ pub(super) const COPY_MIN_ROWS: usize = 64;
 /// identity default needs only INSERT on the table; an explicit `nextval` needs USAGE or UPDATE on the
 /// sequence, which an application user granted only table privileges lacks.
 const MAY_TAKE_IDS: &str = "SELECT CASE WHEN has_sequence_privilege(\
-    pg_get_serial_sequence('dibs_jobs', 'id'), 'USAGE, UPDATE') THEN 1::bigint ELSE 0::bigint END AS id";
+    pg_get_serial_sequence('tenure_jobs', 'id'), 'USAGE, UPDATE') THEN 1::bigint ELSE 0::bigint END AS id";
 
 /// Ids for `n` new jobs, ascending.
-const TAKE_IDS: &str = "SELECT nextval(pg_get_serial_sequence('dibs_jobs', 'id')) AS id \
+const TAKE_IDS: &str = "SELECT nextval(pg_get_serial_sequence('tenure_jobs', 'id')) AS id \
     FROM generate_series(1, ?) ORDER BY 1";
 
 #[derive(QueryableByName)]
@@ -40,7 +40,7 @@ struct NowRow {
 }
 
 #[derive(Insertable)]
-#[diesel(table_name = dibs_jobs, treat_none_as_default_value = false)]
+#[diesel(table_name = tenure_jobs, treat_none_as_default_value = false)]
 struct CopyRow<'a> {
     id: i64,
     queue: &'a str,
@@ -115,7 +115,7 @@ pub(super) fn copy_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Opti
             }
         })
         .collect();
-    let copied = diesel::copy_from(dibs_jobs::table)
+    let copied = diesel::copy_from(tenure_jobs::table)
         .from_insertable(&rows)
         .execute(conn)?;
     if copied != jobs.len() {

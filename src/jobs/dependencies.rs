@@ -2,7 +2,7 @@
 //! release in the transaction that finishes the last of them.
 //!
 //! A dependent job is `blocked`. Its dependencies still pending are counted in *stripes*
-//! (`dibs_dependency_stripes`, about [`STRIPE_SIZE`] dependencies each, at most
+//! (`tenure_dependency_stripes`, about [`STRIPE_SIZE`] dependencies each, at most
 //! [`MAX_STRIPES`]), and the job's row counts its stripes still pending
 //! (`stripes_pending`). Finishing a dependency decrements its stripe; only the finish that
 //! empties a stripe decrements the job's row, and the one that brings that to zero decides
@@ -30,16 +30,16 @@ use super::model::IdStateRow;
 use super::{JobState, MAX_BATCH};
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
-use crate::schema::{dibs_dependency_stripes, dibs_job_dependencies};
-use crate::{DibsConnection, Error, Result};
+use crate::schema::{tenure_dependency_stripes, tenure_job_dependencies};
+use crate::{Error, Result, TenureConnection};
 
 /// When a job with dependencies runs, and what becomes of it otherwise.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// use dibs::jobs::{self, JobState, NewJob, RunWhen};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// # fn main() -> Result<(), tenure::Error> {
+/// use tenure::jobs::{self, JobState, NewJob, RunWhen};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// let fetch = jobs::enqueue(&mut conn, &NewJob::new("etl", "fetch", vec![]))?.id;
 /// let report = NewJob::new("etl", "report", vec![]).depends_on([fetch]).run_when(RunWhen::AllFinished);
 /// let report = jobs::enqueue(&mut conn, &report)?.id;
@@ -120,17 +120,17 @@ pub(super) fn stripes_for(n: usize) -> i32 {
 /// workflow. Missing ones are [`Error::InvalidInput`]. Holding their locks until the enqueue
 /// commits, a dependency cannot finish unseen: its finish waits, then finds the new edges.
 const LOCK_DEPENDENCIES: &str =
-    "SELECT id, state, workflow_id FROM dibs_jobs WHERE id IN {ids} ORDER BY id{for_update}";
+    "SELECT id, state, workflow_id FROM tenure_jobs WHERE id IN {ids} ORDER BY id{for_update}";
 
 /// MySQL/MariaDB: takes the rows' locks with a statement that returns no rows, before the
 /// locking read that reads them. A locking read that waits for a lock after sending some of
 /// its rows and is then chosen as a deadlock's victim leaves the MariaDB client waiting
 /// for rows that never come; an UPDATE that waits fails cleanly, and its transaction runs
 /// again. (InnoDB locks the rows an UPDATE matches, changed or not, in primary-key order.)
-const LOCK_AHEAD: &str = "UPDATE dibs_jobs SET dependents = dependents WHERE id IN {ids}";
+const LOCK_AHEAD: &str = "UPDATE tenure_jobs SET dependents = dependents WHERE id IN {ids}";
 
 /// Locks job rows ahead of a locking read of them, where the backend needs it ([`LOCK_AHEAD`]).
-pub(super) fn lock_ahead<C: DibsConnection>(conn: &mut C, ids: &[i64]) -> Result<()> {
+pub(super) fn lock_ahead<C: TenureConnection>(conn: &mut C, ids: &[i64]) -> Result<()> {
     if conn.backend() != crate::Backend::Mysql {
         return Ok(());
     }
@@ -144,7 +144,8 @@ pub(super) fn lock_ahead<C: DibsConnection>(conn: &mut C, ids: &[i64]) -> Result
 /// Every such enqueue writes the dependency's row, so on PostgreSQL a finish in an older
 /// REPEATABLE READ snapshot (a caller's transaction) fails with a serialization error when
 /// it locks the row, rather than miss a dependent it cannot see.
-const COUNT_DEPENDENT: &str = "UPDATE dibs_jobs SET dependents = dependents + 1 WHERE id IN {ids}";
+const COUNT_DEPENDENT: &str =
+    "UPDATE tenure_jobs SET dependents = dependents + 1 WHERE id IN {ids}";
 
 /// A dependency as locked.
 #[derive(QueryableByName)]
@@ -158,7 +159,7 @@ pub(super) struct Dependency {
 }
 
 /// Locks and reads the dependencies `ids` (sorted, no repeats): refuses a missing one.
-pub(super) fn lock<C: DibsConnection>(conn: &mut C, ids: &[i64]) -> Result<Vec<Dependency>> {
+pub(super) fn lock<C: TenureConnection>(conn: &mut C, ids: &[i64]) -> Result<Vec<Dependency>> {
     lock_ahead(conn, ids)?;
     let mut found = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(MAX_BATCH) {
@@ -189,7 +190,7 @@ pub(super) fn lock<C: DibsConnection>(conn: &mut C, ids: &[i64]) -> Result<Vec<D
 /// `stripes_pending = stripes_for(deps.len())`, and settles at once those already finished
 /// (the job may be released or cancelled before the enqueue returns). In the enqueue's
 /// transaction, holding the dependencies' locks ([`lock`]).
-pub(super) fn record<C: DibsConnection>(
+pub(super) fn record<C: TenureConnection>(
     conn: &mut C,
     job_id: i64,
     run_when: RunWhen,
@@ -204,10 +205,10 @@ pub(super) fn record<C: DibsConnection>(
             let stripe = (i % stripes as usize) as i32;
             pending[stripe as usize] += 1;
             (
-                dibs_job_dependencies::job_id.eq(job_id),
-                dibs_job_dependencies::depends_on.eq(dep.id),
-                dibs_job_dependencies::stripe.eq(stripe),
-                dibs_job_dependencies::run_when.eq(run_when.as_str()),
+                tenure_job_dependencies::job_id.eq(job_id),
+                tenure_job_dependencies::depends_on.eq(dep.id),
+                tenure_job_dependencies::stripe.eq(stripe),
+                tenure_job_dependencies::run_when.eq(run_when.as_str()),
             )
         })
         .collect();
@@ -216,17 +217,17 @@ pub(super) fn record<C: DibsConnection>(
         .enumerate()
         .map(|(stripe, n)| {
             (
-                dibs_dependency_stripes::job_id.eq(job_id),
-                dibs_dependency_stripes::stripe.eq(stripe as i32),
-                dibs_dependency_stripes::pending.eq(*n),
+                tenure_dependency_stripes::job_id.eq(job_id),
+                tenure_dependency_stripes::stripe.eq(stripe as i32),
+                tenure_dependency_stripes::pending.eq(*n),
             )
         })
         .collect();
     dispatch!(conn, c => {
         for chunk in edges.chunks(MAX_BATCH) {
-            diesel::insert_into(dibs_job_dependencies::table).values(chunk).execute(c)?;
+            diesel::insert_into(tenure_job_dependencies::table).values(chunk).execute(c)?;
         }
-        diesel::insert_into(dibs_dependency_stripes::table).values(&stripe_rows).execute(c)?;
+        diesel::insert_into(tenure_dependency_stripes::table).values(&stripe_rows).execute(c)?;
         for chunk in deps.chunks(MAX_BATCH) {
             statement(COUNT_DEPENDENT).bind_ids(chunk.iter().map(|d| d.id)).execute(c)?;
         }
@@ -259,43 +260,43 @@ struct PendingEdge {
 /// committed edges whatever the caller's isolation (edges are written only under the lock
 /// of the job they point to, which the finishing transaction holds).
 const PENDING_EDGES: &str = "\
-    SELECT job_id, depends_on, stripe, run_when FROM dibs_job_dependencies \
+    SELECT job_id, depends_on, stripe, run_when FROM tenure_job_dependencies \
     WHERE counted = 0 AND depends_on IN {ids}{for_update}";
 
 const COUNT_EDGES: &str = "\
-    UPDATE dibs_job_dependencies SET counted = 1 WHERE counted = 0 AND depends_on IN {ids}";
+    UPDATE tenure_job_dependencies SET counted = 1 WHERE counted = 0 AND depends_on IN {ids}";
 
 /// The dependents' states, a plain read (no lock, so no lock order to keep): one seen
 /// finished, waiting or running is never blocked again, and is left alone; one not seen
 /// (an older snapshot) or seen blocked is counted down under its rows' locks.
-const DEPENDENT_STATES: &str = "SELECT id, state FROM dibs_jobs WHERE id IN {ids}";
+const DEPENDENT_STATES: &str = "SELECT id, state FROM tenure_jobs WHERE id IN {ids}";
 
 const DECREMENT_STRIPE: &str = "\
-    UPDATE dibs_dependency_stripes SET pending = pending - ? WHERE job_id = ? AND stripe = ?";
+    UPDATE tenure_dependency_stripes SET pending = pending - ? WHERE job_id = ? AND stripe = ?";
 const DECREMENT_STRIPE_RETURNING: &str = "\
-    UPDATE dibs_dependency_stripes SET pending = pending - ? WHERE job_id = ? AND stripe = ? \
+    UPDATE tenure_dependency_stripes SET pending = pending - ? WHERE job_id = ? AND stripe = ? \
     RETURNING pending AS n";
 const DECREMENT_STRIPES_PENDING_RETURNING: &str = "\
-    UPDATE dibs_jobs SET stripes_pending = stripes_pending - ? WHERE id = ? \
+    UPDATE tenure_jobs SET stripes_pending = stripes_pending - ? WHERE id = ? \
     RETURNING stripes_pending AS n";
 const STRIPE_PENDING: &str =
-    "SELECT pending AS n FROM dibs_dependency_stripes WHERE job_id = ? AND stripe = ?";
+    "SELECT pending AS n FROM tenure_dependency_stripes WHERE job_id = ? AND stripe = ?";
 
 const DECREMENT_STRIPES_PENDING: &str =
-    "UPDATE dibs_jobs SET stripes_pending = stripes_pending - ? WHERE id = ?";
+    "UPDATE tenure_jobs SET stripes_pending = stripes_pending - ? WHERE id = ?";
 /// Read after this transaction's own update of the row: its latest version, at any
 /// isolation.
-const STRIPES_PENDING: &str = "SELECT stripes_pending AS n FROM dibs_jobs WHERE id = ?";
+const STRIPES_PENDING: &str = "SELECT stripes_pending AS n FROM tenure_jobs WHERE id = ?";
 
 /// A blocked job runs: waiting, due when it was due (a delayed job keeps its delay).
-const RELEASE: &str = "UPDATE dibs_jobs SET state = 'waiting' WHERE id = ? AND state = 'blocked'";
+const RELEASE: &str = "UPDATE tenure_jobs SET state = 'waiting' WHERE id = ? AND state = 'blocked'";
 /// The queue of a job this transaction just released (its own write: visible at any
 /// isolation).
-const QUEUE_OF: &str = "SELECT queue FROM dibs_jobs WHERE id = ?";
+const QUEUE_OF: &str = "SELECT queue FROM tenure_jobs WHERE id = ?";
 
 /// A blocked job will never run: cancelled, saying why.
 const CANCEL_BLOCKED: &str = "\
-    UPDATE dibs_jobs SET state = 'cancelled', finished_at = {now}, last_error = ? \
+    UPDATE tenure_jobs SET state = 'cancelled', finished_at = {now}, last_error = ? \
     WHERE id = ? AND state = 'blocked'";
 
 #[derive(QueryableByName)]
@@ -315,7 +316,7 @@ struct QueueRow {
 /// edge once, releases the dependents whose condition is met and cancels those whose
 /// condition can no longer be, and settles in turn the dependents of those it cancels.
 /// Returns the queues of the jobs it released (to wake their workers).
-pub(crate) fn settle<C: DibsConnection>(
+pub(crate) fn settle<C: TenureConnection>(
     conn: &mut C,
     mut finished: Vec<(i64, JobState)>,
 ) -> Result<Vec<String>> {
@@ -415,7 +416,11 @@ pub(crate) fn settle<C: DibsConnection>(
 /// Counts dependencies down in their stripes (ascending), then the emptied stripes down on
 /// the job's row. True if this brought the job's row to zero: every dependency is counted,
 /// and this transaction (holding the row's lock) decides the job.
-fn count_down<C: DibsConnection>(conn: &mut C, id: i64, done: &BTreeMap<i32, i32>) -> Result<bool> {
+fn count_down<C: TenureConnection>(
+    conn: &mut C,
+    id: i64,
+    done: &BTreeMap<i32, i32>,
+) -> Result<bool> {
     dispatch!(conn, c => {
         // With RETURNING, the count left comes back from the update itself; MySQL reads it
         // after (its own write: the latest version).
@@ -460,7 +465,7 @@ fn count_down<C: DibsConnection>(conn: &mut C, id: i64, done: &BTreeMap<i32, i32
 }
 
 /// Releases a blocked job; its queue if it did.
-fn release<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Option<String>> {
+fn release<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Option<String>> {
     dispatch!(conn, c => {
         if statement(RELEASE).bind::<BigInt, _>(id).execute(c)? != 1 {
             return Ok(None);
@@ -470,7 +475,7 @@ fn release<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Option<String>> {
     })
 }
 
-fn cancel_blocked<C: DibsConnection>(conn: &mut C, id: i64, why: &str) -> Result<bool> {
+fn cancel_blocked<C: TenureConnection>(conn: &mut C, id: i64, why: &str) -> Result<bool> {
     let changed = dispatch!(conn, c => {
         statement(c.syntax().render(CANCEL_BLOCKED))
             .bind::<Text, _>(why)
@@ -484,19 +489,18 @@ fn cancel_blocked<C: DibsConnection>(conn: &mut C, id: i64, why: &str) -> Result
 /// again, so that the dependent waits for the retried run ([`RunWhen::AllFinished`] counted
 /// the death as finished; no other blocked dependent has counted it).
 const REARM_EDGES: &str = "\
-    SELECT d.job_id, d.depends_on, d.stripe, d.run_when FROM dibs_job_dependencies d \
-    JOIN dibs_jobs w ON w.id = d.job_id \
+    SELECT d.job_id, d.depends_on, d.stripe, d.run_when FROM tenure_job_dependencies d \
+    JOIN tenure_jobs w ON w.id = d.job_id \
     WHERE d.counted = 1 AND w.state = 'blocked' AND d.depends_on IN {ids}";
 const UNCOUNT_EDGE: &str =
-    "UPDATE dibs_job_dependencies SET counted = 0 WHERE job_id = ? AND depends_on = ?";
+    "UPDATE tenure_job_dependencies SET counted = 0 WHERE job_id = ? AND depends_on = ?";
 const INCREMENT_STRIPE: &str = "\
-    UPDATE dibs_dependency_stripes SET pending = pending + 1 WHERE job_id = ? AND stripe = ?";
-const INCREMENT_STRIPES_PENDING: &str =
-    "UPDATE dibs_jobs SET stripes_pending = stripes_pending + ? WHERE id = ? AND state = 'blocked'";
+    UPDATE tenure_dependency_stripes SET pending = pending + 1 WHERE job_id = ? AND stripe = ?";
+const INCREMENT_STRIPES_PENDING: &str = "UPDATE tenure_jobs SET stripes_pending = stripes_pending + ? WHERE id = ? AND state = 'blocked'";
 
 /// After dead jobs (`ids`, locked by the caller and now waiting again) were retried: the
 /// blocked jobs that counted their deaths wait for them again. In the retry's transaction.
-pub(crate) fn rearm<C: DibsConnection>(conn: &mut C, ids: &[i64]) -> Result<()> {
+pub(crate) fn rearm<C: TenureConnection>(conn: &mut C, ids: &[i64]) -> Result<()> {
     for chunk in ids.chunks(MAX_BATCH) {
         dispatch!(conn, c => {
             let mut edges = statement(REARM_EDGES)

@@ -9,7 +9,7 @@ use diesel::sql_types::{BigInt, Text};
 
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
-use crate::{DibsConnection, Error, Result};
+use crate::{Error, Result, TenureConnection};
 
 /// The largest bound [`queue_depth`] counts to.
 pub const MAX_DEPTH_BOUND: u32 = 1_000_000;
@@ -28,14 +28,14 @@ pub struct QueueDepth {
 
 /// Three bounded counts in one round trip, each an index range of the queue walked until
 /// the bound (PostgreSQL and SQLite: the claim index's partial `state = 'waiting'` range
-/// and `dibs_jobs_queue_state` for running; MySQL/MariaDB: the claim index, whose prefix is
+/// and `tenure_jobs_queue_state` for running; MySQL/MariaDB: the claim index, whose prefix is
 /// `(queue, state)`).
 const DEPTH: &str = "SELECT \
-    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM dibs_jobs \
+    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM tenure_jobs \
         WHERE queue = ? AND state = 'waiting' LIMIT ?) w) AS waiting, \
-    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM dibs_jobs \
+    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM tenure_jobs \
         WHERE queue = ? AND state = 'waiting' AND due_at <= {now} LIMIT ?) d) AS due, \
-    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM dibs_jobs \
+    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM tenure_jobs \
         WHERE queue = ? AND state = 'running' LIMIT ?) r) AS running";
 
 /// A queue name and a bound, checked; the bound as bound in the statements.
@@ -70,10 +70,10 @@ struct DepthRow {
 /// the bound, not with the table.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// use dibs::jobs::{self, NewJob};
-/// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// # dibs::run_migrations(&mut conn)?;
+/// # fn main() -> Result<(), tenure::Error> {
+/// use tenure::jobs::{self, NewJob};
+/// # let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// # tenure::run_migrations(&mut conn)?;
 /// for _ in 0..3 {
 ///     jobs::enqueue(&mut conn, &NewJob::new("mail", "send", vec![]))?;
 /// }
@@ -81,7 +81,11 @@ struct DepthRow {
 /// assert_eq!((depth.waiting, depth.due, depth.running), (2, 2, 0)); // "at least 2"
 /// # Ok(()) }
 /// ```
-pub fn queue_depth<C: DibsConnection>(conn: &mut C, queue: &str, bound: u32) -> Result<QueueDepth> {
+pub fn queue_depth<C: TenureConnection>(
+    conn: &mut C,
+    queue: &str,
+    bound: u32,
+) -> Result<QueueDepth> {
     let bound = checked(queue, bound)?;
     let row = dispatch!(conn, c => {
         statement(c.syntax().render(DEPTH))
@@ -121,22 +125,22 @@ pub struct QueueCounts {
 }
 
 /// Seven bounded counts in one round trip, each an index range of `(queue, state)` walked
-/// until the bound (PostgreSQL and SQLite: `dibs_jobs_queue_state`, and the claim index for
+/// until the bound (PostgreSQL and SQLite: `tenure_jobs_queue_state`, and the claim index for
 /// due; MySQL/MariaDB: the claim index, whose prefix is `(queue, state)`).
 const COUNTS: &str = "SELECT \
-    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM dibs_jobs \
+    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM tenure_jobs \
         WHERE queue = ? AND state = 'blocked' LIMIT ?) b) AS blocked, \
-    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM dibs_jobs \
+    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM tenure_jobs \
         WHERE queue = ? AND state = 'waiting' LIMIT ?) w) AS waiting, \
-    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM dibs_jobs \
+    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM tenure_jobs \
         WHERE queue = ? AND state = 'waiting' AND due_at <= {now} LIMIT ?) d) AS due, \
-    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM dibs_jobs \
+    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM tenure_jobs \
         WHERE queue = ? AND state = 'running' LIMIT ?) r) AS running, \
-    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM dibs_jobs \
+    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM tenure_jobs \
         WHERE queue = ? AND state = 'completed' LIMIT ?) c) AS completed, \
-    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM dibs_jobs \
+    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM tenure_jobs \
         WHERE queue = ? AND state = 'dead' LIMIT ?) x) AS dead, \
-    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM dibs_jobs \
+    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM tenure_jobs \
         WHERE queue = ? AND state = 'cancelled' LIMIT ?) n) AS cancelled";
 
 #[derive(QueryableByName)]
@@ -162,10 +166,10 @@ struct CountsRow {
 /// bound and not with the table ([`super::stats`] counts everything).
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// use dibs::jobs::{self, NewJob};
-/// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// # dibs::run_migrations(&mut conn)?;
+/// # fn main() -> Result<(), tenure::Error> {
+/// use tenure::jobs::{self, NewJob};
+/// # let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// # tenure::run_migrations(&mut conn)?;
 /// for _ in 0..3 {
 ///     jobs::enqueue(&mut conn, &NewJob::new("mail", "send", vec![]))?;
 /// }
@@ -173,7 +177,7 @@ struct CountsRow {
 /// assert_eq!((counts.waiting, counts.due, counts.completed), (3, 3, 0));
 /// # Ok(()) }
 /// ```
-pub fn queue_counts<C: DibsConnection>(
+pub fn queue_counts<C: TenureConnection>(
     conn: &mut C,
     queue: &str,
     bound: u32,

@@ -15,9 +15,9 @@ use crate::backend::{Dialect, Upsert, dispatch};
 use crate::sql_types::Instant;
 use crate::transaction::{in_transaction, retrying_transaction, write_turn};
 use crate::wake;
-use crate::{Backend, DibsConnection, Error, Result};
+use crate::{Backend, Error, Result, TenureConnection};
 
-pub(super) const INSERT_HEAD: &str = "INSERT INTO dibs_jobs \
+pub(super) const INSERT_HEAD: &str = "INSERT INTO tenure_jobs \
     (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, dedup_key, \
      limit_key, limit_max, dedup_window_micros, workflow_id, run_when, stripes_pending) \
     VALUES";
@@ -35,10 +35,10 @@ pub(super) const INSERT_ROW: &str =
 /// state and kind come back to say whether the mode applied (the upsert changes neither).
 pub(super) const INSERT_DEDUP_ON_CONFLICT: &str = " ON CONFLICT (queue, dedup_key) \
     WHERE dedup_key IS NOT NULL AND state IN ('waiting', 'running') \
-    DO UPDATE SET dedup_hits = dibs_jobs.dedup_hits + 1, \
+    DO UPDATE SET dedup_hits = tenure_jobs.dedup_hits + 1, \
     dedup_window_micros = {greatest}(\
-        COALESCE(dibs_jobs.dedup_window_micros, excluded.dedup_window_micros), \
-        COALESCE(excluded.dedup_window_micros, dibs_jobs.dedup_window_micros)){sets} \
+        COALESCE(tenure_jobs.dedup_window_micros, excluded.dedup_window_micros), \
+        COALESCE(excluded.dedup_window_micros, tenure_jobs.dedup_window_micros)){sets} \
     RETURNING id, dedup_hits, state, kind";
 
 /// What a plain insert returns where the backend can: the same row as the upsert's.
@@ -61,14 +61,14 @@ pub(super) fn on_conflict_sets(mode: OnDuplicate) -> &'static str {
     match mode {
         OnDuplicate::Keep => "",
         OnDuplicate::Replace => {
-            ", payload = CASE WHEN dibs_jobs.state = 'waiting' AND dibs_jobs.kind = excluded.kind \
-                THEN excluded.payload ELSE dibs_jobs.payload END, \
-             due_at = CASE WHEN dibs_jobs.state = 'waiting' AND dibs_jobs.kind = excluded.kind \
-                THEN excluded.due_at ELSE dibs_jobs.due_at END"
+            ", payload = CASE WHEN tenure_jobs.state = 'waiting' AND tenure_jobs.kind = excluded.kind \
+                THEN excluded.payload ELSE tenure_jobs.payload END, \
+             due_at = CASE WHEN tenure_jobs.state = 'waiting' AND tenure_jobs.kind = excluded.kind \
+                THEN excluded.due_at ELSE tenure_jobs.due_at END"
         }
         OnDuplicate::KeepEarlierDue => {
-            ", due_at = CASE WHEN dibs_jobs.state = 'waiting' AND dibs_jobs.kind = excluded.kind \
-                AND excluded.due_at < dibs_jobs.due_at THEN excluded.due_at ELSE dibs_jobs.due_at END"
+            ", due_at = CASE WHEN tenure_jobs.state = 'waiting' AND tenure_jobs.kind = excluded.kind \
+                AND excluded.due_at < tenure_jobs.due_at THEN excluded.due_at ELSE tenure_jobs.due_at END"
         }
     }
 }
@@ -98,7 +98,7 @@ pub(super) fn greatest(backend: Backend) -> &'static str {
 
 /// MySQL/MariaDB: the state of the live job an upsert updated (it holds the row's lock until
 /// the enqueue's transaction ends, so this is the state the upsert saw).
-pub(super) const STATE_OF: &str = "SELECT state, kind FROM dibs_jobs WHERE id = ?";
+pub(super) const STATE_OF: &str = "SELECT state, kind FROM tenure_jobs WHERE id = ?";
 
 #[derive(QueryableByName)]
 pub(super) struct StateKind {
@@ -113,9 +113,9 @@ pub(super) struct StateKind {
 /// job comes first: the upsert folds into it). A plain read: a locking one would meet the
 /// finishers' and pruners' locks while it fetches rows (on MySQL/MariaDB a deadlock reported
 /// mid-fetch left the client waiting for rows that never came); the fold below re-checks.
-pub(super) const FIND_FINISHED_TWIN: &str = "SELECT id FROM dibs_jobs \
+pub(super) const FIND_FINISHED_TWIN: &str = "SELECT id FROM tenure_jobs \
     WHERE queue = ? AND dedup_key = ? AND state IN {final_states} AND finished_at > {now+ttl} \
-    AND NOT EXISTS (SELECT 1 FROM dibs_jobs live WHERE live.queue = ? AND live.dedup_key = ? \
+    AND NOT EXISTS (SELECT 1 FROM tenure_jobs live WHERE live.queue = ? AND live.dedup_key = ? \
         AND live.state IN ('waiting', 'running') AND live.id <> ?) \
     ORDER BY finished_at DESC, id DESC LIMIT 1";
 
@@ -123,7 +123,7 @@ pub(super) const FIND_FINISHED_TWIN: &str = "SELECT id FROM dibs_jobs \
 /// prune or a retry may have come between): counted, and kept by retention for the larger
 /// of the two windows. One row changed, or none (then there is no twin to fold into). By
 /// primary key, with the checks on the row it locks.
-pub(super) const FOLD_FINISHED: &str = "UPDATE dibs_jobs SET dedup_hits = dedup_hits + 1, \
+pub(super) const FOLD_FINISHED: &str = "UPDATE tenure_jobs SET dedup_hits = dedup_hits + 1, \
     dedup_window_micros = {greatest}(COALESCE(dedup_window_micros, ?), ?) \
     WHERE id = ? AND state IN {final_states} AND finished_at > {now+ttl}";
 
@@ -296,7 +296,7 @@ macro_rules! insert_deduplicated {
                 other => break 'done other,
             };
             match fold_into_finished_twin!($c, job, $backend, new.id) {
-                Ok(Some(twin)) => statement("DELETE FROM dibs_jobs WHERE id = ?")
+                Ok(Some(twin)) => statement("DELETE FROM tenure_jobs WHERE id = ?")
                     .bind::<BigInt, _>(new.id)
                     .execute($c)
                     .map(|_| twin),
@@ -312,7 +312,7 @@ pub(super) use {fold_into_finished_twin, insert_deduplicated, insert_one, job_ro
 /// order for every locker: two enqueues, or an enqueue and a finish, never wait for each
 /// other in a cycle), so none finishes unseen until the enqueue commits; refuses a missing
 /// one.
-pub(super) fn lock_dependencies<'j, C: DibsConnection>(
+pub(super) fn lock_dependencies<'j, C: TenureConnection>(
     conn: &mut C,
     jobs: impl IntoIterator<Item = &'j NewJob>,
 ) -> Result<HashMap<i64, dependencies::Dependency>> {
@@ -335,7 +335,7 @@ pub(super) fn lock_dependencies<'j, C: DibsConnection>(
 /// dependencies locked ([`lock_dependencies`]): inserts it `blocked` in the workflow given
 /// or its first dependency's, writes its limits and dependencies, and settles those
 /// already finished (it may leave `blocked` at once).
-pub(super) fn insert_dependent<C: DibsConnection>(
+pub(super) fn insert_dependent<C: TenureConnection>(
     conn: &mut C,
     job: &NewJob,
     backend: Backend,
@@ -382,7 +382,7 @@ fn needs_transaction(job: &NewJob, backend: Backend) -> bool {
 /// [`existing`](Enqueued::existing) (and changed as [`NewJob::on_duplicate`] says); with a
 /// [`dedup window`](NewJob::dedup_window), the same for a job of the key that finished
 /// within it.
-pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued> {
+pub fn enqueue<C: TenureConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued> {
     job.validate()?;
     let backend = conn.backend();
     // Other processes' idle workers are woken by a NOTIFY: in the insert's RETURNING list
@@ -405,7 +405,7 @@ pub fn enqueue<C: DibsConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued
             Ok::<_, Error>(enqueued)
         })?
     } else {
-        // SQLite: this process's writers take turns (see `dibs::transaction`); the insert is
+        // SQLite: this process's writers take turns (see `tenure::transaction`); the insert is
         // one statement, so the turn is held only around it.
         let turn = write_turn(conn)?;
         let enqueued = dispatch!(conn, c => insert_one!(c, job, backend, inline))?;

@@ -16,70 +16,70 @@ use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
 use crate::sql_types::Instant;
 use crate::transaction::retrying_transaction;
-use crate::{DibsConnection, Error, Result, validate};
+use crate::{Error, Result, TenureConnection, validate};
 
 /// Finishing calls lock the rows they are about, then decide per job.
 const LOCK_STATES: &str = "\
     SELECT id, state, claim_token, attempt, max_attempts, snoozes, cancel_requested_at, \
         dependents \
-    FROM dibs_jobs WHERE id IN {ids}{for_update}";
+    FROM tenure_jobs WHERE id IN {ids}{for_update}";
 
 /// A run of a job asked to cancel ends: the job is cancelled (not completed, failed or given
 /// back), and its limit key is free.
 const FINISH_CANCELLED: &str = "\
-    UPDATE dibs_jobs SET state = 'cancelled', finished_at = {now}, claim_expires_at = NULL \
+    UPDATE tenure_jobs SET state = 'cancelled', finished_at = {now}, claim_expires_at = NULL \
     WHERE id IN {ids}";
 
 const COMPLETE: &str = "\
-    UPDATE dibs_jobs SET state = 'completed', finished_at = {now}, claim_expires_at = NULL \
+    UPDATE tenure_jobs SET state = 'completed', finished_at = {now}, claim_expires_at = NULL \
     WHERE id IN {ids}";
 
-const RENEW: &str = "UPDATE dibs_jobs SET claim_expires_at = {now+ttl} WHERE id IN {ids}";
+const RENEW: &str = "UPDATE tenure_jobs SET claim_expires_at = {now+ttl} WHERE id IN {ids}";
 
 /// Give back: due again at once, and the run does not count.
 const GIVE_BACK: &str = "\
-    UPDATE dibs_jobs SET state = 'waiting', attempt = attempt - 1, due_at = {now}, \
+    UPDATE tenure_jobs SET state = 'waiting', attempt = attempt - 1, due_at = {now}, \
         claim_expires_at = NULL \
     WHERE id IN {ids}";
 
 /// Snooze, within the free snoozes: due again at now + the delay, and the run does not count.
 const SNOOZE_FREE: &str = "\
-    UPDATE dibs_jobs SET state = 'waiting', attempt = attempt - 1, snoozes = snoozes + 1, \
+    UPDATE tenure_jobs SET state = 'waiting', attempt = attempt - 1, snoozes = snoozes + 1, \
         due_at = {now+ttl}, claim_expires_at = NULL \
     WHERE id IN {ids}";
 
 /// Snooze past the free snoozes, attempts left: due again at now + the delay; the run counts.
 const SNOOZE_PAID: &str = "\
-    UPDATE dibs_jobs SET state = 'waiting', snoozes = snoozes + 1, due_at = {now+ttl}, \
+    UPDATE tenure_jobs SET state = 'waiting', snoozes = snoozes + 1, due_at = {now+ttl}, \
         claim_expires_at = NULL \
     WHERE id IN {ids}";
 
 /// Snooze past the free snoozes by a job out of attempts: dead.
 const SNOOZE_DEAD: &str = "\
-    UPDATE dibs_jobs SET state = 'dead', snoozes = snoozes + 1, finished_at = {now}, \
+    UPDATE tenure_jobs SET state = 'dead', snoozes = snoozes + 1, finished_at = {now}, \
         last_error = ?, claim_expires_at = NULL \
     WHERE id IN {ids}";
 
 const FAIL_RETRY: &str = "\
-    UPDATE dibs_jobs SET state = 'waiting', due_at = COALESCE(?, {now+ttl}), last_error = ?, \
+    UPDATE tenure_jobs SET state = 'waiting', due_at = COALESCE(?, {now+ttl}), last_error = ?, \
         claim_expires_at = NULL \
     WHERE id = ?";
 
 const FAIL_DEAD: &str = "\
-    UPDATE dibs_jobs SET state = 'dead', finished_at = {now}, last_error = ?, \
+    UPDATE tenure_jobs SET state = 'dead', finished_at = {now}, last_error = ?, \
         claim_expires_at = NULL \
     WHERE id = ?";
 
 const RECORD_ERROR: &str = "\
-    INSERT INTO dibs_job_errors (job_id, attempt, error, failed_at) \
-    SELECT id, COALESCE(?, attempt), ?, {now} FROM dibs_jobs WHERE id = ?";
+    INSERT INTO tenure_job_errors (job_id, attempt, error, failed_at) \
+    SELECT id, COALESCE(?, attempt), ?, {now} FROM tenure_jobs WHERE id = ?";
 
 /// The id of the newest error past the ones a job's history keeps: it and older ones go. A
 /// plain read, then a delete by range (in one statement, MySQL's subquery of the delete
 /// takes shared locks on the index, and two trims deadlocked in the rescue race test).
 const ERROR_CUTOFF: &str = "\
-    SELECT id FROM dibs_job_errors WHERE job_id = ? ORDER BY id DESC LIMIT 1 OFFSET 20";
-const TRIM_ERRORS: &str = "DELETE FROM dibs_job_errors WHERE job_id = ? AND id <= ?";
+    SELECT id FROM tenure_job_errors WHERE job_id = ? ORDER BY id DESC LIMIT 1 OFFSET 20";
+const TRIM_ERRORS: &str = "DELETE FROM tenure_job_errors WHERE job_id = ? AND id <= ?";
 
 /// What a finishing call does to the jobs it may act on.
 enum Finish<'a> {
@@ -131,8 +131,8 @@ fn check_claims(claims: &[JobClaim]) -> Result<()> {
 
 /// Locks the claimed rows, decides per job (Done if this token still holds it running,
 /// AlreadyDone if this call was applied before, Lost otherwise), and applies `finish` to the
-/// Done ones, in one transaction: the caller's (in a savepoint) or one of dibs's kind.
-fn finish<C: DibsConnection>(
+/// Done ones, in one transaction: the caller's (in a savepoint) or one of tenure's kind.
+fn finish<C: TenureConnection>(
     conn: &mut C,
     claims: &[JobClaim],
     finish: Finish<'_>,
@@ -142,7 +142,7 @@ fn finish<C: DibsConnection>(
 
 /// [`finish`], also noting in `died` the jobs a snooze left dead (now, or by the call this
 /// one repeats), with the error it recorded.
-fn finish_noting<C: DibsConnection>(
+fn finish_noting<C: TenureConnection>(
     conn: &mut C,
     claims: &[JobClaim],
     finish: Finish<'_>,
@@ -229,7 +229,7 @@ fn finish_noting<C: DibsConnection>(
     Ok(outcomes)
 }
 
-fn apply_finish<C: DibsConnection>(
+fn apply_finish<C: TenureConnection>(
     conn: &mut C,
     rows: &[&StateRow],
     finish: &Finish<'_>,
@@ -323,7 +323,7 @@ fn apply_finish<C: DibsConnection>(
 /// Snoozes one claimed job: free (the attempt given back) for its first
 /// [`MAX_FREE_SNOOZES`] snoozes, then the run counts, and a job out of attempts is dead.
 /// Returns the error it recorded if it is dead.
-fn apply_snooze<C: DibsConnection>(
+fn apply_snooze<C: TenureConnection>(
     conn: &mut C,
     row: &StateRow,
     micros: i64,
@@ -361,7 +361,7 @@ fn out_of_attempts(snoozes: i64) -> String {
 
 /// Keeps the error of a failed run in the job's history (`attempt` None: the job's current
 /// attempt), then trims the history to the newest [`MAX_ERROR_HISTORY`] entries.
-pub(super) fn record_error<C: DibsConnection>(
+pub(super) fn record_error<C: TenureConnection>(
     conn: &mut C,
     id: i64,
     attempt: Option<i32>,
@@ -417,12 +417,12 @@ pub(super) fn truncate(text: &str, max: usize) -> &str {
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # use std::time::Duration;
-/// # use dibs::jobs::{self, NewJob, Outcome};
-/// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// # dibs::run_migrations(&mut conn)?;
+/// # use tenure::jobs::{self, NewJob, Outcome};
+/// # let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// # tenure::run_migrations(&mut conn)?;
 /// # jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]))?;
 /// let job = jobs::claim(&mut conn, "q", 1, Duration::from_secs(60))?.remove(0);
-/// dibs::transaction(&mut conn, |conn| -> Result<(), Box<dyn std::error::Error>> {
+/// tenure::transaction(&mut conn, |conn| -> Result<(), Box<dyn std::error::Error>> {
 ///     // ... the handler's own writes on `conn` ...
 ///     let outcome = jobs::complete(conn, &[job.claim()])?;
 ///     if outcome != [Outcome::Done] {
@@ -433,13 +433,13 @@ pub(super) fn truncate(text: &str, max: usize) -> &str {
 /// })?;
 /// # Ok(()) }
 /// ```
-pub fn complete<C: DibsConnection>(conn: &mut C, claims: &[JobClaim]) -> Result<Vec<Outcome>> {
+pub fn complete<C: TenureConnection>(conn: &mut C, claims: &[JobClaim]) -> Result<Vec<Outcome>> {
     finish(conn, claims, Finish::Complete(&[]))
 }
 
 /// [`complete`], keeping results for the jobs listed in `results` (validated by
 /// [`JobResult`]'s constructors) with the jobs this call completes.
-pub(crate) fn complete_with_results<C: DibsConnection>(
+pub(crate) fn complete_with_results<C: TenureConnection>(
     conn: &mut C,
     claims: &[JobClaim],
     results: &[(i64, &JobResult)],
@@ -449,7 +449,7 @@ pub(crate) fn complete_with_results<C: DibsConnection>(
 
 /// Extends claims to the database's now + `ttl` (a heartbeat). `Lost` for a claim that was
 /// rescued or taken over: the worker should stop.
-pub fn renew<C: DibsConnection>(
+pub fn renew<C: TenureConnection>(
     conn: &mut C,
     claims: &[JobClaim],
     ttl: Duration,
@@ -459,7 +459,7 @@ pub fn renew<C: DibsConnection>(
 }
 
 /// Puts claimed jobs back, due at once; the run does not count as an attempt.
-pub fn give_back<C: DibsConnection>(conn: &mut C, claims: &[JobClaim]) -> Result<Vec<Outcome>> {
+pub fn give_back<C: TenureConnection>(conn: &mut C, claims: &[JobClaim]) -> Result<Vec<Outcome>> {
     finish(conn, claims, Finish::GiveBack)
 }
 
@@ -467,7 +467,7 @@ pub fn give_back<C: DibsConnection>(conn: &mut C, claims: &[JobClaim]) -> Result
 /// job waits for its retry; otherwise it is dead. The error (cut to
 /// [`MAX_ERROR_BYTES`]) is kept with the job. A [`Retry::At`] outside the years 1 to 9999 or a
 /// [`Retry::After`] longer than 366 days is [`Error::InvalidInput`], before any statement.
-pub fn fail<C: DibsConnection>(
+pub fn fail<C: TenureConnection>(
     conn: &mut C,
     claim: JobClaim,
     error: &str,
@@ -488,11 +488,11 @@ pub fn fail<C: DibsConnection>(
 /// [`Error::InvalidInput`], before any statement.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// use std::time::Duration;
-/// use dibs::jobs::{self, NewJob, Outcome};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// use tenure::jobs::{self, NewJob, Outcome};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// let id = jobs::enqueue(&mut conn, &NewJob::new("sync", "account", vec![]))?.id;
 /// let job = jobs::claim(&mut conn, "sync", 1, Duration::from_secs(60))?.remove(0);
 /// // The remote side asks us to come back in a minute: no attempt used.
@@ -502,7 +502,7 @@ pub fn fail<C: DibsConnection>(
 /// assert!(jobs::claim(&mut conn, "sync", 1, Duration::from_secs(60))?.is_empty());
 /// # Ok(()) }
 /// ```
-pub fn snooze<C: DibsConnection>(
+pub fn snooze<C: TenureConnection>(
     conn: &mut C,
     claim: JobClaim,
     delay: Duration,
@@ -513,7 +513,7 @@ pub fn snooze<C: DibsConnection>(
 /// [`snooze`], also giving the error recorded if the snooze left the job dead (out of
 /// attempts past the free snoozes): the worker reports such a run as dead, as the database
 /// records it.
-pub(crate) fn snooze_noting_death<C: DibsConnection>(
+pub(crate) fn snooze_noting_death<C: TenureConnection>(
     conn: &mut C,
     claim: JobClaim,
     delay: Duration,

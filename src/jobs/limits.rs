@@ -10,9 +10,9 @@ use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
 use crate::backend::statement::{row, statement};
 use crate::backend::{Dialect, Upsert, dispatch};
-use crate::schema::{dibs_job_limits, dibs_queue_limits};
+use crate::schema::{tenure_job_limits, tenure_queue_limits};
 use crate::sql_types::Instant;
-use crate::{DibsConnection, Error, Result, validate};
+use crate::{Error, Result, TenureConnection, validate};
 
 /// The most limits (keys) one job carries.
 pub const MAX_LIMITS: usize = 8;
@@ -35,11 +35,11 @@ pub const MAX_LIMIT: u32 = 10_000;
 /// whatever the period), so a rate declared later, or with a longer period, sees them all.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// use std::time::Duration;
-/// use dibs::jobs::{self, Limit, NewJob};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// use tenure::jobs::{self, Limit, NewJob};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// // At most 10 starts a minute for this customer, at most 2 of them running, and at most
 /// // 100 starts a second for the mail provider, whoever the customer.
 /// let job = NewJob::new("mail", "send", vec![])
@@ -68,7 +68,7 @@ impl Limit {
     /// At most `max` running jobs with this `key` at once (1 to [`MAX_LIMIT`]).
     ///
     /// ```
-    /// let limit = dibs::jobs::Limit::concurrency("account:7", 1);
+    /// let limit = tenure::jobs::Limit::concurrency("account:7", 1);
     /// assert_eq!(limit.key(), "account:7");
     /// ```
     pub fn concurrency(key: impl Into<String>, max: u32) -> Limit {
@@ -85,7 +85,7 @@ impl Limit {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let limit = dibs::jobs::Limit::rate("provider", 100, Duration::from_secs(1));
+    /// let limit = tenure::jobs::Limit::rate("provider", 100, Duration::from_secs(1));
     /// assert_eq!(limit.rate_cap().unwrap().max, 100);
     /// ```
     pub fn rate(key: impl Into<String>, max: u32, per: Duration) -> Limit {
@@ -100,7 +100,7 @@ impl Limit {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let limit = dibs::jobs::Limit::concurrency("a", 2).and_rate(5, Duration::from_secs(1));
+    /// let limit = tenure::jobs::Limit::concurrency("a", 2).and_rate(5, Duration::from_secs(1));
     /// assert_eq!((limit.max_running(), limit.rate_cap().map(|r| r.max)), (Some(2), Some(5)));
     /// ```
     pub fn and_rate(mut self, max: u32, per: Duration) -> Limit {
@@ -112,7 +112,7 @@ impl Limit {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let limit = dibs::jobs::Limit::rate("a", 5, Duration::from_secs(1)).and_concurrency(2);
+    /// let limit = tenure::jobs::Limit::rate("a", 5, Duration::from_secs(1)).and_concurrency(2);
     /// assert_eq!(limit.max_running(), Some(2));
     /// ```
     pub fn and_concurrency(mut self, max: u32) -> Limit {
@@ -179,9 +179,9 @@ pub(crate) fn period_micros(per: Duration) -> Result<i64> {
     })
 }
 
-/// A `dibs_job_limits` row: one limit of one job.
+/// A `tenure_job_limits` row: one limit of one job.
 #[derive(Debug, Clone, Queryable, Selectable)]
-#[diesel(table_name = dibs_job_limits)]
+#[diesel(table_name = tenure_job_limits)]
 pub(crate) struct JobLimitRow {
     pub job_id: i64,
     pub limit_key: String,
@@ -194,7 +194,7 @@ pub(crate) struct JobLimitRow {
 const LIMIT_ROWS_PER_INSERT: usize = 1000;
 
 /// Writes the limits of newly inserted jobs (`(id, limits)`), in the caller's transaction.
-pub(crate) fn record<C: DibsConnection>(conn: &mut C, jobs: &[(i64, &[Limit])]) -> Result<()> {
+pub(crate) fn record<C: TenureConnection>(conn: &mut C, jobs: &[(i64, &[Limit])]) -> Result<()> {
     let rows: Vec<(i64, &Limit)> = jobs
         .iter()
         .flat_map(|(id, limits)| limits.iter().map(move |limit| (*id, limit)))
@@ -202,7 +202,7 @@ pub(crate) fn record<C: DibsConnection>(conn: &mut C, jobs: &[(i64, &[Limit])]) 
     for chunk in rows.chunks(LIMIT_ROWS_PER_INSERT) {
         let values = vec!["(?, ?, ?, ?, ?)"; chunk.len()].join(", ");
         let sql = format!(
-            "INSERT INTO dibs_job_limits \
+            "INSERT INTO tenure_job_limits \
              (job_id, limit_key, max_running, rate_max, rate_period_us) VALUES {values}"
         );
         let binds = chunk
@@ -236,19 +236,19 @@ pub(crate) fn record<C: DibsConnection>(conn: &mut C, jobs: &[(i64, &[Limit])]) 
 /// The limits of a job, as stored (empty for a job without limits, or no such job).
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// use dibs::jobs::{self, NewJob};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// # fn main() -> Result<(), tenure::Error> {
+/// use tenure::jobs::{self, NewJob};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// let id = jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]).limit("a", 2))?.id;
 /// assert_eq!(jobs::limits_of(&mut conn, id)?[0].max_running(), Some(2));
 /// # Ok(()) }
 /// ```
-pub fn limits_of<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Vec<Limit>> {
+pub fn limits_of<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Vec<Limit>> {
     let rows: Vec<JobLimitRow> = dispatch!(conn, c => {
-        dibs_job_limits::table
-            .filter(dibs_job_limits::job_id.eq(id))
-            .order(dibs_job_limits::limit_key)
+        tenure_job_limits::table
+            .filter(tenure_job_limits::job_id.eq(id))
+            .order(tenure_job_limits::limit_key)
             .select(JobLimitRow::as_select())
             .load(c)
     })?;
@@ -272,10 +272,10 @@ impl JobLimitRow {
 }
 
 const SET_QUEUE_LIMIT_ON_CONFLICT: &str = "\
-    INSERT INTO dibs_queue_limits (queue, max_running) VALUES (?, ?) \
+    INSERT INTO tenure_queue_limits (queue, max_running) VALUES (?, ?) \
     ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running";
 const SET_QUEUE_LIMIT_ON_DUPLICATE_KEY: &str = "\
-    INSERT INTO dibs_queue_limits (queue, max_running) VALUES (?, ?) \
+    INSERT INTO tenure_queue_limits (queue, max_running) VALUES (?, ?) \
     ON DUPLICATE KEY UPDATE max_running = VALUES(max_running)";
 
 /// Sets (`Some`) or clears (`None`) a queue-wide concurrency limit: at most `max_running`
@@ -284,11 +284,11 @@ const SET_QUEUE_LIMIT_ON_DUPLICATE_KEY: &str = "\
 /// jobs already running keep running. `max_running`: 1 to [`MAX_LIMIT`].
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// use std::time::Duration;
-/// use dibs::jobs::{self, NewJob};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// use tenure::jobs::{self, NewJob};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// jobs::limit_queue(&mut conn, "reports", Some(1))?;
 /// for _ in 0..3 {
 ///     jobs::enqueue(&mut conn, &NewJob::new("reports", "render", vec![]))?;
@@ -297,7 +297,7 @@ const SET_QUEUE_LIMIT_ON_DUPLICATE_KEY: &str = "\
 /// assert_eq!(jobs::queue_limits(&mut conn)?, vec![("reports".to_string(), 1)]);
 /// # Ok(()) }
 /// ```
-pub fn limit_queue<C: DibsConnection>(
+pub fn limit_queue<C: TenureConnection>(
     conn: &mut C,
     queue: &str,
     max_running: Option<u32>,
@@ -325,7 +325,7 @@ pub fn limit_queue<C: DibsConnection>(
         }
         None => {
             dispatch!(conn, c => {
-                diesel::delete(dibs_queue_limits::table.find(queue)).execute(c)
+                diesel::delete(tenure_queue_limits::table.find(queue)).execute(c)
             })?;
         }
     }
@@ -333,11 +333,11 @@ pub fn limit_queue<C: DibsConnection>(
 }
 
 /// Every queue-wide concurrency limit, `(queue, max_running)`, by queue.
-pub fn queue_limits<C: DibsConnection>(conn: &mut C) -> Result<Vec<(String, u32)>> {
+pub fn queue_limits<C: TenureConnection>(conn: &mut C) -> Result<Vec<(String, u32)>> {
     let rows: Vec<(String, i32)> = dispatch!(conn, c => {
-        dibs_queue_limits::table
-            .order(dibs_queue_limits::queue)
-            .select((dibs_queue_limits::queue, dibs_queue_limits::max_running))
+        tenure_queue_limits::table
+            .order(tenure_queue_limits::queue)
+            .select((tenure_queue_limits::queue, tenure_queue_limits::max_running))
             .load(c)
     })?;
     Ok(rows
@@ -390,31 +390,31 @@ struct KeyThrottle {
 /// Running jobs per key (through the running-limited-jobs index, joined to their limits).
 const KEYS_RUNNING: &str = "\
     SELECT l.limit_key AS limit_key, COUNT(*) AS running, MIN(l.max_running) AS max_running \
-    FROM dibs_jobs r JOIN dibs_job_limits l ON l.job_id = r.id \
+    FROM tenure_jobs r JOIN tenure_job_limits l ON l.job_id = r.id \
     WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
     GROUP BY l.limit_key ORDER BY l.limit_key LIMIT ?";
 
 /// Keys whose rate window is full now.
 const KEYS_THROTTLED: &str = "\
-    SELECT limit_key, throttled_until FROM dibs_limit_keys \
+    SELECT limit_key, throttled_until FROM tenure_limit_keys \
     WHERE throttled_until > {now} ORDER BY limit_key LIMIT ?";
 
 /// The limit keys that are busy now: those with running jobs, and those whose rate window is
 /// full (throttled), by key, at most `limit` of each kind (1 to [`super::MAX_BATCH`]).
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// use std::time::Duration;
-/// use dibs::jobs::{self, NewJob};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// use tenure::jobs::{self, NewJob};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]).limit("a", 1))?;
 /// jobs::claim(&mut conn, "q", 10, Duration::from_secs(60))?;
 /// let keys = jobs::key_states(&mut conn, 100)?;
 /// assert_eq!((keys[0].key.as_str(), keys[0].running, keys[0].saturated()), ("a", 1, true));
 /// # Ok(()) }
 /// ```
-pub fn key_states<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Vec<KeyState>> {
+pub fn key_states<C: TenureConnection>(conn: &mut C, limit: usize) -> Result<Vec<KeyState>> {
     let limit = super::check_limit(limit)?;
     let (running, throttled): (Vec<KeyRunning>, Vec<KeyThrottle>) = dispatch!(conn, c => {
         let syntax = c.syntax();

@@ -10,7 +10,7 @@ use crate::backend::statement::statement;
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::sql_types::{DatabaseNow, Instant};
 use crate::transaction::write_turn;
-use crate::{DibsConnection, Error, Result, validate};
+use crate::{Error, Result, TenureConnection, validate};
 
 /// A waiting job is cancelled at once. A running job is asked to: it stays running under its
 /// claim (its handler is still running, and holds its limit key) until the worker, told at
@@ -18,7 +18,7 @@ use crate::{DibsConnection, Error, Result, validate};
 /// rescue does). MySQL assigns left to right, reading the values assigned before: `state`
 /// comes last, so every CASE reads the row's state as it was.
 const CANCEL: &str = "\
-    UPDATE dibs_jobs SET \
+    UPDATE tenure_jobs SET \
         finished_at = CASE WHEN state IN ('waiting', 'blocked') THEN {now} ELSE finished_at END, \
         cancel_requested_at = CASE WHEN state = 'running' THEN {now} \
             ELSE cancel_requested_at END, \
@@ -27,7 +27,7 @@ const CANCEL: &str = "\
         OR (state = 'running' AND cancel_requested_at IS NULL))";
 
 /// The state a cancel left, and whether others depend on the job.
-const CANCELLED_STATE: &str = "SELECT state, dependents AS n FROM dibs_jobs WHERE id = ?";
+const CANCELLED_STATE: &str = "SELECT state, dependents AS n FROM tenure_jobs WHERE id = ?";
 
 #[derive(QueryableByName)]
 struct CancelledState {
@@ -38,27 +38,27 @@ struct CancelledState {
 }
 
 const PAUSE_ON_CONFLICT: &str = "\
-    INSERT INTO dibs_queue_pauses (queue, paused_at) VALUES (?, {now}) \
+    INSERT INTO tenure_queue_pauses (queue, paused_at) VALUES (?, {now}) \
     ON CONFLICT (queue) DO NOTHING";
 const PAUSE_ON_DUPLICATE_KEY: &str = "\
-    INSERT INTO dibs_queue_pauses (queue, paused_at) VALUES (?, {now}) \
+    INSERT INTO tenure_queue_pauses (queue, paused_at) VALUES (?, {now}) \
     ON DUPLICATE KEY UPDATE queue = queue";
 
 /// Counts per queue and state. Served by an index on (queue, state) (MySQL: the claim
 /// index, whose first columns they are): an index-only scan, no table rows read.
 const COUNTS: &str = "\
-    SELECT queue, state, COUNT(*) AS n, MIN(due_at) AS oldest_due FROM dibs_jobs \
+    SELECT queue, state, COUNT(*) AS n, MIN(due_at) AS oldest_due FROM tenure_jobs \
     GROUP BY queue, state";
 
 /// Running jobs by lease deadline, from the stalled-claims index.
 const RUNNING: &str = "\
-    SELECT id, queue, kind, attempt, claim_expires_at FROM dibs_jobs \
+    SELECT id, queue, kind, attempt, claim_expires_at FROM tenure_jobs \
     WHERE state = 'running' ORDER BY claim_expires_at LIMIT ?";
 
-/// One failed run of a job, from [`history`]: the model of a `dibs_job_errors` row
-/// ([`crate::schema::dibs_job_errors`]).
+/// One failed run of a job, from [`history`]: the model of a `tenure_job_errors` row
+/// ([`crate::schema::tenure_job_errors`]).
 #[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable)]
-#[diesel(table_name = crate::schema::dibs_job_errors)]
+#[diesel(table_name = crate::schema::tenure_job_errors)]
 pub struct FailedRun {
     /// Which run failed.
     pub attempt: i32,
@@ -155,7 +155,7 @@ pub(crate) struct Count {
 ///
 /// A blocked job is cancelled at once too. The jobs that depend on a cancelled job follow
 /// their [`super::RunWhen`] in the same transaction.
-pub fn cancel<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
+pub fn cancel<C: TenureConnection>(conn: &mut C, id: i64) -> Result<bool> {
     let (changed, released) = crate::transaction::retrying_transaction(conn, |conn| {
         if !cancel_locked(conn, id)? {
             return Ok::<_, Error>((false, Vec::new()));
@@ -175,7 +175,7 @@ pub fn cancel<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
 }
 
 /// The cancel statement alone (no settling of dependents): whether it changed the job.
-pub(super) fn cancel_locked<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
+pub(super) fn cancel_locked<C: TenureConnection>(conn: &mut C, id: i64) -> Result<bool> {
     let changed = dispatch!(conn, c => {
         statement(c.syntax().render(CANCEL)).bind::<BigInt, _>(id).execute(c)
     })?;
@@ -188,11 +188,11 @@ pub(super) fn cancel_locked<C: DibsConnection>(conn: &mut C, id: i64) -> Result<
 ///
 /// Jobs still blocked that counted its death as finished ([`super::RunWhen::AllFinished`])
 /// wait for it again; those its death already cancelled or released stay so.
-pub fn retry_dead<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
-    use crate::schema::dibs_jobs;
+pub fn retry_dead<C: TenureConnection>(conn: &mut C, id: i64) -> Result<bool> {
+    use crate::schema::tenure_jobs;
     crate::transaction::retrying_transaction(conn, |conn| {
         let changed = dispatch!(conn, c => {
-            diesel::update(dibs_jobs::table.find(id).filter(dibs_jobs::state.eq(JobState::Dead)))
+            diesel::update(tenure_jobs::table.find(id).filter(tenure_jobs::state.eq(JobState::Dead)))
                 .set(retried())
                 .execute(c)
         })
@@ -206,24 +206,24 @@ pub fn retry_dead<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
 
 /// [`retry_dead`] for every dead job of a queue and kind; returns how many. All or none: if
 /// one of them would duplicate a live job's dedup key, none is retried.
-pub fn retry_dead_of_kind<C: DibsConnection>(
+pub fn retry_dead_of_kind<C: TenureConnection>(
     conn: &mut C,
     queue: &str,
     kind: &str,
 ) -> Result<usize> {
     validate::name("queue", queue)?;
     validate::name("kind", kind)?;
-    use crate::schema::dibs_jobs;
+    use crate::schema::tenure_jobs;
     crate::transaction::retrying_transaction(conn, |conn| {
         let dead = || {
-            dibs_jobs::table
-                .filter(dibs_jobs::state.eq(JobState::Dead))
-                .filter(dibs_jobs::queue.eq(queue))
-                .filter(dibs_jobs::kind.eq(kind))
+            tenure_jobs::table
+                .filter(tenure_jobs::state.eq(JobState::Dead))
+                .filter(tenure_jobs::queue.eq(queue))
+                .filter(tenure_jobs::kind.eq(kind))
         };
         // Those that blocked jobs may have counted as finished.
         let with_dependents: Vec<i64> = dispatch!(conn, c => {
-            dead().filter(dibs_jobs::dependents.gt(0)).select(dibs_jobs::id).order(dibs_jobs::id).load(c)
+            dead().filter(tenure_jobs::dependents.gt(0)).select(tenure_jobs::id).order(tenure_jobs::id).load(c)
         })?;
         let changed = dispatch!(conn, c => diesel::update(dead()).set(retried()).execute(c))
             .map_err(dedup_conflict)?;
@@ -236,16 +236,16 @@ pub fn retry_dead_of_kind<C: DibsConnection>(
 /// (database clock).
 #[allow(clippy::type_complexity)]
 fn retried() -> (
-    diesel::dsl::Eq<crate::schema::dibs_jobs::state, JobState>,
-    diesel::dsl::Eq<crate::schema::dibs_jobs::attempt, i32>,
-    diesel::dsl::Eq<crate::schema::dibs_jobs::lapses, i32>,
-    diesel::dsl::Eq<crate::schema::dibs_jobs::snoozes, i32>,
-    diesel::dsl::Eq<crate::schema::dibs_jobs::due_at, DatabaseNow>,
-    diesel::dsl::Eq<crate::schema::dibs_jobs::finished_at, Option<DateTime<Utc>>>,
-    diesel::dsl::Eq<crate::schema::dibs_jobs::claim_token, Option<uuid::Uuid>>,
-    diesel::dsl::Eq<crate::schema::dibs_jobs::claim_expires_at, Option<DateTime<Utc>>>,
+    diesel::dsl::Eq<crate::schema::tenure_jobs::state, JobState>,
+    diesel::dsl::Eq<crate::schema::tenure_jobs::attempt, i32>,
+    diesel::dsl::Eq<crate::schema::tenure_jobs::lapses, i32>,
+    diesel::dsl::Eq<crate::schema::tenure_jobs::snoozes, i32>,
+    diesel::dsl::Eq<crate::schema::tenure_jobs::due_at, DatabaseNow>,
+    diesel::dsl::Eq<crate::schema::tenure_jobs::finished_at, Option<DateTime<Utc>>>,
+    diesel::dsl::Eq<crate::schema::tenure_jobs::claim_token, Option<uuid::Uuid>>,
+    diesel::dsl::Eq<crate::schema::tenure_jobs::claim_expires_at, Option<DateTime<Utc>>>,
 ) {
-    use crate::schema::dibs_jobs::*;
+    use crate::schema::tenure_jobs::*;
     (
         state.eq(JobState::Waiting),
         attempt.eq(0),
@@ -269,9 +269,9 @@ fn dedup_conflict(error: diesel::result::Error) -> Error {
 }
 
 /// Pauses a queue: claims skip it (enqueues still work) until [`resume`]. Idempotent.
-pub fn pause<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<()> {
+pub fn pause<C: TenureConnection>(conn: &mut C, queue: &str) -> Result<()> {
     validate::name("queue", queue)?;
-    // SQLite: this process's writers take turns (see `dibs::transaction`).
+    // SQLite: this process's writers take turns (see `tenure::transaction`).
     let _turn = write_turn(conn)?;
     dispatch!(conn, c => {
         let syntax = c.syntax();
@@ -285,22 +285,22 @@ pub fn pause<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<()> {
 }
 
 /// Resumes a paused queue. Idempotent.
-pub fn resume<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<()> {
+pub fn resume<C: TenureConnection>(conn: &mut C, queue: &str) -> Result<()> {
     validate::name("queue", queue)?;
-    // SQLite: this process's writers take turns (see `dibs::transaction`).
+    // SQLite: this process's writers take turns (see `tenure::transaction`).
     let _turn = write_turn(conn)?;
-    use crate::schema::dibs_queue_pauses;
-    dispatch!(conn, c => diesel::delete(dibs_queue_pauses::table.find(queue)).execute(c))?;
+    use crate::schema::tenure_queue_pauses;
+    dispatch!(conn, c => diesel::delete(tenure_queue_pauses::table.find(queue)).execute(c))?;
     Ok(())
 }
 
 /// Whether a queue is paused.
-pub fn is_paused<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<bool> {
+pub fn is_paused<C: TenureConnection>(conn: &mut C, queue: &str) -> Result<bool> {
     validate::name("queue", queue)?;
-    use crate::schema::dibs_queue_pauses;
+    use crate::schema::tenure_queue_pauses;
     let paused: i64 = dispatch!(conn, c => {
-        dibs_queue_pauses::table
-            .filter(dibs_queue_pauses::queue.eq(queue))
+        tenure_queue_pauses::table
+            .filter(tenure_queue_pauses::queue.eq(queue))
             .count()
             .get_result(c)
     })?;
@@ -309,12 +309,12 @@ pub fn is_paused<C: DibsConnection>(conn: &mut C, queue: &str) -> Result<bool> {
 
 /// The errors of a job's failed runs, oldest first (the newest
 /// [`MAX_ERROR_HISTORY`](super::MAX_ERROR_HISTORY) are kept).
-pub fn history<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Vec<FailedRun>> {
-    use crate::schema::dibs_job_errors;
+pub fn history<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Vec<FailedRun>> {
+    use crate::schema::tenure_job_errors;
     Ok(dispatch!(conn, c => {
-        dibs_job_errors::table
-            .filter(dibs_job_errors::job_id.eq(id))
-            .order(dibs_job_errors::id)
+        tenure_job_errors::table
+            .filter(tenure_job_errors::job_id.eq(id))
+            .order(tenure_job_errors::id)
             .select(FailedRun::as_select())
             .load(c)
     })?)
@@ -322,11 +322,11 @@ pub fn history<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Vec<FailedRun
 
 /// Counts per queue and state, the age of each queue's longest-waiting due job, which queues
 /// are paused, and the claimed jobs with their lease deadlines.
-pub fn stats<C: DibsConnection>(conn: &mut C) -> Result<Stats> {
+pub fn stats<C: TenureConnection>(conn: &mut C) -> Result<Stats> {
     let now = crate::database_now(conn)?;
     let (counts, paused, running) = dispatch!(conn, c => {
         let counts = statement(COUNTS).load::<CountRow>(c)?;
-        let paused = statement("SELECT queue FROM dibs_queue_pauses").load::<QueueRow>(c)?;
+        let paused = statement("SELECT queue FROM tenure_queue_pauses").load::<QueueRow>(c)?;
         let running = statement(c.syntax().render(RUNNING))
             .bind::<BigInt, _>(MAX_BATCH as i64)
             .load::<RunningJob>(c)?;
@@ -401,13 +401,13 @@ impl Default for JobFilter {
 }
 
 /// Jobs matching `filter`, newest (highest id) first. Built with diesel's query builder on
-/// [`crate::schema::dibs_jobs`]: for other filters, query the table yourself.
+/// [`crate::schema::tenure_jobs`]: for other filters, query the table yourself.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// use dibs::jobs::{self, JobFilter, JobState, NewJob};
-/// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// # dibs::run_migrations(&mut conn)?;
+/// # fn main() -> Result<(), tenure::Error> {
+/// use tenure::jobs::{self, JobFilter, JobState, NewJob};
+/// # let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// # tenure::run_migrations(&mut conn)?;
 /// jobs::enqueue(&mut conn, &NewJob::new("mail", "welcome", vec![]).dedup_key("user-7"))?;
 /// let waiting = jobs::list(&mut conn, &JobFilter { queue: Some("mail".into()), state: Some(JobState::Waiting), ..JobFilter::default() })?;
 /// assert_eq!(waiting.len(), 1);
@@ -415,8 +415,8 @@ impl Default for JobFilter {
 /// assert_eq!(by_key[0].id, waiting[0].id);
 /// # Ok(()) }
 /// ```
-pub fn list<C: DibsConnection>(conn: &mut C, filter: &JobFilter) -> Result<Vec<super::Job>> {
-    use crate::schema::dibs_jobs;
+pub fn list<C: TenureConnection>(conn: &mut C, filter: &JobFilter) -> Result<Vec<super::Job>> {
+    use crate::schema::tenure_jobs;
     if filter.limit == 0 || filter.limit > MAX_BATCH {
         return Err(Error::invalid(
             "limit",
@@ -444,33 +444,33 @@ pub fn list<C: DibsConnection>(conn: &mut C, filter: &JobFilter) -> Result<Vec<s
         validate::name("dedup key", key)?;
     }
     Ok(dispatch!(conn, c => {
-        let mut query = dibs_jobs::table.select(super::Job::as_select()).into_boxed();
+        let mut query = tenure_jobs::table.select(super::Job::as_select()).into_boxed();
         if let Some(ids) = &filter.ids {
-            query = query.filter(dibs_jobs::id.eq_any(ids));
+            query = query.filter(tenure_jobs::id.eq_any(ids));
         }
         if let Some(queue) = &filter.queue {
-            query = query.filter(dibs_jobs::queue.eq(queue));
+            query = query.filter(tenure_jobs::queue.eq(queue));
         }
         if let Some(state) = filter.state {
-            query = query.filter(dibs_jobs::state.eq(state));
+            query = query.filter(tenure_jobs::state.eq(state));
         }
         if let Some(kind) = &filter.kind {
-            query = query.filter(dibs_jobs::kind.eq(kind));
+            query = query.filter(tenure_jobs::kind.eq(kind));
         }
         if let Some(key) = &filter.dedup_key {
-            query = query.filter(dibs_jobs::dedup_key.eq(key));
+            query = query.filter(tenure_jobs::dedup_key.eq(key));
         }
         query
-            .order(dibs_jobs::id.desc())
+            .order(tenure_jobs::id.desc())
             .limit(filter.limit as i64)
             .load(c)
     })?)
 }
 
 /// What one run printed and how it ended, from [`outputs`]: the model of a
-/// `dibs_job_outputs` row ([`crate::schema::dibs_job_outputs`]).
+/// `tenure_job_outputs` row ([`crate::schema::tenure_job_outputs`]).
 #[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable)]
-#[diesel(table_name = crate::schema::dibs_job_outputs)]
+#[diesel(table_name = crate::schema::tenure_job_outputs)]
 pub struct RunOutput {
     /// Which run.
     pub attempt: i32,
@@ -486,7 +486,7 @@ pub struct RunOutput {
 pub const MAX_OUTPUT_BYTES: usize = 64 * 1024;
 
 const RECORD_OUTPUT: &str = "\
-    INSERT INTO dibs_job_outputs (job_id, attempt, exit_code, output, finished_at) \
+    INSERT INTO tenure_job_outputs (job_id, attempt, exit_code, output, finished_at) \
     VALUES (?, ?, ?, ?, {now})";
 
 /// Keeps what a run of job `id` printed and its exit code with the job (the tail of the
@@ -494,17 +494,17 @@ const RECORD_OUTPUT: &str = "\
 /// Outputs are deleted with their job when it is pruned.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// use dibs::jobs::{self, NewJob};
-/// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// # dibs::run_migrations(&mut conn)?;
+/// # fn main() -> Result<(), tenure::Error> {
+/// use tenure::jobs::{self, NewJob};
+/// # let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// # tenure::run_migrations(&mut conn)?;
 /// let id = jobs::enqueue(&mut conn, &NewJob::new("ops", "shell", vec![]))?.id;
 /// jobs::record_output(&mut conn, id, 1, Some(0), b"backup done\n")?;
 /// let runs = jobs::outputs(&mut conn, id)?;
 /// assert_eq!((runs[0].exit_code, runs[0].output.as_slice()), (Some(0), &b"backup done\n"[..]));
 /// # Ok(()) }
 /// ```
-pub fn record_output<C: DibsConnection>(
+pub fn record_output<C: TenureConnection>(
     conn: &mut C,
     id: i64,
     attempt: u32,
@@ -512,7 +512,7 @@ pub fn record_output<C: DibsConnection>(
     output: &[u8],
 ) -> Result<()> {
     let tail = &output[output.len().saturating_sub(MAX_OUTPUT_BYTES)..];
-    // SQLite: this process's writers take turns (see `dibs::transaction`).
+    // SQLite: this process's writers take turns (see `tenure::transaction`).
     let _turn = write_turn(conn)?;
     dispatch!(conn, c => {
         statement(c.syntax().render(RECORD_OUTPUT))
@@ -526,12 +526,12 @@ pub fn record_output<C: DibsConnection>(
 }
 
 /// The recorded outputs of job `id`'s runs, oldest first.
-pub fn outputs<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Vec<RunOutput>> {
-    use crate::schema::dibs_job_outputs;
+pub fn outputs<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Vec<RunOutput>> {
+    use crate::schema::tenure_job_outputs;
     Ok(dispatch!(conn, c => {
-        dibs_job_outputs::table
-            .filter(dibs_job_outputs::job_id.eq(id))
-            .order(dibs_job_outputs::id)
+        tenure_job_outputs::table
+            .filter(tenure_job_outputs::job_id.eq(id))
+            .order(tenure_job_outputs::id)
             .select(RunOutput::as_select())
             .load(c)
     })?)

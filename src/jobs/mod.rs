@@ -1,4 +1,4 @@
-//! The job queue: enqueue, claim, and finish jobs (`dibs_jobs`).
+//! The job queue: enqueue, claim, and finish jobs (`tenure_jobs`).
 //!
 //! A job is *waiting* (due now or later, retries included), *running* (claimed by a worker
 //! for a limited time, under a fresh random claim token), *completed* or *dead* (failed for
@@ -18,11 +18,11 @@
 //! is still this worker's.
 //!
 //! ```
-//! # fn main() -> Result<(), dibs::Error> {
+//! # fn main() -> Result<(), tenure::Error> {
 //! use std::time::Duration;
-//! use dibs::jobs::{self, NewJob, Outcome};
-//! let mut conn = dibs::AnyConnection::connect(":memory:")?;
-//! dibs::run_migrations(&mut conn)?;
+//! use tenure::jobs::{self, NewJob, Outcome};
+//! let mut conn = tenure::AnyConnection::connect(":memory:")?;
+//! tenure::run_migrations(&mut conn)?;
 //!
 //! let id = jobs::enqueue(&mut conn, &NewJob::new("mail", "welcome", b"ada@example.com".to_vec()))?.id;
 //! let claimed = jobs::claim(&mut conn, "mail", 10, Duration::from_secs(60))?;
@@ -53,7 +53,7 @@ mod workflow;
 use diesel::prelude::*;
 
 use crate::backend::dispatch;
-use crate::{DibsConnection, Error, Result};
+use crate::{Error, Result, TenureConnection};
 
 pub use batch::{INSERT_CHUNK_BYTES, INSERT_CHUNK_ROWS, enqueue_many};
 pub use claim::{claim, claim_kinds, rescue};
@@ -130,10 +130,10 @@ fn check_limit(limit: usize) -> Result<i64> {
 }
 
 /// A job as stored, or `None` if there is no job with this id.
-pub fn get<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Option<Job>> {
-    use crate::schema::dibs_jobs;
+pub fn get<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Option<Job>> {
+    use crate::schema::tenure_jobs;
     Ok(dispatch!(conn, c => {
-        dibs_jobs::table
+        tenure_jobs::table
             .find(id)
             .select(Job::as_select())
             .get_result(c)

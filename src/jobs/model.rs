@@ -14,8 +14,8 @@ use uuid::Uuid;
 use crate::sql_types::{Instant, Token};
 use crate::{Error, Result};
 
-/// Where a job is in its life. Stored as text (`dibs_jobs.state`); usable in diesel queries:
-/// `dibs_jobs::state.eq(JobState::Waiting)`.
+/// Where a job is in its life. Stored as text (`tenure_jobs.state`); usable in diesel queries:
+/// `tenure_jobs::state.eq(JobState::Waiting)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, AsExpression, FromSqlRow)]
 #[diesel(sql_type = Text)]
 pub enum JobState {
@@ -171,11 +171,11 @@ impl ClaimedJob {
     }
 }
 
-/// A job as stored: the model of a `dibs_jobs` row ([`crate::schema::dibs_jobs`]), from
+/// A job as stored: the model of a `tenure_jobs` row ([`crate::schema::tenure_jobs`]), from
 /// [`super::get`] and [`super::list`], and for your own queries:
-/// `dibs_jobs::table.select(Job::as_select())`.
+/// `tenure_jobs::table.select(Job::as_select())`.
 #[derive(Debug, Clone, PartialEq, Queryable, Selectable)]
-#[diesel(table_name = crate::schema::dibs_jobs)]
+#[diesel(table_name = crate::schema::tenure_jobs)]
 pub struct Job {
     /// Its id.
     pub id: i64,
@@ -369,7 +369,7 @@ pub(crate) struct StateRow {
     pub dependents: i32,
 }
 
-/// A claim candidate: `limit_key` says it has limits (`dibs_job_limits`).
+/// A claim candidate: `limit_key` says it has limits (`tenure_job_limits`).
 #[derive(QueryableByName)]
 pub(crate) struct Candidate {
     #[diesel(sql_type = BigInt)]

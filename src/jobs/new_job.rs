@@ -21,7 +21,7 @@ pub enum Due {
 ///
 /// ```
 /// use std::time::Duration;
-/// use dibs::jobs::{DedupOver, NewJob};
+/// use tenure::jobs::{DedupOver, NewJob};
 /// // A report that died may be asked for again at once; one that completed, not for a day.
 /// let job = NewJob::new("reports", "monthly", vec![])
 ///     .dedup_key("2025-01")
@@ -42,7 +42,7 @@ pub enum DedupOver {
 ///
 /// ```
 /// use std::time::Duration;
-/// use dibs::jobs::{NewJob, OnDuplicate};
+/// use tenure::jobs::{NewJob, OnDuplicate};
 /// // A reminder: whoever asks for it first sets the earliest time it goes out.
 /// let job = NewJob::new("mail", "reminder", vec![])
 ///     .dedup_key("user-7")
@@ -67,9 +67,9 @@ pub enum OnDuplicate {
 /// A job to enqueue.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// use std::time::Duration;
-/// use dibs::jobs::NewJob;
+/// use tenure::jobs::NewJob;
 /// let job = NewJob::json("mail", "welcome", &serde_json::json!({"to": "ada@example.com"}))?
 ///     .priority(-1)
 ///     .delay(Duration::from_secs(30))
@@ -177,22 +177,22 @@ impl NewJob {
     /// enqueue is refused with [`Error::InvalidInput`] and writes nothing.
     ///
     /// Retention: a job remembers the largest window of the enqueues folded into it
-    /// (`dibs_jobs.dedup_window_micros`), and [`prune`](super::prune) keeps it until
+    /// (`tenure_jobs.dedup_window_micros`), and [`prune`](super::prune) keeps it until
     /// `finished_at + window` has passed, whatever its policy; then the policy applies. So
     /// give every enqueue of a key the same window: a later enqueue with a *longer* window
     /// than the finished job was kept for may find it already pruned.
     ///
     /// Concurrency: enqueues of a key racing each other and the twin's finish never make two
     /// jobs inside a window, on every backend, when the enqueue runs on its own or in a READ
-    /// COMMITTED transaction (dibs's own, [`crate::transaction`]); a caller's REPEATABLE READ
+    /// COMMITTED transaction (tenure's own, [`crate::transaction`]); a caller's REPEATABLE READ
     /// or SERIALIZABLE snapshot can miss a twin that finished after it was taken.
     ///
     /// ```
-    /// # fn main() -> Result<(), dibs::Error> {
+    /// # fn main() -> Result<(), tenure::Error> {
     /// use std::time::Duration;
-    /// use dibs::jobs::{self, DedupOver, NewJob};
-    /// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-    /// dibs::run_migrations(&mut conn)?;
+    /// use tenure::jobs::{self, DedupOver, NewJob};
+    /// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+    /// tenure::run_migrations(&mut conn)?;
     /// // A webhook delivery: once per id, even when it is redelivered after it completed.
     /// let job = NewJob::new("hooks", "deliver", b"evt_1".to_vec())
     ///     .dedup_key("evt_1")
@@ -219,11 +219,11 @@ impl NewJob {
     /// [`dedup_key`](NewJob::dedup_key) unless it is `Keep` ([`Error::InvalidInput`]).
     ///
     /// ```
-    /// # fn main() -> Result<(), dibs::Error> {
+    /// # fn main() -> Result<(), tenure::Error> {
     /// use std::time::Duration;
-    /// use dibs::jobs::{self, NewJob, OnDuplicate};
-    /// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-    /// dibs::run_migrations(&mut conn)?;
+    /// use tenure::jobs::{self, NewJob, OnDuplicate};
+    /// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+    /// tenure::run_migrations(&mut conn)?;
     /// // Debounce: reindex once, 30 s after the last change, with the last change's payload.
     /// let reindex = |v: &str| NewJob::new("search", "reindex", v.as_bytes().to_vec())
     ///     .dedup_key("doc-7")
@@ -254,7 +254,7 @@ impl NewJob {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let job = dibs::jobs::NewJob::new("hooks", "deliver", vec![])
+    /// let job = tenure::jobs::NewJob::new("hooks", "deliver", vec![])
     ///     .rate_limit("customer:42", 10, Duration::from_secs(60));
     /// ```
     pub fn rate_limit(self, key: impl Into<String>, max: u32, per: Duration) -> Self {
@@ -281,11 +281,11 @@ impl NewJob {
     /// [`super::dependency_results`].
     ///
     /// ```
-    /// # fn main() -> Result<(), dibs::Error> {
+    /// # fn main() -> Result<(), tenure::Error> {
     /// use std::time::Duration;
-    /// use dibs::jobs::{self, JobState, NewJob, Outcome};
-    /// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-    /// dibs::run_migrations(&mut conn)?;
+    /// use tenure::jobs::{self, JobState, NewJob, Outcome};
+    /// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+    /// tenure::run_migrations(&mut conn)?;
     /// let a = jobs::enqueue(&mut conn, &NewJob::new("q", "a", vec![]))?.id;
     /// let b = jobs::enqueue(&mut conn, &NewJob::new("q", "b", vec![]).depends_on([a]))?.id;
     /// let claimed = jobs::claim(&mut conn, "q", 10, Duration::from_secs(60))?;
@@ -331,8 +331,8 @@ impl NewJob {
         &self.limits
     }
 
-    /// `dibs_jobs.limit_key` and `limit_max`: the first limit's key and concurrency cap
-    /// (the key also says the job has limits in `dibs_job_limits`).
+    /// `tenure_jobs.limit_key` and `limit_max`: the first limit's key and concurrency cap
+    /// (the key also says the job has limits in `tenure_job_limits`).
     pub(crate) fn first_limit(&self) -> (Option<&str>, Option<i32>) {
         match self.limits.first() {
             Some(limit) => (
@@ -436,10 +436,10 @@ impl NewJob {
 /// What [`super::enqueue`] did.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// use dibs::jobs::{self, Enqueued, NewJob};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// # fn main() -> Result<(), tenure::Error> {
+/// use tenure::jobs::{self, Enqueued, NewJob};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// let first = jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]).dedup_key("a"))?;
 /// let again = jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![]).dedup_key("a"))?;
 /// assert_eq!(again, Enqueued { id: first.id, existing: true, updated: false });

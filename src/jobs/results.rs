@@ -1,4 +1,4 @@
-//! What runs leave for others to read: a completed job's result (`dibs_job_results`), and a
+//! What runs leave for others to read: a completed job's result (`tenure_job_results`), and a
 //! running job's progress.
 
 use diesel::prelude::*;
@@ -8,9 +8,9 @@ use super::finish::storable;
 use super::{JobClaim, JobState, MAX_BATCH, Outcome};
 use crate::backend::dispatch;
 use crate::backend::statement::statement;
-use crate::schema::{dibs_job_dependencies, dibs_job_results, dibs_jobs};
+use crate::schema::{tenure_job_dependencies, tenure_job_results, tenure_jobs};
 use crate::sql_types::Token;
-use crate::{DibsConnection, Error, Result, transaction};
+use crate::{Error, Result, TenureConnection, transaction};
 
 /// The largest result, in bytes.
 pub const MAX_RESULT_BYTES: usize = 1024 * 1024;
@@ -21,8 +21,8 @@ pub const MAX_PROGRESS_MESSAGE_BYTES: usize = 256;
 /// bytes, at most [`MAX_RESULT_BYTES`]. Kept with the job, deleted with it.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// use dibs::jobs::JobResult;
+/// # fn main() -> Result<(), tenure::Error> {
+/// use tenure::jobs::JobResult;
 /// let result = JobResult::json(&serde_json::json!({"rows": 42}))?;
 /// assert_eq!(result.decode::<serde_json::Value>()?["rows"], 42);
 /// assert_eq!(JobResult::bytes(vec![1, 2])?.as_bytes(), &[1, 2]);
@@ -87,20 +87,23 @@ impl JobResult {
 }
 
 /// Writes the results of jobs just completed, in the completing transaction.
-pub(super) fn store<C: DibsConnection>(conn: &mut C, results: &[(i64, &JobResult)]) -> Result<()> {
+pub(super) fn store<C: TenureConnection>(
+    conn: &mut C,
+    results: &[(i64, &JobResult)],
+) -> Result<()> {
     let rows: Vec<_> = results
         .iter()
         .map(|(id, result)| {
             (
-                dibs_job_results::job_id.eq(*id),
-                dibs_job_results::format.eq(result.format()),
-                dibs_job_results::body.eq(result.as_bytes()),
+                tenure_job_results::job_id.eq(*id),
+                tenure_job_results::format.eq(result.format()),
+                tenure_job_results::body.eq(result.as_bytes()),
             )
         })
         .collect();
     dispatch!(conn, c => {
         for row in &rows {
-            diesel::insert_into(dibs_job_results::table).values(row).execute(c)?;
+            diesel::insert_into(tenure_job_results::table).values(row).execute(c)?;
         }
         Ok::<(), Error>(())
     })
@@ -112,11 +115,11 @@ pub(super) fn store<C: DibsConnection>(conn: &mut C, results: &[(i64, &JobResult
 /// anything is written.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// use std::time::Duration;
-/// use dibs::jobs::{self, JobResult, NewJob, Outcome};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// use tenure::jobs::{self, JobResult, NewJob, Outcome};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// let id = jobs::enqueue(&mut conn, &NewJob::new("q", "count", vec![]))?.id;
 /// let job = jobs::claim(&mut conn, "q", 1, Duration::from_secs(60))?.remove(0);
 /// let outcome = jobs::complete_with_result(&mut conn, job.claim(), &JobResult::json(&7)?)?;
@@ -124,7 +127,7 @@ pub(super) fn store<C: DibsConnection>(conn: &mut C, results: &[(i64, &JobResult
 /// assert_eq!(jobs::result(&mut conn, id)?.unwrap().decode::<i32>()?, 7);
 /// # Ok(()) }
 /// ```
-pub fn complete_with_result<C: DibsConnection>(
+pub fn complete_with_result<C: TenureConnection>(
     conn: &mut C,
     claim: JobClaim,
     result: &JobResult,
@@ -135,11 +138,11 @@ pub fn complete_with_result<C: DibsConnection>(
 
 /// A completed job's result, or `None` (no result, or no such job). See
 /// [`complete_with_result`] for an example.
-pub fn result<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Option<JobResult>> {
+pub fn result<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Option<JobResult>> {
     let row: Option<(String, Vec<u8>)> = dispatch!(conn, c => {
-        dibs_job_results::table
+        tenure_job_results::table
             .find(id)
-            .select((dibs_job_results::format, dibs_job_results::body))
+            .select((tenure_job_results::format, tenure_job_results::body))
             .get_result(c)
             .optional()
     })?;
@@ -174,19 +177,19 @@ struct DependencyRow {
 }
 
 const DEPENDENCY_RESULTS: &str = "\
-    SELECT j.id, j.kind, j.state, r.format, r.body FROM dibs_jobs j \
-    LEFT JOIN dibs_job_results r ON r.job_id = j.id WHERE j.id IN {ids} ORDER BY j.id";
+    SELECT j.id, j.kind, j.state, r.format, r.body FROM tenure_jobs j \
+    LEFT JOIN tenure_job_results r ON r.job_id = j.id WHERE j.id IN {ids} ORDER BY j.id";
 
 /// The jobs `id` depends on, by id, with their states and results: what a dependent (or a
 /// workflow's callback) reads when it runs. Retention never deletes a dependency while a
 /// job that depends on it has not finished.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// use std::time::Duration;
-/// use dibs::jobs::{self, JobResult, NewJob};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// use tenure::jobs::{self, JobResult, NewJob};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// let part = jobs::enqueue(&mut conn, &NewJob::new("etl", "fetch", vec![]))?.id;
 /// let merge = jobs::enqueue(&mut conn, &NewJob::new("etl", "merge", vec![]).depends_on([part]))?.id;
 /// let job = jobs::claim(&mut conn, "etl", 1, Duration::from_secs(60))?.remove(0);
@@ -198,15 +201,15 @@ const DEPENDENCY_RESULTS: &str = "\
 ///
 /// It reads every dependency's result at once (up to [`MAX_RESULT_BYTES`] each): for a job
 /// that waits for thousands, read them a page at a time with [`dependency_results_after`].
-pub fn dependency_results<C: DibsConnection>(
+pub fn dependency_results<C: TenureConnection>(
     conn: &mut C,
     id: i64,
 ) -> Result<Vec<DependencyResult>> {
     let ids: Vec<i64> = dispatch!(conn, c => {
-        dibs_job_dependencies::table
-            .filter(dibs_job_dependencies::job_id.eq(id))
-            .select(dibs_job_dependencies::depends_on)
-            .order(dibs_job_dependencies::depends_on)
+        tenure_job_dependencies::table
+            .filter(tenure_job_dependencies::job_id.eq(id))
+            .select(tenure_job_dependencies::depends_on)
+            .order(tenure_job_dependencies::depends_on)
             .load(c)
     })?;
     results_of(conn, &ids)
@@ -217,10 +220,10 @@ pub fn dependency_results<C: DibsConnection>(
 /// for the next; an empty page is the end.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// use dibs::jobs::{self, NewJob};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// # fn main() -> Result<(), tenure::Error> {
+/// use tenure::jobs::{self, NewJob};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// let parts = jobs::enqueue_many(&mut conn, &vec![NewJob::new("q", "part", vec![]); 5])?;
 /// let merge = NewJob::new("q", "merge", vec![]).depends_on(parts.iter().map(|p| p.id));
 /// let merge = jobs::enqueue(&mut conn, &merge)?.id;
@@ -234,7 +237,7 @@ pub fn dependency_results<C: DibsConnection>(
 /// assert_eq!(seen, 5);
 /// # Ok(()) }
 /// ```
-pub fn dependency_results_after<C: DibsConnection>(
+pub fn dependency_results_after<C: TenureConnection>(
     conn: &mut C,
     id: i64,
     after: Option<i64>,
@@ -242,11 +245,11 @@ pub fn dependency_results_after<C: DibsConnection>(
 ) -> Result<Vec<DependencyResult>> {
     let limit = super::check_limit(limit)?;
     let ids: Vec<i64> = dispatch!(conn, c => {
-        dibs_job_dependencies::table
-            .filter(dibs_job_dependencies::job_id.eq(id))
-            .filter(dibs_job_dependencies::depends_on.gt(after.unwrap_or(i64::MIN)))
-            .select(dibs_job_dependencies::depends_on)
-            .order(dibs_job_dependencies::depends_on)
+        tenure_job_dependencies::table
+            .filter(tenure_job_dependencies::job_id.eq(id))
+            .filter(tenure_job_dependencies::depends_on.gt(after.unwrap_or(i64::MIN)))
+            .select(tenure_job_dependencies::depends_on)
+            .order(tenure_job_dependencies::depends_on)
             .limit(limit)
             .load(c)
     })?;
@@ -255,7 +258,7 @@ pub fn dependency_results_after<C: DibsConnection>(
 
 /// The jobs `ids` (sorted) with their states and results; jobs pruned meanwhile are left
 /// out.
-fn results_of<C: DibsConnection>(conn: &mut C, ids: &[i64]) -> Result<Vec<DependencyResult>> {
+fn results_of<C: TenureConnection>(conn: &mut C, ids: &[i64]) -> Result<Vec<DependencyResult>> {
     let mut out = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(MAX_BATCH) {
         let rows: Vec<DependencyRow> = dispatch!(conn, c => {
@@ -278,7 +281,7 @@ fn results_of<C: DibsConnection>(conn: &mut C, ids: &[i64]) -> Result<Vec<Depend
 
 /// A running job's progress, fenced: written only while this claim holds the job.
 const RECORD_PROGRESS: &str = "\
-    UPDATE dibs_jobs SET progress = ?, progress_message = ? \
+    UPDATE tenure_jobs SET progress = ?, progress_message = ? \
     WHERE id = ? AND claim_token = ? AND state = 'running'";
 
 /// Records a running job's progress (a number, say a fraction or a count, and a short
@@ -289,18 +292,18 @@ const RECORD_PROGRESS: &str = "\
 /// [`crate::Error::InvalidInput`].
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// use std::time::Duration;
-/// use dibs::jobs::{self, NewJob, Outcome};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// use tenure::jobs::{self, NewJob, Outcome};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// let id = jobs::enqueue(&mut conn, &NewJob::new("q", "import", vec![]))?.id;
 /// let job = jobs::claim(&mut conn, "q", 1, Duration::from_secs(60))?.remove(0);
 /// assert_eq!(jobs::record_progress(&mut conn, job.claim(), 0.5, "half way")?, Outcome::Done);
 /// assert_eq!(jobs::get(&mut conn, id)?.unwrap().progress, Some(0.5));
 /// # Ok(()) }
 /// ```
-pub fn record_progress<C: DibsConnection>(
+pub fn record_progress<C: TenureConnection>(
     conn: &mut C,
     claim: JobClaim,
     value: f64,
@@ -333,11 +336,11 @@ pub fn record_progress<C: DibsConnection>(
 
 /// A job's progress as last recorded: (number, message). See [`record_progress`] for an
 /// example.
-pub fn progress<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Option<(f64, String)>> {
+pub fn progress<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Option<(f64, String)>> {
     let row: Option<(Option<f64>, Option<String>)> = dispatch!(conn, c => {
-        dibs_jobs::table
+        tenure_jobs::table
             .find(id)
-            .select((dibs_jobs::progress, dibs_jobs::progress_message))
+            .select((tenure_jobs::progress, tenure_jobs::progress_message))
             .get_result(c)
             .optional()
     })?;

@@ -12,7 +12,7 @@ use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
 use crate::sql_types::Instant;
 use crate::transaction::bare_write_transaction;
-use crate::{Backend, DibsConnection, Error, Result, validate};
+use crate::{Backend, Error, Result, TenureConnection, validate};
 
 /// Which finished jobs a policy is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -60,7 +60,7 @@ pub enum Retention {
 /// make the prune keep more, never delete a job the policy keeps (the failure of reading
 /// the ids to keep and deleting the others in a second statement).
 const NTH_NEWEST: &str = "\
-    SELECT finished_at AS at FROM dibs_jobs WHERE queue = ? AND state = ? \
+    SELECT finished_at AS at FROM tenure_jobs WHERE queue = ? AND state = ? \
     ORDER BY finished_at DESC, id DESC LIMIT 1 OFFSET ?";
 
 const NOW_PLUS: &str = "SELECT {now+ttl} AS at";
@@ -69,15 +69,15 @@ const NOW_PLUS: &str = "SELECT {now+ttl} AS at";
 /// their dedup window (`{window_over}`) and those a job that has not finished depends on
 /// (`{needed}`: it may still read their results).
 const OLDER_THAN: &str = "\
-    SELECT id FROM dibs_jobs WHERE queue = ? AND state = ? AND finished_at < ? \
+    SELECT id FROM tenure_jobs WHERE queue = ? AND state = ? AND finished_at < ? \
     AND (dedup_window_micros IS NULL OR {window_over}) AND {not_needed} \
     ORDER BY finished_at, id LIMIT ?";
 
 /// No unfinished job depends on it. Dependencies are added only under the lock of the job
 /// they point to, which the prune's lock (skipping locked rows) re-checks this under.
 const NOT_NEEDED: &str = "(dependents = 0 OR NOT EXISTS (\
-    SELECT 1 FROM dibs_job_dependencies d JOIN dibs_jobs w ON w.id = d.job_id \
-    WHERE d.depends_on = dibs_jobs.id AND w.state IN ('blocked', 'waiting', 'running')))";
+    SELECT 1 FROM tenure_job_dependencies d JOIN tenure_jobs w ON w.id = d.job_id \
+    WHERE d.depends_on = tenure_jobs.id AND w.state IN ('blocked', 'waiting', 'running')))";
 
 /// Locks the picked rows by primary key alone (see `CLAIM_MARK` on why not by state), to
 /// re-check their state before deleting; a job whose window an enqueue widened meanwhile (it
@@ -85,7 +85,7 @@ const NOT_NEEDED: &str = "(dependents = 0 OR NOT EXISTS (\
 /// transaction holds (a fold, a finisher; the next prune takes them), never waiting for
 /// them: a locking read that waits meets those holders' locks while it fetches rows, and on
 /// MariaDB a deadlock reported mid-fetch left the connection hanging on its next prune.
-const LOCK_PICKED: &str = "SELECT id, state FROM dibs_jobs \
+const LOCK_PICKED: &str = "SELECT id, state FROM tenure_jobs \
     WHERE (dedup_window_micros IS NULL OR {window_over}) AND {not_needed} \
     AND id IN {ids}{skip_locked}";
 
@@ -128,11 +128,11 @@ struct IdState {
 /// kept job still counts for [`Retention::KeepNewest`]'s N.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// use std::time::Duration;
-/// use dibs::jobs::{self, DedupOver, Finished, NewJob, Retention};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// use tenure::jobs::{self, DedupOver, Finished, NewJob, Retention};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// let job = NewJob::new("hooks", "deliver", vec![])
 ///     .dedup_key("evt_1")
 ///     .dedup_window(Duration::from_secs(3600), DedupOver::Completed);
@@ -144,7 +144,7 @@ struct IdState {
 /// assert!(jobs::enqueue(&mut conn, &job)?.existing);
 /// # Ok(()) }
 /// ```
-pub fn prune<C: DibsConnection>(
+pub fn prune<C: TenureConnection>(
     conn: &mut C,
     queue: &str,
     finished: Finished,
@@ -222,14 +222,14 @@ pub fn prune<C: DibsConnection>(
                 return Ok(0);
             }
             let ids = || doomed.iter().copied();
-            let deleted = statement("DELETE FROM dibs_jobs WHERE id IN {ids}").bind_ids(ids()).execute(c)?;
-            statement("DELETE FROM dibs_job_errors WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
-            statement("DELETE FROM dibs_job_outputs WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
-            statement("DELETE FROM dibs_job_limits WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
-            statement("DELETE FROM dibs_job_results WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
-            statement("DELETE FROM dibs_dependency_stripes WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
-            statement("DELETE FROM dibs_job_dependencies WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
-            statement("DELETE FROM dibs_job_dependencies WHERE depends_on IN {ids}").bind_ids(ids()).execute(c)?;
+            let deleted = statement("DELETE FROM tenure_jobs WHERE id IN {ids}").bind_ids(ids()).execute(c)?;
+            statement("DELETE FROM tenure_job_errors WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+            statement("DELETE FROM tenure_job_outputs WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+            statement("DELETE FROM tenure_job_limits WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+            statement("DELETE FROM tenure_job_results WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+            statement("DELETE FROM tenure_dependency_stripes WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+            statement("DELETE FROM tenure_job_dependencies WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+            statement("DELETE FROM tenure_job_dependencies WHERE depends_on IN {ids}").bind_ids(ids()).execute(c)?;
             Ok(deleted)
         })
     })

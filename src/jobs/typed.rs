@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::{Backoff, DedupOver, Enqueued, Limit, NewJob, OnDuplicate, enqueue, enqueue_many};
-use crate::{DibsConnection, Result};
+use crate::{Result, TenureConnection};
 
 /// A job's arguments as a Rust type: what it is (its kind), where it goes (its queue) and
 /// how it runs (attempts, priority, retry policy, timeout, and a dedup key or concurrency
@@ -16,7 +16,7 @@ use crate::{DibsConnection, Result};
 ///
 /// ```
 /// use std::time::Duration;
-/// use dibs::jobs::JobArgs;
+/// use tenure::jobs::JobArgs;
 ///
 /// #[derive(serde::Serialize, serde::Deserialize)]
 /// struct SyncAccount { account: u64 }
@@ -52,7 +52,7 @@ pub trait JobArgs: serde::Serialize + serde::de::DeserializeOwned {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use dibs::jobs::{DedupOver, JobArgs, OnDuplicate};
+    /// use tenure::jobs::{DedupOver, JobArgs, OnDuplicate};
     ///
     /// #[derive(serde::Serialize, serde::Deserialize)]
     /// struct Webhook { event: String }
@@ -91,7 +91,7 @@ pub trait JobArgs: serde::Serialize + serde::de::DeserializeOwned {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use dibs::jobs::{JobArgs, Limit};
+    /// use tenure::jobs::{JobArgs, Limit};
     ///
     /// #[derive(serde::Serialize, serde::Deserialize)]
     /// struct Webhook { customer: u64 }
@@ -139,8 +139,8 @@ pub trait JobArgs: serde::Serialize + serde::de::DeserializeOwned {
 /// commits.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// use dibs::jobs::{self, JobArgs};
+/// # fn main() -> Result<(), tenure::Error> {
+/// use tenure::jobs::{self, JobArgs};
 ///
 /// #[derive(serde::Serialize, serde::Deserialize)]
 /// struct Welcome { to: String }
@@ -149,19 +149,19 @@ pub trait JobArgs: serde::Serialize + serde::de::DeserializeOwned {
 ///     const QUEUE: &'static str = "mail";
 /// }
 ///
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// let job = jobs::enqueue_job(&mut conn, &Welcome { to: "ada@example.com".into() })?;
 /// assert_eq!(jobs::get(&mut conn, job.id)?.unwrap().queue, "mail");
 /// # Ok(()) }
 /// ```
-pub fn enqueue_job<C: DibsConnection, T: JobArgs>(conn: &mut C, value: &T) -> Result<Enqueued> {
+pub fn enqueue_job<C: TenureConnection, T: JobArgs>(conn: &mut C, value: &T) -> Result<Enqueued> {
     enqueue(conn, &value.to_job()?)
 }
 
 /// Enqueues typed jobs of one type in one transaction ([`super::enqueue_many`]): nothing is
 /// written if any is invalid. One [`Enqueued`] per value, in order.
-pub fn enqueue_jobs<C: DibsConnection, T: JobArgs>(
+pub fn enqueue_jobs<C: TenureConnection, T: JobArgs>(
     conn: &mut C,
     values: &[T],
 ) -> Result<Vec<Enqueued>> {

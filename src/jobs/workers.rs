@@ -1,4 +1,4 @@
-//! Workers' registrations (`dibs_workers`) and how a dead worker is recognised: by its lock,
+//! Workers' registrations (`tenure_workers`) and how a dead worker is recognised: by its lock,
 //! which lasts exactly as long as its process (its database session on a server, its
 //! process on SQLite), not by a timer. A stalled process (a long pause, SIGSTOP, a machine
 //! at load 10) keeps its lock and is never taken for dead; its claims are then protected by
@@ -6,7 +6,7 @@
 //!
 //! A worker registers in one transaction: its row, then its lock (`Liveness`), then the
 //! commit, so no one ever sees its row without its lock taken. Its claims record it
-//! (`dibs_jobs.claimed_by`). Every second it writes `heartbeat_at`, through a connection
+//! (`tenure_jobs.claimed_by`). Every second it writes `heartbeat_at`, through a connection
 //! other than the lock's. A rescue ([`rescue_dead`]) looks at the workers that have been
 //! silent for [`SILENT_AFTER`] (or whose lock was found free), and takes one for dead when:
 //!
@@ -44,7 +44,7 @@ use crate::backend::statement::statement;
 use crate::backend::{Dialect, FileLock, Liveness, Probe, WorkerLock, dispatch};
 use crate::sql_types::Instant;
 use crate::transaction::{bare_write_transaction, retry_transient, write_turn};
-use crate::{Backend, DibsConnection, Error, Result};
+use crate::{Backend, Error, Result, TenureConnection};
 
 /// How often a worker writes its heartbeat and checks that it holds its lock.
 pub(crate) const WORKER_BEAT: Duration = Duration::from_secs(1);
@@ -66,44 +66,45 @@ const LOOK_AT: i64 = 16;
 const DIED: &str = "the worker holding the claim died (its lock was released)";
 
 const REGISTER: &str = "\
-    INSERT INTO dibs_workers (host, pid, started_at, heartbeat_at) VALUES (?, ?, {now}, {now})";
+    INSERT INTO tenure_workers (host, pid, started_at, heartbeat_at) VALUES (?, ?, {now}, {now})";
 
 const LAST_INSERT_ID: &str = "SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id";
 
-const BEAT: &str = "UPDATE dibs_workers SET heartbeat_at = {now} WHERE id = ?";
+const BEAT: &str = "UPDATE tenure_workers SET heartbeat_at = {now} WHERE id = ?";
 
 /// After the worker took its lock again: alive, and its lock no longer free.
 const RELOCKED: &str = "\
-    UPDATE dibs_workers SET heartbeat_at = {now}, lock_free_since = NULL WHERE id = ?";
+    UPDATE tenure_workers SET heartbeat_at = {now}, lock_free_since = NULL WHERE id = ?";
 
 /// Workers silent since `{now+ttl}` (the bind is minus [`SILENT_AFTER`]), or whose lock a
 /// rescue found free. A plain read of a small table.
 const SILENT: &str = "\
-    SELECT id FROM dibs_workers WHERE heartbeat_at <= {now+ttl} OR lock_free_since IS NOT NULL \
+    SELECT id FROM tenure_workers WHERE heartbeat_at <= {now+ttl} OR lock_free_since IS NOT NULL \
     ORDER BY id LIMIT ?";
 
 /// A silent worker's row, locked (skipped if another rescue has it).
 const LOCK_WORKER: &str = "\
-    SELECT heartbeat_at, lock_free_since, {now} AS db_now FROM dibs_workers \
+    SELECT heartbeat_at, lock_free_since, {now} AS db_now FROM tenure_workers \
     WHERE id = ?{skip_locked}";
 
-const MARK_FREE: &str = "UPDATE dibs_workers SET lock_free_since = {now} WHERE id = ?";
-const MARK_HELD: &str = "UPDATE dibs_workers SET lock_free_since = NULL WHERE id = ?";
-const FORGET: &str = "DELETE FROM dibs_workers WHERE id = ?";
+const MARK_FREE: &str = "UPDATE tenure_workers SET lock_free_since = {now} WHERE id = ?";
+const MARK_HELD: &str = "UPDATE tenure_workers SET lock_free_since = NULL WHERE id = ?";
+const FORGET: &str = "DELETE FROM tenure_workers WHERE id = ?";
 
 /// The jobs a worker holds: a plain read of the running jobs (the stalled-claims index),
 /// which are few; `claimed_by` has no index of its own.
 const HELD_JOBS: &str = "\
-    SELECT id FROM dibs_jobs WHERE state = 'running' AND claimed_by = ? ORDER BY id LIMIT ?";
+    SELECT id FROM tenure_jobs WHERE state = 'running' AND claimed_by = ? ORDER BY id LIMIT ?";
 
 /// Those jobs locked by primary key (skipping rows another transaction holds) and read as
 /// locked: still running under the worker's claim is decided on these rows.
 const LOCK_HELD_JOBS: &str = "\
-    SELECT id, state, claimed_by FROM dibs_jobs WHERE id IN {ids}{skip_locked}";
+    SELECT id, state, claimed_by FROM tenure_jobs WHERE id IN {ids}{skip_locked}";
 
 /// A worker leaving: its claims keep only their ttl. `claimed_by` has no index: the primary
 /// key serves the WHERE.
-const DETACH: &str = "UPDATE dibs_jobs SET claimed_by = NULL WHERE claimed_by = ? AND id IN {ids}";
+const DETACH: &str =
+    "UPDATE tenure_jobs SET claimed_by = NULL WHERE claimed_by = ? AND id IN {ids}";
 
 #[derive(QueryableByName)]
 struct WorkerRow {
@@ -155,7 +156,7 @@ pub(crate) struct Registered {
 /// Registers a worker of this process on `conn`: its row and its lock, in one transaction (a
 /// rescue never sees the row without the lock). On a server the lock belongs to `conn`'s
 /// session: keep `conn` open, and only for this, for as long as the worker lives.
-pub(crate) fn register<C: DibsConnection>(conn: &mut C, host: &str) -> Result<Registered> {
+pub(crate) fn register<C: TenureConnection>(conn: &mut C, host: &str) -> Result<Registered> {
     crate::validate::label("host", host)?;
     let pid = i64::from(std::process::id());
     let (id, lock) = dispatch!(conn, c => {
@@ -176,7 +177,7 @@ pub(crate) fn register<C: DibsConnection>(conn: &mut C, host: &str) -> Result<Re
     })
 }
 
-fn insert_worker<C: DibsConnection>(c: &mut C, host: &str, pid: i64) -> Result<i64> {
+fn insert_worker<C: TenureConnection>(c: &mut C, host: &str, pid: i64) -> Result<i64> {
     let id = dispatch!(c, c => {
         let syntax = c.syntax();
         let insert = syntax.render(REGISTER);
@@ -197,7 +198,7 @@ fn insert_worker<C: DibsConnection>(c: &mut C, host: &str, pid: i64) -> Result<i
 }
 
 /// Worker `id` says it lives. False when its row is gone: a rescue took it for dead.
-pub(crate) fn beat<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
+pub(crate) fn beat<C: TenureConnection>(conn: &mut C, id: i64) -> Result<bool> {
     let _turn = write_turn(conn)?;
     let rows = dispatch!(conn, c => {
         statement(c.syntax().render(BEAT)).bind::<BigInt, _>(id).execute(c)
@@ -206,7 +207,7 @@ pub(crate) fn beat<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
 }
 
 /// Whether `conn`'s session still holds worker `id`'s lock.
-pub(crate) fn holds_lock<C: DibsConnection>(conn: &mut C, id: i64) -> Result<bool> {
+pub(crate) fn holds_lock<C: TenureConnection>(conn: &mut C, id: i64) -> Result<bool> {
     dispatch!(conn, c => c.holds_worker_lock(id))
 }
 
@@ -224,7 +225,7 @@ pub(crate) enum Relocked {
 
 /// Takes worker `id`'s lock again on `conn` (a new connection, after its first one was
 /// lost) and says it lives.
-pub(crate) fn relock<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Relocked> {
+pub(crate) fn relock<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Relocked> {
     if dispatch!(conn, c => c.take_worker_lock(id))?.is_none() {
         return Ok(Relocked::Busy);
     }
@@ -241,7 +242,7 @@ pub(crate) fn relock<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Relocke
 /// A worker leaving (its shutdown): the claims it still holds (runs still in their handler
 /// past the grace period) keep only their ttl, as before it registered, and its row is
 /// deleted. Its lock is released by the caller afterwards.
-pub(crate) fn unregister<C: DibsConnection>(conn: &mut C, id: i64) -> Result<()> {
+pub(crate) fn unregister<C: TenureConnection>(conn: &mut C, id: i64) -> Result<()> {
     retry_transient(|| {
         dispatch!(conn, c => {
             bare_write_transaction(c, "unregistering a worker", |c| {
@@ -275,7 +276,7 @@ struct Pass {
 }
 
 /// Takes back the claims of dead workers (see the module's docs), up to `limit` jobs.
-pub(crate) fn rescue_dead<C: DibsConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
+pub(crate) fn rescue_dead<C: TenureConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
     let limit = check_limit(limit)?;
     let backend = conn.backend();
     // SQLite: the lock alone decides (its workers are never silent for long enough to
@@ -325,7 +326,7 @@ pub(crate) fn rescue_dead<C: DibsConnection>(conn: &mut C, limit: usize) -> Resu
         }
         if !pass.rows.is_empty() {
             tracing::info!(
-                target: "dibs::worker",
+                target: "tenure::worker",
                 worker = id,
                 jobs = pass.rows.len(),
                 "took back the claims of a dead worker (its lock was released)"
@@ -338,7 +339,7 @@ pub(crate) fn rescue_dead<C: DibsConnection>(conn: &mut C, limit: usize) -> Resu
 }
 
 /// Runs one statement of this module, with `id` bound, on `c`.
-fn execute_for<C: DibsConnection>(c: &mut C, template: &str, id: i64) -> Result<usize> {
+fn execute_for<C: TenureConnection>(c: &mut C, template: &str, id: i64) -> Result<usize> {
     Ok(dispatch!(c, c => {
         statement(c.syntax().render(template)).bind::<BigInt, _>(id).execute(c)
     })?)
@@ -346,7 +347,7 @@ fn execute_for<C: DibsConnection>(c: &mut C, template: &str, id: i64) -> Result<
 
 /// One silent worker, in a transaction: is it dead? If so, its claims (up to `limit`) are
 /// taken back, and once none is left its row is deleted.
-fn look_at<C: DibsConnection>(c: &mut C, id: i64, backend: Backend, limit: i64) -> Result<Pass> {
+fn look_at<C: TenureConnection>(c: &mut C, id: i64, backend: Backend, limit: i64) -> Result<Pass> {
     let nothing = || Pass {
         rows: Vec::new(),
         released: Vec::new(),

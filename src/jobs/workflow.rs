@@ -1,4 +1,4 @@
-//! Workflows and batches: jobs enqueued together (`dibs_workflows`), some waiting for others,
+//! Workflows and batches: jobs enqueued together (`tenure_workflows`), some waiting for others,
 //! with callback jobs when they all succeed, when the first fails, and when all finished.
 
 use std::collections::BTreeMap;
@@ -11,9 +11,9 @@ use super::model::{IdRow, IdStateRow as IdState};
 use super::{Enqueued, JobState, NewJob, RunWhen, enqueue_many};
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
-use crate::schema::{dibs_job_dependencies, dibs_jobs, dibs_workflows};
+use crate::schema::{tenure_job_dependencies, tenure_jobs, tenure_workflows};
 use crate::transaction::retrying_transaction;
-use crate::{DibsConnection, Error, Result, validate};
+use crate::{Error, Result, TenureConnection, validate};
 
 /// A step of a [`Workflow`], to make later steps depend on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -24,10 +24,10 @@ pub struct Step(usize);
 /// workflow of independent steps with callbacks.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// use dibs::jobs::{self, NewJob, Workflow};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// # fn main() -> Result<(), tenure::Error> {
+/// use tenure::jobs::{self, NewJob, Workflow};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 ///
 /// // An ETL: fetch 3 parts, then merge them.
 /// let mut etl = Workflow::new("nightly-etl");
@@ -67,7 +67,7 @@ pub struct EnqueuedWorkflow {
 }
 
 impl Workflow {
-    /// An empty workflow; `name` is for people (the `dibs` command shows it).
+    /// An empty workflow; `name` is for people (the `tenure` command shows it).
     pub fn new(name: impl Into<String>) -> Workflow {
         Workflow {
             name: name.into(),
@@ -151,7 +151,7 @@ impl Workflow {
     }
 }
 
-const INSERT_WORKFLOW: &str = "INSERT INTO dibs_workflows (name, created_at) VALUES (?, {now})";
+const INSERT_WORKFLOW: &str = "INSERT INTO tenure_workflows (name, created_at) VALUES (?, {now})";
 const LAST_INSERT_ID: &str = "SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id";
 
 /// Enqueues a workflow in one transaction (the caller's, if one is open: then in a
@@ -161,10 +161,10 @@ const LAST_INSERT_ID: &str = "SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id";
 /// is [`Error::InvalidInput`] and writes nothing.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// use dibs::jobs::{self, JobState, NewJob, Workflow};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// # fn main() -> Result<(), tenure::Error> {
+/// use tenure::jobs::{self, JobState, NewJob, Workflow};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// let mut batch = Workflow::new("import");
 /// for row in 0..3 {
 ///     batch.add(NewJob::json("import", "row", &row)?);
@@ -176,7 +176,7 @@ const LAST_INSERT_ID: &str = "SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id";
 /// assert_eq!((summarize.state, summarize.workflow_id), (JobState::Blocked, Some(made.id)));
 /// # Ok(()) }
 /// ```
-pub fn enqueue_workflow<C: DibsConnection>(
+pub fn enqueue_workflow<C: TenureConnection>(
     conn: &mut C,
     workflow: &Workflow,
 ) -> Result<EnqueuedWorkflow> {
@@ -235,11 +235,11 @@ pub fn enqueue_workflow<C: DibsConnection>(
         }
         let [on_success, on_failure, on_finish] = callbacks;
         dispatch!(conn, c => {
-            diesel::update(dibs_workflows::table.find(id))
+            diesel::update(tenure_workflows::table.find(id))
                 .set((
-                    dibs_workflows::on_success.eq(on_success),
-                    dibs_workflows::on_failure.eq(on_failure),
-                    dibs_workflows::on_finish.eq(on_finish),
+                    tenure_workflows::on_success.eq(on_success),
+                    tenure_workflows::on_failure.eq(on_failure),
+                    tenure_workflows::on_finish.eq(on_finish),
                 ))
                 .execute(c)
         })?;
@@ -253,7 +253,11 @@ pub fn enqueue_workflow<C: DibsConnection>(
     })
 }
 
-fn flush<C: DibsConnection>(conn: &mut C, run: &mut Vec<NewJob>, ids: &mut Vec<i64>) -> Result<()> {
+fn flush<C: TenureConnection>(
+    conn: &mut C,
+    run: &mut Vec<NewJob>,
+    ids: &mut Vec<i64>,
+) -> Result<()> {
     if run.is_empty() {
         return Ok(());
     }
@@ -328,17 +332,17 @@ struct StateCount {
 
 /// Counts per state, from the index on `(workflow_id, state)`.
 const COUNTS: &str =
-    "SELECT state, COUNT(*) AS n FROM dibs_jobs WHERE workflow_id = ? GROUP BY state";
+    "SELECT state, COUNT(*) AS n FROM tenure_jobs WHERE workflow_id = ? GROUP BY state";
 
 /// A workflow's (or batch's) state in one call: its steps per state and its callbacks',
 /// or `None` if there is no such workflow.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// use std::time::Duration;
-/// use dibs::jobs::{self, JobState, NewJob, Workflow};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// use tenure::jobs::{self, JobState, NewJob, Workflow};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// let mut batch = Workflow::new("mail-out");
 /// batch.add(NewJob::new("mail", "send", vec![]));
 /// batch.on_success(NewJob::new("mail", "report", vec![]));
@@ -350,17 +354,20 @@ const COUNTS: &str =
 /// assert_eq!(status.on_success.unwrap().1, JobState::Waiting); // released
 /// # Ok(()) }
 /// ```
-pub fn workflow_status<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Option<WorkflowStatus>> {
+pub fn workflow_status<C: TenureConnection>(
+    conn: &mut C,
+    id: i64,
+) -> Result<Option<WorkflowStatus>> {
     type Row = (String, DateTime<Utc>, Option<i64>, Option<i64>, Option<i64>);
     let found: Option<(Row, Vec<StateCount>, Vec<IdState>)> = dispatch!(conn, c => {
-        let row: Option<Row> = dibs_workflows::table
+        let row: Option<Row> = tenure_workflows::table
             .find(id)
             .select((
-                dibs_workflows::name,
-                dibs_workflows::created_at,
-                dibs_workflows::on_success,
-                dibs_workflows::on_failure,
-                dibs_workflows::on_finish,
+                tenure_workflows::name,
+                tenure_workflows::created_at,
+                tenure_workflows::on_success,
+                tenure_workflows::on_failure,
+                tenure_workflows::on_finish,
             ))
             .get_result(c)
             .optional()?;
@@ -372,7 +379,7 @@ pub fn workflow_status<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Optio
                 let states = if callbacks.is_empty() {
                     Vec::new()
                 } else {
-                    statement("SELECT id, state FROM dibs_jobs WHERE id IN {ids}")
+                    statement("SELECT id, state FROM tenure_jobs WHERE id IN {ids}")
                         .bind_ids(callbacks)
                         .load::<IdState>(c)?
                 };
@@ -423,14 +430,14 @@ pub struct WorkflowJob {
     pub dependencies: Vec<i64>,
 }
 
-/// The jobs of a workflow, by id, with their dependencies: its graph (the `dibs` command
+/// The jobs of a workflow, by id, with their dependencies: its graph (the `tenure` command
 /// draws it as a tree).
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
-/// use dibs::jobs::{self, NewJob, Workflow};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// # fn main() -> Result<(), tenure::Error> {
+/// use tenure::jobs::{self, NewJob, Workflow};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// let mut flow = Workflow::new("diamond");
 /// let a = flow.add(NewJob::new("q", "a", vec![]));
 /// let b = flow.add_after(&[a], NewJob::new("q", "b", vec![]));
@@ -441,19 +448,19 @@ pub struct WorkflowJob {
 /// assert_eq!(graph[3].dependencies, vec![made.jobs[1], made.jobs[2]]);
 /// # Ok(()) }
 /// ```
-pub fn workflow_jobs<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Vec<WorkflowJob>> {
+pub fn workflow_jobs<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Vec<WorkflowJob>> {
     type Row = (i64, String, JobState, Option<RunWhen>, Option<f64>);
     let (rows, edges): (Vec<Row>, Vec<(i64, i64)>) = dispatch!(conn, c => {
-        let rows: Vec<Row> = dibs_jobs::table
-            .filter(dibs_jobs::workflow_id.eq(id))
-            .select((dibs_jobs::id, dibs_jobs::kind, dibs_jobs::state, dibs_jobs::run_when, dibs_jobs::progress))
-            .order(dibs_jobs::id)
+        let rows: Vec<Row> = tenure_jobs::table
+            .filter(tenure_jobs::workflow_id.eq(id))
+            .select((tenure_jobs::id, tenure_jobs::kind, tenure_jobs::state, tenure_jobs::run_when, tenure_jobs::progress))
+            .order(tenure_jobs::id)
             .load(c)?;
-        let edges: Vec<(i64, i64)> = dibs_job_dependencies::table
-            .inner_join(dibs_jobs::table.on(dibs_jobs::id.eq(dibs_job_dependencies::job_id)))
-            .filter(dibs_jobs::workflow_id.eq(id))
-            .select((dibs_job_dependencies::job_id, dibs_job_dependencies::depends_on))
-            .order((dibs_job_dependencies::job_id, dibs_job_dependencies::depends_on))
+        let edges: Vec<(i64, i64)> = tenure_job_dependencies::table
+            .inner_join(tenure_jobs::table.on(tenure_jobs::id.eq(tenure_job_dependencies::job_id)))
+            .filter(tenure_jobs::workflow_id.eq(id))
+            .select((tenure_job_dependencies::job_id, tenure_job_dependencies::depends_on))
+            .order((tenure_job_dependencies::job_id, tenure_job_dependencies::depends_on))
             .load(c)?;
         Ok::<_, Error>((rows, edges))
     })?;
@@ -474,12 +481,12 @@ pub fn workflow_jobs<C: DibsConnection>(conn: &mut C, id: i64) -> Result<Vec<Wor
         .collect())
 }
 
-const UNFINISHED: &str = "SELECT id FROM dibs_jobs WHERE workflow_id = ? \
+const UNFINISHED: &str = "SELECT id FROM tenure_jobs WHERE workflow_id = ? \
     AND state IN ('blocked', 'waiting', 'running') ORDER BY id";
 
 /// The workflow's unfinished jobs, locked in id order (the order every locker of job rows
 /// keeps), and read as locked.
-const LOCK_UNFINISHED: &str = "SELECT id, state, dependents AS n FROM dibs_jobs \
+const LOCK_UNFINISHED: &str = "SELECT id, state, dependents AS n FROM tenure_jobs \
     WHERE id IN {ids} AND state IN ('blocked', 'waiting', 'running') ORDER BY id{for_update}";
 
 #[derive(QueryableByName)]
@@ -502,11 +509,11 @@ struct Unfinished {
 /// such workflow).
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// use std::time::Duration;
-/// use dibs::jobs::{self, NewJob, Workflow};
-/// let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// dibs::run_migrations(&mut conn)?;
+/// use tenure::jobs::{self, NewJob, Workflow};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
 /// let mut flow = Workflow::new("etl");
 /// let fetch = flow.add(NewJob::new("etl", "fetch", vec![]));
 /// flow.add_after(&[fetch], NewJob::new("etl", "merge", vec![]));
@@ -515,7 +522,7 @@ struct Unfinished {
 /// assert!(jobs::claim(&mut conn, "etl", 10, Duration::from_secs(60))?.is_empty());
 /// # Ok(()) }
 /// ```
-pub fn cancel_workflow<C: DibsConnection>(conn: &mut C, id: i64) -> Result<usize> {
+pub fn cancel_workflow<C: TenureConnection>(conn: &mut C, id: i64) -> Result<usize> {
     let released = retrying_transaction(conn, |conn| {
         let ids: Vec<i64> = dispatch!(conn, c => {
             statement(UNFINISHED).bind::<BigInt, _>(id).load::<IdRow>(c)

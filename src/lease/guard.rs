@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant as Clock};
 
 use super::{Lease, Wait, take_timed, try_take};
-use crate::{DibsConnection, Error, Pool, PooledConnection, Result, validate};
+use crate::{Error, Pool, PooledConnection, Result, TenureConnection, validate};
 
 /// How long [`LeaseGuard::release`] (and drop) wait for the release to be done before saying
 /// [`Error::LeaseReleasePending`].
@@ -36,14 +36,14 @@ pub const RELEASE_WAIT: Duration = Duration::from_secs(5);
 /// itself forever, and the release completes on its own once the transaction ends.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// # let dir = tempfile::tempdir().unwrap();
 /// # let url = dir.path().join("app.db").display().to_string();
 /// use std::time::Duration;
-/// let pool = dibs::Pool::open(&url)?;
-/// dibs::run_migrations(&mut pool.get()?)?;
+/// let pool = tenure::Pool::open(&url)?;
+/// tenure::run_migrations(&mut pool.get()?)?;
 ///
-/// if let Some(guard) = dibs::LeaseGuard::try_take(pool.get()?, "nightly-report", Duration::from_secs(30), "host-a")? {
+/// if let Some(guard) = tenure::LeaseGuard::try_take(pool.get()?, "nightly-report", Duration::from_secs(30), "host-a")? {
 ///     for _chunk in 0..3 {
 ///         if !guard.is_held() { break; } // lost: stop working
 ///         // ... one chunk of the work, tagged with guard.fence() ...
@@ -93,7 +93,7 @@ impl State {
         if now >= self.deadline && !self.lost {
             self.lost = true;
             tracing::warn!(
-                target: "dibs::lease",
+                target: "tenure::lease",
                 lease = %self.name,
                 reason = "no renewal succeeded before the local deadline",
                 "lease lost"
@@ -118,7 +118,7 @@ impl LeaseGuard {
     /// [`super::try_take`]. `Ok(None)` if someone holds it.
     pub fn try_take<C>(mut conn: C, name: &str, ttl: Duration, holder: &str) -> Result<Option<Self>>
     where
-        C: DibsConnection + 'static,
+        C: TenureConnection + 'static,
     {
         validate::ttl(ttl)?;
         let sent = Clock::now();
@@ -132,12 +132,12 @@ impl LeaseGuard {
     /// restart shorter than its ttl, and says "lost" only when it could not renew in time.
     ///
     /// ```
-    /// # fn main() -> Result<(), dibs::Error> {
+    /// # fn main() -> Result<(), tenure::Error> {
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let pool = dibs::Pool::open(&dir.path().join("app.db").display().to_string())?;
-    /// # dibs::run_migrations(&mut pool.get()?)?;
+    /// # let pool = tenure::Pool::open(&dir.path().join("app.db").display().to_string())?;
+    /// # tenure::run_migrations(&mut pool.get()?)?;
     /// use std::time::Duration;
-    /// let guard = dibs::LeaseGuard::try_take_pooled(&pool, "backup", Duration::from_secs(30), "host-a")?;
+    /// let guard = tenure::LeaseGuard::try_take_pooled(&pool, "backup", Duration::from_secs(30), "host-a")?;
     /// assert!(guard.is_some_and(|g| g.is_held()));
     /// # Ok(()) }
     /// ```
@@ -177,7 +177,7 @@ impl LeaseGuard {
         wait: Wait,
     ) -> Result<Option<Self>>
     where
-        C: DibsConnection + 'static,
+        C: TenureConnection + 'static,
     {
         validate::ttl(ttl)?;
         Ok(take_timed(&mut conn, name, ttl, holder, wait)?
@@ -192,7 +192,7 @@ impl LeaseGuard {
         sent: Clock,
     ) -> Self
     where
-        C: DibsConnection + 'static,
+        C: TenureConnection + 'static,
     {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -208,7 +208,7 @@ impl LeaseGuard {
         let renewer = {
             let (lease, shared) = (lease.clone(), shared.clone());
             std::thread::Builder::new()
-                .name(format!("dibs-lease-{}", lease.fence))
+                .name(format!("tenure-lease-{}", lease.fence))
                 .spawn(move || {
                     let outcome = renew_until_stopped(conn, reconnect, lease, ttl, &shared);
                     // The guard may have stopped waiting (see `RELEASE_WAIT`).
@@ -294,15 +294,15 @@ impl LeaseGuard {
     /// guard's to release.
     ///
     /// ```
-    /// # fn main() -> Result<(), dibs::Error> {
+    /// # fn main() -> Result<(), tenure::Error> {
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let pool = dibs::Pool::open(&dir.path().join("app.db").display().to_string())?;
-    /// # dibs::run_migrations(&mut pool.get()?)?;
+    /// # let pool = tenure::Pool::open(&dir.path().join("app.db").display().to_string())?;
+    /// # tenure::run_migrations(&mut pool.get()?)?;
     /// use std::time::Duration;
-    /// let guard = dibs::LeaseGuard::try_take_pooled(&pool, "sync", Duration::from_secs(30), "me")?
+    /// let guard = tenure::LeaseGuard::try_take_pooled(&pool, "sync", Duration::from_secs(30), "me")?
     ///     .expect("free");
     /// let mut conn = pool.get()?;
-    /// let released = dibs::transaction(&mut conn, |conn| {
+    /// let released = tenure::transaction(&mut conn, |conn| {
     ///     guard.lease().verify(conn)?;
     ///     // ... write the results of the work here ...
     ///     guard.release_on(conn)
@@ -310,7 +310,7 @@ impl LeaseGuard {
     /// assert!(released);
     /// # Ok(()) }
     /// ```
-    pub fn release_on<C: DibsConnection>(mut self, conn: &mut C) -> Result<bool> {
+    pub fn release_on<C: TenureConnection>(mut self, conn: &mut C) -> Result<bool> {
         {
             let mut state = self.shared.lock();
             state.stop = true;
@@ -373,7 +373,7 @@ fn reconnect(pool: &Pool) -> Reconnect<PooledConnection> {
 /// Releases `lease`, trying again after transient errors (a busy SQLite, a lock timeout)
 /// until the local `deadline`, after which the lease lapses anyway; after another error, once
 /// more on a fresh connection (the connection may have broken since the last renewal).
-fn release_until<C: DibsConnection>(
+fn release_until<C: TenureConnection>(
     mut conn: C,
     reconnect: Option<&Reconnect<C>>,
     lease: &mut Lease,
@@ -409,7 +409,7 @@ fn margin(ttl: Duration) -> Duration {
 
 /// The renewal thread: renews every ttl/3 until stopped or lost, then releases (after the
 /// last renewal, never before).
-fn renew_until_stopped<C: DibsConnection>(
+fn renew_until_stopped<C: TenureConnection>(
     mut conn: C,
     reconnect: Option<Reconnect<C>>,
     mut lease: Lease,
@@ -461,7 +461,7 @@ fn renew_until_stopped<C: DibsConnection>(
             Err(e) if e.is_lease_lost() => {
                 if !state.lost {
                     tracing::warn!(
-                        target: "dibs::lease",
+                        target: "tenure::lease",
                         lease = %lease.name,
                         reason = "the database gave it to another holder or it was released",
                         "lease lost"

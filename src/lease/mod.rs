@@ -1,4 +1,4 @@
-//! Leases: named, time-limited, token-owned locks in a table (`dibs_leases`).
+//! Leases: named, time-limited, token-owned locks in a table (`tenure_leases`).
 //!
 //! A lease is held by whoever holds its current token, until its expiry by the database's
 //! clock. Taking one is atomic on every backend: of any number of concurrent callers exactly
@@ -21,11 +21,11 @@
 //! transaction (the one way to release inside a transaction that ran [`Lease::verify`]).
 //!
 //! ```
-//! # fn main() -> Result<(), dibs::Error> {
+//! # fn main() -> Result<(), tenure::Error> {
 //! use std::time::Duration;
-//! use dibs::lease;
-//! let mut conn = dibs::AnyConnection::connect(":memory:")?;
-//! dibs::run_migrations(&mut conn)?;
+//! use tenure::lease;
+//! let mut conn = tenure::AnyConnection::connect(":memory:")?;
+//! tenure::run_migrations(&mut conn)?;
 //!
 //! let mut backup = lease::try_take(&mut conn, "nightly-backup", Duration::from_secs(60), "host-a")?
 //!     .expect("nobody holds it yet");
@@ -50,7 +50,7 @@ use crate::backend::statement::statement;
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::sql_types::{DatabaseNow, Token};
 use crate::transaction::bare_write_transaction;
-use crate::{DibsConnection, Error, Result, validate};
+use crate::{Error, Result, TenureConnection, validate};
 
 pub use guard::{LeaseGuard, RELEASE_WAIT};
 
@@ -64,11 +64,11 @@ pub use guard::{LeaseGuard, RELEASE_WAIT};
 /// its `verify` transaction) would otherwise record a grant instant from before the previous
 /// holder let go, and a lease shorter than its ttl by the wait.
 const TAKE_ON_CONFLICT: &str = "\
-    INSERT INTO dibs_leases (name, token, holder, fence, acquired_at, expires_at) \
+    INSERT INTO tenure_leases (name, token, holder, fence, acquired_at, expires_at) \
     VALUES (?, ?, ?, 1, {now}, {now+ttl}) \
     ON CONFLICT (name) DO UPDATE SET token = excluded.token, holder = excluded.holder, \
-        fence = dibs_leases.fence + 1, {grant_times} \
-    WHERE dibs_leases.token IS NULL OR dibs_leases.expires_at <= {now}";
+        fence = tenure_leases.fence + 1, {grant_times} \
+    WHERE tenure_leases.token IS NULL OR tenure_leases.expires_at <= {now}";
 
 /// MySQL/MariaDB: no WHERE on an upsert, so every column is conditional. MySQL assigns left
 /// to right and each assignment sees the ones before it: `token` decides first, from the old
@@ -82,7 +82,7 @@ const TAKE_ON_CONFLICT: &str = "\
 /// runs on, `NOW` does not; both in the session's zone) is added. The expiry is the new
 /// `acquired_at` plus the ttl (the ttl being the difference of the two inserted values).
 const TAKE_ON_DUPLICATE_KEY: &str = "\
-    INSERT INTO dibs_leases (name, token, holder, fence, acquired_at, expires_at) \
+    INSERT INTO tenure_leases (name, token, holder, fence, acquired_at, expires_at) \
     VALUES (?, ?, ?, 1, {now}, {now+ttl}) \
     ON DUPLICATE KEY UPDATE \
         token = IF(token IS NULL OR expires_at <= {now}, VALUES(token), token), \
@@ -96,23 +96,23 @@ const TAKE_ON_DUPLICATE_KEY: &str = "\
 
 /// A lease row, read back after a take or a renewal.
 const SELECT_LEASE: &str = "\
-    SELECT name, token, holder, fence, acquired_at, expires_at FROM dibs_leases WHERE name = ?";
+    SELECT name, token, holder, fence, acquired_at, expires_at FROM tenure_leases WHERE name = ?";
 
 /// Only the current token, and only while not lapsed: a renewal after the lease lapsed says
 /// "lost" even if nobody took it over.
 const RENEW: &str = "\
-    UPDATE dibs_leases SET expires_at = {now+ttl} \
+    UPDATE tenure_leases SET expires_at = {now+ttl} \
     WHERE name = ? AND token = ? AND expires_at > {now}";
 
 /// Clears the token; the row and its fence stay. A released lease's expiry becomes the
 /// release time (if that is earlier).
 const RELEASE: &str = "\
-    UPDATE dibs_leases SET token = NULL, \
+    UPDATE tenure_leases SET token = NULL, \
         expires_at = CASE WHEN expires_at > {now} THEN {now} ELSE expires_at END \
     WHERE name = ? AND token = ?";
 
 const FORCE_RELEASE: &str = "\
-    UPDATE dibs_leases SET token = NULL, \
+    UPDATE tenure_leases SET token = NULL, \
         expires_at = CASE WHEN expires_at > {now} THEN {now} ELSE expires_at END \
     WHERE name = ? AND token IS NOT NULL";
 
@@ -120,14 +120,14 @@ const FORCE_RELEASE: &str = "\
 /// (on SQLite, the database's write lock), so the lease cannot change hands before it
 /// commits. It matches only while the token is ours and the lease has not lapsed.
 const VERIFY: &str = "\
-    UPDATE dibs_leases SET fence = fence \
+    UPDATE tenure_leases SET fence = fence \
     WHERE name = ? AND token = ? AND expires_at > {now}";
 
-/// A lease as stored: the model of a `dibs_leases` row ([`crate::schema::dibs_leases`]), for
+/// A lease as stored: the model of a `tenure_leases` row ([`crate::schema::tenure_leases`]), for
 /// your own queries; [`inspect`] and [`list`] read these (with the database's now, to say
 /// whether each is held).
 #[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, QueryableByName)]
-#[diesel(table_name = crate::schema::dibs_leases)]
+#[diesel(table_name = crate::schema::tenure_leases)]
 pub struct LeaseRecord {
     /// The lease's name.
     pub name: String,
@@ -237,7 +237,7 @@ impl Lease {
     /// Extends the lease to the database's now + `ttl`, if this token still holds it and it
     /// has not lapsed; otherwise [`Error::LeaseLost`], and it stays lost. Repeating a renewal
     /// (say, after a lost reply) succeeds. Needs a bare connection.
-    pub fn renew<C: DibsConnection>(&mut self, conn: &mut C, ttl: Duration) -> Result<()> {
+    pub fn renew<C: TenureConnection>(&mut self, conn: &mut C, ttl: Duration) -> Result<()> {
         let micros = validate::ttl(ttl)?;
         if self.lost {
             return Err(self.lost_error());
@@ -276,7 +276,7 @@ impl Lease {
     /// stay). Returns whether this call released it; `false` when it was already released or
     /// someone else holds it now, in which case nothing changes. Safe to repeat. Needs a bare
     /// connection.
-    pub fn release<C: DibsConnection>(&mut self, conn: &mut C) -> Result<bool> {
+    pub fn release<C: TenureConnection>(&mut self, conn: &mut C) -> Result<bool> {
         let (name, token) = (self.name.as_str(), self.token);
         let released = dispatch!(conn, c => {
             bare_write_transaction(c, "releasing a lease", |c| {
@@ -293,7 +293,7 @@ impl Lease {
 
     /// [`Lease::release`] inside the caller's transaction if `conn` has one open (in a
     /// savepoint), on its own otherwise: [`LeaseGuard::release_on`].
-    pub(crate) fn release_joining<C: DibsConnection>(&mut self, conn: &mut C) -> Result<bool> {
+    pub(crate) fn release_joining<C: TenureConnection>(&mut self, conn: &mut C) -> Result<bool> {
         let (name, token) = (self.name.as_str(), self.token);
         let released = crate::transaction(conn, |conn| {
             dispatch!(conn, c => {
@@ -318,19 +318,19 @@ impl Lease {
     /// transaction with [`crate::transaction`] (IMMEDIATE) to avoid that.
     ///
     /// ```
-    /// # fn main() -> Result<(), dibs::Error> {
+    /// # fn main() -> Result<(), tenure::Error> {
     /// # use std::time::Duration;
-    /// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
-    /// # dibs::run_migrations(&mut conn)?;
-    /// let lease = dibs::lease::try_take(&mut conn, "sync:42", Duration::from_secs(30), "me")?.unwrap();
-    /// dibs::transaction(&mut conn, |conn| {
+    /// # let mut conn = tenure::AnyConnection::connect(":memory:")?;
+    /// # tenure::run_migrations(&mut conn)?;
+    /// let lease = tenure::lease::try_take(&mut conn, "sync:42", Duration::from_secs(30), "me")?.unwrap();
+    /// tenure::transaction(&mut conn, |conn| {
     ///     lease.verify(conn)?;
     ///     // ... write the results of the work here ...
-    ///     Ok::<_, dibs::Error>(())
+    ///     Ok::<_, tenure::Error>(())
     /// })?;
     /// # Ok(()) }
     /// ```
-    pub fn verify<C: DibsConnection>(&self, conn: &mut C) -> Result<()> {
+    pub fn verify<C: TenureConnection>(&self, conn: &mut C) -> Result<()> {
         if self.lost {
             return Err(self.lost_error());
         }
@@ -356,7 +356,7 @@ impl Lease {
 /// for humans (host, process, purpose). Needs a bare connection.
 ///
 /// `name`: 1 to 255 bytes, no NUL, compared byte for byte. `ttl`: 1 ms to 366 days.
-pub fn try_take<C: DibsConnection>(
+pub fn try_take<C: TenureConnection>(
     conn: &mut C,
     name: &str,
     ttl: Duration,
@@ -431,17 +431,17 @@ impl Wait {
 /// then; others are returned.
 ///
 /// ```
-/// # fn main() -> Result<(), dibs::Error> {
+/// # fn main() -> Result<(), tenure::Error> {
 /// # use std::time::Duration;
-/// # let mut conn = dibs::AnyConnection::connect(":memory:")?;
-/// # dibs::run_migrations(&mut conn)?;
-/// use dibs::lease::{self, Wait};
+/// # let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// # tenure::run_migrations(&mut conn)?;
+/// use tenure::lease::{self, Wait};
 /// let wait = Wait::up_to(Duration::from_secs(5)).poll_interval(Duration::from_millis(50));
 /// let lease = lease::take(&mut conn, "report", Duration::from_secs(30), "me", wait)?;
 /// assert!(lease.is_some());
 /// # Ok(()) }
 /// ```
-pub fn take<C: DibsConnection>(
+pub fn take<C: TenureConnection>(
     conn: &mut C,
     name: &str,
     ttl: Duration,
@@ -452,7 +452,7 @@ pub fn take<C: DibsConnection>(
 }
 
 /// [`take`], also returning when the winning attempt was sent (for the guard's deadline).
-fn take_timed<C: DibsConnection>(
+fn take_timed<C: TenureConnection>(
     conn: &mut C,
     name: &str,
     ttl: Duration,
@@ -486,7 +486,7 @@ fn take_timed<C: DibsConnection>(
 /// For operators: clears whatever token holds `name` (the row and its fence stay). Returns
 /// whether there was one. The evicted holder's renewals, releases and verifications then
 /// fail as lost. Needs a bare connection.
-pub fn force_release<C: DibsConnection>(conn: &mut C, name: &str) -> Result<bool> {
+pub fn force_release<C: TenureConnection>(conn: &mut C, name: &str) -> Result<bool> {
     validate::name("lease name", name)?;
     let released = dispatch!(conn, c => {
         bare_write_transaction(c, "force-releasing a lease", |c| {
@@ -498,11 +498,11 @@ pub fn force_release<C: DibsConnection>(conn: &mut C, name: &str) -> Result<bool
 }
 
 /// The lease row for `name`, or `None` if it was never taken.
-pub fn inspect<C: DibsConnection>(conn: &mut C, name: &str) -> Result<Option<LeaseInfo>> {
-    use crate::schema::dibs_leases;
+pub fn inspect<C: TenureConnection>(conn: &mut C, name: &str) -> Result<Option<LeaseInfo>> {
+    use crate::schema::tenure_leases;
     validate::name("lease name", name)?;
     let row = dispatch!(conn, c => {
-        dibs_leases::table
+        tenure_leases::table
             .find(name)
             .select((LeaseRecord::as_select(), DatabaseNow))
             .get_result::<(LeaseRecord, DateTime<Utc>)>(c)
@@ -512,11 +512,11 @@ pub fn inspect<C: DibsConnection>(conn: &mut C, name: &str) -> Result<Option<Lea
 }
 
 /// Every lease row, by name.
-pub fn list<C: DibsConnection>(conn: &mut C) -> Result<Vec<LeaseInfo>> {
-    use crate::schema::dibs_leases;
+pub fn list<C: TenureConnection>(conn: &mut C) -> Result<Vec<LeaseInfo>> {
+    use crate::schema::tenure_leases;
     let rows = dispatch!(conn, c => {
-        dibs_leases::table
-            .order(dibs_leases::name)
+        tenure_leases::table
+            .order(tenure_leases::name)
             .select((LeaseRecord::as_select(), DatabaseNow))
             .load::<(LeaseRecord, DateTime<Utc>)>(c)
     })?;

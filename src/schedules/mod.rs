@@ -23,12 +23,12 @@
 //!   while the program was down still fires.
 //!
 //! ```
-//! # fn main() -> Result<(), dibs::Error> {
+//! # fn main() -> Result<(), tenure::Error> {
 //! use std::time::Duration;
-//! use dibs::jobs::NewJob;
-//! use dibs::schedules::{self, Schedule};
-//! let mut conn = dibs::AnyConnection::connect(":memory:")?;
-//! dibs::run_migrations(&mut conn)?;
+//! use tenure::jobs::NewJob;
+//! use tenure::schedules::{self, Schedule};
+//! let mut conn = tenure::AnyConnection::connect(":memory:")?;
+//! tenure::run_migrations(&mut conn)?;
 //! schedules::upsert(&mut conn, &Schedule::cron("nightly-report", "0 3 * * *", NewJob::new("reports", "nightly", vec![]))
 //!     .time_zone("Europe/Lisbon"))?;
 //! schedules::upsert(&mut conn, &Schedule::every("heartbeat", Duration::from_secs(60), NewJob::new("ops", "ping", vec![])))?;
@@ -50,7 +50,7 @@ use crate::backend::{Dialect, Upsert, dispatch};
 use crate::jobs::{self, Due, NewJob};
 use crate::sql_types::Instant;
 use crate::transaction::{bare_write_transaction, write_turn};
-use crate::{DibsConnection, Error, Result, validate};
+use crate::{Error, Result, TenureConnection, validate};
 use timing::Timing;
 
 /// When a schedule ticks.
@@ -114,7 +114,7 @@ impl Schedule {
     fn validate(&self) -> Result<(Timing, i64)> {
         validate::name("schedule name", &self.name)?;
         self.job.validate()?;
-        // A schedule stores one concurrency limit (dibs_schedules.limit_key, limit_max).
+        // A schedule stores one concurrency limit (tenure_schedules.limit_key, limit_max).
         let one_concurrency_limit = match self.job.limits() {
             [] => true,
             [limit] => limit.rate_cap().is_none(),
@@ -184,14 +184,14 @@ pub struct ScheduleInfo {
     /// Its next tick (database clock).
     pub next_due_at: DateTime<Utc>,
     /// The tick before its next: when it last fired, unless it was added, changed or
-    /// resumed since (dibs does not store fires). `None` if its timing has no earlier tick.
+    /// resumed since (tenure does not store fires). `None` if its timing has no earlier tick.
     pub previous_tick: Option<DateTime<Utc>>,
 }
 
-/// A schedule as stored: the model of a `dibs_schedules` row
-/// ([`crate::schema::dibs_schedules`]), for your own queries; [`list`] reads these.
+/// A schedule as stored: the model of a `tenure_schedules` row
+/// ([`crate::schema::tenure_schedules`]), for your own queries; [`list`] reads these.
 #[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, QueryableByName)]
-#[diesel(table_name = crate::schema::dibs_schedules)]
+#[diesel(table_name = crate::schema::tenure_schedules)]
 pub struct ScheduleRecord {
     /// Its name.
     pub name: String,
@@ -313,7 +313,7 @@ const COLUMNS: &str = "name, cron, interval_micros, time_zone, queue, kind, payl
     {now} AS db_now";
 
 const UPSERT_HEAD: &str = "\
-    INSERT INTO dibs_schedules (name, cron, interval_micros, time_zone, queue, kind, payload, \
+    INSERT INTO tenure_schedules (name, cron, interval_micros, time_zone, queue, kind, payload, \
         priority, max_attempts, dedup_key, limit_key, limit_max, delay_micros, catch_up, \
         next_due_at) \
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
@@ -323,10 +323,10 @@ const UPSERT_HEAD: &str = "\
 /// never stored, so they stand for "none").
 const UPSERT_ON_CONFLICT: &str = " ON CONFLICT (name) DO UPDATE SET \
     next_due_at = CASE \
-        WHEN COALESCE(dibs_schedules.cron, '') = COALESCE(excluded.cron, '') \
-         AND COALESCE(dibs_schedules.interval_micros, 0) = COALESCE(excluded.interval_micros, 0) \
-         AND dibs_schedules.time_zone = excluded.time_zone \
-        THEN dibs_schedules.next_due_at ELSE excluded.next_due_at END, \
+        WHEN COALESCE(tenure_schedules.cron, '') = COALESCE(excluded.cron, '') \
+         AND COALESCE(tenure_schedules.interval_micros, 0) = COALESCE(excluded.interval_micros, 0) \
+         AND tenure_schedules.time_zone = excluded.time_zone \
+        THEN tenure_schedules.next_due_at ELSE excluded.next_due_at END, \
     cron = excluded.cron, interval_micros = excluded.interval_micros, \
     time_zone = excluded.time_zone, queue = excluded.queue, kind = excluded.kind, \
     payload = excluded.payload, priority = excluded.priority, \
@@ -356,14 +356,14 @@ const DUE: &str = "WHERE paused = 0 AND next_due_at <= {now} ORDER BY next_due_a
 /// The compare-and-set that fires a tick: only the scheduler that still sees the tick it
 /// read moves the schedule on (and, in the same transaction, enqueues).
 const ADVANCE: &str =
-    "UPDATE dibs_schedules SET next_due_at = ? WHERE name = ? AND next_due_at = ?";
+    "UPDATE tenure_schedules SET next_due_at = ? WHERE name = ? AND next_due_at = ?";
 
 /// Creates or replaces a schedule. A new schedule's next tick is the first after the
 /// database's now. A replaced one keeps its next tick, overdue or not, when its timing (cron
 /// expression or interval, and time zone) is unchanged, so declaring schedules at every
 /// start-up loses no tick missed while the program was down; a changed timing starts afresh
 /// from now. A paused schedule stays paused. Joins the caller's transaction if there is one.
-pub fn upsert<C: DibsConnection>(conn: &mut C, schedule: &Schedule) -> Result<()> {
+pub fn upsert<C: TenureConnection>(conn: &mut C, schedule: &Schedule) -> Result<()> {
     let (timing, delay) = schedule.validate()?;
     let now = crate::database_now(conn)?;
     let next = timing.next_after(now)?;
@@ -372,7 +372,7 @@ pub fn upsert<C: DibsConnection>(conn: &mut C, schedule: &Schedule) -> Result<()
         Spec::Every(interval) => (None, Some(validate::ttl(*interval)?)),
     };
     let job = &schedule.job;
-    // SQLite: this process's writers take turns (see `dibs::transaction`).
+    // SQLite: this process's writers take turns (see `tenure::transaction`).
     let _turn = write_turn(conn)?;
     dispatch!(conn, c => {
         let syntax = c.syntax();
@@ -402,44 +402,44 @@ pub fn upsert<C: DibsConnection>(conn: &mut C, schedule: &Schedule) -> Result<()
     Ok(())
 }
 
-fn set_paused<C: DibsConnection>(conn: &mut C, name: &str, paused: bool) -> Result<bool> {
+fn set_paused<C: TenureConnection>(conn: &mut C, name: &str, paused: bool) -> Result<bool> {
     validate::name("schedule name", name)?;
     let _turn = write_turn(conn)?;
     let changed = dispatch!(conn, c => {
-        let sql = c.syntax().render("UPDATE dibs_schedules SET paused = ? WHERE name = ?");
+        let sql = c.syntax().render("UPDATE tenure_schedules SET paused = ? WHERE name = ?");
         statement(sql).bind::<Integer, _>(i32::from(paused)).bind::<Text, _>(name).execute(c)
     })?;
     Ok(changed == 1)
 }
 
 /// Pauses a schedule (no ticks fire); returns whether it exists.
-pub fn pause<C: DibsConnection>(conn: &mut C, name: &str) -> Result<bool> {
+pub fn pause<C: TenureConnection>(conn: &mut C, name: &str) -> Result<bool> {
     set_paused(conn, name, true)
 }
 
 /// Resumes a paused schedule: the ticks it missed fire as after downtime (once, or each
 /// with catch-up). Returns whether it exists.
-pub fn resume<C: DibsConnection>(conn: &mut C, name: &str) -> Result<bool> {
+pub fn resume<C: TenureConnection>(conn: &mut C, name: &str) -> Result<bool> {
     set_paused(conn, name, false)
 }
 
 /// Removes a schedule (its jobs already enqueued stay); returns whether it existed.
-pub fn remove<C: DibsConnection>(conn: &mut C, name: &str) -> Result<bool> {
+pub fn remove<C: TenureConnection>(conn: &mut C, name: &str) -> Result<bool> {
     validate::name("schedule name", name)?;
     let _turn = write_turn(conn)?;
     let removed = dispatch!(conn, c => {
-        let sql = c.syntax().render("DELETE FROM dibs_schedules WHERE name = ?");
+        let sql = c.syntax().render("DELETE FROM tenure_schedules WHERE name = ?");
         statement(sql).bind::<Text, _>(name).execute(c)
     })?;
     Ok(removed == 1)
 }
 
 /// Every schedule, by name, with its next tick.
-pub fn list<C: DibsConnection>(conn: &mut C) -> Result<Vec<ScheduleInfo>> {
-    use crate::schema::dibs_schedules;
+pub fn list<C: TenureConnection>(conn: &mut C) -> Result<Vec<ScheduleInfo>> {
+    use crate::schema::tenure_schedules;
     let rows: Vec<ScheduleRecord> = dispatch!(conn, c => {
-        dibs_schedules::table
-            .order(dibs_schedules::name)
+        tenure_schedules::table
+            .order(tenure_schedules::name)
             .select(ScheduleRecord::as_select())
             .load(c)
     })?;
@@ -450,14 +450,14 @@ pub fn list<C: DibsConnection>(conn: &mut C) -> Result<Vec<ScheduleInfo>> {
 /// it enqueued (a tick whose dedup key a live job already has enqueues none). Run it from any
 /// number of schedulers, as often as the finest schedule needs: each tick is enqueued exactly
 /// once. Needs a bare connection.
-pub fn tick<C: DibsConnection>(conn: &mut C) -> Result<usize> {
+pub fn tick<C: TenureConnection>(conn: &mut C) -> Result<usize> {
     dispatch!(conn, c => bare_write_transaction(c, "firing schedules", fire_due))
 }
 
-fn fire_due<D: Dialect + DibsConnection>(c: &mut D) -> Result<usize> {
+fn fire_due<D: Dialect + TenureConnection>(c: &mut D) -> Result<usize> {
     let rows: Vec<DueRow> = dispatch!(c, c => {
         let syntax = c.syntax();
-        let sql = syntax.render(&format!("SELECT {COLUMNS} FROM dibs_schedules {DUE}{{skip_locked}}"));
+        let sql = syntax.render(&format!("SELECT {COLUMNS} FROM tenure_schedules {DUE}{{skip_locked}}"));
         statement(sql).load::<DueRow>(c)
     })?;
     let mut enqueued = 0;
@@ -469,7 +469,7 @@ fn fire_due<D: Dialect + DibsConnection>(c: &mut D) -> Result<usize> {
         let timing = match Timing::new(&row.spec()?, &row.time_zone) {
             Ok(timing) => timing,
             Err(e) => {
-                // A schedule stored by an older dibs with something this one refuses: skip it.
+                // A schedule stored by an older tenure with something this one refuses: skip it.
                 tracing::warn!(schedule = %row.name, error = %e, "schedule cannot be evaluated");
                 continue;
             }

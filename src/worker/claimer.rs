@@ -110,7 +110,7 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
             Ok(claimed) if !claimed.is_empty() => {
                 idle = Duration::from_millis(10);
                 error_pause = Duration::from_millis(100);
-                tracing::debug!(target: "dibs::worker", %queue, jobs = claimed.len(), "claimed jobs");
+                tracing::debug!(target: "tenure::worker", %queue, jobs = claimed.len(), "claimed jobs");
                 let mut state = shared.lock();
                 for job in claimed {
                     let timeout = config.kinds.get(&job.kind).and_then(|k| k.timeout);

@@ -106,28 +106,28 @@ pub(crate) fn start(config: Config) -> crate::Result<WorkerHandle> {
     for n in 0..threads {
         let (shared, inbox) = (shared.clone(), inbox.clone());
         handlers.push(spawn(
-            format!("dibs-worker-{n}"),
+            format!("tenure-worker-{n}"),
             Box::new(move || handlers::run_handlers(&shared, &inbox)),
         )?);
     }
     let heartbeat = {
         let shared = shared.clone();
         spawn(
-            "dibs-heartbeat".into(),
+            "tenure-heartbeat".into(),
             Box::new(move || heartbeat::heartbeat(&shared)),
         )?
     };
     let finisher = {
         let shared = shared.clone();
         spawn(
-            "dibs-finisher".into(),
+            "tenure-finisher".into(),
             Box::new(move || finisher::finisher(&shared)),
         )?
     };
     let listener = if listen {
         let shared = shared.clone();
         Some(spawn(
-            "dibs-listener".into(),
+            "tenure-listener".into(),
             Box::new(move || listener::listen(&shared)),
         )?)
     } else {
@@ -137,7 +137,7 @@ pub(crate) fn start(config: Config) -> crate::Result<WorkerHandle> {
         let shared = shared.clone();
         let (stop, stopped) = channel::<()>();
         let thread = spawn(
-            "dibs-liveness".into(),
+            "tenure-liveness".into(),
             Box::new(move || liveness::keep_alive(&shared, stopped)),
         )?;
         (thread, stop)
@@ -145,7 +145,7 @@ pub(crate) fn start(config: Config) -> crate::Result<WorkerHandle> {
     let claimer = {
         let shared = shared.clone();
         spawn(
-            "dibs-claimer".into(),
+            "tenure-claimer".into(),
             Box::new(move || claimer::claim_loop(&shared, tasks)),
         )?
     };

@@ -72,8 +72,8 @@ pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
         pool: WorkerPool(Some(shared.config.pool.clone())),
     };
     let span = tracing::info_span!(
-        target: "dibs::worker",
-        "dibs.job",
+        target: "tenure::worker",
+        "tenure.job",
         job.id = job.id,
         queue = %job.queue,
         kind = %job.kind,

@@ -1,6 +1,6 @@
 //! The heartbeat: renews every claim the worker holds every ttl/3 on a connection of its own,
 //! raises the stop flag of runs whose claim was lost or cancelled, and of runs past their
-//! timeout. Every [`PROGRESS_PERIOD`] it writes the worker's own heartbeat (`dibs_workers`:
+//! timeout. Every [`PROGRESS_PERIOD`] it writes the worker's own heartbeat (`tenure_workers`:
 //! it lives, see `jobs::workers`) and the progress handlers reported, only for runs whose
 //! progress changed. It writes nothing else: a run is recorded only when its handler returns.
 

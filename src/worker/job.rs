@@ -15,11 +15,11 @@ use crate::{Error, Pool, Result};
 ///
 /// `?` works in handlers on anything that converts into a
 /// `Box<dyn std::error::Error + Send + Sync>`: every error type that is `Send + Sync`
-/// (diesel's, dibs's, `std::io::Error`, ...), `String`, `&str`, the box itself, and
+/// (diesel's, tenure's, `std::io::Error`, ...), `String`, `&str`, the box itself, and
 /// `anyhow::Error`. Such an error is a retry per the kind's policy ([`JobError::retry`]).
 ///
 /// ```
-/// use dibs::worker::{JobContext, JobError};
+/// use tenure::worker::{JobContext, JobError};
 ///
 /// fn handler(_ctx: &JobContext, path: String) -> Result<(), JobError> {
 ///     if path.is_empty() {
@@ -213,7 +213,7 @@ impl JobContext {
     }
 
     /// The claim, to complete the job inside the handler's own transaction
-    /// (`dibs::jobs::complete`): the handler's writes and the completion then commit together.
+    /// (`tenure::jobs::complete`): the handler's writes and the completion then commit together.
     /// The worker's own completion afterwards answers "already done".
     pub fn claim(&self) -> JobClaim {
         self.claim
@@ -229,15 +229,15 @@ impl JobContext {
     /// transaction; a later call replaces an earlier one; a run that fails keeps nothing.
     ///
     /// ```
-    /// use dibs::jobs::JobResult;
-    /// use dibs::worker::{JobContext, JobError};
+    /// use tenure::jobs::JobResult;
+    /// use tenure::worker::{JobContext, JobError};
     ///
     /// fn count_rows(ctx: &JobContext, table: String) -> Result<(), JobError> {
     ///     let rows = table.len(); // ... the real work ...
     ///     ctx.set_result(JobResult::json(&rows)?);
     ///     Ok(())
     /// }
-    /// # count_rows(&dibs::testing::context("q", "k"), "t".into()).unwrap();
+    /// # count_rows(&tenure::testing::context("q", "k"), "t".into()).unwrap();
     /// ```
     pub fn set_result(&self, result: JobResult) {
         *self
@@ -253,7 +253,7 @@ impl JobContext {
     /// it every iteration.
     ///
     /// ```
-    /// # let ctx = dibs::testing::context("q", "k");
+    /// # let ctx = tenure::testing::context("q", "k");
     /// for i in 0..1000 {
     ///     ctx.set_progress(i as f64 / 1000.0, &format!("row {i}"));
     /// }
@@ -299,7 +299,7 @@ mod tests {
     fn any() -> Result<(), JobError> {
         Err(anyhow::anyhow!("an anyhow"))?
     }
-    fn dibs_error() -> Result<(), JobError> {
+    fn tenure_error() -> Result<(), JobError> {
         Err(crate::Error::invalid("queue", "bad"))?
     }
 
@@ -311,7 +311,7 @@ mod tests {
             (str_slice(), "a &str"),
             (boxed(), "a box"),
             (any(), "an anyhow"),
-            (dibs_error(), "bad"),
+            (tenure_error(), "bad"),
         ] {
             let error = result.unwrap_err();
             assert_eq!(error.action, Action::Retry, "{error:?}");

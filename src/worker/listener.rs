@@ -21,7 +21,7 @@ pub(super) fn listen(shared: &Shared) {
     use std::time::Duration;
 
     use crate::backend::postgres::{autovacuum_is_off, listen, notified_queues};
-    use crate::{BackendConnection, DibsConnection};
+    use crate::{BackendConnection, TenureConnection};
 
     let mut pause = Duration::from_millis(100);
     let mut checked_vacuum = false;
@@ -45,8 +45,8 @@ pub(super) fn listen(shared: &Shared) {
             if let Ok(true) = autovacuum_is_off(pg) {
                 tracing::warn!(
                     "PostgreSQL's autovacuum is off: nothing reclaims the dead row versions each \
-                     job leaves in dibs_jobs, and claims slow down as they pile up \
-                     (turn it on, or VACUUM dibs_jobs regularly)"
+                     job leaves in tenure_jobs, and claims slow down as they pile up \
+                     (turn it on, or VACUUM tenure_jobs regularly)"
                 );
             }
         }

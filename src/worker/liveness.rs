@@ -1,4 +1,4 @@
-//! The worker's registration (`dibs_workers`) and the lock that says it lives (see
+//! The worker's registration (`tenure_workers`) and the lock that says it lives (see
 //! `jobs::workers` for how a dead worker is recognised). The worker registers when it starts;
 //! this thread keeps the lock: on a server, on a connection of its own outside the pool,
 //! checked every [`WORKER_BEAT`] and taken again on a new connection when its session ended
@@ -98,7 +98,7 @@ fn register(pool: &Pool, current: &Current) -> Result<Registration> {
         }
     };
     current.set(Some(registration.id()));
-    tracing::debug!(target: "dibs::worker", worker = registration.id(), "registered");
+    tracing::debug!(target: "tenure::worker", worker = registration.id(), "registered");
     Ok(registration)
 }
 
@@ -110,7 +110,7 @@ pub(super) fn keep_alive(shared: &Shared, stop: Receiver<()>) {
     let mut registration = match register(pool, current) {
         Ok(made) => Some(made),
         Err(e) => {
-            tracing::warn!(target: "dibs::worker", error = %e, "cannot register this worker yet; its claims are protected by their ttl alone until it can");
+            tracing::warn!(target: "tenure::worker", error = %e, "cannot register this worker yet; its claims are protected by their ttl alone until it can");
             None
         }
     };
@@ -122,7 +122,7 @@ pub(super) fn keep_alive(shared: &Shared, stop: Receiver<()>) {
         if current.take_gone() {
             if let Some(gone) = registration.take() {
                 tracing::warn!(
-                    target: "dibs::worker",
+                    target: "tenure::worker",
                     worker = gone.id(),
                     "this worker was taken for dead (it could not reach the database for a while): registering again; the claims it holds keep their ttl"
                 );
@@ -135,7 +135,7 @@ pub(super) fn keep_alive(shared: &Shared, stop: Receiver<()>) {
                 Ok(made) => registration = Some(made),
                 Err(e) => {
                     if Instant::now() >= next_warning {
-                        tracing::warn!(target: "dibs::worker", error = %e, "cannot register this worker; its claims are protected by their ttl alone until it can");
+                        tracing::warn!(target: "tenure::worker", error = %e, "cannot register this worker; its claims are protected by their ttl alone until it can");
                         next_warning = Instant::now() + Duration::from_secs(60);
                     }
                 }
@@ -162,11 +162,11 @@ fn keep(pool: &Pool, current: &Current, held: &mut Registration) {
         Some(conn) => match jobs::holds_lock(conn, id) {
             Ok(true) => false,
             Ok(false) => {
-                tracing::warn!(target: "dibs::worker", worker = id, "the worker's lock connection no longer holds its lock; taking it again");
+                tracing::warn!(target: "tenure::worker", worker = id, "the worker's lock connection no longer holds its lock; taking it again");
                 true
             }
             Err(e) => {
-                tracing::warn!(target: "dibs::worker", worker = id, error = %e, "the worker's lock connection was lost; taking its lock again");
+                tracing::warn!(target: "tenure::worker", worker = id, error = %e, "the worker's lock connection was lost; taking its lock again");
                 true
             }
         },
@@ -182,20 +182,20 @@ fn take_again(pool: &Pool, current: &Current, held: &mut Registration) {
     let mut conn = match pool.dedicated_connection() {
         Ok(conn) => conn,
         Err(e) => {
-            tracing::debug!(target: "dibs::worker", worker = id, error = %e, "cannot connect to take the worker's lock again");
+            tracing::debug!(target: "tenure::worker", worker = id, error = %e, "cannot connect to take the worker's lock again");
             return;
         }
     };
     match jobs::relock(&mut conn, id) {
         Ok(Relocked::Held) => {
-            tracing::info!(target: "dibs::worker", worker = id, "took the worker's lock again");
+            tracing::info!(target: "tenure::worker", worker = id, "took the worker's lock again");
             held.conn = Some(conn);
         }
         // Its old session has not ended on the server yet, or a rescue is looking at it.
         Ok(Relocked::Busy) => {}
         Ok(Relocked::Gone) => current.gone(id),
         Err(e) => {
-            tracing::debug!(target: "dibs::worker", worker = id, error = %e, "taking the worker's lock again failed")
+            tracing::debug!(target: "tenure::worker", worker = id, error = %e, "taking the worker's lock again failed")
         }
     }
 }
@@ -225,14 +225,14 @@ fn leave(pool: &Pool, registration: Registration) {
             // The claims it still holds (runs still in their handlers) may be run by this
             // process yet: the lock stays held until the process exits, then they are
             // rescued.
-            tracing::warn!(target: "dibs::worker", worker = id, error = %e, "unregistering the worker failed; its lock is kept until the process exits");
+            tracing::warn!(target: "tenure::worker", worker = id, error = %e, "unregistering the worker failed; its lock is kept until the process exits");
             std::mem::forget(conn);
             std::mem::forget(registered);
         }
     }
 }
 
-/// This host's name, as a label (for people reading `dibs_workers`).
+/// This host's name, as a label (for people reading `tenure_workers`).
 fn host() -> String {
     let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()

@@ -14,7 +14,7 @@
 //!
 //! ## When a worker dies
 //!
-//! A worker registers when it starts (a row of [`dibs_workers`](crate::schema::dibs_workers))
+//! A worker registers when it starts (a row of [`tenure_workers`](crate::schema::tenure_workers))
 //! and holds a lock for as long as its process lives: on PostgreSQL and MySQL/MariaDB a
 //! session-level lock on its own connection, on SQLite an exclusive `flock` of the file
 //! `<database>-workers/<id>` (every process of an SQLite file is on one host). Its claims
@@ -44,12 +44,12 @@
 //! `tracing`, and metrics with the feature): see [`crate::events`].
 //!
 //! ```
-//! # fn main() -> Result<(), dibs::Error> {
+//! # fn main() -> Result<(), tenure::Error> {
 //! # let dir = tempfile::tempdir().unwrap();
 //! # let url = dir.path().join("app.db").display().to_string();
 //! use std::time::Duration;
-//! use dibs::jobs::{self, JobArgs};
-//! use dibs::worker::{JobContext, JobError, Worker};
+//! use tenure::jobs::{self, JobArgs};
+//! use tenure::worker::{JobContext, JobError, Worker};
 //!
 //! #[derive(serde::Serialize, serde::Deserialize)]
 //! struct Welcome { to: String }
@@ -58,8 +58,8 @@
 //!     const QUEUE: &'static str = "mail";
 //! }
 //!
-//! let pool = dibs::Pool::open(&url)?;
-//! dibs::run_migrations(&mut pool.get()?)?;
+//! let pool = tenure::Pool::open(&url)?;
+//! tenure::run_migrations(&mut pool.get()?)?;
 //! jobs::enqueue_job(&mut pool.get()?, &Welcome { to: "ada".into() })?;
 //!
 //! let worker = Worker::builder(pool.clone())
@@ -224,7 +224,7 @@ impl WorkerBuilder {
     }
 
     /// The retry policy of kinds without their own (default: 1 s doubling to 1 h). Its
-    /// `max` must be at most 366 days, the longest delay dibs stores.
+    /// `max` must be at most 366 days, the longest delay tenure stores.
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.check_backoff(backoff);
         self.backoff = backoff;
@@ -244,12 +244,12 @@ impl WorkerBuilder {
     /// as `T` makes the job dead at once, without retries, its error naming the type.
     ///
     /// ```
-    /// # fn main() -> Result<(), dibs::Error> {
+    /// # fn main() -> Result<(), tenure::Error> {
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let pool = dibs::Pool::open(&dir.path().join("t.db").display().to_string())?;
-    /// # dibs::run_migrations(&mut pool.get()?)?;
-    /// use dibs::jobs::{self, JobArgs};
-    /// use dibs::worker::{JobContext, JobError, Worker};
+    /// # let pool = tenure::Pool::open(&dir.path().join("t.db").display().to_string())?;
+    /// # tenure::run_migrations(&mut pool.get()?)?;
+    /// use tenure::jobs::{self, JobArgs};
+    /// use tenure::worker::{JobContext, JobError, Worker};
     ///
     /// #[derive(serde::Serialize, serde::Deserialize)]
     /// struct Resize { image: String, width: u32 }
@@ -416,14 +416,14 @@ impl WorkerBuilder {
     /// builds no events for them.
     ///
     /// ```
-    /// # fn main() -> Result<(), dibs::Error> {
+    /// # fn main() -> Result<(), tenure::Error> {
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let pool = dibs::Pool::open(&dir.path().join("t.db").display().to_string())?;
-    /// # dibs::run_migrations(&mut pool.get()?)?;
+    /// # let pool = tenure::Pool::open(&dir.path().join("t.db").display().to_string())?;
+    /// # tenure::run_migrations(&mut pool.get()?)?;
     /// use std::sync::atomic::{AtomicUsize, Ordering};
     /// use std::sync::Arc;
-    /// use dibs::jobs::{self, NewJob};
-    /// use dibs::worker::{Event, JobContext, RunOutcome, Worker};
+    /// use tenure::jobs::{self, NewJob};
+    /// use tenure::worker::{Event, JobContext, RunOutcome, Worker};
     ///
     /// jobs::enqueue(&mut pool.get()?, &NewJob::new("q", "k", vec![]))?;
     /// let completed = Arc::new(AtomicUsize::new(0));
@@ -455,12 +455,12 @@ impl WorkerBuilder {
     /// connection while a handler runs). See also [`crate::testing`].
     ///
     /// ```
-    /// # fn main() -> Result<(), dibs::Error> {
+    /// # fn main() -> Result<(), tenure::Error> {
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let pool = dibs::Pool::open(&dir.path().join("t.db").display().to_string())?;
-    /// # dibs::run_migrations(&mut pool.get()?)?;
-    /// use dibs::jobs::{self, NewJob};
-    /// use dibs::worker::{JobContext, Worker};
+    /// # let pool = tenure::Pool::open(&dir.path().join("t.db").display().to_string())?;
+    /// # tenure::run_migrations(&mut pool.get()?)?;
+    /// use tenure::jobs::{self, NewJob};
+    /// use tenure::worker::{JobContext, Worker};
     /// jobs::enqueue(&mut pool.get()?, &NewJob::new("mail", "welcome", b"ada".to_vec()))?;
     /// let report = Worker::builder(pool)
     ///     .queue("mail")

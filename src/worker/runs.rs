@@ -399,7 +399,7 @@ pub(super) struct Shared {
     pub config: Config,
     state: Mutex<State>,
     pub changed: Condvar,
-    /// The worker's registration (`dibs_workers`), recorded in its claims.
+    /// The worker's registration (`tenure_workers`), recorded in its claims.
     pub registration: super::liveness::Current,
 }
 
@@ -443,12 +443,12 @@ impl Shared {
     /// through the worker's own thread (the finisher's: runs would stay unrecorded, their
     /// jobs held and renewed for as long as the worker lives).
     /// Whether run events have anyone to go to: hooks, the `metrics` feature, or a `tracing`
-    /// subscriber that wants `dibs::job` lines. Otherwise they are not built at all (a worker
+    /// subscriber that wants `tenure::job` lines. Otherwise they are not built at all (a worker
     /// nobody watches pays nothing for them).
     pub fn wants_events(&self) -> bool {
         !self.config.hooks.is_empty()
             || cfg!(feature = "metrics")
-            || tracing::enabled!(target: "dibs::job", tracing::Level::WARN)
+            || tracing::enabled!(target: "tenure::job", tracing::Level::WARN)
     }
 
     pub fn emit(&self, event: Event) {
@@ -459,7 +459,7 @@ impl Shared {
             let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(&event)));
             if let Err(panic) = called {
                 let message = super::handlers::panic_message(panic.as_ref());
-                tracing::error!(target: "dibs::worker", panic = %message, "an on_event hook panicked; the worker goes on");
+                tracing::error!(target: "tenure::worker", panic = %message, "an on_event hook panicked; the worker goes on");
             }
         }
     }

@@ -1,11 +1,11 @@
 //! Attacks on issue 17's promises after the polish pass (SQLite files only: no server is
-//! involved). Each test is one break found by hand, fixed in src/bin/dibs/ unless ignored.
+//! involved). Each test is one break found by hand, fixed in src/bin/tenure/ unless ignored.
 
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use super::{dibs, ok};
+use super::{ok, tenure};
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -46,9 +46,9 @@ fn shell_jobs_that_cannot_start_are_refused() {
         r#"{"command": "true", "env": {"": "x"}}"#,
         r#"{"command": "true", "env": {"A=B": "x"}}"#,
     ] {
-        let out = dibs(&url, &["enqueue", "--queue", "q", "--payload", payload]);
+        let out = tenure(&url, &["enqueue", "--queue", "q", "--payload", payload]);
         fails(&out, 2, &["--payload of a `shell` job"]);
-        let out = dibs(
+        let out = tenure(
             &url,
             &[
                 "schedules",
@@ -74,7 +74,7 @@ fn shell_jobs_that_cannot_start_are_refused() {
 fn env_values_are_not_repeated_in_errors() {
     let dir = tempfile::tempdir().unwrap();
     let url = migrated(dir.path());
-    let out = dibs(
+    let out = tenure(
         &url,
         &[
             "enqueue",
@@ -88,7 +88,7 @@ fn env_values_are_not_repeated_in_errors() {
     );
     fails(&out, 2, &["--env", "NAME=VALUE"]);
     assert!(!stderr(&out).contains("hunter2"), "{}", stderr(&out));
-    let out = dibs(
+    let out = tenure(
         &url,
         &[
             "enqueue",
@@ -151,7 +151,7 @@ fn bad_arguments_are_refused_before_the_database_is_opened() {
         if args[0] != "jobs" {
             all.extend(["--queue", "q", "--command", "true"]);
         }
-        fails(&dibs(&missing, &all), 2, words);
+        fails(&tenure(&missing, &all), 2, words);
     }
     assert!(!Path::new(&missing).exists());
     // The bounds themselves are taken.
@@ -195,7 +195,7 @@ fn bad_arguments_are_refused_before_the_database_is_opened() {
 fn a_cron_expression_that_never_fires_is_refused_first() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.db").display().to_string();
-    let out = dibs(
+    let out = tenure(
         &missing,
         &[
             "schedules",
@@ -238,7 +238,7 @@ fn a_file_that_is_not_a_database_is_named() {
     let url = path.display().to_string();
     for args in [&["stats"][..], &["migrate"], &["jobs", "list"]] {
         fails(
-            &dibs(&url, args),
+            &tenure(&url, args),
             3,
             &["cannot open the SQLite database", &url, "not a database"],
         );
@@ -247,12 +247,12 @@ fn a_file_that_is_not_a_database_is_named() {
     assert!(before.starts_with(b"these are my notes"));
 }
 
-/// `dibs work` said its grace period in Debug form ("grace 0ns", "grace 8639999999913600s").
+/// `tenure work` said its grace period in Debug form ("grace 0ns", "grace 8639999999913600s").
 #[test]
 fn work_says_its_grace_as_given() {
     let dir = tempfile::tempdir().unwrap();
     let url = migrated(dir.path());
-    let child = Command::new(env!("CARGO_BIN_EXE_dibs"))
+    let child = Command::new(env!("CARGO_BIN_EXE_tenure"))
         .args([
             "--database-url",
             &url,
@@ -262,7 +262,7 @@ fn work_says_its_grace_as_given() {
             "--grace",
             "90s",
         ])
-        .env_remove("DIBS_DATABASE_URL")
+        .env_remove("TENURE_DATABASE_URL")
         .env_remove("DATABASE_URL")
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -315,13 +315,12 @@ fn schedules_list_shows_intervals_exactly_as_given() {
 /// path, and the error names that path, password included. Refusing `USER:PASS@HOST` paths
 /// is a heuristic (such a file name is legal) that the library's URL parsing should own.
 #[test]
-#[ignore = "a URL without a scheme is an SQLite path: its password is echoed as the path"]
 fn a_url_without_its_scheme_does_not_echo_a_password() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_dibs"))
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
         .current_dir(dir.path())
         .args(["--database-url", "u:hunter2@localhost/db", "stats"])
-        .env_remove("DIBS_DATABASE_URL")
+        .env_remove("TENURE_DATABASE_URL")
         .env_remove("DATABASE_URL")
         .output()
         .unwrap();

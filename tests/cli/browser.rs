@@ -2,16 +2,16 @@
 //! goes to artifacts/screenshots/), the buttons change the database, hostile text stays text,
 //! and a form without its CSRF token is refused.
 //!
-//! Not here: `dibs serve --listen 0.0.0.0:0` without credentials refusing to start needs no
+//! Not here: `tenure serve --listen 0.0.0.0:0` without credentials refusing to start needs no
 //! browser; the HTTP tests (tests/cli/serve.rs) cover it.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use dibs::jobs::{self, JobState, NewJob, Retry};
-use dibs::schedules::{self, Schedule};
-use dibs::{AnyConnection, Backend};
 use serde_json::json;
+use tenure::jobs::{self, JobState, NewJob, Retry};
+use tenure::schedules::{self, Schedule};
+use tenure::{AnyConnection, Backend};
 
 use crate::dashboard::{Served, serve};
 use crate::support::{TestDb, count};
@@ -217,10 +217,10 @@ fn realistic(conn: &mut AnyConnection) -> Realistic {
     )
     .unwrap();
     jobs::pause(conn, "reports").unwrap();
-    dibs::lease::try_take(conn, "nightly-report", TTL, "host-a pid 4242")
+    tenure::lease::try_take(conn, "nightly-report", TTL, "host-a pid 4242")
         .unwrap()
         .expect("the lease is free");
-    dibs::lease::try_take(conn, "schema-migrations", TTL, "deploy-7")
+    tenure::lease::try_take(conn, "schema-migrations", TTL, "deploy-7")
         .unwrap()
         .expect("the lease is free");
     schedules::upsert(
@@ -249,14 +249,18 @@ fn realistic(conn: &mut AnyConnection) -> Realistic {
 fn every_page_loads_and_is_screenshotted() {
     let (scene, seeded) = Scene::new(realistic);
     // A registered worker for the workers page (its queue has no jobs).
-    let worker = dibs::worker::Worker::builder(scene.db.pool(4))
+    let worker = tenure::worker::Worker::builder(scene.db.pool(4))
         .queue("thumbnails")
         .threads(1)
-        .raw_handler("resize", |_: &dibs::worker::JobContext, _: &[u8]| Ok(()))
+        .raw_handler("resize", |_: &tenure::worker::JobContext, _: &[u8]| Ok(()))
         .start()
         .unwrap();
     let deadline = Instant::now() + DEADLINE;
-    while count(&mut scene.conn(), "SELECT COUNT(*) AS n FROM dibs_workers") == 0 {
+    while count(
+        &mut scene.conn(),
+        "SELECT COUNT(*) AS n FROM tenure_workers",
+    ) == 0
+    {
         assert!(Instant::now() < deadline, "the worker never registered");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -427,7 +431,7 @@ fn pause_a_schedule() {
 #[test]
 fn force_release_a_lease_through_its_confirmation() {
     let (scene, ()) = Scene::new(|conn| {
-        dibs::lease::try_take(conn, "nightly-report", TTL, "host-a")
+        tenure::lease::try_take(conn, "nightly-report", TTL, "host-a")
             .unwrap()
             .expect("free");
     });
@@ -445,14 +449,14 @@ fn force_release_a_lease_through_its_confirmation() {
         "Force-release a lease"
     );
     // Seeing the confirmation changed nothing.
-    let info = dibs::lease::inspect(&mut scene.conn(), "nightly-report")
+    let info = tenure::lease::inspect(&mut scene.conn(), "nightly-report")
         .unwrap()
         .unwrap();
     assert!(info.held);
 
     let notice = scene.act("main", "/lease/release", "Release it now", "released");
     assert_eq!(notice, "Lease released.");
-    let info = dibs::lease::inspect(&mut scene.conn(), "nightly-report")
+    let info = tenure::lease::inspect(&mut scene.conn(), "nightly-report")
         .unwrap()
         .unwrap();
     assert!(!info.held, "{info:?}");

@@ -1,10 +1,10 @@
-//! A `dibs serve` process for the dashboard's tests, and an HTTP client that follows no
+//! A `tenure serve` process for the dashboard's tests, and an HTTP client that follows no
 //! redirect and takes every status as an answer.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
-/// A running `dibs serve`; killed when dropped.
+/// A running `tenure serve`; killed when dropped.
 pub struct Served {
     child: Child,
     /// `http://127.0.0.1:PORT`.
@@ -44,11 +44,11 @@ impl Drop for Served {
     }
 }
 
-/// Starts `dibs serve` on a free loopback port (unless `args` has a `--listen`) with `args` and `env`, and waits for the line
+/// Starts `tenure serve` on a free loopback port (unless `args` has a `--listen`) with `args` and `env`, and waits for the line
 /// that says where it listens. Panics with its stderr if it exits first.
 pub fn serve(url: &str, args: &[&str], env: &[(&str, &str)]) -> Served {
     let log = tempfile::NamedTempFile::new().expect("a log file");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_dibs"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tenure"));
     command
         .args(["--database-url", url, "serve"])
         .args(if args.contains(&"--listen") {
@@ -57,30 +57,30 @@ pub fn serve(url: &str, args: &[&str], env: &[(&str, &str)]) -> Served {
             &["--listen", "127.0.0.1:0"][..]
         })
         .args(args)
-        .env_remove("DIBS_DATABASE_URL")
+        .env_remove("TENURE_DATABASE_URL")
         .env_remove("DATABASE_URL")
-        .env_remove("DIBS_SERVE_TOKEN")
-        .env_remove("DIBS_SERVE_BASIC_AUTH")
+        .env_remove("TENURE_SERVE_TOKEN")
+        .env_remove("TENURE_SERVE_BASIC_AUTH")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log.reopen().expect("the log file"));
     for (name, value) in env {
         command.env(name, value);
     }
-    let mut child = command.spawn().expect("run dibs serve");
+    let mut child = command.spawn().expect("run tenure serve");
     let stdout = child.stdout.take().expect("stdout");
     let mut first = String::new();
     BufReader::new(stdout)
         .read_line(&mut first)
-        .expect("read dibs serve's first line");
+        .expect("read tenure serve's first line");
     let Some(base) = first
         .split_whitespace()
         .find(|word| word.starts_with("http://"))
         .map(|address| address.trim_end_matches('/').to_string())
     else {
-        let status = child.wait().expect("wait for dibs serve");
+        let status = child.wait().expect("wait for tenure serve");
         let said = std::fs::read_to_string(log.path()).unwrap_or_default();
-        panic!("dibs serve did not start ({status:?}): {first}{said}");
+        panic!("tenure serve did not start ({status:?}): {first}{said}");
     };
     Served { child, base, log }
 }

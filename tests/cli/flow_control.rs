@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use dibs::Backend;
-use dibs::jobs::{self, NewJob};
+use tenure::Backend;
+use tenure::jobs::{self, NewJob};
 
 use super::support::{TestDb, conformance};
 use super::{json, ok};
@@ -68,7 +68,7 @@ fn stats_show_queue_limits_and_busy_keys(backend: Backend) {
     assert!(cleared.contains("no limit"), "{cleared}");
     assert!(jobs::queue_limits(&mut conn).unwrap().is_empty());
     // A cap out of range is refused with the usage, and changes nothing.
-    let out = super::dibs(url, &["jobs", "limit-queue", "reports", "0"]);
+    let out = super::tenure(url, &["jobs", "limit-queue", "reports", "0"]);
     assert_ne!(out.status.code(), Some(0));
     assert!(jobs::queue_limits(&mut conn).unwrap().is_empty());
 }

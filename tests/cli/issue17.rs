@@ -7,11 +7,11 @@ use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use dibs::Backend;
-use dibs::jobs::{self, NewJob};
+use tenure::Backend;
+use tenure::jobs::{self, NewJob};
 
 use super::support::{TestDb, conformance};
-use super::{dibs, json, ok};
+use super::{json, ok, tenure};
 
 conformance!(
     jobs_that_cannot_run_are_refused_and_nothing_is_enqueued,
@@ -21,18 +21,18 @@ conformance!(
     a_closed_stdout_or_stderr_is_not_a_panic
 );
 
-/// `dibs` run in `dir`, with `DIBS_DATABASE_URL` and `DATABASE_URL` as given (unset if not).
-fn dibs_in(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_dibs"));
+/// `tenure` run in `dir`, with `TENURE_DATABASE_URL` and `DATABASE_URL` as given (unset if not).
+fn tenure_in(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tenure"));
     command
         .current_dir(dir)
         .args(args)
-        .env_remove("DIBS_DATABASE_URL")
+        .env_remove("TENURE_DATABASE_URL")
         .env_remove("DATABASE_URL");
     for (name, value) in env {
         command.env(name, value);
     }
-    command.output().expect("run dibs")
+    command.output().expect("run tenure")
 }
 
 fn stderr(out: &Output) -> String {
@@ -52,7 +52,7 @@ fn jobs_that_cannot_run_are_refused_and_nothing_is_enqueued(backend: Backend) {
     let db = TestDb::migrated(backend);
     let url = db.url();
     let base = ["enqueue", "--queue", "q"];
-    let with = |extra: &[&str]| dibs(url, &[&base[..], extra].concat());
+    let with = |extra: &[&str]| tenure(url, &[&base[..], extra].concat());
     refused(&with(&[]), &["needs --command"]);
     refused(&with(&["--kind", "shell"]), &["needs --command"]);
     refused(
@@ -101,7 +101,7 @@ fn durations_need_a_unit_and_schedules_show_them_as_given(backend: Backend) {
             "true",
         ];
         args.extend_from_slice(when);
-        dibs(url, &args)
+        tenure(url, &args)
     };
     refused(&add("a", &["--every", "5"]), &["--every", "no unit", "5m"]);
     refused(&add("a", &[]), &["--cron", "--every"]);
@@ -118,7 +118,7 @@ fn durations_need_a_unit_and_schedules_show_them_as_given(backend: Backend) {
         &["day of month field", "1-31"],
     );
     refused(&add("a", &["--cron", "* * *"]), &["3 field(s)", "5 fields"]);
-    let out = dibs(url, &["jobs", "prune", "--queue", "q", "--older-than", "7"]);
+    let out = tenure(url, &["jobs", "prune", "--queue", "q", "--older-than", "7"]);
     refused(&out, &["--older-than", "no unit"]);
     assert_eq!(json(url, &["schedules", "list"]), serde_json::json!([]));
 
@@ -162,7 +162,7 @@ fn states_retry_and_show_say_what_is_wrong_and_mask_secrets(backend: Backend) {
     let db = TestDb::migrated(backend);
     let url = db.url();
     refused(
-        &dibs(url, &["jobs", "list", "--state", "finished"]),
+        &tenure(url, &["jobs", "list", "--state", "finished"]),
         &["waiting", "running", "completed", "dead", "cancelled"],
     );
     let secret = "s3cret-token-value";
@@ -211,10 +211,10 @@ fn states_retry_and_show_say_what_is_wrong_and_mask_secrets(backend: Backend) {
     }
 
     // Retry says why not: no such job, or the job's actual state.
-    let out = dibs(url, &["jobs", "retry", "999999"]);
+    let out = tenure(url, &["jobs", "retry", "999999"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("no job 999999"), "{}", stderr(&out));
-    let out = dibs(url, &["jobs", "retry", &id]);
+    let out = tenure(url, &["jobs", "retry", &id]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).contains("is waiting, not dead"),
@@ -222,13 +222,13 @@ fn states_retry_and_show_say_what_is_wrong_and_mask_secrets(backend: Backend) {
         stderr(&out)
     );
     ok(url, &["jobs", "cancel", &id]);
-    let out = dibs(url, &["jobs", "retry", &id]);
+    let out = tenure(url, &["jobs", "retry", &id]);
     assert!(
         stderr(&out).contains("is cancelled, not dead"),
         "{}",
         stderr(&out)
     );
-    let out = dibs(url, &["jobs", "cancel", &id]);
+    let out = tenure(url, &["jobs", "cancel", &id]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("is cancelled"), "{}", stderr(&out));
 }
@@ -237,7 +237,7 @@ fn migrate_states_the_schema_version(backend: Backend) {
     let db = TestDb::empty(backend);
     let url = db.url();
     let first = ok(url, &["migrate"]);
-    let version = dibs::schema_version(&mut db.connect()).unwrap().unwrap();
+    let version = tenure::schema_version(&mut db.connect()).unwrap().unwrap();
     assert!(
         first.contains(&format!("schema at version {version}; applied")),
         "{first}"
@@ -258,12 +258,12 @@ fn a_closed_stdout_or_stderr_is_not_a_panic(backend: Backend) {
         .map(|i| NewJob::new("pipe", "shell", format!("{{\"command\": \"echo {i}\"}}")))
         .collect();
     jobs::enqueue_many(&mut db.connect(), &batch).unwrap();
-    // More than a pipe's buffer: dibs is still writing when the reader goes.
+    // More than a pipe's buffer: tenure is still writing when the reader goes.
     for args in [
         &["--json", "jobs", "list", "--limit", "1000"][..],
         &["jobs", "list", "--limit", "1000"][..],
     ] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_dibs"))
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tenure"))
             .args(["--database-url", url])
             .args(args)
             .stdout(Stdio::piped())
@@ -278,7 +278,7 @@ fn a_closed_stdout_or_stderr_is_not_a_panic(backend: Backend) {
         assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
     }
     // A closed stderr keeps the failure's own exit code.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dibs"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tenure"))
         .args(["--database-url", url, "jobs", "list", "--state", "nope"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -286,7 +286,7 @@ fn a_closed_stdout_or_stderr_is_not_a_panic(backend: Backend) {
         .unwrap();
     drop(child.stderr.take());
     assert_eq!(child.wait().unwrap().code(), Some(2));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dibs"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tenure"))
         .args(["--database-url", url, "jobs", "show", "999999"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -310,31 +310,38 @@ fn read_commands_do_not_create_a_missing_sqlite_file() {
         &["work", "--queue", "q"],
         &["lease", "run", "nightly", "--", "true"],
     ] {
-        let out = dibs_in(dir.path(), &[], args);
+        let out = tenure_in(dir.path(), &[], args);
         assert_eq!(out.status.code(), Some(4), "{args:?}: {}", stderr(&out));
         let text = stderr(&out);
-        let path = dir.path().join("dibs.db");
+        let path = dir.path().join("tenure.db");
         assert!(text.contains(&path.display().to_string()), "{text}");
         assert!(
-            text.contains("dibs migrate") && text.contains("--database-url"),
+            text.contains("tenure migrate") && text.contains("--database-url"),
             "{text}"
         );
         assert!(!path.exists(), "{args:?} created {}", path.display());
     }
     // Bad arguments are refused first (exit 2), still creating nothing.
     refused(
-        &dibs_in(dir.path(), &[], &["enqueue", "--queue", "q"]),
+        &tenure_in(dir.path(), &[], &["enqueue", "--queue", "q"]),
         &["needs --command"],
     );
-    let out = dibs_in(dir.path(), &[("DIBS_DATABASE_URL", "other.db")], &["stats"]);
-    assert!(stderr(&out).contains("other.db") && stderr(&out).contains("DIBS_DATABASE_URL"));
+    let out = tenure_in(
+        dir.path(),
+        &[("TENURE_DATABASE_URL", "other.db")],
+        &["stats"],
+    );
+    assert!(stderr(&out).contains("other.db") && stderr(&out).contains("TENURE_DATABASE_URL"));
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     // `migrate` creates it, and then the read commands work.
     assert_eq!(
-        dibs_in(dir.path(), &[], &["migrate"]).status.code(),
+        tenure_in(dir.path(), &[], &["migrate"]).status.code(),
         Some(0)
     );
-    assert_eq!(dibs_in(dir.path(), &[], &["stats"]).status.code(), Some(0));
+    assert_eq!(
+        tenure_in(dir.path(), &[], &["stats"]).status.code(),
+        Some(0)
+    );
 }
 
 /// A misspelled scheme is refused (not taken as a file name) without echoing a password;
@@ -351,7 +358,7 @@ fn scheme_typos_are_refused_and_sqlite_paths_named() {
         ("sqlite//jobs.db", "sqlite://"),
     ] {
         for command in [&["stats"][..], &["migrate"]] {
-            let out = dibs_in(
+            let out = tenure_in(
                 dir.path(),
                 &[],
                 &[&["--database-url", url][..], command].concat(),
@@ -367,7 +374,7 @@ fn scheme_typos_are_refused_and_sqlite_paths_named() {
     );
     let missing = dir.path().join("no-such-folder").join("x.db");
     let missing = missing.display().to_string();
-    let out = dibs_in(dir.path(), &[], &["--database-url", &missing, "migrate"]);
+    let out = tenure_in(dir.path(), &[], &["--database-url", &missing, "migrate"]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains(&missing), "{}", stderr(&out));
 }
@@ -379,10 +386,10 @@ fn a_piped_demo_writes_plain_lines_and_says_what_next() {
     let dir = tempfile::tempdir().unwrap();
     let elsewhere = dir.path().join("production.db").display().to_string();
     let env = [
-        ("DIBS_DATABASE_URL", elsewhere.as_str()),
+        ("TENURE_DATABASE_URL", elsewhere.as_str()),
         ("DATABASE_URL", elsewhere.as_str()),
     ];
-    let out = dibs_in(
+    let out = tenure_in(
         dir.path(),
         &env,
         &["demo", "--jobs", "200", "--threads", "4"],
@@ -396,18 +403,18 @@ fn a_piped_demo_writes_plain_lines_and_says_what_next() {
         "{text}"
     );
     assert!(
-        text.contains("dibs --database-url dibs-demo.db stats"),
+        text.contains("tenure --database-url tenure-demo.db stats"),
         "{text}"
     );
-    assert!(dir.path().join("dibs-demo.db").exists());
+    assert!(dir.path().join("tenure-demo.db").exists());
     assert!(
         !Path::new(&elsewhere).exists(),
-        "the demo wrote to DIBS_DATABASE_URL"
+        "the demo wrote to TENURE_DATABASE_URL"
     );
-    let help = dibs_in(dir.path(), &[], &["demo", "--help"]);
+    let help = tenure_in(dir.path(), &[], &["demo", "--help"]);
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(
-        help.contains("DIBS_DATABASE_URL and DATABASE_URL are ignored"),
+        help.contains("TENURE_DATABASE_URL and DATABASE_URL are ignored"),
         "{help}"
     );
 }

@@ -1,4 +1,4 @@
-//! `dibs lease run`, end to end: real process trees (test → dibs → sh → sleep) on every
+//! `tenure lease run`, end to end: real process trees (test → tenure → sh → sleep) on every
 //! backend. Timing bounds are wide (a loaded machine): they bound latencies, never measure
 //! them tightly.
 
@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use dibs::Backend;
 use diesel::RunQueryDsl;
 use diesel::connection::SimpleConnection;
+use tenure::Backend;
 
 use super::support::{TestDb, conformance, now_sql};
-use super::{dibs, json};
+use super::{json, tenure};
 
 conformance!(
     lease_run_two_runner_loops_never_overlap,
@@ -25,7 +25,7 @@ conformance!(
 /// Generous bound for anything that should take a second or two.
 pub(super) const LONG: Duration = Duration::from_secs(60);
 
-/// A `dibs lease run` process; killed (SIGKILL, and so its command, by PDEATHSIG) if the test
+/// A `tenure lease run` process; killed (SIGKILL, and so its command, by PDEATHSIG) if the test
 /// fails first.
 pub(super) struct Runner {
     pub(super) child: Child,
@@ -42,19 +42,19 @@ impl Drop for Runner {
 impl Runner {
     pub(super) fn start(url: &str, dir: &Path, tag: &str, args: &[&str]) -> Runner {
         let stderr = dir.join(format!("{tag}.stderr"));
-        let child = Command::new(env!("CARGO_BIN_EXE_dibs"))
+        let child = Command::new(env!("CARGO_BIN_EXE_tenure"))
             .arg("--database-url")
             .arg(url)
             .args(["lease", "run"])
             .args(args)
-            .env_remove("DIBS_DATABASE_URL")
+            .env_remove("TENURE_DATABASE_URL")
             .env_remove("DATABASE_URL")
             .env("DIR", dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(File::create(&stderr).expect("stderr file"))
             .spawn()
-            .expect("start dibs lease run");
+            .expect("start tenure lease run");
         Runner { child, stderr }
     }
 
@@ -79,7 +79,7 @@ impl Runner {
             }
             assert!(
                 Instant::now() < until,
-                "dibs lease run did not exit within {limit:?}: {}",
+                "tenure lease run did not exit within {limit:?}: {}",
                 self.stderr()
             );
             std::thread::sleep(Duration::from_millis(20));
@@ -129,7 +129,7 @@ pub(super) fn group_alive(pgid: i64) -> bool {
         })
 }
 
-/// (held, fence) of the lease `name`, as `dibs leases list` says.
+/// (held, fence) of the lease `name`, as `tenure leases list` says.
 pub(super) fn lease_state(url: &str, name: &str) -> (bool, i64) {
     let list = json(url, &["leases", "list"]);
     let lease = list
@@ -144,7 +144,7 @@ pub(super) fn lease_state(url: &str, name: &str) -> (bool, i64) {
     )
 }
 
-/// Two loops of `dibs lease run` on the same name, started at once, 10 runs each: every run
+/// Two loops of `tenure lease run` on the same name, started at once, 10 runs each: every run
 /// succeeds (the one that finds the lease held waits), the commands' start/end lines never
 /// interleave, and fences strictly increase. The lines are appended (O_APPEND) to one file, so
 /// their order is the order the commands wrote them: no clock is compared.
@@ -153,8 +153,8 @@ fn lease_run_two_runner_loops_never_overlap(backend: Backend) {
     let url = db.url().to_string();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("turns.log");
-    let script = "echo \"start $DIBS_LEASE_FENCE $(date +%s.%N)\" >> \"$DIR/turns.log\"; \
-                  sleep 0.1; echo \"end $DIBS_LEASE_FENCE\" >> \"$DIR/turns.log\"";
+    let script = "echo \"start $TENURE_LEASE_FENCE $(date +%s.%N)\" >> \"$DIR/turns.log\"; \
+                  sleep 0.1; echo \"end $TENURE_LEASE_FENCE\" >> \"$DIR/turns.log\"";
     let barrier = std::sync::Barrier::new(2);
     let started = Instant::now();
     std::thread::scope(|s| {
@@ -216,7 +216,7 @@ fn lease_run_held_no_wait_statuses_and_bad_input(backend: Backend) {
             "--",
             "sh",
             "-c",
-            "echo $DIBS_LEASE_FENCE > \"$DIR/holder.fence\"; while [ ! -e \"$DIR/stop\" ]; do sleep 0.05; done",
+            "echo $TENURE_LEASE_FENCE > \"$DIR/holder.fence\"; while [ ! -e \"$DIR/stop\" ]; do sleep 0.05; done",
         ],
     );
     let fence = read_number(&d.join("holder.fence"));
@@ -282,7 +282,7 @@ fn lease_run_held_no_wait_statuses_and_bad_input(backend: Backend) {
             "--",
             "sh",
             "-c",
-            "echo \"$DIBS_LEASE_NAME $DIBS_LEASE_FENCE $DIBS_LEASE_TOKEN\" > \"$DIR/env\"; exit 7",
+            "echo \"$TENURE_LEASE_NAME $TENURE_LEASE_FENCE $TENURE_LEASE_TOKEN\" > \"$DIR/env\"; exit 7",
         ],
     );
     assert_eq!(seven.exit(LONG).code(), Some(7), "{}", seven.stderr());
@@ -318,7 +318,7 @@ fn lease_run_held_no_wait_statuses_and_bad_input(backend: Backend) {
     ] {
         let mut all = vec!["lease", "run"];
         all.extend_from_slice(args);
-        let out = dibs(url, &all);
+        let out = tenure(url, &all);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
         assert!(!out.stderr.is_empty(), "{args:?}: no message");
     }
@@ -326,11 +326,11 @@ fn lease_run_held_no_wait_statuses_and_bad_input(backend: Backend) {
 
 /// The fence check of the README, on this backend: change `reports` only while `fence` is
 /// the lease's current fence (and never back to a lower fence).
-fn fence_checked_update(conn: &mut dibs::AnyConnection, backend: Backend, fence: i64) -> usize {
+fn fence_checked_update(conn: &mut tenure::AnyConnection, backend: Backend, fence: i64) -> usize {
     let sql = format!(
         "UPDATE reports SET body = 'written by {fence}', fence = {fence} \
          WHERE id = 1 AND fence <= {fence} \
-         AND EXISTS (SELECT 1 FROM dibs_leases WHERE name = 'report' AND fence = {fence} \
+         AND EXISTS (SELECT 1 FROM tenure_leases WHERE name = 'report' AND fence = {fence} \
                      AND token IS NOT NULL AND expires_at > {})",
         now_sql(backend)
     );
@@ -370,7 +370,7 @@ fn lease_run_force_release_stops_the_command_and_the_next_runner_takes_over(back
             "--",
             "sh",
             "-c",
-            "echo $DIBS_LEASE_FENCE > \"$DIR/a.fence\"; trap 'echo term >> \"$DIR/a.log\"' TERM; \
+            "echo $TENURE_LEASE_FENCE > \"$DIR/a.fence\"; trap 'echo term >> \"$DIR/a.log\"' TERM; \
            echo $$ > \"$DIR/a.pid\"; while :; do sleep 0.1; done",
         ],
     );
@@ -391,7 +391,7 @@ fn lease_run_force_release_stops_the_command_and_the_next_runner_takes_over(back
             "--",
             "sh",
             "-c",
-            "echo $DIBS_LEASE_FENCE > \"$DIR/b.fence\"; while [ ! -e \"$DIR/b.stop\" ]; do sleep 0.05; done",
+            "echo $TENURE_LEASE_FENCE > \"$DIR/b.fence\"; while [ ! -e \"$DIR/b.stop\" ]; do sleep 0.05; done",
         ],
     );
     wait_until(LONG, "the second runner waits", || {
@@ -463,7 +463,7 @@ fn lease_run_paused_runner_stops_its_command_after_sigcont(backend: Backend) {
             "--",
             "sh",
             "-c",
-            "echo $DIBS_LEASE_FENCE > \"$DIR/a.fence\"; echo $$ > \"$DIR/a.pid\"; \
+            "echo $TENURE_LEASE_FENCE > \"$DIR/a.fence\"; echo $$ > \"$DIR/a.pid\"; \
            while :; do sleep 0.1; done",
         ],
     );
@@ -483,7 +483,7 @@ fn lease_run_paused_runner_stops_its_command_after_sigcont(backend: Backend) {
             "--",
             "sh",
             "-c",
-            "echo $DIBS_LEASE_FENCE > \"$DIR/b.fence\"; while [ ! -e \"$DIR/b.stop\" ]; do sleep 0.05; done",
+            "echo $TENURE_LEASE_FENCE > \"$DIR/b.fence\"; while [ ! -e \"$DIR/b.stop\" ]; do sleep 0.05; done",
         ],
     );
     let b_fence = read_number(&d.join("b.fence"));
@@ -509,7 +509,7 @@ fn lease_run_paused_runner_stops_its_command_after_sigcont(backend: Backend) {
 }
 
 /// SIGINT and SIGTERM sent to the runner reach the command (in its own process group, a
-/// terminal's Ctrl-C would reach only dibs); the runner exits with the command's status and
+/// terminal's Ctrl-C would reach only tenure); the runner exits with the command's status and
 /// the lease is free right after. A command ignoring the signal is killed after the grace.
 /// A signal while waiting gives up without running the command.
 fn lease_run_forwards_signals_and_releases(backend: Backend) {
@@ -598,7 +598,7 @@ fn lease_run_forwards_signals_and_releases(backend: Backend) {
             "--",
             "sh",
             "-c",
-            "echo $DIBS_LEASE_FENCE > \"$DIR/holder.fence\"; while [ ! -e \"$DIR/stop\" ]; do sleep 0.05; done",
+            "echo $TENURE_LEASE_FENCE > \"$DIR/holder.fence\"; while [ ! -e \"$DIR/stop\" ]; do sleep 0.05; done",
         ],
     );
     let fence = read_number(&d.join("holder.fence"));

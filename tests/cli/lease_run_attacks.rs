@@ -1,4 +1,4 @@
-//! Attacks on `dibs lease run`: a database that goes away or hangs, a runner killed, commands
+//! Attacks on `tenure lease run`: a database that goes away or hangs, a runner killed, commands
 //! that escape, exit at once or misuse their output, signals at awkward moments, hostile
 //! arguments, and a force-release racing a waiting runner. Tests that found a defect say so in
 //! their doc comment, with what broke and why.
@@ -16,13 +16,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dibs::Backend;
 use diesel::RunQueryDsl;
 use diesel::connection::SimpleConnection;
+use tenure::Backend;
 
 use super::lease_run::{LONG, Runner, group_alive, lease_state, read, read_number, wait_until};
 use super::support::{TestDb, conformance};
-use super::{dibs, json};
+use super::{json, tenure};
 
 conformance!(
     lease_run_attack_renewal_blocked_by_a_row_lock_stops_the_command,
@@ -43,11 +43,11 @@ macro_rules! on_servers {
     ($($test:ident),+ $(,)?) => {
         #[cfg(feature = "postgres")]
         mod postgres_server {
-            $(#[test] fn $test() { super::$test(dibs::Backend::Postgres) })+
+            $(#[test] fn $test() { super::$test(tenure::Backend::Postgres) })+
         }
         #[cfg(feature = "mysql")]
         mod mysql_server {
-            $(#[test] fn $test() { super::$test(dibs::Backend::Mysql) })+
+            $(#[test] fn $test() { super::$test(tenure::Backend::Mysql) })+
         }
     };
 }
@@ -58,16 +58,16 @@ on_servers!(
     lease_run_attack_killed_connections_are_replaced_and_the_lease_kept,
 );
 
-/// A `dibs lease run` command line with the test's usual environment; stdio left to the
+/// A `tenure lease run` command line with the test's usual environment; stdio left to the
 /// caller.
 fn lease_run(url: &str, dir: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_dibs"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tenure"));
     command
         .arg("--database-url")
         .arg(url)
         .args(["lease", "run"])
         .args(args)
-        .env_remove("DIBS_DATABASE_URL")
+        .env_remove("TENURE_DATABASE_URL")
         .env_remove("DATABASE_URL")
         .env("DIR", dir)
         .stdin(Stdio::null());
@@ -277,7 +277,7 @@ fn lease_run_attack_killed_connections_are_replaced_and_the_lease_kept(backend: 
             "--",
             "sh",
             "-c",
-            "echo $DIBS_LEASE_FENCE > \"$DIR/a.fence\"; \
+            "echo $TENURE_LEASE_FENCE > \"$DIR/a.fence\"; \
              while [ ! -e \"$DIR/stop\" ]; do sleep 0.05; done; exit 9",
         ],
     );
@@ -364,7 +364,7 @@ fn lease_run_attack_renewal_blocked_by_a_row_lock_stops_the_command(backend: Bac
     match backend {
         Backend::Sqlite => blocker.batch_execute("BEGIN IMMEDIATE").unwrap(),
         _ => blocker
-            .batch_execute("BEGIN; SELECT * FROM dibs_leases WHERE name = 'locked' FOR UPDATE")
+            .batch_execute("BEGIN; SELECT * FROM tenure_leases WHERE name = 'locked' FOR UPDATE")
             .unwrap(),
     }
     let locked = Instant::now();
@@ -402,7 +402,7 @@ fn lease_run_attack_sigkilled_runner_kills_its_command_and_the_lease_expires(bac
             "--",
             "sh",
             "-c",
-            "echo $DIBS_LEASE_FENCE > \"$DIR/a.fence\"; echo $$ > \"$DIR/a.pid\"; exec sleep 120",
+            "echo $TENURE_LEASE_FENCE > \"$DIR/a.fence\"; echo $$ > \"$DIR/a.pid\"; exec sleep 120",
         ],
     );
     let pgid = read_number(&d.join("a.pid"));
@@ -425,7 +425,7 @@ fn lease_run_attack_sigkilled_runner_kills_its_command_and_the_lease_expires(bac
             "--",
             "sh",
             "-c",
-            "echo $DIBS_LEASE_FENCE > \"$DIR/b.fence\"",
+            "echo $TENURE_LEASE_FENCE > \"$DIR/b.fence\"",
         ],
     );
     assert_eq!(b.exit(LONG).code(), Some(0), "{}", b.stderr());
@@ -481,7 +481,7 @@ fn lease_run_attack_fifty_quick_runs_release_every_time(backend: Backend) {
     let url = db.url();
     let mut last = 0;
     for round in 0..50 {
-        let out = dibs(
+        let out = tenure(
             url,
             &[
                 "lease",
@@ -577,7 +577,7 @@ fn full_pipe() -> (File, OwnedFd) {
 }
 
 /// Signals at awkward moments: SIGTERM after the lease was taken but before the command
-/// started (dibs is blocked writing "took" to a full stderr pipe), two SIGINTs in a row to a
+/// started (tenure is blocked writing "took" to a full stderr pipe), two SIGINTs in a row to a
 /// command that traps them, SIGHUP. Each: the command's status, the lease free, the group
 /// gone.
 fn lease_run_attack_signals_at_awkward_moments(backend: Backend) {
@@ -692,12 +692,12 @@ fn lease_run_attack_hostile_arguments(backend: Backend) {
     let run = |args: &[&str]| {
         let mut all = vec!["lease", "run"];
         all.extend_from_slice(args);
-        dibs(url, &all)
+        tenure(url, &all)
     };
     let long = "n".repeat(255);
     let too_long = "n".repeat(256);
     let odd = "nightly report? it's \"ünïcødé\"; DROP TABLE x; -- *";
-    let echo_name = "printf %s \"$DIBS_LEASE_NAME\" > \"$DIR/name\"";
+    let echo_name = "printf %s \"$TENURE_LEASE_NAME\" > \"$DIR/name\"";
     for name in [long.as_str(), odd] {
         let out = lease_run(url, d, &[name, "--", "sh", "-c", echo_name])
             .output()
@@ -770,11 +770,11 @@ fn lease_run_attack_hostile_arguments(backend: Backend) {
 
 /// Was a defect, found by this attack and fixed: bad arguments are checked only after connecting: the name's length, the holder's
 /// length and the ttl's upper bound are left to the library (`try_take`), which runs after
-/// the pool is opened and the schema checked. So against a database without dibs's tables
-/// a too-long name exits 4 ("run dibs migrate"), against a server that is down 3, and on
+/// the pool is opened and the schema checked. So against a database without tenure's tables
+/// a too-long name exits 4 ("run tenure migrate"), against a server that is down 3, and on
 /// SQLite the refused command creates the database file (and its WAL) before refusing:
 /// "bad input exits 2 and changes nothing" does not hold. Fix: validate name, holder and
-/// ttl (`dibs::validate`-equivalent checks, or `LeaseGuard`'s) in `run` before
+/// ttl (`tenure::validate`-equivalent checks, or `LeaseGuard`'s) in `run` before
 /// `Pool::open`.
 fn lease_run_attack_bad_input_is_refused_before_touching_the_database(backend: Backend) {
     let db = TestDb::empty(backend);
@@ -792,7 +792,7 @@ fn lease_run_attack_bad_input_is_refused_before_touching_the_database(backend: B
         &["lease", "run", "x", "--holder", &holder, "--", "true"],
         &["lease", "run", "x", "--ttl", "400d", "--", "true"],
     ] {
-        let out = dibs(&url, args);
+        let out = tenure(&url, args);
         if out.status.code() != Some(2) {
             wrong.push(format!(
                 "{:?}: {:?} {}",
@@ -880,12 +880,12 @@ fn lease_run_attack_force_release_before_the_command_ends_is_not_success(backend
     );
 }
 
-/// Was a defect, found by this attack and fixed: dibs's stderr is a pipe whose reader is gone (`dibs lease run ... 2>&1 | logger`
+/// Was a defect, found by this attack and fixed: tenure's stderr is a pipe whose reader is gone (`tenure lease run ... 2>&1 | logger`
 /// after logger died, a closed CI log). SIGPIPE is ignored (Rust's default), so writing a
 /// message fails with EPIPE and `eprintln!` panics: exit 101, documented nowhere. With `-v`
 /// the "took" line panics and the command never runs (the lease is released by unwinding);
 /// `--no-wait` on a held lease gives 101, not 75; a lost lease gives 101, not 76; a forwarded
-/// signal's report turns the command's 143 into 101. Fix: write dibs's messages with
+/// signal's report turns the command's 143 into 101. Fix: write tenure's messages with
 /// `writeln!(std::io::stderr(), ...)` ignoring the error (a `say`/`warn` helper), and print
 /// the final failure message the same way in `main`.
 fn lease_run_attack_broken_stderr_keeps_the_documented_statuses(backend: Backend) {
@@ -999,7 +999,7 @@ fn lease_run_attack_broken_stderr_keeps_the_documented_statuses(backend: Backend
     );
 }
 
-/// The lease's `expires_at`, as `dibs leases list --json` says.
+/// The lease's `expires_at`, as `tenure leases list --json` says.
 #[cfg(feature = "postgres")]
 fn expires_at(url: &str, name: &str) -> String {
     json(url, &["leases", "list"])
@@ -1059,7 +1059,7 @@ fn lease_run_attack_partition_after_a_lock_timeout_ends_the_runner() {
     // A renewal (every 4 s) meets the row lock, times out after 1 s and is retried on a
     // fresh connection; the old one goes back to the pool, idle and healthy.
     admin
-        .batch_execute("BEGIN; SELECT * FROM dibs_leases WHERE name = 'cut' FOR UPDATE")
+        .batch_execute("BEGIN; SELECT * FROM tenure_leases WHERE name = 'cut' FOR UPDATE")
         .unwrap();
     std::thread::sleep(Duration::from_secs(6));
     let before = expires_at(db.url(), "cut");
@@ -1089,7 +1089,7 @@ fn lease_run_attack_partition_after_a_lock_timeout_ends_the_runner() {
 }
 
 /// Was a defect, found by this attack and fixed: the database cannot be reached (a partition: the connection attempt hangs, no
-/// refusal) when `dibs lease run` starts, and the operator gives up: SIGTERM (or Ctrl-C)
+/// refusal) when `tenure lease run` starts, and the operator gives up: SIGTERM (or Ctrl-C)
 /// does nothing. `run` installs its handlers before opening the pool, so the signals only
 /// set a bit that `take` would look at between attempts, and the connection attempt
 /// (libpq without `connect_timeout`, the MariaDB handshake) never returns: the runner stays

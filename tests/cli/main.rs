@@ -1,4 +1,4 @@
-//! End-to-end tests of the `dibs` command on every backend.
+//! End-to-end tests of the `tenure` command on every backend.
 
 #[path = "../conformance/support.rs"]
 #[allow(dead_code, unused_macros, unused_imports)]
@@ -7,8 +7,8 @@ mod support;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use dibs::Backend;
 use serde_json::Value;
+use tenure::Backend;
 
 use support::{TestDb, conformance};
 
@@ -19,6 +19,7 @@ mod flow_control;
 mod issue17;
 mod lease_run;
 mod lease_run_attacks;
+mod secrets;
 mod serve;
 mod serve_attacks;
 mod serve_attacks2;
@@ -31,23 +32,23 @@ conformance!(
     leases_and_schedules_from_the_command
 );
 
-fn dibs(url: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dibs"))
+fn tenure(url: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tenure"))
         .arg("--database-url")
         .arg(url)
         .args(args)
-        .env_remove("DIBS_DATABASE_URL")
+        .env_remove("TENURE_DATABASE_URL")
         .env_remove("DATABASE_URL")
         .output()
-        .expect("run dibs")
+        .expect("run tenure")
 }
 
-/// Runs `dibs` and returns its stdout, asserting exit code 0.
+/// Runs `tenure` and returns its stdout, asserting exit code 0.
 fn ok(url: &str, args: &[&str]) -> String {
-    let out = dibs(url, args);
+    let out = tenure(url, args);
     assert!(
         out.status.success(),
-        "dibs {args:?}: {:?}\n{}",
+        "tenure {args:?}: {:?}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
@@ -82,9 +83,9 @@ fn the_command_runs_and_steers_the_queue(backend: Backend) {
     let db = TestDb::empty(backend);
     let url = db.url();
     // Before migrations: a clear error and exit code 4.
-    let out = dibs(url, &["stats"]);
+    let out = tenure(url, &["stats"]);
     assert_eq!(out.status.code(), Some(4));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("dibs migrate"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tenure migrate"));
     assert!(ok(url, &["migrate"]).contains("applied"));
 
     let hello = json(
@@ -96,7 +97,7 @@ fn the_command_runs_and_steers_the_queue(backend: Backend) {
             "--command",
             "echo hello-$WHO; echo to-stderr >&2",
             "--env",
-            "WHO=dibs",
+            "WHO=tenure",
         ],
     );
     let hello = hello["id"].as_i64().unwrap();
@@ -115,7 +116,7 @@ fn the_command_runs_and_steers_the_queue(backend: Backend) {
     let failing = failing["id"].as_i64().unwrap();
 
     let worker = Worker(
-        Command::new(env!("CARGO_BIN_EXE_dibs"))
+        Command::new(env!("CARGO_BIN_EXE_tenure"))
             .args([
                 "--database-url",
                 url,
@@ -148,7 +149,7 @@ fn the_command_runs_and_steers_the_queue(backend: Backend) {
     assert_eq!(shown["state"], "completed");
     let output = shown["outputs"][0]["output"].as_str().unwrap();
     assert!(
-        output.contains("hello-dibs") && output.contains("to-stderr"),
+        output.contains("hello-tenure") && output.contains("to-stderr"),
         "{shown}"
     );
     assert_eq!(shown["outputs"][0]["exit_code"], 0);
@@ -177,13 +178,13 @@ fn the_command_runs_and_steers_the_queue(backend: Backend) {
     );
     ok(url, &["jobs", "cancel", &failing.to_string()]);
     assert_eq!(
-        dibs(url, &["jobs", "cancel", &failing.to_string()])
+        tenure(url, &["jobs", "cancel", &failing.to_string()])
             .status
             .code(),
         Some(1)
     );
     assert_eq!(
-        dibs(url, &["jobs", "show", "999999"]).status.code(),
+        tenure(url, &["jobs", "show", "999999"]).status.code(),
         Some(1)
     );
     // Prune the finished jobs.
@@ -193,19 +194,19 @@ fn the_command_runs_and_steers_the_queue(backend: Backend) {
     );
     // Bad input: exit code 2, nothing written.
     assert_eq!(
-        dibs(url, &["enqueue", "--queue", "", "--command", "true"])
+        tenure(url, &["enqueue", "--queue", "", "--command", "true"])
             .status
             .code(),
         Some(2)
     );
     assert_eq!(
-        dibs(url, &["enqueue", "--queue", "q", "--delay", "soon"])
+        tenure(url, &["enqueue", "--queue", "q", "--delay", "soon"])
             .status
             .code(),
         Some(2)
     );
     assert_eq!(
-        dibs(url, &["jobs", "list", "--state", "sleeping"])
+        tenure(url, &["jobs", "list", "--state", "sleeping"])
             .status
             .code(),
         Some(2)
@@ -216,7 +217,7 @@ fn leases_and_schedules_from_the_command(backend: Backend) {
     let db = TestDb::migrated(backend);
     let url = db.url();
     let mut conn = db.connect();
-    dibs::lease::try_take(&mut conn, "backup", Duration::from_secs(60), "host-a")
+    tenure::lease::try_take(&mut conn, "backup", Duration::from_secs(60), "host-a")
         .unwrap()
         .unwrap();
     let leases = json(url, &["leases", "list"]);
@@ -224,7 +225,7 @@ fn leases_and_schedules_from_the_command(backend: Backend) {
     assert_eq!(leases[0]["held"], true);
     // Releasing someone's lease needs --force.
     assert_eq!(
-        dibs(url, &["leases", "release", "backup"]).status.code(),
+        tenure(url, &["leases", "release", "backup"]).status.code(),
         Some(2)
     );
     ok(url, &["leases", "release", "backup", "--force"]);
@@ -266,11 +267,11 @@ fn leases_and_schedules_from_the_command(backend: Backend) {
     assert_eq!(json(url, &["schedules", "list"])[0]["paused"], true);
     ok(url, &["schedules", "remove", "often"]);
     assert_eq!(
-        dibs(url, &["schedules", "remove", "often"]).status.code(),
+        tenure(url, &["schedules", "remove", "often"]).status.code(),
         Some(1)
     );
     assert_eq!(
-        dibs(
+        tenure(
             url,
             &[
                 "schedules",
@@ -289,18 +290,18 @@ fn leases_and_schedules_from_the_command(backend: Backend) {
     assert!(ok(url, &["schedules", "list"]).contains("Europe/Lisbon"));
 }
 
-/// A URL dibs cannot use, and servers that cannot be reached: clear messages, distinct exit
+/// A URL tenure cannot use, and servers that cannot be reached: clear messages, distinct exit
 /// codes, and the password never printed.
 #[test]
 fn bad_urls_and_unreachable_servers() {
-    let out = dibs("ftp://example.com/db", &["stats"]);
+    let out = tenure("ftp://example.com/db", &["stats"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(!String::from_utf8_lossy(&out.stderr).is_empty());
     for url in [
         "postgres://root:s3cret-pw@127.0.0.1:1/nowhere",
         "mysql://root:s3cret-pw@127.0.0.1:1/nowhere",
     ] {
-        let out = dibs(url, &["stats"]);
+        let out = tenure(url, &["stats"]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(3), "{url}: {stderr}");
         assert!(stderr.contains("connect"), "{stderr}");
@@ -369,7 +370,7 @@ fn random_arguments_end_with_a_documented_exit_code() {
             "=",
             "A=b",
             "\u{0}",
-            "'; DROP TABLE dibs_jobs; --",
+            "'; DROP TABLE tenure_jobs; --",
             "*/0 * * * *",
             "61 * * * *",
             "1h",
@@ -394,11 +395,11 @@ fn random_arguments_end_with_a_documented_exit_code() {
                 let mut args: Vec<String> = command.iter().map(|s| s.to_string()).collect();
                 args.extend(tokens.into_iter().filter(|t| !t.contains('\0')));
                 let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-                let out = dibs(&url, &refs);
+                let out = tenure(&url, &refs);
                 let code = out.status.code();
                 prop_assert!(
                     matches!(code, Some(0..=4)),
-                    "dibs {args:?} ended {:?}: {}",
+                    "tenure {args:?} ended {:?}: {}",
                     out.status,
                     String::from_utf8_lossy(&out.stderr)
                 );

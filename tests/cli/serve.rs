@@ -1,11 +1,11 @@
-//! `dibs serve` over HTTP on every backend: every page, every action and what it changes,
+//! `tenure serve` over HTTP on every backend: every page, every action and what it changes,
 //! bad input, the CSRF token, other origins, read-only, credentials, and escaping.
 
 use std::time::Duration;
 
-use dibs::jobs::{self, JobState, NewJob, Retry};
-use dibs::schedules::{self, Schedule};
-use dibs::{AnyConnection, Backend, lease};
+use tenure::jobs::{self, JobState, NewJob, Retry};
+use tenure::schedules::{self, Schedule};
+use tenure::{AnyConnection, Backend, lease};
 
 use crate::dashboard::{Answer, csrf, get, get_with, post, post_with, serve};
 use crate::support::{TestDb, conformance};
@@ -130,7 +130,7 @@ fn every_page_renders_and_every_action_changes_the_database(backend: Backend) {
         ("/lease/release?name=nightly-backup", &["Release it now"]),
         ("/schedules", &["data-schedule=\"digest\"", "every"]),
         ("/workers", &["No worker is registered"]),
-        ("/assets/dashboard.css", &["dibs serve"]),
+        ("/assets/dashboard.css", &["tenure serve"]),
         ("/assets/dashboard.js", &["auto-refresh"]),
     ];
     for (path, wanted) in pages {
@@ -319,7 +319,7 @@ fn bad_input_gets_a_clear_error_and_changes_nothing(backend: Backend) {
         .id;
     let served = serve(db.url(), &[], &[]);
     let base = &served.base;
-    let long = "x".repeat(dibs::MAX_NAME_BYTES + 1);
+    let long = "x".repeat(tenure::MAX_NAME_BYTES + 1);
     let pages = [
         ("/job?id=abc".to_string(), "is not a job id"),
         ("/job?id=-4".to_string(), "is not a job id"),
@@ -528,37 +528,40 @@ fn read_only_offers_and_accepts_no_action(backend: Backend) {
 fn credentials_guard_a_dashboard_beyond_loopback() {
     let db = TestDb::migrated(Backend::Sqlite);
     let run = |args: &[&str], env: &[(&str, &str)]| {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_dibs"));
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tenure"));
         command
             .args(["--database-url", db.url(), "serve"])
             .args(args)
-            .env_remove("DIBS_SERVE_TOKEN")
-            .env_remove("DIBS_SERVE_BASIC_AUTH");
+            .env_remove("TENURE_SERVE_TOKEN")
+            .env_remove("TENURE_SERVE_BASIC_AUTH");
         for (name, value) in env {
             command.env(name, value);
         }
-        command.output().expect("run dibs serve")
+        command.output().expect("run tenure serve")
     };
     let refused = run(&["--listen", "0.0.0.0:0"], &[]);
     assert_eq!(refused.status.code(), Some(2));
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(
-        said.contains("DIBS_SERVE_TOKEN") && said.contains("DIBS_SERVE_BASIC_AUTH"),
+        said.contains("TENURE_SERVE_TOKEN") && said.contains("TENURE_SERVE_BASIC_AUTH"),
         "{said}"
     );
-    let weak = run(&["--listen", "0.0.0.0:0"], &[("DIBS_SERVE_TOKEN", "short")]);
+    let weak = run(
+        &["--listen", "0.0.0.0:0"],
+        &[("TENURE_SERVE_TOKEN", "short")],
+    );
     assert_eq!(weak.status.code(), Some(2));
     let both = run(
         &["--listen", "0.0.0.0:0"],
         &[
-            ("DIBS_SERVE_TOKEN", "a-long-enough-token"),
-            ("DIBS_SERVE_BASIC_AUTH", "u:a-long-enough-pass"),
+            ("TENURE_SERVE_TOKEN", "a-long-enough-token"),
+            ("TENURE_SERVE_BASIC_AUTH", "u:a-long-enough-pass"),
         ],
     );
     assert_eq!(both.status.code(), Some(2));
 
     let secret = "s3cret-token-0123456789";
-    let served = serve(db.url(), &[], &[("DIBS_SERVE_TOKEN", secret)]);
+    let served = serve(db.url(), &[], &[("TENURE_SERVE_TOKEN", secret)]);
     let base = &served.base;
     let bare = get(base, "/");
     assert_eq!(bare.status, 401);
@@ -600,7 +603,7 @@ fn credentials_guard_a_dashboard_beyond_loopback() {
             "/",
             &[
                 ("Authorization", &format!("Bearer {secret}")),
-                ("Host", "dibs.example")
+                ("Host", "tenure.example")
             ]
         )
         .status,
@@ -652,12 +655,14 @@ fn sigterm_stops_the_server() {
     let db = TestDb::migrated(Backend::Sqlite);
     for listen in ["127.0.0.1:0", "0.0.0.0:0"] {
         let env: &[(&str, &str)] = if listen.starts_with("0.0.0.0") {
-            &[("DIBS_SERVE_TOKEN", "a-long-enough-token-0123")]
+            &[("TENURE_SERVE_TOKEN", "a-long-enough-token-0123")]
         } else {
             &[]
         };
         let mut served = serve(db.url(), &["--listen", listen], env);
-        let status = served.terminate().expect("dibs serve exits after SIGTERM");
+        let status = served
+            .terminate()
+            .expect("tenure serve exits after SIGTERM");
         assert!(status.success(), "{listen}: {status:?}\n{}", served.log());
     }
 }

@@ -1,4 +1,4 @@
-//! Attacks on `dibs serve`: raw HTTP a browser would never send, odd Host and Authorization
+//! Attacks on `tenure serve`: raw HTTP a browser would never send, odd Host and Authorization
 //! headers, path and method tricks, CSRF subtleties, hostile stored values, NUL bytes, a
 //! database that goes away, slow and lying clients, and what reaches the log.
 //!
@@ -11,10 +11,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use dibs::jobs::{self, JobResult, JobState, NewJob};
-use dibs::schedules::{self, Schedule};
-use dibs::{AnyConnection, Backend, lease};
 use diesel::connection::SimpleConnection;
+use tenure::jobs::{self, JobResult, JobState, NewJob};
+use tenure::schedules::{self, Schedule};
+use tenure::{AnyConnection, Backend, lease};
 
 use crate::dashboard::{Answer, csrf, get, get_with, post, post_with, serve};
 use crate::support::{TestDb, conformance};
@@ -34,7 +34,7 @@ fn addr(base: &str) -> &str {
 }
 
 fn connect(base: &str) -> TcpStream {
-    let stream = TcpStream::connect(addr(base)).expect("connect to dibs serve");
+    let stream = TcpStream::connect(addr(base)).expect("connect to tenure serve");
     stream.set_read_timeout(Some(PATIENCE)).unwrap();
     stream.set_write_timeout(Some(PATIENCE)).unwrap();
     stream
@@ -119,7 +119,7 @@ fn held(conn: &mut AnyConnection, name: &str) -> bool {
         .is_some_and(|info| info.held)
 }
 
-/// A `dibs serve` whose process id is known (to read its memory); killed when dropped.
+/// A `tenure serve` whose process id is known (to read its memory); killed when dropped.
 struct Watched {
     child: Child,
     base: String,
@@ -128,7 +128,7 @@ struct Watched {
 
 impl Watched {
     fn start(url: &str, args: &[&str]) -> Watched {
-        Watched::spawn(Command::new(env!("CARGO_BIN_EXE_dibs")), url, args)
+        Watched::spawn(Command::new(env!("CARGO_BIN_EXE_tenure")), url, args)
     }
 
     /// Started with at most `files` open file descriptors.
@@ -137,7 +137,7 @@ impl Watched {
         command.args([
             "-c",
             &format!("ulimit -n {files} && exec \"$0\" \"$@\""),
-            env!("CARGO_BIN_EXE_dibs"),
+            env!("CARGO_BIN_EXE_tenure"),
         ]);
         Watched::spawn(command, url, args)
     }
@@ -147,15 +147,15 @@ impl Watched {
         let mut child = command
             .args(["--database-url", url, "serve", "--listen", "127.0.0.1:0"])
             .args(args)
-            .env_remove("DIBS_DATABASE_URL")
+            .env_remove("TENURE_DATABASE_URL")
             .env_remove("DATABASE_URL")
-            .env_remove("DIBS_SERVE_TOKEN")
-            .env_remove("DIBS_SERVE_BASIC_AUTH")
+            .env_remove("TENURE_SERVE_TOKEN")
+            .env_remove("TENURE_SERVE_BASIC_AUTH")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log.reopen().unwrap())
             .spawn()
-            .expect("run dibs serve");
+            .expect("run tenure serve");
         let mut first = String::new();
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut first)
@@ -163,7 +163,7 @@ impl Watched {
         let base = first
             .split_whitespace()
             .find(|word| word.starts_with("http://"))
-            .unwrap_or_else(|| panic!("dibs serve did not start: {first}"))
+            .unwrap_or_else(|| panic!("tenure serve did not start: {first}"))
             .trim_end_matches('/')
             .to_string();
         Watched { child, base, log }
@@ -192,7 +192,7 @@ impl Drop for Watched {
 }
 
 // ---------------------------------------------------------------------------------------
-// Promises first broken by the HTTP server dibs used before its own (tiny_http 0.12): each
+// Promises first broken by the HTTP server tenure used before its own (tiny_http 0.12): each
 // of these failed with it.
 // ---------------------------------------------------------------------------------------
 
@@ -237,7 +237,7 @@ fn a_huge_declared_body_neither_panics_nor_stops_the_server() {
 fn clients_that_never_send_their_body_do_not_stall_the_dashboard() {
     let db = TestDb::migrated(Backend::Sqlite);
     let token = "a-long-enough-token-0123";
-    let served = serve(db.url(), &[], &[("DIBS_SERVE_TOKEN", token)]);
+    let served = serve(db.url(), &[], &[("TENURE_SERVE_TOKEN", token)]);
     let mut stalled = Vec::new();
     for _ in 0..4 {
         let mut stream = connect(&served.base);
@@ -317,7 +317,7 @@ fn the_log_cannot_be_forged_through_the_path() {
     let served = serve(db.url(), &[], &[]);
     let answer = raw(
         &served.base,
-        b"GET /nowhere\nFORGED\tdibs::serve:\tPOST\t/lease/release\t303\x1b[2J HTTP/1.1\r\n\
+        b"GET /nowhere\nFORGED\ttenure::serve:\tPOST\t/lease/release\t303\x1b[2J HTTP/1.1\r\n\
           Host: localhost\r\nConnection: close\r\n\r\n",
     );
     // Refused (a line feed alone does not end a line) or not found; never a forged line.
@@ -364,7 +364,7 @@ fn clients_slow_to_send_their_headers_do_not_stall_the_dashboard() {
     drop(slow);
 }
 
-/// NUL can be in no queue, kind or text dibs stores (names are checked), yet the jobs list
+/// NUL can be in no queue, kind or text tenure stores (names are checked), yet the jobs list
 /// passes it to the database: PostgreSQL then fails the query (a 500 "Database error" for bad
 /// input), the others say no job matches. Like an over-long filter, it should be a 400.
 fn nul_in_a_jobs_filter_is_bad_input(backend: Backend) {
@@ -814,7 +814,7 @@ fn authorization_edge_cases() {
         .unwrap()
         .id;
     let token = "tok:en-0123456789abcdef";
-    let served = serve(db.url(), &[], &[("DIBS_SERVE_TOKEN", token)]);
+    let served = serve(db.url(), &[], &[("TENURE_SERVE_TOKEN", token)]);
     let base = &served.base;
     let status_with = |headers: &[&str]| {
         let mut request = "GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n".to_string();
@@ -885,7 +885,7 @@ fn authorization_edge_cases() {
     let served = serve(
         db.url(),
         &[],
-        &[("DIBS_SERVE_BASIC_AUTH", "ops:pass:word-0123456789")],
+        &[("TENURE_SERVE_BASIC_AUTH", "ops:pass:word-0123456789")],
     );
     let base = &served.base;
     let with = |value: &str| get_with(base, "/", &[("Authorization", value)]).status;
@@ -962,7 +962,7 @@ fn the_log_keeps_queries_forms_and_credentials_out() {
         .unwrap()
         .id;
     let secret = "log-me-not-0123456789";
-    let served = serve(db.url(), &[], &[("DIBS_SERVE_TOKEN", secret)]);
+    let served = serve(db.url(), &[], &[("TENURE_SERVE_TOKEN", secret)]);
     let auth = format!("Bearer {secret}");
     let page = get_with(
         &served.base,
@@ -1192,7 +1192,7 @@ fn a_database_error_is_a_500_and_the_server_serves_on(backend: Backend) {
         assert_eq!(get(base, path).status, 200, "{path}");
     }
     let token = csrf(&get(base, &format!("/job?id={id}")).body);
-    conn.batch_execute("DROP TABLE dibs_leases").unwrap();
+    conn.batch_execute("DROP TABLE tenure_leases").unwrap();
     for path in ["/leases", "/lease/release?name=l"] {
         let answer = get(base, path);
         assert_eq!(answer.status, 500, "{backend} {path}: {}", answer.body);
@@ -1271,7 +1271,7 @@ fn a_database_error_is_a_500_and_the_server_serves_on(backend: Backend) {
         }
     } else {
         // SQLite: another table gone under the pool's open connections.
-        conn.batch_execute("DROP TABLE dibs_schedules").unwrap();
+        conn.batch_execute("DROP TABLE tenure_schedules").unwrap();
         let answer = get(base, "/schedules");
         assert_eq!(answer.status, 500, "{}", answer.body);
         assert!(!answer.body.contains("No schedules"), "{}", answer.body);

@@ -1,4 +1,4 @@
-//! More attacks on `dibs serve`'s own HTTP server (`src/bin/dibs/serve/server.rs`): clients
+//! More attacks on `tenure serve`'s own HTTP server (`src/bin/tenure/serve/server.rs`): clients
 //! that do not read their reply, or read it a drop at a time, floods of slow readers and of
 //! whole requests, SIGTERM with work in flight, odd Content-Length spellings, heads at the
 //! size limit, pipelining, resets, and the process's threads and memory under many
@@ -15,15 +15,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dibs::Backend;
-use dibs::jobs::{self, NewJob};
+use tenure::Backend;
+use tenure::jobs::{self, NewJob};
 
 use crate::support::TestDb;
 
 /// How long a test waits for any one answer: far longer than a loaded machine needs.
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// A `dibs serve` whose process id is known; killed when dropped.
+/// A `tenure serve` whose process id is known; killed when dropped.
 struct Server {
     child: Child,
     addr: SocketAddr,
@@ -33,18 +33,18 @@ struct Server {
 impl Server {
     fn start(url: &str, args: &[&str]) -> Server {
         let log = tempfile::NamedTempFile::new().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_dibs"))
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tenure"))
             .args(["--database-url", url, "serve", "--listen", "127.0.0.1:0"])
             .args(args)
-            .env_remove("DIBS_DATABASE_URL")
+            .env_remove("TENURE_DATABASE_URL")
             .env_remove("DATABASE_URL")
-            .env_remove("DIBS_SERVE_TOKEN")
-            .env_remove("DIBS_SERVE_BASIC_AUTH")
+            .env_remove("TENURE_SERVE_TOKEN")
+            .env_remove("TENURE_SERVE_BASIC_AUTH")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log.reopen().unwrap())
             .spawn()
-            .expect("run dibs serve");
+            .expect("run tenure serve");
         let mut first = String::new();
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut first)
@@ -52,7 +52,7 @@ impl Server {
         let addr = first
             .split_whitespace()
             .find_map(|word| word.strip_prefix("http://"))
-            .unwrap_or_else(|| panic!("dibs serve did not start: {first}"))
+            .unwrap_or_else(|| panic!("tenure serve did not start: {first}"))
             .trim_end_matches('/')
             .parse()
             .unwrap();
@@ -74,7 +74,7 @@ impl Server {
     }
 
     fn connect(&self) -> TcpStream {
-        let stream = TcpStream::connect(self.addr).expect("connect to dibs serve");
+        let stream = TcpStream::connect(self.addr).expect("connect to tenure serve");
         stream.set_read_timeout(Some(PATIENCE)).unwrap();
         stream.set_write_timeout(Some(PATIENCE)).unwrap();
         stream

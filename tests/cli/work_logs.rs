@@ -1,12 +1,12 @@
-//! `dibs work` logs a line per job (human or JSON) and never claims kinds it cannot run.
+//! `tenure work` logs a line per job (human or JSON) and never claims kinds it cannot run.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dibs::Backend;
-use dibs::jobs::{self, JobState, NewJob};
 use serde_json::{Value, json};
+use tenure::Backend;
+use tenure::jobs::{self, JobState, NewJob};
 
 use super::queue_figure;
 use super::support::{TestDb, conformance};
@@ -32,7 +32,7 @@ fn work_logs_each_job_and_leaves_other_kinds_alone(backend: Backend) {
         let failing = jobs::enqueue(&mut conn, &shell("exit 4").max_attempts(1))
             .unwrap()
             .id;
-        let mut worker = Command::new(env!("CARGO_BIN_EXE_dibs"))
+        let mut worker = Command::new(env!("CARGO_BIN_EXE_tenure"))
             .args([
                 "--database-url",
                 url,
@@ -70,7 +70,7 @@ fn work_logs_each_job_and_leaves_other_kinds_alone(backend: Backend) {
             let lines: Vec<Value> = log
                 .lines()
                 .filter_map(|line| serde_json::from_str(line).ok())
-                .filter(|line: &Value| line["target"] == "dibs::job")
+                .filter(|line: &Value| line["target"] == "tenure::job")
                 .collect();
             let outcome = |id: i64| {
                 lines
@@ -90,7 +90,7 @@ fn work_logs_each_job_and_leaves_other_kinds_alone(backend: Backend) {
         } else {
             let line = |id: i64| {
                 log.lines()
-                    .find(|l| l.contains("dibs::job") && l.contains(&format!("job.id={id} ")))
+                    .find(|l| l.contains("tenure::job") && l.contains(&format!("job.id={id} ")))
                     .unwrap_or_default()
             };
             assert!(line(ok).contains("job completed"), "{log}");

@@ -1,15 +1,15 @@
-//! `dibs workflows` and what `dibs jobs show` says of jobs in workflows: the tree with its
+//! `tenure workflows` and what `tenure jobs show` says of jobs in workflows: the tree with its
 //! states, progress and results, cancelling a whole workflow, hostile stored text printed
 //! harmlessly, and a big batch shown within bounds.
 
 use std::time::Duration;
 
-use dibs::Backend;
-use dibs::jobs::{self, EnqueuedWorkflow, JobResult, NewJob, Workflow};
 use serde_json::{Value, json};
+use tenure::Backend;
+use tenure::jobs::{self, EnqueuedWorkflow, JobResult, NewJob, Workflow};
 
 use super::support::{TestDb, conformance};
-use super::{dibs, json, ok, queue_figure};
+use super::{json, ok, queue_figure, tenure};
 
 conformance!(
     show_draws_a_diamond_with_states_progress_and_results,
@@ -22,7 +22,7 @@ const MINUTE: Duration = Duration::from_secs(60);
 
 /// A→{B,C}→D with the three callbacks; B and C on queues of their own, so that a test
 /// claims the one it means.
-fn diamond(conn: &mut dibs::AnyConnection) -> EnqueuedWorkflow {
+fn diamond(conn: &mut tenure::AnyConnection) -> EnqueuedWorkflow {
     let mut etl = Workflow::new("nightly-etl");
     let a = etl.add(NewJob::new("etl", "fetch", vec![]));
     let b = etl.add_after(&[a], NewJob::new("etl-b", "clean", vec![]));
@@ -213,7 +213,7 @@ fn cancel_stops_a_whole_workflow(backend: Backend) {
     assert!(ok(url, &["workflows", "cancel", &w.id.to_string()]).contains("nothing left"));
     // No such workflow: exit code 1, for cancel and show.
     for command in ["cancel", "show"] {
-        let out = dibs(url, &["workflows", command, "999999"]);
+        let out = tenure(url, &["workflows", command, "999999"]);
         assert_eq!(out.status.code(), Some(1), "{command}");
         assert!(String::from_utf8_lossy(&out.stderr).contains("no workflow 999999"));
     }
@@ -269,7 +269,7 @@ fn hostile_kinds_names_and_results_print_harmlessly(backend: Backend) {
         for json_flag in [false, true] {
             let mut all = if json_flag { vec!["--json"] } else { vec![] };
             all.extend(args.iter().copied());
-            let out = dibs(url, &all);
+            let out = tenure(url, &all);
             assert!(out.status.success(), "{all:?}");
             assert_harmless(&out.stdout, &format!("{all:?}"));
             let text = String::from_utf8(out.stdout).unwrap();

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use dibs::Backend;
-use dibs::jobs::{self, Limit, NewJob};
+use tenure::Backend;
+use tenure::jobs::{self, Limit, NewJob};
 
 use crate::support::{TestDb, conformance, wait_for_db_clock};
 

@@ -3,9 +3,9 @@
 
 use std::time::{Duration, Instant as Clock};
 
-use dibs::Backend;
-use dibs::jobs::{self, DedupOver, NewJob, OnDuplicate};
-use dibs::schedules::{self, Schedule};
+use tenure::Backend;
+use tenure::jobs::{self, DedupOver, NewJob, OnDuplicate};
+use tenure::schedules::{self, Schedule};
 
 use crate::support::{TestDb, conformance, count, wait_for_db_clock};
 
@@ -54,7 +54,7 @@ fn a_schedule_never_drops_its_jobs_dedup_window_silently(backend: Backend) {
     let fired = schedules::tick(&mut conn).unwrap();
     let jobs_of_key = count(
         &mut conn,
-        "SELECT COUNT(*) AS n FROM dibs_jobs WHERE dedup_key = 'nightly'",
+        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE dedup_key = 'nightly'",
     );
     assert_eq!(
         (fired, jobs_of_key),
@@ -101,7 +101,7 @@ fn replace_never_gives_a_job_the_payload_meant_for_another_kind(backend: Backend
 /// Waits until the pruner waits in its statement that locks the picked rows, or has
 /// returned from its first call (it skipped what it could not lock) (60 s at most).
 fn wait_for_a_lock_wait(
-    conn: &mut dibs::AnyConnection,
+    conn: &mut tenure::AnyConnection,
     backend: Backend,
     pruned: &std::sync::atomic::AtomicBool,
 ) {
@@ -115,7 +115,7 @@ fn wait_for_a_lock_wait(
         // stays there while the enqueuer holds X2).
         Backend::Mysql => {
             "SELECT CAST(COUNT(*) AS SIGNED) AS n FROM information_schema.PROCESSLIST \
-             WHERE DB = DATABASE() AND INFO LIKE 'SELECT id, state FROM dibs_jobs WHERE (dedup_window%'"
+             WHERE DB = DATABASE() AND INFO LIKE 'SELECT id, state FROM tenure_jobs WHERE (dedup_window%'"
         }
         Backend::Sqlite => {
             // No row locks: the pruner waits for the write lock; give it time to start.
@@ -134,7 +134,7 @@ fn wait_for_a_lock_wait(
 }
 
 /// Two finished keyed jobs without a window (X1, then X2: enqueued with a key alone). A
-/// caller's `dibs::transaction` enqueues with a one-hour window over any final state, key
+/// caller's `tenure::transaction` enqueues with a one-hour window over any final state, key
 /// of X2 first (folding into X2, holding its lock), then key of X1. Between the two, a
 /// pruner (DeleteAll) picks both (no window recorded yet: NULL) and locks them by id in
 /// `LOCK_PICKED`: X1 locked, waiting for X2. The second fold waits for X1: a deadlock.
@@ -206,8 +206,8 @@ fn a_prune_against_window_folds_in_a_transaction_never_hangs_or_deletes_a_folded
                 p,
             ));
         });
-        let folded: Result<(jobs::Enqueued, jobs::Enqueued), dibs::Error> =
-            dibs::transaction(&mut enqueuer, |c| {
+        let folded: Result<(jobs::Enqueued, jobs::Enqueued), tenure::Error> =
+            tenure::transaction(&mut enqueuer, |c| {
                 let second = jobs::enqueue(c, &window(&k2))?;
                 started_tx.send(()).unwrap();
                 wait_for_a_lock_wait(&mut watcher, backend, &pruned);
@@ -233,10 +233,10 @@ fn a_prune_against_window_folds_in_a_transaction_never_hangs_or_deletes_a_folded
         }
         let left = count(
             &mut conn,
-            &format!("SELECT COUNT(*) AS n FROM dibs_jobs WHERE queue = '{queue}'"),
+            &format!("SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = '{queue}'"),
         );
         let exists =
-            |conn: &mut dibs::AnyConnection, id: i64| jobs::get(conn, id).unwrap().is_some();
+            |conn: &mut tenure::AnyConnection, id: i64| jobs::get(conn, id).unwrap().is_some();
         if let Ok((first, second)) = folded {
             // X2 was folded into (the window widened) before the prune began: it stays.
             assert_eq!(

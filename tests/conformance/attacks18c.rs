@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant as Clock};
 
-use dibs::Backend;
-use dibs::jobs::{self, Finished, Limit, NewJob, Retention, Retry};
 use diesel::connection::SimpleConnection;
+use tenure::Backend;
+use tenure::jobs::{self, Finished, Limit, NewJob, Retention, Retry};
 
 use crate::support::{TestDb, conformance, count};
 
@@ -43,7 +43,7 @@ fn a_queue_limit_set_during_an_in_flight_claim_is_never_exceeded(backend: Backen
     // Hold k's lock as a claim would (the key's row, locked until rollback).
     let mut holder = db.connect();
     holder
-        .batch_execute("BEGIN; INSERT INTO dibs_limit_keys (limit_key) VALUES ('k')")
+        .batch_execute("BEGIN; INSERT INTO tenure_limit_keys (limit_key) VALUES ('k')")
         .unwrap();
     let mut a_conn = db.connect();
     let a = std::thread::spawn(move || {
@@ -62,7 +62,7 @@ fn a_queue_limit_set_during_an_in_flight_claim_is_never_exceeded(backend: Backen
     let a = a.join().unwrap();
     let running = count(
         &mut conn,
-        "SELECT COUNT(*) AS n FROM dibs_jobs WHERE queue = 'q' AND state = 'running'",
+        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = 'q' AND state = 'running'",
     );
     assert!(
         running <= 1,
@@ -100,18 +100,20 @@ fn claimers_finishers_cancellers_and_pruners_of_limited_jobs_keep_every_cap(back
     let retryable = Arc::new(AtomicI64::new(0));
     let claims = Arc::new(AtomicI64::new(0));
     let failures: Arc<Mutex<Vec<String>>> = Arc::default();
-    let check =
-        |r: dibs::Result<()>, what: &str, retryable: &AtomicI64, failures: &Mutex<Vec<String>>| {
-            if let Err(e) = r {
-                if e.is_retryable() {
-                    if retryable.fetch_add(1, Ordering::Relaxed) % 40 == 0 {
-                        eprintln!("retryable, {what}: {e}");
-                    }
-                } else {
-                    failures.lock().unwrap().push(format!("{what}: {e}"));
+    let check = |r: tenure::Result<()>,
+                 what: &str,
+                 retryable: &AtomicI64,
+                 failures: &Mutex<Vec<String>>| {
+        if let Err(e) = r {
+            if e.is_retryable() {
+                if retryable.fetch_add(1, Ordering::Relaxed) % 40 == 0 {
+                    eprintln!("retryable, {what}: {e}");
                 }
+            } else {
+                failures.lock().unwrap().push(format!("{what}: {e}"));
             }
-        };
+        }
+    };
     let mut handles = Vec::new();
     for t in 0..6usize {
         let mut c = db.connect();
@@ -125,7 +127,7 @@ fn claimers_finishers_cancellers_and_pruners_of_limited_jobs_keep_every_cap(back
             let mut round = 0usize;
             while !stop.load(Ordering::Relaxed) {
                 round += 1;
-                let r = (|| -> dibs::Result<()> {
+                let r = (|| -> tenure::Result<()> {
                     let claimed = match t % 3 {
                         0 => jobs::claim(&mut c, "q", 2, TTL)?,
                         1 => jobs::claim_kinds(&mut c, "q", &["a"], 2, TTL)?,
@@ -153,7 +155,7 @@ fn claimers_finishers_cancellers_and_pruners_of_limited_jobs_keep_every_cap(back
             let mut i = 400usize;
             while !stop.load(Ordering::Relaxed) {
                 i += 1;
-                let r = (|| -> dibs::Result<()> {
+                let r = (|| -> tenure::Result<()> {
                     let id = jobs::enqueue(&mut c, &limited_job(i))?.id;
                     jobs::cancel(&mut c, id - 7)?;
                     jobs::retry_dead(&mut c, id - 13)?;
@@ -180,12 +182,12 @@ fn claimers_finishers_cancellers_and_pruners_of_limited_jobs_keep_every_cap(back
     while Clock::now() < end {
         let queue = count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE queue = 'q' AND state = 'running'",
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = 'q' AND state = 'running'",
         );
         let key = count(
             &mut conn,
-            "SELECT COALESCE(MAX(n), 0) AS n FROM (SELECT COUNT(*) AS n FROM dibs_jobs r \
-             JOIN dibs_job_limits l ON l.job_id = r.id WHERE r.state = 'running' \
+            "SELECT COALESCE(MAX(n), 0) AS n FROM (SELECT COUNT(*) AS n FROM tenure_jobs r \
+             JOIN tenure_job_limits l ON l.job_id = r.id WHERE r.state = 'running' \
              AND l.max_running IS NOT NULL GROUP BY l.limit_key) t",
         );
         worst = (worst.0.max(queue), worst.1.max(key));
@@ -204,10 +206,10 @@ fn claimers_finishers_cancellers_and_pruners_of_limited_jobs_keep_every_cap(back
     for k in 0..4 {
         let starts: Vec<chrono::DateTime<chrono::Utc>> = crate::support::concrete!(&mut conn, c => {
             use diesel::prelude::*;
-            dibs::schema::dibs_limit_starts::table
-                .filter(dibs::schema::dibs_limit_starts::limit_key.eq(format!("r{k}")))
-                .order(dibs::schema::dibs_limit_starts::started_at)
-                .select(dibs::schema::dibs_limit_starts::started_at)
+            tenure::schema::tenure_limit_starts::table
+                .filter(tenure::schema::tenure_limit_starts::limit_key.eq(format!("r{k}")))
+                .order(tenure::schema::tenure_limit_starts::started_at)
+                .select(tenure::schema::tenure_limit_starts::started_at)
                 .load(c)
                 .unwrap()
         });

@@ -9,10 +9,10 @@ use std::time::Duration;
 use diesel::Connection;
 use diesel::connection::SimpleConnection;
 
-use dibs::jobs::{
+use tenure::jobs::{
     self, Finished, JobResult, JobState, NewJob, Outcome, Retention, RunWhen, Workflow,
 };
-use dibs::{Backend, Error};
+use tenure::{Backend, Error};
 
 use crate::support::{
     TestDb, claim_one, conformance, contest, count, enqueue_id as enqueue, job_state as state,
@@ -78,7 +78,7 @@ fn a_completion_in_a_repeatable_read_transaction_never_misses_a_dependent(backen
             let edge = count(
                 &mut conn,
                 &format!(
-                    "SELECT COUNT(*) AS n FROM dibs_job_dependencies \
+                    "SELECT COUNT(*) AS n FROM tenure_job_dependencies \
                      WHERE job_id = {second} AND counted = 1"
                 ),
             );
@@ -310,7 +310,7 @@ fn a_completion_with_a_result_rolled_back_with_the_callers_transaction_leaves_no
     let a = enqueue(&mut conn, NewJob::new("q", "a", vec![]));
     let d = enqueue(&mut conn, NewJob::new("q", "d", vec![]).depends_on([a]));
     let job_a = claim_one(&mut conn, "q", "a");
-    let rolled: Result<(), Error> = dibs::transaction(&mut conn, |c| {
+    let rolled: Result<(), Error> = tenure::transaction(&mut conn, |c| {
         let first = JobResult::bytes(vec![0xff, 0xfe, 0]).unwrap();
         assert_eq!(
             jobs::complete_with_result(c, job_a.claim(), &first)?,
@@ -355,7 +355,7 @@ fn a_fan_in_of_2000_completed_in_batches_of_50_in_mixed_orders_by_8_threads(back
     assert_eq!(
         count(
             &mut conn,
-            &format!("SELECT COUNT(*) AS n FROM dibs_dependency_stripes WHERE job_id = {join}")
+            &format!("SELECT COUNT(*) AS n FROM tenure_dependency_stripes WHERE job_id = {join}")
         ),
         jobs::MAX_STRIPES as i64
     );
@@ -422,7 +422,10 @@ fn odd_dependency_lists_are_refused_or_normalised(backend: Backend) {
         .is_ok()
     );
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_job_dependencies"),
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM tenure_job_dependencies"
+        ),
         2
     );
     let job = claim_one(&mut conn, "q", "a");

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use diesel::Connection;
 
-use dibs::jobs::{self, JobState, NewJob, Outcome, RunWhen, Workflow};
-use dibs::{Backend, Error};
+use tenure::jobs::{self, JobState, NewJob, Outcome, RunWhen, Workflow};
+use tenure::{Backend, Error};
 
 use crate::support::{
     TestDb, claim_one, conformance, contest, count, enqueue_id as enqueue, job_state as state,
@@ -189,7 +189,7 @@ fn retry_dead_of_kind_rearming_two_stripes_does_not_deadlock_a_completion(backen
     assert_eq!(
         count(
             &mut conn,
-            &format!("SELECT COUNT(*) AS n FROM dibs_dependency_stripes WHERE job_id = {c}")
+            &format!("SELECT COUNT(*) AS n FROM tenure_dependency_stripes WHERE job_id = {c}")
         ),
         2
     );
@@ -213,7 +213,7 @@ fn retry_dead_of_kind_rearming_two_stripes_does_not_deadlock_a_completion(backen
             if backend != Backend::Sqlite {
                 count(
                     b,
-                    &format!("SELECT id AS n FROM dibs_jobs WHERE id = {c} FOR UPDATE"),
+                    &format!("SELECT id AS n FROM tenure_jobs WHERE id = {c} FOR UPDATE"),
                 );
             }
             let mut c1 = db.connect();
@@ -350,7 +350,7 @@ fn retry_then_death_then_retry_keeps_an_all_finished_dependent_waiting(backend: 
         count(
             &mut conn,
             &format!(
-                "SELECT COUNT(*) AS n FROM dibs_job_dependencies WHERE job_id = {c} AND counted = 0"
+                "SELECT COUNT(*) AS n FROM tenure_job_dependencies WHERE job_id = {c} AND counted = 0"
             )
         ),
         0

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use diesel::RunQueryDsl;
 
-use dibs::jobs::{self, JobState, NewJob, Outcome};
-use dibs::{Backend, Error};
+use tenure::jobs::{self, JobState, NewJob, Outcome};
+use tenure::{Backend, Error};
 
 use crate::support::{
     TestDb, claim_one, conformance, count, enqueue_id as enqueue, job_state as state,
@@ -41,7 +41,7 @@ fn a_batch_completion_waiting_mid_fetch_in_a_deadlock_with_cancels_does_not_hang
     let (locked_tx, locked_rx) = mpsc::channel::<()>();
     let mut user = db.connect();
     let canceller = std::thread::spawn(move || {
-        dibs::transaction(&mut user, |c| {
+        tenure::transaction(&mut user, |c| {
             assert!(jobs::cancel(c, b)?);
             locked_tx.send(()).unwrap();
             // The completion is now waiting for B's lock, holding A's.
@@ -103,15 +103,15 @@ fn a_completion_retried_after_a_deadlock_releases_each_dependent_exactly_once(ba
     let (locked_tx, locked_rx) = mpsc::channel::<()>();
     let mut user = db.connect();
     let holder = std::thread::spawn(move || {
-        dibs::transaction(&mut user, |c| {
+        tenure::transaction(&mut user, |c| {
             diesel::sql_query(format!(
-                "UPDATE dibs_jobs SET priority = priority + 1 WHERE id = {s}"
+                "UPDATE tenure_jobs SET priority = priority + 1 WHERE id = {s}"
             ))
             .execute(c)?;
             locked_tx.send(()).unwrap();
             std::thread::sleep(Duration::from_millis(500));
             diesel::sql_query(format!(
-                "UPDATE dibs_jobs SET priority = priority + 1 WHERE id = {x}"
+                "UPDATE tenure_jobs SET priority = priority + 1 WHERE id = {x}"
             ))
             .execute(c)?;
             Ok::<_, Error>(())
@@ -147,7 +147,7 @@ fn a_completion_retried_after_a_deadlock_releases_each_dependent_exactly_once(ba
         count(
             &mut conn,
             &format!(
-                "SELECT COUNT(*) AS n FROM dibs_job_dependencies WHERE depends_on = {e} AND counted = 1"
+                "SELECT COUNT(*) AS n FROM tenure_job_dependencies WHERE depends_on = {e} AND counted = 1"
             )
         ),
         2
@@ -156,7 +156,7 @@ fn a_completion_retried_after_a_deadlock_releases_each_dependent_exactly_once(ba
         count(
             &mut conn,
             &format!(
-                "SELECT CAST(COALESCE(SUM(pending), 0) AS BIGINT) AS n FROM dibs_dependency_stripes \
+                "SELECT CAST(COALESCE(SUM(pending), 0) AS BIGINT) AS n FROM tenure_dependency_stripes \
                  WHERE job_id IN ({r}, {s})"
             )
             .replace(
@@ -170,7 +170,7 @@ fn a_completion_retried_after_a_deadlock_releases_each_dependent_exactly_once(ba
         count(
             &mut conn,
             &format!(
-                "SELECT CAST(COALESCE(SUM(stripes_pending), 0) AS BIGINT) AS n FROM dibs_jobs \
+                "SELECT CAST(COALESCE(SUM(stripes_pending), 0) AS BIGINT) AS n FROM tenure_jobs \
                  WHERE id IN ({r}, {s})"
             )
             .replace(

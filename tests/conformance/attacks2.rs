@@ -4,11 +4,11 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, TimeZone, Timelike, Utc};
-use dibs::jobs::{self, NewJob, Outcome, Retry};
-use dibs::schedules::{self, Schedule};
-use dibs::{AnyConnection, Backend, DibsConnection, Error, LeaseGuard, lease};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
+use tenure::jobs::{self, NewJob, Outcome, Retry};
+use tenure::schedules::{self, Schedule};
+use tenure::{AnyConnection, Backend, Error, LeaseGuard, TenureConnection, lease};
 
 use crate::support::{TestDb, concrete, conformance, contest, count};
 
@@ -57,10 +57,10 @@ fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static
 fn due_times(conn: &mut AnyConnection, queue: &str) -> Vec<DateTime<Utc>> {
     #[derive(QueryableByName)]
     struct Due {
-        #[diesel(sql_type = dibs::sql_types::Instant)]
+        #[diesel(sql_type = tenure::sql_types::Instant)]
         due_at: DateTime<Utc>,
     }
-    let sql = format!("SELECT due_at FROM dibs_jobs WHERE queue = '{queue}' ORDER BY due_at, id");
+    let sql = format!("SELECT due_at FROM tenure_jobs WHERE queue = '{queue}' ORDER BY due_at, id");
     concrete!(conn, c => diesel::sql_query(sql).load::<Due>(c))
         .unwrap()
         .into_iter()
@@ -85,7 +85,7 @@ fn set_next_due(conn: &mut AnyConnection, name: &str, at: DateTime<Utc>) {
         Backend::Mysql => at.format("'%Y-%m-%d %H:%M:%S%.6f'").to_string(),
     };
     let changed = diesel::sql_query(format!(
-        "UPDATE dibs_schedules SET next_due_at = {literal} WHERE name = '{name}'"
+        "UPDATE tenure_schedules SET next_due_at = {literal} WHERE name = '{name}'"
     ))
     .execute(conn)
     .unwrap();
@@ -114,7 +114,7 @@ fn crons_that_never_fire_are_refused_and_write_nothing(backend: Backend) {
             assert!(err.is_invalid_input(), "{expression:?}: {err:?}");
         }
         assert_eq!(
-            count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_schedules"),
+            count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_schedules"),
             0
         );
     });
@@ -301,7 +301,7 @@ fn catch_up_of_a_1_ms_schedule_fires_exactly_the_cap_of_consecutive_ticks(backen
         &Schedule::every("ms", ms, NewJob::new("ms", "k", vec![])).catch_up(true),
     )
     .unwrap();
-    let now = dibs::database_now(&mut conn).unwrap();
+    let now = tenure::database_now(&mut conn).unwrap();
     // A whole millisecond (SQLite keeps milliseconds), a minute ago: 60,000 missed ticks.
     let first = DateTime::<Utc>::from_timestamp_millis(now.timestamp_millis() - 60_000).unwrap();
     set_next_due(&mut conn, "ms", first);
@@ -339,7 +339,7 @@ fn a_366_day_interval_catches_up_exactly(backend: Backend) {
         .catch_up(true),
     )
     .unwrap();
-    let now = dibs::database_now(&mut conn).unwrap();
+    let now = tenure::database_now(&mut conn).unwrap();
     let step = chrono::Duration::days(366);
     let first = DateTime::<Utc>::from_timestamp(now.timestamp() - 2 * 366 * 86400 - 183 * 86400, 0)
         .unwrap();
@@ -377,7 +377,7 @@ fn a_schedule_changed_while_paused_stays_paused_and_starts_afresh(backend: Backe
     assert_eq!(next_due_at(&mut conn, "p"), utc(2020, 1, 1, 0, 0, 0));
     assert_eq!(schedules::tick(&mut conn).unwrap(), 0, "paused");
     // Changed timing while paused: still paused, afresh.
-    let now = dibs::database_now(&mut conn).unwrap();
+    let now = tenure::database_now(&mut conn).unwrap();
     schedules::upsert(
         &mut conn,
         &Schedule::cron("p", "0 0 1 1 *", job()).catch_up(true),
@@ -391,7 +391,7 @@ fn a_schedule_changed_while_paused_stays_paused_and_starts_afresh(backend: Backe
         0,
         "nothing of the old timing fires"
     );
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 0);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 0);
 }
 
 /// A user's job holding the dedup key a schedule's job uses: the tick enqueues nothing (as
@@ -416,7 +416,7 @@ fn a_schedules_dedup_key_colliding_with_a_user_job_consumes_the_tick(backend: Ba
         .catch_up(true),
     )
     .unwrap();
-    let now = dibs::database_now(&mut conn).unwrap();
+    let now = tenure::database_now(&mut conn).unwrap();
     let first = DateTime::<Utc>::from_timestamp(now.timestamp() - 25, 0).unwrap();
     set_next_due(&mut conn, "s", first);
     assert_eq!(
@@ -430,7 +430,7 @@ fn a_schedules_dedup_key_colliding_with_a_user_job_consumes_the_tick(backend: Ba
     );
     let stored = jobs::get(&mut conn, user.id).unwrap().unwrap();
     assert_eq!((stored.kind.as_str(), stored.priority), ("user", 7));
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 1);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 1);
 }
 
 /// Four schedulers racing on separate connections, two of them also redeclaring the same
@@ -454,7 +454,7 @@ fn concurrent_upserts_and_ticks_enqueue_each_caught_up_tick_once(backend: Backen
     schedules::upsert(&mut judge_conn, &schedule(0)).unwrap();
     let prepare = |conn: &mut AnyConnection, round: usize| {
         schedules::upsert(conn, &schedule(round)).unwrap();
-        let now = dibs::database_now(conn).unwrap();
+        let now = tenure::database_now(conn).unwrap();
         // MISSED ticks, the newest a bit more than a second ago (whole seconds).
         let first = DateTime::<Utc>::from_timestamp(now.timestamp() - MISSED - 1, 0).unwrap();
         set_next_due(conn, "race", first);
@@ -596,7 +596,7 @@ fn release_on_after_the_lease_was_lost_returns_false_and_spares_the_new_holder(b
         .expect("free after the force release");
     let mut conn = pool.get().unwrap();
     let released = bounded("release_on after a loss", move || {
-        dibs::transaction(&mut conn, |conn| {
+        tenure::transaction(&mut conn, |conn| {
             jobs::enqueue(conn, &NewJob::new("q", "k", vec![]))?;
             guard.release_on(conn)
         })
@@ -610,7 +610,10 @@ fn release_on_after_the_lease_was_lost_returns_false_and_spares_the_new_holder(b
     thief
         .verify(&mut other)
         .expect("the new holder still holds it");
-    assert_eq!(count(&mut other, "SELECT COUNT(*) AS n FROM dibs_jobs"), 1);
+    assert_eq!(
+        count(&mut other, "SELECT COUNT(*) AS n FROM tenure_jobs"),
+        1
+    );
 }
 
 /// release() of a guard whose lease was lost returns false, well within the release wait.
@@ -639,9 +642,9 @@ fn a_lock_wait_timeout_is_retryable_not_outcome_unknown(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut holder = db.connect();
     let mut waiter = match backend {
-        Backend::Sqlite => {
-            db.connect_with(&dibs::SessionSetup::default().busy_timeout(Duration::from_millis(200)))
-        }
+        Backend::Sqlite => db.connect_with(
+            &tenure::SessionSetup::default().busy_timeout(Duration::from_millis(200)),
+        ),
         _ => db.connect(),
     };
     match backend {
@@ -655,7 +658,7 @@ fn a_lock_wait_timeout_is_retryable_not_outcome_unknown(backend: Backend) {
         .unwrap()
         .expect("free");
     let (sender, receiver) = mpsc::channel();
-    dibs::transaction(&mut holder, |holder| {
+    tenure::transaction(&mut holder, |holder| {
         lease.verify(holder)?;
         if backend == Backend::Sqlite {
             // Make sure this transaction holds SQLite's write lock.
@@ -727,7 +730,7 @@ fn one_uncomputable_schedule_does_not_block_the_others(backend: Backend) {
         ),
     )
     .unwrap();
-    let now = dibs::database_now(&mut conn).unwrap();
+    let now = tenure::database_now(&mut conn).unwrap();
     set_next_due(
         &mut conn,
         "a-healthy",
@@ -781,7 +784,7 @@ fn a_cron_that_only_ever_falls_in_a_dst_gap(backend: Backend) {
         // 2010-03-14 was the second Sunday of March: 03:00 EDT = 07:00 UTC.
         set_next_due(&mut conn, name, utc(2010, 3, 14, 7, 0, 0));
     }
-    let now = dibs::database_now(&mut conn).unwrap();
+    let now = tenure::database_now(&mut conn).unwrap();
     let fired = schedules::tick(&mut conn).expect("firing gap-only crons");
     let all = due_times(&mut conn, "gap-all");
     let years: Vec<i32> = all.iter().map(|t| t.year()).collect();
@@ -839,7 +842,7 @@ fn kill_and_wait(admin: &mut AnyConnection, kill: &str, alive: &str) {
     }
 }
 
-/// The connection is killed inside a caller's dibs::transaction (after verify and some work),
+/// The connection is killed inside a caller's tenure::transaction (after verify and some work),
 /// so the COMMIT is sent on a dead connection: the caller cannot know whether the work
 /// committed, and the error must say so (is_outcome_unknown).
 fn a_commit_on_a_killed_connection_is_outcome_unknown(backend: Backend) {
@@ -853,7 +856,7 @@ fn a_commit_on_a_killed_connection_is_outcome_unknown(backend: Backend) {
     let lease = lease::try_take(&mut victim, "l", TTL, "me")
         .unwrap()
         .expect("free");
-    let err = dibs::transaction(&mut victim, |conn| {
+    let err = tenure::transaction(&mut victim, |conn| {
         lease.verify(conn)?;
         jobs::enqueue(conn, &NewJob::new("q", "k", vec![]))?;
         kill_and_wait(&mut admin, &kill, &alive);
@@ -866,7 +869,7 @@ fn a_commit_on_a_killed_connection_is_outcome_unknown(backend: Backend) {
     );
 }
 
-/// A connection killed while idle, then used by a dibs call: the call fails as outcome
+/// A connection killed while idle, then used by a tenure call: the call fails as outcome
 /// unknown (the client cannot tell how far the statement got).
 fn a_call_on_a_connection_killed_while_idle_is_outcome_unknown(backend: Backend) {
     if backend == Backend::Sqlite {
@@ -898,7 +901,7 @@ fn dropping_a_guard_inside_its_verify_transaction_does_not_hang(backend: Backend
         .expect("the lease is free");
     let mut conn = pool.get().unwrap();
     bounded("a drop inside the verify transaction", move || {
-        dibs::transaction(&mut conn, |conn| {
+        tenure::transaction(&mut conn, |conn| {
             guard.lease().verify(conn)?;
             drop(guard);
             Ok::<_, Error>(())
@@ -942,7 +945,7 @@ fn a_schedule_sorted_after_a_hundred_busy_ones_still_fires(backend: Backend) {
         ),
     )
     .unwrap();
-    let now = dibs::database_now(&mut conn).unwrap();
+    let now = tenure::database_now(&mut conn).unwrap();
     set_next_due(
         &mut conn,
         "zzz",
@@ -982,9 +985,9 @@ fn migrations_race_raw_connections_and_version_reads_in_transactions(backend: Ba
                 std::thread::spawn(move || {
                     barrier.wait();
                     if i % 3 == 2 {
-                        dibs::transaction(&mut conn, |c| dibs::schema_version(c).map(|_| ()))
+                        tenure::transaction(&mut conn, |c| tenure::schema_version(c).map(|_| ()))
                     } else {
-                        dibs::run_migrations(&mut conn).map(|_| ())
+                        tenure::run_migrations(&mut conn).map(|_| ())
                     }
                 })
             })
@@ -995,8 +998,12 @@ fn migrations_race_raw_connections_and_version_reads_in_transactions(backend: Ba
             }
         }
         if errors.is_empty() {
-            assert!(dibs::schema_version(&mut db.connect()).unwrap().is_some());
-            assert!(dibs::run_migrations(&mut db.connect()).unwrap().is_empty());
+            assert!(tenure::schema_version(&mut db.connect()).unwrap().is_some());
+            assert!(
+                tenure::run_migrations(&mut db.connect())
+                    .unwrap()
+                    .is_empty()
+            );
         }
     }
     assert!(errors.is_empty(), "{errors:#?}");

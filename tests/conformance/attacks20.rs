@@ -7,8 +7,8 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
 use diesel::connection::SimpleConnection;
 
-use dibs::jobs::{self, Job, NewJob, QueueDepth};
-use dibs::{AnyConnection, Backend};
+use tenure::jobs::{self, Job, NewJob, QueueDepth};
+use tenure::{AnyConnection, Backend};
 
 use crate::support::{TestDb, conformance, count, race};
 
@@ -30,7 +30,7 @@ fn edge_jobs() -> Vec<NewJob> {
         + TimeDelta::nanoseconds(123_456_789);
     let after_2000 =
         Utc.with_ymd_and_hms(2000, 1, 1, 0, 0, 0).unwrap() + TimeDelta::nanoseconds(987_654_321);
-    let max_delay = dibs::MAX_TTL;
+    let max_delay = tenure::MAX_TTL;
     let mut out = Vec::new();
     for i in 0..64 {
         let payload = match i % 5 {
@@ -59,7 +59,7 @@ fn edge_jobs() -> Vec<NewJob> {
             1 => job
                 .limit("c", 2)
                 .rate_limit("r2", 1, Duration::from_millis(1)),
-            2 => job.rate_limit("only-rate", 3, dibs::MAX_TTL),
+            2 => job.rate_limit("only-rate", 3, tenure::MAX_TTL),
             _ => job,
         };
         out.push(job);
@@ -208,7 +208,7 @@ fn attacks20_concurrent_bulk_enqueues_and_claims_never_mix_ids(backend: Backend)
             assert!(all_claimed.insert(id), "job {id} claimed twice");
         }
     }
-    let total = count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs");
+    let total = count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs");
     assert_eq!(total as usize, seen.len());
 }
 
@@ -216,7 +216,7 @@ fn attacks20_a_callers_failed_transaction_refuses_a_long_batch_cleanly(backend: 
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let batch: Vec<NewJob> = (0..100).map(|_| NewJob::new("q", "k", vec![1])).collect();
-    let outcome: Result<(), dibs::Error> = dibs::transaction(&mut conn, |conn| {
+    let outcome: Result<(), tenure::Error> = tenure::transaction(&mut conn, |conn| {
         jobs::enqueue(conn, &NewJob::new("q", "k", vec![])).unwrap();
         // A failed statement of the caller's own (on PostgreSQL it aborts the transaction;
         // elsewhere the transaction goes on).
@@ -228,7 +228,7 @@ fn attacks20_a_callers_failed_transaction_refuses_a_long_batch_cleanly(backend: 
         Err(diesel::result::Error::RollbackTransaction.into())
     });
     assert!(outcome.is_err());
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 0);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 0);
     // The connection is usable.
     assert_eq!(jobs::enqueue_many(&mut conn, &batch).unwrap().len(), 100);
 }
@@ -320,8 +320,8 @@ mod pg {
 
     use diesel::connection::SimpleConnection;
 
-    use dibs::jobs::{self, NewJob};
-    use dibs::{AnyConnection, Backend};
+    use tenure::jobs::{self, NewJob};
+    use tenure::{AnyConnection, Backend};
 
     use crate::support::{TestDb, count, server_url};
     use crate::wakeups::received;
@@ -335,7 +335,7 @@ mod pg {
 
     impl AppRole {
         fn new(db: &TestDb) -> AppRole {
-            let name = format!("dibs_a20_{}", uuid::Uuid::new_v4().simple());
+            let name = format!("tenure_a20_{}", uuid::Uuid::new_v4().simple());
             let mut admin = AnyConnection::connect(&server_url(Backend::Postgres)).unwrap();
             admin
                 .batch_execute(&format!("CREATE ROLE {name} LOGIN"))
@@ -382,9 +382,13 @@ mod pg {
             let copied = jobs::enqueue_many(&mut conn, &plain(64));
             assert!(copied.is_ok(), "a batch of 64 as the app user: {copied:?}");
             // Inside the caller's transaction too.
-            let inside = dibs::transaction(&mut conn, |conn| jobs::enqueue_many(conn, &plain(64)));
+            let inside =
+                tenure::transaction(&mut conn, |conn| jobs::enqueue_many(conn, &plain(64)));
             assert!(inside.is_ok(), "{inside:?}");
-            assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 191);
+            assert_eq!(
+                count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"),
+                191
+            );
         }
         // Given the sequence too, the batch is copied.
         db.connect()
@@ -425,7 +429,10 @@ mod pg {
             assert!(few.is_ok(), "{few:?}");
             let many = jobs::enqueue_many(&mut conn, &plain(100));
             assert!(many.is_ok(), "{many:?}");
-            assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 112);
+            assert_eq!(
+                count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"),
+                112
+            );
         }
         drop(db);
         drop(role);
@@ -437,7 +444,7 @@ mod pg {
     fn attacks20_pg_a_copied_batch_notifies_its_queues_after_commit_only() {
         let db = TestDb::migrated(Backend::Postgres);
         let mut listen = db.connect();
-        listen.batch_execute("LISTEN dibs_jobs").unwrap();
+        listen.batch_execute("LISTEN tenure_jobs").unwrap();
         let mut conn = db.connect();
         let batch: Vec<NewJob> = (0..200)
             .map(|i| NewJob::new(["x", "y", "z"][i % 3], "k", vec![]))
@@ -446,7 +453,7 @@ mod pg {
         let mut got = received(&mut listen, Duration::from_millis(400));
         got.sort();
         assert_eq!(got, ["x", "y", "z"]);
-        let rolled_back: Result<(), dibs::Error> = dibs::transaction(&mut conn, |conn| {
+        let rolled_back: Result<(), tenure::Error> = tenure::transaction(&mut conn, |conn| {
             jobs::enqueue_many(conn, &batch)?;
             Err(diesel::result::Error::RollbackTransaction.into())
         });
@@ -455,14 +462,14 @@ mod pg {
             received(&mut listen, Duration::from_millis(400)),
             Vec::<String>::new()
         );
-        dibs::transaction(&mut conn, |conn| jobs::enqueue_many(conn, &batch)).unwrap();
+        tenure::transaction(&mut conn, |conn| jobs::enqueue_many(conn, &batch)).unwrap();
         let mut got = received(&mut listen, Duration::from_millis(400));
         got.sort();
         assert_eq!(got, ["x", "y", "z"]);
     }
 
-    /// dibs's tables in a schema of their own on the search_path (README: "or a schema on
-    /// PostgreSQL's search_path"), with a name that needs quoting, and a decoy `dibs_jobs`
+    /// tenure's tables in a schema of their own on the search_path (README: "or a schema on
+    /// PostgreSQL's search_path"), with a name that needs quoting, and a decoy `tenure_jobs`
     /// in public.
     #[test]
     fn attacks20_pg_copy_in_a_schema_on_the_search_path() {
@@ -474,13 +481,13 @@ mod pg {
             .to_string();
         db.connect()
             .batch_execute(&format!(
-                "CREATE SCHEMA \"Dibs App\"; \
-                 ALTER DATABASE {name} SET search_path = \"Dibs App\", public; \
-                 CREATE TABLE public.dibs_jobs (id bigint GENERATED BY DEFAULT AS IDENTITY)"
+                "CREATE SCHEMA \"Tenure App\"; \
+                 ALTER DATABASE {name} SET search_path = \"Tenure App\", public; \
+                 CREATE TABLE public.tenure_jobs (id bigint GENERATED BY DEFAULT AS IDENTITY)"
             ))
             .unwrap();
         let mut conn = db.connect();
-        dibs::run_migrations(&mut conn).unwrap();
+        tenure::run_migrations(&mut conn).unwrap();
         let ids: Vec<i64> = jobs::enqueue_many(&mut conn, &plain(100))
             .unwrap()
             .iter()
@@ -493,7 +500,7 @@ mod pg {
         assert_eq!(
             count(
                 &mut conn,
-                "SELECT COUNT(*) AS n FROM \"Dibs App\".dibs_jobs"
+                "SELECT COUNT(*) AS n FROM \"Tenure App\".tenure_jobs"
             ),
             100
         );
@@ -515,28 +522,28 @@ mod pg {
             .unwrap()
             .id;
         conn.batch_execute(&format!(
-            "INSERT INTO dibs_jobs (id, queue, kind, payload, state, max_attempts, due_at, created_at) \
+            "INSERT INTO tenure_jobs (id, queue, kind, payload, state, max_attempts, due_at, created_at) \
              VALUES ({}, 'app', 'k', '', 'waiting', 1, now(), now())",
             first + 30
         ))
         .unwrap();
         let r = jobs::enqueue_many(&mut conn, &plain(64));
         assert!(r.is_err(), "{r:?}");
-        assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 2);
+        assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 2);
         // In a caller's transaction: its own work survives.
-        dibs::transaction(&mut conn, |conn| {
+        tenure::transaction(&mut conn, |conn| {
             let kept = jobs::enqueue(conn, &NewJob::new("app", "kept", vec![]))?;
             conn.batch_execute(&format!(
-                "INSERT INTO dibs_jobs (id, queue, kind, payload, state, max_attempts, due_at, created_at) \
+                "INSERT INTO tenure_jobs (id, queue, kind, payload, state, max_attempts, due_at, created_at) \
                  VALUES ({}, 'app', 'k', '', 'waiting', 1, now(), now())",
                 kept.id + 40
             ))?;
             let r = jobs::enqueue_many(conn, &plain(64));
             assert!(r.is_err(), "{r:?}");
-            Ok::<_, dibs::Error>(())
+            Ok::<_, tenure::Error>(())
         })
         .unwrap();
-        assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 4);
+        assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 4);
         // Usable: the next batch goes.
         assert_eq!(
             jobs::enqueue_many(&mut conn, &plain(200)).unwrap().len(),
@@ -558,7 +565,7 @@ mod pg {
         let r = jobs::enqueue_many(&mut conn, &batch);
         conn.batch_execute("SET statement_timeout = 0").unwrap();
         match r {
-            Err(_) => assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 0),
+            Err(_) => assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 0),
             Ok(ids) => assert_eq!(ids.len(), 100_000),
         }
         let ids = jobs::enqueue_many(&mut conn, &batch[..1000]).unwrap();
@@ -573,19 +580,19 @@ mod pg {
     #[test]
     fn attacks20_pg_listener_wakes_for_other_processes_jobs_and_after_its_connection_dies() {
         let db = TestDb::migrated(Backend::Postgres);
-        let worker = dibs::worker::Worker::builder(db.pool(4))
+        let worker = tenure::worker::Worker::builder(db.pool(4))
             .queue("lq")
             .threads(1)
             .poll_interval(Duration::from_secs(60))
-            .raw_handler("k", |_: &dibs::worker::JobContext, _: &[u8]| Ok(()))
+            .raw_handler("k", |_: &tenure::worker::JobContext, _: &[u8]| Ok(()))
             .start()
             .unwrap();
         let mut other = db.connect();
         let enqueue_elsewhere = |conn: &mut AnyConnection| {
             conn.batch_execute(
-                "INSERT INTO dibs_jobs (queue, kind, payload, state, max_attempts, due_at, created_at) \
+                "INSERT INTO tenure_jobs (queue, kind, payload, state, max_attempts, due_at, created_at) \
                  VALUES ('lq', 'k', '', 'waiting', 1, statement_timestamp(), statement_timestamp()); \
-                 SELECT pg_notify('dibs_jobs', 'lq')",
+                 SELECT pg_notify('tenure_jobs', 'lq')",
             )
             .unwrap();
         };
@@ -606,7 +613,7 @@ mod pg {
         let killed = count(
             &mut other,
             "SELECT COUNT(*) AS n FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-             WHERE datname = current_database() AND query = 'LISTEN dibs_jobs' \
+             WHERE datname = current_database() AND query = 'LISTEN tenure_jobs' \
              AND pid <> pg_backend_pid()) k",
         );
         assert_eq!(killed, 1, "the listener's session");
@@ -641,7 +648,7 @@ mod pg {
             assert_eq!(jobs::limits_of(&mut conn, ids[i].id).unwrap().len(), 2);
         }
         assert_eq!(
-            count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_job_limits"),
+            count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_job_limits"),
             200_000
         );
     }

@@ -10,17 +10,17 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant as Clock};
 
 use chrono::{DateTime, Utc};
-use dibs::jobs::{self, NewJob};
-use dibs::lease::{self, Wait};
-use dibs::schedules::{self, Schedule};
-use dibs::{AnyConnection, Backend, Error, LeaseGuard, SessionSetup};
 use diesel::prelude::*;
 use diesel::sql_types::Text;
+use tenure::jobs::{self, NewJob};
+use tenure::lease::{self, Wait};
+use tenure::schedules::{self, Schedule};
+use tenure::{AnyConnection, Backend, Error, LeaseGuard, SessionSetup};
 
 use crate::support::{TestDb, conformance, count};
 
-/// A named write through one of dibs's calls.
-type WriteOp = Box<dyn Fn(&mut AnyConnection) -> dibs::Result<()> + Send>;
+/// A named write through one of tenure's calls.
+type WriteOp = Box<dyn Fn(&mut AnyConnection) -> tenure::Result<()> + Send>;
 
 conformance!(
     a_write_on_a_second_connection_inside_a_transaction_fails_retryably_in_time,
@@ -78,11 +78,11 @@ fn with_timeout(db: &TestDb, timeout: Duration) -> AnyConnection {
 fn jobs_of_kind(conn: &mut AnyConnection, kind: &str) -> i64 {
     count(
         conn,
-        &format!("SELECT COUNT(*) AS n FROM dibs_jobs WHERE kind = '{kind}'"),
+        &format!("SELECT COUNT(*) AS n FROM tenure_jobs WHERE kind = '{kind}'"),
     )
 }
 
-/// Re-entrancy: inside a dibs transaction on connection A (which holds this process's turn on
+/// Re-entrancy: inside a tenure transaction on connection A (which holds this process's turn on
 /// SQLite), the same thread writes through connection B to the same database. On SQLite B must
 /// not wait forever for a turn its own thread holds: it fails within its busy timeout (here
 /// 300 ms; bound 30 s) with a retryable "database is locked". Afterwards B writes normally.
@@ -92,7 +92,7 @@ fn a_write_on_a_second_connection_inside_a_transaction_fails_retryably_in_time(b
     let mut a = db.connect();
     let b = with_timeout(&db, Duration::from_millis(300));
     let b = Arc::new(Mutex::new(b));
-    let inner = dibs::transaction(&mut a, |a| {
+    let inner = tenure::transaction(&mut a, |a| {
         jobs::enqueue(a, &job("outer"))?;
         let b1 = b.clone();
         let inner = bounded(
@@ -150,7 +150,7 @@ fn a_timed_out_turn_leaves_the_queue_usable(backend: Backend) {
     let (release, released) = mpsc::channel::<()>();
     let (started, holding) = mpsc::channel::<()>();
     let hold = std::thread::spawn(move || {
-        dibs::transaction(&mut holder, |c| {
+        tenure::transaction(&mut holder, |c| {
             jobs::enqueue(c, &job("held"))?;
             started.send(()).unwrap();
             released.recv().unwrap();
@@ -186,11 +186,11 @@ fn a_timed_out_turn_leaves_the_queue_usable(backend: Backend) {
     });
 }
 
-/// Inside a dibs transaction on A (the turn's holder), a write on B (busy timeout 300 ms)
+/// Inside a tenure transaction on A (the turn's holder), a write on B (busy timeout 300 ms)
 /// says which lock it waited for. Writes that take their turn fail with the turn queue's
 /// message; a write that skips the queue fails with SQLite's own busy error, having waited
 /// on SQLite's busy handler only, which is what lets it starve behind this process's other
-/// writers. The promise is turns around every single write statement dibs makes.
+/// writers. The promise is turns around every single write statement tenure makes.
 /// SQLite only; on the servers nothing waits and the writes succeed.
 fn schedule_writes_wait_their_turn_like_job_writes(backend: Backend) {
     let db = TestDb::migrated(backend);
@@ -245,7 +245,7 @@ fn job_single_writes_wait_their_turn(backend: Backend) {
     check_turns(&db, backend, ops);
 }
 
-type Op = Box<dyn Fn(&mut AnyConnection) -> dibs::Result<()> + Send>;
+type Op = Box<dyn Fn(&mut AnyConnection) -> tenure::Result<()> + Send>;
 
 fn check_turns(db: &TestDb, backend: Backend, ops: Vec<(&str, Op)>) {
     let mut a = db.connect();
@@ -253,7 +253,7 @@ fn check_turns(db: &TestDb, backend: Backend, ops: Vec<(&str, Op)>) {
     let mut skipped = Vec::new();
     for (name, op) in ops {
         let b = b.clone();
-        let outcome = dibs::transaction(&mut a, |a| {
+        let outcome = tenure::transaction(&mut a, |a| {
             jobs::enqueue(a, &job("holder"))?;
             Ok::<_, Error>(bounded(name, Duration::from_secs(30), move || {
                 op(&mut b.lock().unwrap())
@@ -277,13 +277,13 @@ fn check_turns(db: &TestDb, backend: Backend, ops: Vec<(&str, Op)>) {
     );
 }
 
-/// A thread panics inside a dibs transaction on its own connection (dropped while
+/// A thread panics inside a tenure transaction on its own connection (dropped while
 /// unwinding). The next writer (busy timeout 120 s) must get in within 30 s.
 fn a_panic_in_a_transaction_closure_lets_the_next_writer_in(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut doomed = db.connect();
     let panicked = std::thread::spawn(move || {
-        let _: Result<(), Error> = dibs::transaction(&mut doomed, |c| {
+        let _: Result<(), Error> = tenure::transaction(&mut doomed, |c| {
             jobs::enqueue(c, &job("doomed"))?;
             panic!("a handler bug inside the transaction");
         });
@@ -305,9 +305,9 @@ fn a_panic_in_a_transaction_closure_lets_the_next_writer_in(backend: Backend) {
     );
 }
 
-/// A panic inside `dibs::transaction` caught by the caller (`catch_unwind`, as a worker
+/// A panic inside `tenure::transaction` caught by the caller (`catch_unwind`, as a worker
 /// framework or a request handler does), with the connection kept. The turn is released, but
-/// is the transaction? A later `dibs::transaction` + enqueue on the same connection returns
+/// is the transaction? A later `tenure::transaction` + enqueue on the same connection returns
 /// Ok; the job must then be committed (visible to another connection). If the panicked
 /// transaction stayed open, the later "transaction" is only a savepoint inside it and nothing
 /// is ever committed.
@@ -315,19 +315,19 @@ fn a_caught_panic_leaves_no_transaction_open_on_the_connection(backend: Backend)
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let caught = catch_unwind(AssertUnwindSafe(|| {
-        let _: Result<(), Error> = dibs::transaction(&mut conn, |c| {
+        let _: Result<(), Error> = tenure::transaction(&mut conn, |c| {
             jobs::enqueue(c, &job("doomed"))?;
             panic!("a handler bug inside the transaction");
         });
     }));
     assert!(caught.is_err());
-    let later = dibs::transaction(&mut conn, |c| jobs::enqueue(c, &job("later")));
+    let later = tenure::transaction(&mut conn, |c| jobs::enqueue(c, &job("later")));
     let mut other = db.connect();
     let visible = jobs_of_kind(&mut other, "later");
     assert!(later.is_ok(), "the later transaction: {later:?}");
     assert_eq!(
         visible, 1,
-        "dibs::transaction returned Ok after a caught panic, but its job is not committed: \
+        "tenure::transaction returned Ok after a caught panic, but its job is not committed: \
          the panicked transaction is still open on the connection"
     );
 }
@@ -339,7 +339,7 @@ fn a_caught_panic_does_not_keep_the_write_lock(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let caught = catch_unwind(AssertUnwindSafe(|| {
-        let _: Result<(), Error> = dibs::transaction(&mut conn, |c| {
+        let _: Result<(), Error> = tenure::transaction(&mut conn, |c| {
             jobs::enqueue(c, &job("doomed"))?;
             panic!("a handler bug inside the transaction");
         });
@@ -355,14 +355,14 @@ fn a_caught_panic_does_not_keep_the_write_lock(backend: Backend) {
     drop(conn);
 }
 
-/// Turns are per file: inside a dibs transaction on file X, a write on file Y (busy timeout
+/// Turns are per file: inside a tenure transaction on file X, a write on file Y (busy timeout
 /// 120 s) succeeds at once (bound 30 s). On the servers: two databases, trivially.
 fn two_files_in_one_process_do_not_share_turns(backend: Backend) {
     let x = TestDb::migrated(backend);
     let y = TestDb::migrated(backend);
     let mut on_x = x.connect();
     let on_y = Arc::new(Mutex::new(with_timeout(&y, Duration::from_secs(120))));
-    dibs::transaction(&mut on_x, |c| {
+    tenure::transaction(&mut on_x, |c| {
         jobs::enqueue(c, &job("x"))?;
         let on_y = on_y.clone();
         bounded(
@@ -383,16 +383,16 @@ fn two_files_in_one_process_do_not_share_turns(backend: Backend) {
 
 /// `:memory:` connections are private databases: no turns, no waits. A shared-cache
 /// in-memory database (`file:NAME?mode=memory&cache=shared`) is one database for several
-/// connections: a write on the second while the first is in a dibs transaction must return
+/// connections: a write on the second while the first is in a tenure transaction must return
 /// (Ok, or a retryable error) within 30 s, never hang. SQLite only (servers: trivially).
 fn private_and_shared_memory_databases_never_hang(backend: Backend) {
     if backend != Backend::Sqlite {
         return;
     }
     let mut a = AnyConnection::connect(":memory:").unwrap();
-    dibs::run_migrations(&mut a).unwrap();
+    tenure::run_migrations(&mut a).unwrap();
     let b = Arc::new(Mutex::new(AnyConnection::connect(":memory:").unwrap()));
-    dibs::transaction(&mut a, |c| {
+    tenure::transaction(&mut a, |c| {
         jobs::enqueue(c, &job("a"))?;
         let b = b.clone();
         bounded(
@@ -400,7 +400,7 @@ fn private_and_shared_memory_databases_never_hang(backend: Backend) {
             Duration::from_secs(30),
             move || {
                 let mut b = b.lock().unwrap();
-                dibs::run_migrations(&mut *b).expect("migrations on B");
+                tenure::run_migrations(&mut *b).expect("migrations on B");
                 jobs::enqueue(&mut *b, &job("b")).expect("enqueue on B");
             },
         );
@@ -413,9 +413,9 @@ fn private_and_shared_memory_databases_never_hang(backend: Backend) {
         uuid::Uuid::new_v4().simple()
     );
     let mut a = AnyConnection::connect(&url).unwrap();
-    dibs::run_migrations(&mut a).unwrap();
+    tenure::run_migrations(&mut a).unwrap();
     let b = Arc::new(Mutex::new(AnyConnection::connect(&url).unwrap()));
-    dibs::transaction(&mut a, |c| {
+    tenure::transaction(&mut a, |c| {
         jobs::enqueue(c, &job("a"))?;
         let b = b.clone();
         let result = bounded(
@@ -433,7 +433,7 @@ fn private_and_shared_memory_databases_never_hang(backend: Backend) {
 }
 
 /// Six threads, each on its own connection (busy timeout 30 s), 25 rounds of: claim a job,
-/// then one dibs transaction that enqueues, cancels what it enqueued, and completes the
+/// then one tenure transaction that enqueues, cancels what it enqueued, and completes the
 /// claim, then a lease take/release and a lone enqueue. No call may fail: with turns no
 /// writer waits longer than the writers ahead of it, a few short transactions. Bound 10 min.
 fn many_threads_many_rounds_of_mixed_writes_never_fail(backend: Backend) {
@@ -460,10 +460,10 @@ fn many_threads_many_rounds_of_mixed_writes_never_fail(backend: Backend) {
                         barrier.wait();
                         let mut errors = Vec::new();
                         for round in 0..ROUNDS {
-                            let step = (|| -> dibs::Result<()> {
+                            let step = (|| -> tenure::Result<()> {
                                 let claimed =
                                     jobs::claim(&mut conn, "q", 1, Duration::from_secs(300))?;
-                                dibs::transaction(&mut conn, |c| {
+                                tenure::transaction(&mut conn, |c| {
                                     let id = jobs::enqueue(c, &job("extra"))?.id;
                                     assert!(jobs::cancel(c, id)?);
                                     if let Some(j) = claimed.first() {
@@ -503,7 +503,7 @@ fn many_threads_many_rounds_of_mixed_writes_never_fail(backend: Backend) {
 }
 
 /// A LeaseGuard (ttl 30 s, renewing every 10 s on its own connection, busy timeout 5 s)
-/// while the caller holds a dibs transaction (SQLite: the turn and the write lock) for 12 s,
+/// while the caller holds a tenure transaction (SQLite: the turn and the write lock) for 12 s,
 /// spanning a renewal: the renewal waits and must land after the commit, so the lease stays
 /// held. Then the guard is dropped inside another transaction held for 8 s (longer than
 /// RELEASE_WAIT and the busy timeout): the drop returns, and the release must complete once
@@ -516,7 +516,7 @@ fn a_guard_renews_after_a_long_caller_transaction_and_releases_after_it(backend:
         .expect("free");
     let first_expiry = guard.lease().expires_at();
     let mut caller = db.connect();
-    dibs::transaction(&mut caller, |c| {
+    tenure::transaction(&mut caller, |c| {
         jobs::enqueue(c, &job("long"))?;
         std::thread::sleep(Duration::from_secs(12));
         Ok::<_, Error>(())
@@ -539,7 +539,7 @@ fn a_guard_renews_after_a_long_caller_transaction_and_releases_after_it(backend:
         guard.is_held(),
         "the guard lost its lease behind the caller's transaction"
     );
-    dibs::transaction(&mut caller, |c| {
+    tenure::transaction(&mut caller, |c| {
         jobs::enqueue(c, &job("long2"))?;
         drop(guard);
         std::thread::sleep(Duration::from_secs(8));
@@ -628,7 +628,7 @@ fn connect_applies_the_pools_session_settings(backend: Backend) {
 }
 
 /// Four threads on their own connections, 12 grants each, by `lease::take` (waiting). A
-/// winner proves it holds the lease by `verify` + the database clock in one dibs transaction
+/// winner proves it holds the lease by `verify` + the database clock in one tenure transaction
 /// (a point of its holding by the database clock), then either releases or lets the lease
 /// expire (ttl 30-150 ms). Afterwards, ordered by fence: fences rise with acquired_at, and
 /// no grant is acquired before an earlier fence's last verified-held instant, or before an
@@ -675,9 +675,9 @@ fn lease_holders_never_overlap_with_waiting_takes_releases_and_expiry(backend: B
                                 continue;
                             }
                         };
-                        let held_at = dibs::transaction(&mut conn, |c| {
+                        let held_at = tenure::transaction(&mut conn, |c| {
                             lease.verify(c)?;
-                            dibs::database_now(c)
+                            tenure::database_now(c)
                         });
                         let held_at = match held_at {
                             Ok(at) => Some(at),

@@ -6,13 +6,13 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use dibs::jobs::{
-    self, Finished, JobClaim, JobFilter, JobState, NewJob, Outcome, Retention, Retry,
-};
-use dibs::{AnyConnection, Backend, DibsConnection, Error, lease};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::BigInt;
+use tenure::jobs::{
+    self, Finished, JobClaim, JobFilter, JobState, NewJob, Outcome, Retention, Retry,
+};
+use tenure::{AnyConnection, Backend, Error, TenureConnection, lease};
 
 use crate::support::{TestDb, concrete, conformance, count};
 
@@ -49,7 +49,7 @@ fn states(conn: &mut AnyConnection, queue: &str, state: &str) -> i64 {
     count(
         conn,
         &format!(
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE queue = '{queue}' AND state = '{state}'"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = '{queue}' AND state = '{state}'"
         ),
     )
 }
@@ -154,7 +154,7 @@ fn id_lists_at_their_shape_edges_count_every_job_once(backend: Backend) {
     }
     assert_eq!(states(&mut conn, "edges", "dead"), 1);
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"),
         1,
         "only the dead job is left"
     );
@@ -185,18 +185,18 @@ fn a_rescue_of_a_thousand_lapsed_claims_lists_each_once(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'waiting' AND lapses = 1 AND attempt = 0"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'waiting' AND lapses = 1 AND attempt = 0"
         ),
         1000
     );
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_job_errors"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_job_errors"),
         1000
     );
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(DISTINCT job_id) AS n FROM dibs_job_errors"
+            "SELECT COUNT(DISTINCT job_id) AS n FROM tenure_job_errors"
         ),
         1000
     );
@@ -292,7 +292,7 @@ fn names_and_values_that_look_like_sql_are_only_values(backend: Backend) {
     }
     // Only the names themselves were touched.
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"),
         names.len() as i64
     );
     for bad in ["a\0b", &"x".repeat(256)] {
@@ -417,7 +417,7 @@ fn one_connection_survives_errors_and_rolled_back_transactions(backend: Backend)
     );
 
     // Complete in a caller's transaction, then a unique violation rolls it all back.
-    let r: Result<(), Error> = dibs::transaction(&mut conn, |conn| {
+    let r: Result<(), Error> = tenure::transaction(&mut conn, |conn| {
         conn.batch_execute("INSERT INTO mine (id) VALUES (1)")?;
         assert_eq!(jobs::complete(conn, &all[..3]).unwrap(), [Outcome::Done; 3]);
         conn.batch_execute("INSERT INTO mine (id) VALUES (1)")?;
@@ -435,10 +435,10 @@ fn one_connection_survives_errors_and_rolled_back_transactions(backend: Backend)
         [Outcome::AlreadyDone; 3]
     );
 
-    // A failed statement inside the caller's transaction, then dibs in it: an error (on
+    // A failed statement inside the caller's transaction, then tenure in it: an error (on
     // PostgreSQL the transaction is aborted) or a right answer, never a wrong one; afterwards
     // the connection works.
-    let r: Result<Vec<Outcome>, Error> = dibs::transaction(&mut conn, |conn| {
+    let r: Result<Vec<Outcome>, Error> = tenure::transaction(&mut conn, |conn| {
         let _ = conn.batch_execute("INSERT INTO mine (id) VALUES (1), (1)");
         let out = jobs::complete(conn, &all[3..4])?;
         Err(rollback(format!("{out:?}")))
@@ -448,11 +448,11 @@ fn one_connection_survives_errors_and_rolled_back_transactions(backend: Backend)
 
     // Nested: the inner savepoint completes, the outer rolls back; then renew (shape 4) of
     // the still-running ones.
-    let r: Result<(), Error> = dibs::transaction(&mut conn, |conn| {
+    let r: Result<(), Error> = tenure::transaction(&mut conn, |conn| {
         let inner: Result<Vec<Outcome>, Error> =
-            dibs::transaction(conn, |conn| jobs::complete(conn, &all[3..5]));
+            tenure::transaction(conn, |conn| jobs::complete(conn, &all[3..5]));
         assert_eq!(inner.unwrap(), [Outcome::Done; 2]);
-        let failed: Result<(), Error> = dibs::transaction(conn, |conn| {
+        let failed: Result<(), Error> = tenure::transaction(conn, |conn| {
             assert_eq!(jobs::give_back(conn, &all[5..6]).unwrap(), [Outcome::Done]);
             Err(rollback(String::new()))
         });
@@ -493,17 +493,17 @@ fn an_error_raised_inside_a_cached_statement_leaves_it_usable(backend: Backend) 
         .batch_execute("CREATE TABLE boom (x INTEGER)")
         .unwrap();
     let trigger: &[&str] = match backend {
-        Backend::Sqlite => &["CREATE TRIGGER boom_t BEFORE UPDATE ON dibs_jobs \
+        Backend::Sqlite => &["CREATE TRIGGER boom_t BEFORE UPDATE ON tenure_jobs \
              WHEN EXISTS (SELECT 1 FROM boom) BEGIN SELECT RAISE(ABORT, 'boom'); END"],
         Backend::Postgres => &[
             "CREATE FUNCTION boom_f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
              IF EXISTS (SELECT 1 FROM boom) THEN RAISE EXCEPTION 'boom'; END IF; \
              RETURN NEW; END $$",
-            "CREATE TRIGGER boom_t BEFORE UPDATE ON dibs_jobs FOR EACH ROW \
+            "CREATE TRIGGER boom_t BEFORE UPDATE ON tenure_jobs FOR EACH ROW \
              EXECUTE FUNCTION boom_f()",
         ],
         Backend::Mysql => &[
-            "CREATE TRIGGER boom_t BEFORE UPDATE ON dibs_jobs FOR EACH ROW \
+            "CREATE TRIGGER boom_t BEFORE UPDATE ON tenure_jobs FOR EACH ROW \
              BEGIN IF EXISTS (SELECT 1 FROM boom) THEN \
              SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'boom'; END IF; END",
         ],
@@ -594,22 +594,22 @@ fn exercise(conn: &mut AnyConnection, round: usize) {
     assert!(held.release(conn).unwrap());
 }
 
-/// A user's own migration adds a column to dibs's tables between two calls on a connection
-/// that has dibs's statements prepared; and `run_migrations` runs on such a connection.
+/// A user's own migration adds a column to tenure's tables between two calls on a connection
+/// that has tenure's statements prepared; and `run_migrations` runs on such a connection.
 fn cached_statements_survive_an_added_column_and_migrations(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     exercise(&mut conn, 0);
     let mut admin = db.connect();
-    for table in ["dibs_jobs", "dibs_leases", "dibs_job_errors"] {
+    for table in ["tenure_jobs", "tenure_leases", "tenure_job_errors"] {
         admin
             .batch_execute(&format!("ALTER TABLE {table} ADD COLUMN extra INTEGER"))
             .unwrap();
     }
     exercise(&mut conn, 1);
-    dibs::run_migrations(&mut conn).unwrap();
+    tenure::run_migrations(&mut conn).unwrap();
     exercise(&mut conn, 2);
-    for table in ["dibs_jobs", "dibs_leases", "dibs_job_errors"] {
+    for table in ["tenure_jobs", "tenure_leases", "tenure_job_errors"] {
         admin
             .batch_execute(&format!("ALTER TABLE {table} DROP COLUMN extra"))
             .unwrap();
@@ -724,7 +724,7 @@ fn prepared_statements_per_connection_are_bounded(backend: Backend) {
     }
 }
 
-/// A migration changes the type of a column dibs reads (here `last_error`; a future dibs
+/// A migration changes the type of a column tenure reads (here `last_error`; a future tenure
 /// migration, or a user's, may retype any column). PostgreSQL then refuses every statement
 /// prepared before that returns the column ("cached plan must not change result type"), and
 /// diesel would keep the refused statement: every later call failed, for the connection's
@@ -739,12 +739,12 @@ fn a_changed_column_type_costs_one_retryable_error(backend: Backend) {
         // SQLite has no column types to change; it prepares again on any schema change.
         Backend::Sqlite => return,
         Backend::Postgres => (
-            "ALTER TABLE dibs_jobs ALTER COLUMN last_error TYPE varchar(20000)",
-            "ALTER TABLE dibs_jobs ALTER COLUMN last_error TYPE text",
+            "ALTER TABLE tenure_jobs ALTER COLUMN last_error TYPE varchar(20000)",
+            "ALTER TABLE tenure_jobs ALTER COLUMN last_error TYPE text",
         ),
         Backend::Mysql => (
-            "ALTER TABLE dibs_jobs MODIFY last_error MEDIUMTEXT",
-            "ALTER TABLE dibs_jobs MODIFY last_error TEXT",
+            "ALTER TABLE tenure_jobs MODIFY last_error MEDIUMTEXT",
+            "ALTER TABLE tenure_jobs MODIFY last_error TEXT",
         ),
     };
     let id = jobs::enqueue(&mut conn, &NewJob::new("typed", "k", vec![]))

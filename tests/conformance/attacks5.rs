@@ -1,15 +1,15 @@
-//! Attacks on the kinds claim, snooze, typed jobs, events and `dibs::testing` (round 5).
+//! Attacks on the kinds claim, snooze, typed jobs, events and `tenure::testing` (round 5).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dibs::Backend;
-use dibs::jobs::{self, JobArgs, JobState, NewJob};
-use dibs::worker::{Event, JobContext, JobError, RunOutcome, Worker};
 use diesel::RunQueryDsl;
 use serde::{Deserialize, Serialize};
+use tenure::Backend;
+use tenure::jobs::{self, JobArgs, JobState, NewJob};
+use tenure::worker::{Event, JobContext, JobError, RunOutcome, Worker};
 
 use crate::support::{TestDb, conformance, contest, wait_for};
 
@@ -29,10 +29,10 @@ conformance!(
 
 /// Collects a worker's run events.
 fn run_events() -> (
-    Arc<Mutex<Vec<dibs::worker::RunEvent>>>,
+    Arc<Mutex<Vec<tenure::worker::RunEvent>>>,
     impl Fn(&Event) + Send + Sync + 'static,
 ) {
-    let events: Arc<Mutex<Vec<dibs::worker::RunEvent>>> = Arc::default();
+    let events: Arc<Mutex<Vec<tenure::worker::RunEvent>>> = Arc::default();
     let sink = events.clone();
     (events, move |event: &Event| {
         if let Event::Run(run) = event {
@@ -41,7 +41,7 @@ fn run_events() -> (
     })
 }
 
-fn wait_state(pool: &dibs::Pool, id: i64, state: JobState, limit: Duration) -> jobs::Job {
+fn wait_state(pool: &tenure::Pool, id: i64, state: JobState, limit: Duration) -> jobs::Job {
     let until = Instant::now() + limit;
     loop {
         let job = jobs::get(&mut pool.get().unwrap(), id).unwrap().unwrap();
@@ -64,7 +64,7 @@ fn a_snooze_that_uses_the_last_attempt_is_reported_dead(backend: Backend) {
         .id;
     let free_left = jobs::MAX_FREE_SNOOZES - 1;
     diesel::sql_query(format!(
-        "UPDATE dibs_jobs SET snoozes = {free_left} WHERE id = {id}"
+        "UPDATE tenure_jobs SET snoozes = {free_left} WHERE id = {id}"
     ))
     .execute(&mut db.connect())
     .unwrap();
@@ -244,7 +244,7 @@ fn drain_ends_when_handlers_enqueue_forever(backend: Backend) {
     assert_eq!(runs, LIMIT, "the drain stops at its limit: {drained:?}");
     let err = drained.expect_err("a drain stopped by its limit says so");
     assert!(
-        matches!(err, dibs::Error::Timeout { .. }) && err.to_string().contains("drain_limit"),
+        matches!(err, tenure::Error::Timeout { .. }) && err.to_string().contains("drain_limit"),
         "{err}"
     );
     // The job it found still due was given back, unstarted, no attempt used.
@@ -389,7 +389,7 @@ fn odd_kind_names_match_exactly(backend: Backend) {
         "'a'".into(),
         "\"a\"".into(),
         "a\\".into(),
-        "a'); DELETE FROM dibs_jobs; --".into(),
+        "a'); DELETE FROM tenure_jobs; --".into(),
         "日本".into(),
         long.clone(),
         "k".repeat(255),
@@ -535,7 +535,7 @@ fn bad_typed_consts_are_typed_errors_and_change_nothing(backend: Backend) {
     for builder in builders {
         assert!(builder.drain().unwrap_err().is_invalid_input());
     }
-    let n = crate::support::count(&mut db.connect(), "SELECT COUNT(*) AS n FROM dibs_jobs");
+    let n = crate::support::count(&mut db.connect(), "SELECT COUNT(*) AS n FROM tenure_jobs");
     assert_eq!(n, 0);
 }
 
@@ -543,7 +543,7 @@ fn bad_typed_consts_are_typed_errors_and_change_nothing(backend: Backend) {
 /// test checking what it sees) gets a connection too, as handlers do.
 fn a_drain_hook_may_use_a_pool_of_one(backend: Backend) {
     let db = TestDb::migrated(backend);
-    let pool = dibs::Pool::options()
+    let pool = tenure::Pool::options()
         .max_size(1)
         .connection_timeout(Duration::from_secs(3))
         .open(db.url())
@@ -575,7 +575,7 @@ fn a_drain_hook_may_use_a_pool_of_one(backend: Backend) {
         *states.lock().unwrap(),
         vec![format!(
             "{:?}",
-            Ok::<_, dibs::Error>(Some(JobState::Completed))
+            Ok::<_, tenure::Error>(Some(JobState::Completed))
         )],
         "job {id}"
     );

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use chrono::{SubsecRound, TimeDelta, Utc};
-use dibs::Backend;
-use dibs::jobs::{self, JobState, NewJob, OnDuplicate};
+use tenure::Backend;
+use tenure::jobs::{self, JobState, NewJob, OnDuplicate};
 
 use crate::support::{TestDb, conformance, count, now_sql, race};
 
@@ -92,14 +92,14 @@ fn a_long_batch_in_a_rolled_back_transaction_leaves_nothing(backend: Backend) {
     let batch: Vec<NewJob> = (0..N)
         .map(|i| NewJob::new("q", "k", vec![i as u8]).limit("lk", 2))
         .collect();
-    let rolled_back: Result<(), dibs::Error> = dibs::transaction(&mut conn, |conn| {
+    let rolled_back: Result<(), tenure::Error> = tenure::transaction(&mut conn, |conn| {
         jobs::enqueue_many(conn, &batch)?;
         Err(diesel::result::Error::RollbackTransaction.into())
     });
     assert!(rolled_back.is_err());
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 0);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 0);
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_job_limits"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_job_limits"),
         0
     );
     // And the ids it took are not given to anyone twice afterwards.
@@ -110,33 +110,33 @@ fn a_long_batch_in_a_rolled_back_transaction_leaves_nothing(backend: Backend) {
         .collect();
     assert_eq!(ids.len(), N);
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"),
         N as i64
     );
 }
 
-fn db_now(conn: &mut dibs::AnyConnection) -> chrono::DateTime<Utc> {
+fn db_now(conn: &mut tenure::AnyConnection) -> chrono::DateTime<Utc> {
     use diesel::RunQueryDsl;
     #[derive(diesel::QueryableByName)]
     struct Now {
-        #[diesel(sql_type = dibs::sql_types::Instant)]
+        #[diesel(sql_type = tenure::sql_types::Instant)]
         now: chrono::DateTime<Utc>,
     }
     let sql = format!(
         "SELECT {} AS now",
-        now_sql(dibs::DibsConnection::backend(conn))
+        now_sql(tenure::TenureConnection::backend(conn))
     );
     crate::support::concrete!(conn, c => diesel::sql_query(&sql).get_result::<Now>(c))
         .unwrap()
         .now
 }
 
-/// dibs_jobs turns over every row: PostgreSQL vacuums it after a fixed number of dead row
+/// tenure_jobs turns over every row: PostgreSQL vacuums it after a fixed number of dead row
 /// versions, not after a fifth of the table (the default), which on a small busy table
 /// means many times its live rows.
 #[cfg(feature = "postgres")]
 #[test]
-fn postgres_vacuums_dibs_jobs_by_dead_versions_not_by_share() {
+fn postgres_vacuums_tenure_jobs_by_dead_versions_not_by_share() {
     use diesel::RunQueryDsl;
     #[derive(diesel::QueryableByName)]
     struct Options {
@@ -147,7 +147,7 @@ fn postgres_vacuums_dibs_jobs_by_dead_versions_not_by_share() {
     let mut conn = db.connect();
     let got = diesel::sql_query(
         "SELECT array_to_string(reloptions, ',') AS options FROM pg_class \
-         WHERE relname = 'dibs_jobs' AND relnamespace = current_schema()::regnamespace",
+         WHERE relname = 'tenure_jobs' AND relnamespace = current_schema()::regnamespace",
     )
     .get_result::<Options>(&mut conn)
     .unwrap()
@@ -200,12 +200,12 @@ fn a_keyed_batch_enqueued_twice_makes_each_job_once(backend: Backend) {
     }
     let distinct = N - N / 50;
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"),
         distinct as i64
     );
     // Limits for the jobs made (not the live one folded into).
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_job_limits"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_job_limits"),
         distinct as i64 - 1
     );
     let new_ids: Vec<i64> = first.iter().filter(|e| !e.existing).map(|e| e.id).collect();
@@ -222,7 +222,7 @@ fn a_keyed_batch_enqueued_twice_makes_each_job_once(backend: Backend) {
         assert_eq!(b.updated, i >= 200, "job {i}: {b:?}");
     }
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"),
         distinct as i64
     );
     let replaced = jobs::get(&mut conn, again[250].id).unwrap().unwrap();
@@ -257,7 +257,7 @@ fn keyed_batches_racing_make_one_job_a_key(backend: Backend) {
     }
     let mut conn = db.connect();
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"),
         (ROUNDS * KEYS) as i64
     );
 }

@@ -6,12 +6,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant as Clock};
 
-use dibs::jobs::{self, NewJob};
-use dibs::lease;
-use dibs::{AnyConnection, Backend, SessionSetup};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::Text;
+use tenure::jobs::{self, NewJob};
+use tenure::lease;
+use tenure::{AnyConnection, Backend, SessionSetup};
 
 use crate::support::{TestDb, conformance, count, placeholders};
 
@@ -63,10 +63,10 @@ fn a_busy_writer_does_not_starve_the_other_writers_of_its_process(backend: Backe
         let (stop, done) = (stop.clone(), hog_transactions.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::SeqCst) {
-                dibs::transaction(&mut conn, |c| {
+                tenure::transaction(&mut conn, |c| {
                     jobs::enqueue(c, &NewJob::new("hog", "k", vec![]))?;
                     std::thread::sleep(Duration::from_millis(15));
-                    Ok::<(), dibs::Error>(())
+                    Ok::<(), tenure::Error>(())
                 })
                 .expect("the hog's own transactions succeed");
                 done.fetch_add(1, Ordering::SeqCst);
@@ -215,7 +215,7 @@ fn a_directly_opened_connection_waits_for_a_writer_like_a_pooled_one(backend: Ba
     let sql = format!("SELECT COUNT(*) AS n FROM contended WHERE x = {expected}");
     assert_eq!(count(&mut writer, &sql), 1, "every write counted");
     assert_eq!(
-        count(&mut writer, "SELECT COUNT(*) AS n FROM dibs_jobs"),
+        count(&mut writer, "SELECT COUNT(*) AS n FROM tenure_jobs"),
         (ROUNDS / 2) as i64
     );
     println!("{backend}: writes beside a 200 ms write transaction waited {waited:?}, none failed");
@@ -240,12 +240,12 @@ fn a_take_that_waited_for_the_row_is_stamped_when_it_won(backend: Backend) {
             .unwrap()
             .expect("free");
         let (sender, taken) = mpsc::channel();
-        let ended = dibs::transaction(&mut holder, |c| {
+        let ended = tenure::transaction(&mut holder, |c| {
             held.verify(c)?;
             // Released in the transaction that holds the row (`Lease::release` itself needs a
             // bare connection).
             let release = format!(
-                "UPDATE dibs_leases SET token = NULL WHERE name = {}",
+                "UPDATE tenure_leases SET token = NULL WHERE name = {}",
                 placeholders(backend, 1)
             );
             diesel::sql_query(release)
@@ -257,7 +257,7 @@ fn a_take_that_waited_for_the_row_is_stamped_when_it_won(backend: Backend) {
                 let _ = sender.send(lease::try_take(&mut taker, &name, TTL, "second"));
             });
             wait_until_blocked(backend, &mut monitor);
-            dibs::database_now(c)
+            tenure::database_now(c)
         })
         .expect("the holder's last transaction");
         let second = taken
@@ -301,7 +301,7 @@ fn wait_until_blocked(backend: Backend, monitor: &mut AnyConnection) {
         // is not always listed in `innodb_trx`: look for the running statement itself.
         Backend::Mysql => {
             "SELECT COUNT(*) AS n FROM information_schema.processlist \
-             WHERE db = DATABASE() AND info LIKE 'INSERT INTO dibs_leases%'"
+             WHERE db = DATABASE() AND info LIKE 'INSERT INTO tenure_leases%'"
         }
     };
     let until = Clock::now() + Duration::from_secs(30);

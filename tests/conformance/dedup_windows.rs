@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use dibs::jobs::{
+use tenure::jobs::{
     self, DedupOver, Enqueued, Finished, JobArgs, NewJob, OnDuplicate, Retention, Retry,
 };
-use dibs::{AnyConnection, Backend};
+use tenure::{AnyConnection, Backend};
 
 use crate::support::{TestDb, conformance, contest, count};
 
@@ -43,7 +43,7 @@ fn complete_one(conn: &mut AnyConnection, queue: &str) -> DateTime<Utc> {
 
 /// Waits until the database's clock is past `at` (never the client's: the clocks may differ).
 fn wait_for_database_clock(conn: &mut AnyConnection, at: DateTime<Utc>) {
-    while dibs::database_now(conn).unwrap() <= at {
+    while tenure::database_now(conn).unwrap() <= at {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -74,7 +74,7 @@ fn a_duplicate_folds_into_its_finished_twin_within_the_window_only(backend: Back
     std::thread::sleep(Duration::from_millis(100));
     let again = jobs::enqueue(&mut conn, &job).unwrap();
     // The precondition, on the database clock: the duplicate came inside the window.
-    let after = dibs::database_now(&mut conn).unwrap();
+    let after = tenure::database_now(&mut conn).unwrap();
     assert!(
         after < finished + chrono::Duration::milliseconds(900),
         "the machine stalled for most of the window: {after} vs finished {finished}"
@@ -83,14 +83,14 @@ fn a_duplicate_folds_into_its_finished_twin_within_the_window_only(backend: Back
     let twin = jobs::get(&mut conn, first.id).unwrap().unwrap();
     assert_eq!(twin.dedup_hits, 1);
     assert_eq!(twin.dedup_window_micros, Some(1_000_000));
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 1);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 1);
 
     // After the window (the database's clock says so, with a margin): a new job.
     wait_for_database_clock(&mut conn, finished + chrono::Duration::milliseconds(1100));
     let later = jobs::enqueue(&mut conn, &job).unwrap();
     assert!(!later.existing, "{later:?}");
     assert_ne!(later.id, first.id);
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 2);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 2);
 }
 
 fn completed_only_or_any_final_state(backend: Backend) {
@@ -144,7 +144,7 @@ fn completed_only_or_any_final_state(backend: Backend) {
             .unwrap()
             .existing
     );
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 7);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 7);
 }
 
 /// With a live job and a finished one of the key inside the window, the live one takes the
@@ -203,11 +203,11 @@ fn debounce_leaves_one_job_with_the_last_payload(backend: Backend) {
             let job = keyed("d", &format!("r{round}"), &format!("{round}/{thread}"))
                 .at(due(thread))
                 .on_duplicate(OnDuplicate::Replace);
-            dibs::transaction(conn, |c| {
+            tenure::transaction(conn, |c| {
                 let enqueued = jobs::enqueue(c, &job)?;
                 // This enqueue's place in the order: the hits its own update left.
                 let hits = jobs::get(c, enqueued.id)?.expect("the job").dedup_hits;
-                Ok::<_, dibs::Error>((enqueued, hits))
+                Ok::<_, tenure::Error>((enqueued, hits))
             })
             .expect("enqueue")
         },
@@ -246,7 +246,7 @@ fn debounce_leaves_one_job_with_the_last_payload(backend: Backend) {
             assert_eq!(
                 count(
                     &mut check,
-                    &format!("SELECT COUNT(*) AS n FROM dibs_jobs WHERE dedup_key = 'r{round}'")
+                    &format!("SELECT COUNT(*) AS n FROM tenure_jobs WHERE dedup_key = 'r{round}'")
                 ),
                 1
             );
@@ -333,7 +333,7 @@ fn keep_earlier_due_takes_the_earlier_whichever_comes_first(backend: Backend) {
     assert!(jobs::enqueue(&mut conn, &now).unwrap().updated);
     let due = jobs::get(&mut conn, c).unwrap().unwrap().due_at;
     assert!(
-        due <= dibs::database_now(&mut conn).unwrap(),
+        due <= tenure::database_now(&mut conn).unwrap(),
         "due now: {due}"
     );
     assert_eq!(jobs::claim(&mut conn, "e", 10, TTL).unwrap().len(), 1);
@@ -375,7 +375,7 @@ fn the_window_race_never_makes_two_jobs(backend: Backend) {
             // the finish's update of it) is a retryable error: the call is repeated, as
             // callers (the worker's finisher) do.
             let mut retries = 0;
-            let mut retry = |call: &mut dyn FnMut() -> dibs::Result<i64>| loop {
+            let mut retry = |call: &mut dyn FnMut() -> tenure::Result<i64>| loop {
                 match call() {
                     Err(e) if e.is_retryable() => retries += 1,
                     other => return other.map_err(|e| e.to_string()),
@@ -405,7 +405,7 @@ fn the_window_race_never_makes_two_jobs(backend: Backend) {
             assert_eq!(
                 count(
                     &mut check,
-                    &format!("SELECT COUNT(*) AS n FROM dibs_jobs WHERE dedup_key = 'r{round}'")
+                    &format!("SELECT COUNT(*) AS n FROM tenure_jobs WHERE dedup_key = 'r{round}'")
                 ),
                 1,
                 "round {round}"
@@ -419,7 +419,7 @@ fn the_window_race_never_makes_two_jobs(backend: Backend) {
     assert_eq!(folded_after_finish, ROUNDS);
     let mut conn = db.connect();
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"),
         ROUNDS as i64
     );
     println!(
@@ -445,7 +445,7 @@ fn prune_keeps_a_finished_job_until_its_window_is_over(backend: Backend) {
         plain_finished + chrono::Duration::milliseconds(200),
     );
     assert!(
-        dibs::database_now(&mut conn).unwrap() < finished + chrono::Duration::milliseconds(2500),
+        tenure::database_now(&mut conn).unwrap() < finished + chrono::Duration::milliseconds(2500),
         "the machine stalled for most of the window"
     );
     let short = Retention::KeepYoungerThan(Duration::from_millis(100));
@@ -504,14 +504,15 @@ fn bad_windows_and_modes_are_refused_and_write_nothing(backend: Backend) {
         ),
         (
             "dedup_window",
-            plain()
-                .dedup_key("k")
-                .dedup_window(dibs::MAX_TTL + Duration::from_secs(1), DedupOver::Completed),
+            plain().dedup_key("k").dedup_window(
+                tenure::MAX_TTL + Duration::from_secs(1),
+                DedupOver::Completed,
+            ),
         ),
     ];
     for (field, job) in &bad {
         match jobs::enqueue(&mut conn, job) {
-            Err(dibs::Error::InvalidInput { field: f, .. }) => assert_eq!(f, *field, "{job:?}"),
+            Err(tenure::Error::InvalidInput { field: f, .. }) => assert_eq!(f, *field, "{job:?}"),
             other => panic!("{job:?}: {other:?}"),
         }
         let batch = [keyed("b", "fine", "x"), job.clone()];
@@ -521,9 +522,9 @@ fn bad_windows_and_modes_are_refused_and_write_nothing(backend: Backend) {
                 .is_invalid_input()
         );
     }
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 0);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 0);
     // The bounds themselves are fine.
-    let edges = [Duration::from_millis(1), dibs::MAX_TTL];
+    let edges = [Duration::from_millis(1), tenure::MAX_TTL];
     for (i, window) in edges.into_iter().enumerate() {
         let job = keyed("b", &i.to_string(), "x").dedup_window(window, DedupOver::AnyFinal);
         assert!(!jobs::enqueue(&mut conn, &job).unwrap().existing);
@@ -595,5 +596,5 @@ fn enqueue_many_and_typed_jobs_honour_windows_and_modes(backend: Backend) {
     )
     .unwrap();
     assert!(keyless.iter().all(|e| !e.existing));
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 5);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 5);
 }

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use dibs::jobs::{self, NewJob, QueueDepth};
-use dibs::{Backend, Error};
+use tenure::jobs::{self, NewJob, QueueDepth};
+use tenure::{Backend, Error};
 
 use crate::support::{TestDb, conformance};
 

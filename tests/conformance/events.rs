@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dibs::Backend;
-use dibs::jobs::{self, Backoff, JobState, NewJob};
-use dibs::worker::{Event, JobContext, JobError, RunOutcome, Worker};
+use tenure::Backend;
+use tenure::jobs::{self, Backoff, JobState, NewJob};
+use tenure::worker::{Event, JobContext, JobError, RunOutcome, Worker};
 
 use crate::support::{TestDb, conformance, wait_for};
 
@@ -202,7 +202,7 @@ fn snoozes_use_no_attempt_and_are_counted(backend: Backend) {
         (job.state, job.attempt, job.snoozes),
         (JobState::Waiting, 0, 1)
     );
-    let now = dibs::database_now(&mut conn).unwrap();
+    let now = tenure::database_now(&mut conn).unwrap();
     assert!(job.due_at - now > chrono::Duration::minutes(59), "{job:?}");
     assert!(
         jobs::claim(&mut conn, "sz", 10, Duration::from_secs(60))
@@ -225,7 +225,7 @@ fn metrics_count_what_the_worker_did(backend: Backend) {
     // A queue of this test's own: other tests in this process count under theirs.
     let queue = format!("metrics-{}", backend.to_string().to_lowercase());
     let db = TestDb::migrated(backend);
-    let pool: dibs::Pool = db.pool(2);
+    let pool: tenure::Pool = db.pool(2);
     let batch: Vec<NewJob> = (0..4)
         .map(|i| NewJob::json(queue.as_str(), "m", &i).unwrap())
         .collect();
@@ -241,7 +241,7 @@ fn metrics_count_what_the_worker_did(backend: Backend) {
         .drain()
         .unwrap();
     assert_eq!((report.completed, report.dead), (3, 1));
-    dibs::metrics::record_stats(&jobs::stats(&mut pool.get().unwrap()).unwrap());
+    tenure::metrics::record_stats(&jobs::stats(&mut pool.get().unwrap()).unwrap());
     let text = handle.render();
     let value = |name: &str, labels: &str| -> Option<f64> {
         text.lines()
@@ -250,10 +250,10 @@ fn metrics_count_what_the_worker_did(backend: Backend) {
             .and_then(|v| v.parse().ok())
     };
     let q = format!("queue=\"{queue}\"");
-    assert_eq!(value("dibs_jobs_enqueued_total", &q), Some(4.0), "{text}");
+    assert_eq!(value("tenure_jobs_enqueued_total", &q), Some(4.0), "{text}");
     assert_eq!(
         value(
-            "dibs_job_runs_total",
+            "tenure_job_runs_total",
             &format!("{q},kind=\"m\",outcome=\"completed\"")
         ),
         Some(3.0),
@@ -261,19 +261,19 @@ fn metrics_count_what_the_worker_did(backend: Backend) {
     );
     assert_eq!(
         value(
-            "dibs_job_runs_total",
+            "tenure_job_runs_total",
             &format!("{q},kind=\"m\",outcome=\"dead\"")
         ),
         Some(1.0),
         "{text}"
     );
     assert_eq!(
-        value("dibs_job_run_seconds_count", &format!("{q},kind=\"m\"")),
+        value("tenure_job_run_seconds_count", &format!("{q},kind=\"m\"")),
         Some(4.0),
         "{text}"
     );
     assert_eq!(
-        value("dibs_jobs", &format!("{q},state=\"completed\"")),
+        value("tenure_jobs", &format!("{q},state=\"completed\"")),
         Some(3.0),
         "{text}"
     );
@@ -342,8 +342,8 @@ where
     }
 }
 
-/// A drain under a subscriber: one `dibs.job` span per run with its id, kind, attempt,
-/// queue wait and (at its end) result and run time; one `dibs::job` event per recorded run
+/// A drain under a subscriber: one `tenure.job` span per run with its id, kind, attempt,
+/// queue wait and (at its end) result and run time; one `tenure::job` event per recorded run
 /// with its outcome and error.
 fn tracing_has_a_span_per_run_and_a_line_per_recorded_job(backend: Backend) {
     use tracing_subscriber::layer::SubscriberExt;
@@ -372,7 +372,7 @@ fn tracing_has_a_span_per_run_and_a_line_per_recorded_job(backend: Backend) {
     let span = |id: i64| {
         seen.spans
             .iter()
-            .find(|(name, f)| name == "dibs.job" && f.get("job.id") == Some(&id.to_string()))
+            .find(|(name, f)| name == "tenure.job" && f.get("job.id") == Some(&id.to_string()))
             .map(|(_, f)| f.clone())
             .unwrap_or_else(|| panic!("no span for job {id}: {:?}", seen.spans))
     };
@@ -380,7 +380,9 @@ fn tracing_has_a_span_per_run_and_a_line_per_recorded_job(backend: Backend) {
         let lines: Vec<_> = seen
             .events
             .iter()
-            .filter(|(target, f)| target == "dibs::job" && f.get("job.id") == Some(&id.to_string()))
+            .filter(|(target, f)| {
+                target == "tenure::job" && f.get("job.id") == Some(&id.to_string())
+            })
             .collect();
         assert_eq!(lines.len(), 1, "one line per recorded run: {lines:?}");
         lines[0].1.clone()

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant as Clock};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use dibs::Backend;
-use dibs::jobs::{self, Limit, NewJob, Outcome};
+use tenure::Backend;
+use tenure::jobs::{self, Limit, NewJob, Outcome};
 
 use crate::support::{TestDb, conformance, count};
 
@@ -135,7 +135,7 @@ fn a_rate_limit_holds_in_every_window_while_unlimited_jobs_drain(backend: Backen
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'"
         ),
         0
     );
@@ -210,7 +210,7 @@ fn several_keys_per_job_are_never_exceeded(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'"
         ),
         0
     );
@@ -303,7 +303,7 @@ fn a_throttled_key_is_claimable_again_when_its_window_allows(backend: Backend) {
     assert!(jobs::claim(&mut conn, "t", 10, TTL).unwrap().is_empty());
     // Wait on the database's clock until the window allows, then one claim takes it.
     let deadline = Clock::now() + Duration::from_secs(60);
-    while dibs::database_now(&mut conn).unwrap() < until {
+    while tenure::database_now(&mut conn).unwrap() < until {
         assert!(
             Clock::now() < deadline,
             "the database clock did not reach {until}"
@@ -334,7 +334,7 @@ fn a_rate_counts_retries_as_starts(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'waiting'"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'waiting'"
         ),
         1
     );
@@ -381,7 +381,7 @@ fn limits_are_stored_with_the_job_and_pruned_with_it(backend: Backend) {
     let policy = jobs::Retention::DeleteAll;
     jobs::prune(&mut conn, "s", jobs::Finished::Completed, policy, 100).unwrap();
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_job_limits"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_job_limits"),
         0
     );
 }
@@ -408,24 +408,24 @@ fn bad_flow_control_input_is_refused_and_writes_nothing(backend: Backend) {
     for job in &bad {
         let err = jobs::enqueue(&mut conn, job).unwrap_err();
         assert!(
-            matches!(err, dibs::Error::InvalidInput { .. }),
+            matches!(err, tenure::Error::InvalidInput { .. }),
             "{job:?}: {err}"
         );
         let err = jobs::enqueue_many(&mut conn, std::slice::from_ref(job)).unwrap_err();
-        assert!(matches!(err, dibs::Error::InvalidInput { .. }), "{err}");
+        assert!(matches!(err, tenure::Error::InvalidInput { .. }), "{err}");
     }
     for max in [Some(0), Some(10_001)] {
         let err = jobs::limit_queue(&mut conn, "q", max).unwrap_err();
-        assert!(matches!(err, dibs::Error::InvalidInput { .. }), "{err}");
+        assert!(matches!(err, tenure::Error::InvalidInput { .. }), "{err}");
     }
     assert!(jobs::limit_queue(&mut conn, "", Some(1)).is_err());
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 0);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 0);
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_job_limits"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_job_limits"),
         0
     );
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_queue_limits"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_queue_limits"),
         0
     );
     // Eight keys is the most, and fine.
@@ -451,10 +451,10 @@ fn a_keys_starts_are_trimmed_to_what_any_rate_can_need(backend: Backend) {
         assert!(!claimed.is_empty(), "claimed {started} of 20,000");
         started += claimed.len();
     }
-    let kept = count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_limit_starts");
+    let kept = count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_limit_starts");
     assert_eq!(kept, 10_000, "starts kept after 20,000");
     assert_eq!(
-        count(&mut conn, "SELECT starts_kept AS n FROM dibs_limit_keys"),
+        count(&mut conn, "SELECT starts_kept AS n FROM tenure_limit_keys"),
         10_000
     );
     let hourly =
@@ -479,13 +479,13 @@ fn a_worker_claims_a_throttled_key_when_its_window_allows_not_at_its_next_poll(b
     jobs::enqueue_many(&mut conn, &batch).unwrap();
     let starts: Arc<Mutex<Vec<DateTime<Utc>>>> = Arc::default();
     let seen = starts.clone();
-    let worker = dibs::worker::Worker::builder(pool.clone())
+    let worker = tenure::worker::Worker::builder(pool.clone())
         .queue("paced")
         .threads(2)
         .poll_interval(Duration::from_secs(30))
-        .raw_handler("tick", move |ctx: &dibs::worker::JobContext, _: &[u8]| {
+        .raw_handler("tick", move |ctx: &tenure::worker::JobContext, _: &[u8]| {
             seen.lock().unwrap().push(ctx.claimed_at);
-            Ok::<(), dibs::worker::JobError>(())
+            Ok::<(), tenure::worker::JobError>(())
         })
         .start()
         .unwrap();

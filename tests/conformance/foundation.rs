@@ -3,11 +3,11 @@
 use std::time::{Duration, Instant as Clock};
 
 use chrono::{DateTime, Utc};
-use dibs::{AnyConnection, Backend, BackendConnection, DibsConnection, Error};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
+use tenure::{AnyConnection, Backend, BackendConnection, Error, TenureConnection};
 
 use crate::support::{
     TestDb, concrete, conformance, count, instant_column, placeholders, race, token_column,
@@ -18,6 +18,7 @@ conformance!(
     migrations_are_safe_from_four_threads_at_once,
     migrations_live_beside_a_users_own_set,
     migrations_refuse_an_open_transaction,
+    migrations_refuse_a_database_of_the_former_name,
     names_are_byte_exact,
     clock_is_utc_in_a_non_utc_session,
     instants_and_tokens_round_trip,
@@ -72,26 +73,33 @@ fn recorded_versions(conn: &mut AnyConnection) -> Vec<String> {
 fn migrations_apply_once_and_are_idempotent(backend: Backend) {
     let db = TestDb::empty(backend);
     let mut conn = db.connect();
-    assert_eq!(dibs::schema_version(&mut conn).unwrap(), None);
-    let applied = dibs::run_migrations(&mut conn).unwrap();
+    assert_eq!(tenure::schema_version(&mut conn).unwrap(), None);
+    let applied = tenure::run_migrations(&mut conn).unwrap();
     assert!(!applied.is_empty());
-    assert!(applied.iter().all(|v| v.starts_with(dibs::VERSION_PREFIX)));
+    assert!(
+        applied
+            .iter()
+            .all(|v| v.starts_with(tenure::VERSION_PREFIX))
+    );
     assert_eq!(
-        dibs::run_migrations(&mut conn).unwrap(),
+        tenure::run_migrations(&mut conn).unwrap(),
         Vec::<String>::new()
     );
     assert_eq!(
-        dibs::schema_version(&mut conn).unwrap().as_ref(),
+        tenure::schema_version(&mut conn).unwrap().as_ref(),
         applied.last()
     );
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_leases"), 0);
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_leases"),
+        0
+    );
     assert_eq!(recorded_versions(&mut conn), applied);
 }
 
 fn migrations_are_safe_from_four_threads_at_once(backend: Backend) {
     for _round in 0..3 {
         let db = TestDb::empty(backend);
-        let results = race(&db, 4, |_, conn| dibs::run_migrations(conn));
+        let results = race(&db, 4, |_, conn| tenure::run_migrations(conn));
         let mut all: Vec<String> = Vec::new();
         for result in results {
             all.extend(result.expect("every concurrent migrator succeeds"));
@@ -108,24 +116,27 @@ fn migrations_live_beside_a_users_own_set(backend: Backend) {
     let db = TestDb::empty(backend);
     let mut conn = db.connect();
     assert_eq!(run_user_migrations(&mut conn), vec!["20240101000000"]);
-    let ours = dibs::run_migrations(&mut conn).unwrap();
+    let ours = tenure::run_migrations(&mut conn).unwrap();
     assert!(!ours.is_empty());
     // Neither set mistakes the other's versions for its own.
     assert!(run_user_migrations(&mut conn).is_empty());
-    assert!(dibs::run_migrations(&mut conn).unwrap().is_empty());
+    assert!(tenure::run_migrations(&mut conn).unwrap().is_empty());
     let mut expected = ours.clone();
     expected.push("20240101000000".to_string());
     expected.sort();
     assert_eq!(recorded_versions(&mut conn), expected);
     assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM widgets"), 0);
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_leases"), 0);
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_leases"),
+        0
+    );
 }
 
 fn migrations_refuse_an_open_transaction(backend: Backend) {
     let db = TestDb::empty(backend);
     let mut conn = db.connect();
     let err = conn
-        .transaction(dibs::run_migrations)
+        .transaction(tenure::run_migrations)
         .expect_err("migrations inside a transaction");
     assert!(
         matches!(
@@ -136,21 +147,52 @@ fn migrations_refuse_an_open_transaction(backend: Backend) {
         ),
         "{err:?}"
     );
-    let err = dibs::transaction(&mut conn, dibs::run_migrations).unwrap_err();
+    let err = tenure::transaction(&mut conn, tenure::run_migrations).unwrap_err();
     assert!(matches!(err, Error::InTransaction { .. }), "{err:?}");
     // Nothing was applied, and the connection is usable afterwards.
-    assert_eq!(dibs::schema_version(&mut conn).unwrap(), None);
-    assert!(!dibs::run_migrations(&mut conn).unwrap().is_empty());
+    assert_eq!(tenure::schema_version(&mut conn).unwrap(), None);
+    assert!(!tenure::run_migrations(&mut conn).unwrap().is_empty());
+}
+
+/// A database migrated under the crate's former name gets an error that says what to do, and
+/// no second set of tables beside its own.
+fn migrations_refuse_a_database_of_the_former_name(backend: Backend) {
+    let db = TestDb::empty(backend);
+    let mut conn = db.connect();
+    conn.batch_execute(
+        "CREATE TABLE __diesel_schema_migrations (version VARCHAR(50) PRIMARY KEY NOT NULL, \
+         run_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP)",
+    )
+    .unwrap();
+    conn.batch_execute(
+        "INSERT INTO __diesel_schema_migrations (version) VALUES ('dibs-0001_create_leases')",
+    )
+    .unwrap();
+    let err = tenure::run_migrations(&mut conn).expect_err("a database of the former name");
+    let message = err.to_string();
+    assert!(matches!(err, Error::Migration(_)), "{err:?}");
+    assert!(message.contains("former name"), "{message}");
+    assert!(message.contains("drop the dibs_* tables"), "{message}");
+    assert_eq!(
+        recorded_versions(&mut conn),
+        vec!["dibs-0001_create_leases"]
+    );
+    assert_eq!(tenure::schema_version(&mut conn).unwrap(), None);
+    let created = diesel::sql_query("SELECT COUNT(*) AS n FROM tenure_leases").execute(&mut conn);
+    assert!(created.is_err(), "no tenure table was created");
 }
 
 fn names_are_byte_exact(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    let now = dibs::database_now(&mut conn).unwrap();
+    let now = tenure::database_now(&mut conn).unwrap();
     for (i, name) in ["Job", "job", "job ", "jöb", "JOB"].iter().enumerate() {
         insert_lease_row(&mut conn, name, i as i64, now);
     }
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_leases"), 5);
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_leases"),
+        5
+    );
     for (i, name) in ["Job", "job", "job ", "jöb", "JOB"].iter().enumerate() {
         let fences = fences_named(&mut conn, name);
         assert_eq!(fences, vec![i as i64], "lookup of {name:?}");
@@ -161,15 +203,15 @@ fn names_are_byte_exact(backend: Backend) {
 fn insert_lease_row(conn: &mut AnyConnection, name: &str, fence: i64, at: DateTime<Utc>) {
     let backend = conn.backend();
     let sql = format!(
-        "INSERT INTO dibs_leases (name, holder, fence, acquired_at, expires_at) VALUES ({})",
+        "INSERT INTO tenure_leases (name, holder, fence, acquired_at, expires_at) VALUES ({})",
         placeholders(backend, 5)
     );
     concrete!(conn, c => diesel::sql_query(sql)
         .bind::<Text, _>(name)
         .bind::<Text, _>("test")
         .bind::<BigInt, _>(fence)
-        .bind::<dibs::sql_types::Instant, _>(at)
-        .bind::<dibs::sql_types::Instant, _>(at)
+        .bind::<tenure::sql_types::Instant, _>(at)
+        .bind::<tenure::sql_types::Instant, _>(at)
         .execute(c))
     .expect("insert a lease row");
 }
@@ -184,7 +226,7 @@ fn fences_named(conn: &mut AnyConnection, name: &str) -> Vec<i64> {
     }
     let backend = conn.backend();
     let rows = diesel::sql_query(format!(
-        "SELECT fence, name FROM dibs_leases WHERE name = {}",
+        "SELECT fence, name FROM tenure_leases WHERE name = {}",
         placeholders(backend, 1)
     ))
     .bind::<Text, _>(name)
@@ -211,7 +253,7 @@ fn clock_is_utc_in_a_non_utc_session(backend: Backend) {
     let mut conn = db.connect_raw();
     set_non_utc_session(&mut conn);
     let before = Utc::now();
-    let db_now = dibs::database_now(&mut conn).unwrap();
+    let db_now = tenure::database_now(&mut conn).unwrap();
     let after = Utc::now();
     // Same host: the database's UTC clock falls between two readings of ours (1 s of slack
     // for SQLite's and MariaDB's rounding).
@@ -224,9 +266,9 @@ fn clock_is_utc_in_a_non_utc_session(backend: Backend) {
     // transaction; statement_timestamp() does).
     let in_tx = conn
         .transaction(|c| {
-            let a = dibs::database_now(c)?;
+            let a = tenure::database_now(c)?;
             std::thread::sleep(Duration::from_millis(50));
-            let b = dibs::database_now(c)?;
+            let b = tenure::database_now(c)?;
             Ok::<_, Error>((a, b))
         })
         .unwrap();
@@ -255,16 +297,16 @@ fn instants_and_tokens_round_trip(backend: Backend) {
     );
     concrete!(&mut other, c => diesel::sql_query(sql)
         .bind::<diesel::sql_types::Integer, _>(1)
-        .bind::<dibs::sql_types::Instant, _>(precise)
-        .bind::<dibs::sql_types::Token, _>(token)
+        .bind::<tenure::sql_types::Instant, _>(precise)
+        .bind::<tenure::sql_types::Token, _>(token)
         .execute(c))
     .unwrap();
 
     #[derive(QueryableByName, Debug, PartialEq)]
     struct Row {
-        #[diesel(sql_type = dibs::sql_types::Instant)]
+        #[diesel(sql_type = tenure::sql_types::Instant)]
         at: DateTime<Utc>,
-        #[diesel(sql_type = dibs::sql_types::Token)]
+        #[diesel(sql_type = tenure::sql_types::Token)]
         token: uuid::Uuid,
     }
     let expected_at = match backend {
@@ -298,8 +340,8 @@ fn transaction_helper_opens_the_right_kind(backend: Backend) {
             // writer with no busy timeout is refused at once.
             let mut b = db.connect();
             b.batch_execute("PRAGMA busy_timeout = 0").unwrap();
-            dibs::transaction(&mut a, |_| {
-                let err = dibs::transaction(&mut b, |_| Ok::<_, Error>(())).unwrap_err();
+            tenure::transaction(&mut a, |_| {
+                let err = tenure::transaction(&mut b, |_| Ok::<_, Error>(())).unwrap_err();
                 assert!(err.is_retryable(), "{err:?}");
                 Ok::<_, Error>(())
             })
@@ -309,7 +351,7 @@ fn transaction_helper_opens_the_right_kind(backend: Backend) {
             // READ COMMITTED: a row another connection commits mid-transaction is seen by the
             // next statement (REPEATABLE READ, MySQL's default, would keep the old snapshot).
             let mut b = db.connect();
-            let seen = dibs::transaction(&mut a, |a| {
+            let seen = tenure::transaction(&mut a, |a| {
                 let first = count(a, "SELECT COUNT(*) AS n FROM tk");
                 b.batch_execute("INSERT INTO tk (id) VALUES (1)")?;
                 let second = count(a, "SELECT COUNT(*) AS n FROM tk");
@@ -326,9 +368,9 @@ fn transaction_helper_nests_as_a_savepoint(backend: Backend) {
     let mut conn = db.connect();
     conn.batch_execute("CREATE TABLE tn (id INTEGER PRIMARY KEY)")
         .unwrap();
-    let outer: Result<(), Error> = dibs::transaction(&mut conn, |c| {
+    let outer: Result<(), Error> = tenure::transaction(&mut conn, |c| {
         c.batch_execute("INSERT INTO tn (id) VALUES (1)")?;
-        let inner: Result<(), Error> = dibs::transaction(c, |c| {
+        let inner: Result<(), Error> = tenure::transaction(c, |c| {
             c.batch_execute("INSERT INTO tn (id) VALUES (2)")?;
             Err(Error::Timeout { what: "nothing" })
         });
@@ -339,7 +381,7 @@ fn transaction_helper_nests_as_a_savepoint(backend: Backend) {
     // The inner rollback undid only its own row.
     assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tn"), 1);
     // A failing closure rolls the whole transaction back.
-    let failed: Result<(), Error> = dibs::transaction(&mut conn, |c| {
+    let failed: Result<(), Error> = tenure::transaction(&mut conn, |c| {
         c.batch_execute("INSERT INTO tn (id) VALUES (3)")?;
         Err(Error::Timeout { what: "nothing" })
     });
@@ -419,18 +461,18 @@ fn lock_conflicts_are_retryable(backend: Backend) {
 fn other_errors_are_not_retryable(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    let now = dibs::database_now(&mut conn).unwrap();
+    let now = tenure::database_now(&mut conn).unwrap();
     insert_lease_row(&mut conn, "dup", 1, now);
     let sql = format!(
-        "INSERT INTO dibs_leases (name, holder, fence, acquired_at, expires_at) VALUES ({})",
+        "INSERT INTO tenure_leases (name, holder, fence, acquired_at, expires_at) VALUES ({})",
         placeholders(backend, 5)
     );
     let dup: Error = concrete!(&mut conn, c => diesel::sql_query(sql)
         .bind::<Text, _>("dup")
         .bind::<Text, _>("x")
         .bind::<BigInt, _>(2)
-        .bind::<dibs::sql_types::Instant, _>(now)
-        .bind::<dibs::sql_types::Instant, _>(now)
+        .bind::<tenure::sql_types::Instant, _>(now)
+        .bind::<tenure::sql_types::Instant, _>(now)
         .execute(c))
     .unwrap_err()
     .into();
@@ -446,13 +488,13 @@ fn unreachable_server_is_a_fast_typed_error(backend: Backend) {
     let unreachable = match backend {
         Backend::Postgres => "postgres://root:s3cret@127.0.0.1:1/test".to_string(),
         Backend::Mysql => "mysql://root:s3cret@127.0.0.1:1/test".to_string(),
-        Backend::Sqlite => "/nonexistent-dir-s3cret/dibs.db".to_string(),
+        Backend::Sqlite => "/nonexistent-dir-s3cret/tenure.db".to_string(),
     };
     for attempt in ["connect", "pool"] {
         let started = Clock::now();
         let err = match attempt {
             "connect" => AnyConnection::connect(&unreachable).map(drop).unwrap_err(),
-            _ => dibs::Pool::open(&unreachable).map(drop).unwrap_err(),
+            _ => tenure::Pool::open(&unreachable).map(drop).unwrap_err(),
         };
         let took = started.elapsed();
         assert!(
@@ -468,10 +510,10 @@ fn unreachable_server_is_a_fast_typed_error(backend: Backend) {
     if backend != Backend::Sqlite {
         // A reachable server's own refusal comes through with its message.
         let mut url = url::Url::parse(&crate::support::server_url(backend)).unwrap();
-        url.set_path("dibs_no_such_database");
+        url.set_path("tenure_no_such_database");
         let err = AnyConnection::connect(url.as_str()).map(drop).unwrap_err();
         assert!(matches!(err, Error::Connect { .. }), "{err:?}");
-        assert!(err.to_string().contains("dibs_no_such_database"), "{err}");
+        assert!(err.to_string().contains("tenure_no_such_database"), "{err}");
     }
 }
 
@@ -485,7 +527,7 @@ fn pool_applies_session_settings(backend: Backend) {
         #[diesel(sql_type = Text)]
         s: String,
     }
-    let get = |conn: &mut dibs::PooledConnection, sql: &str| -> String {
+    let get = |conn: &mut tenure::PooledConnection, sql: &str| -> String {
         diesel::sql_query(sql)
             .get_result::<S>(&mut **conn)
             .unwrap()
@@ -508,7 +550,7 @@ fn pool_applies_session_settings(backend: Backend) {
                 count(&mut conn, "SELECT timeout AS n FROM pragma_busy_timeout"),
                 5000
             );
-            let err = dibs::Pool::open(":memory:").unwrap_err();
+            let err = tenure::Pool::open(":memory:").unwrap_err();
             assert!(err.is_invalid_input(), "{err:?}");
         }
         Backend::Mysql => {
@@ -517,11 +559,11 @@ fn pool_applies_session_settings(backend: Backend) {
         }
         Backend::Postgres => {}
     }
-    // The pooled connection is a DibsConnection itself, and holds dibs's transactions.
-    dibs::run_migrations(&mut conn).unwrap();
-    let now = dibs::transaction(&mut conn, dibs::database_now).unwrap();
+    // The pooled connection is a TenureConnection itself, and holds tenure's transactions.
+    tenure::run_migrations(&mut conn).unwrap();
+    let now = tenure::transaction(&mut conn, tenure::database_now).unwrap();
     assert!((Utc::now() - now).num_seconds().abs() < 5);
-    assert!(dibs::schema_version(&mut conn).unwrap().is_some());
+    assert!(tenure::schema_version(&mut conn).unwrap().is_some());
 }
 
 /// A connection the server drops mid-session: the next call's error says "outcome unknown"
@@ -560,7 +602,7 @@ fn lost_connection_is_outcome_unknown(backend: Backend) {
 mod postgres_only {
     #[test]
     fn lost_connection_is_outcome_unknown() {
-        super::lost_connection_is_outcome_unknown(dibs::Backend::Postgres)
+        super::lost_connection_is_outcome_unknown(tenure::Backend::Postgres)
     }
 }
 
@@ -568,6 +610,6 @@ mod postgres_only {
 mod mysql_only {
     #[test]
     fn lost_connection_is_outcome_unknown() {
-        super::lost_connection_is_outcome_unknown(dibs::Backend::Mysql)
+        super::lost_connection_is_outcome_unknown(tenure::Backend::Mysql)
     }
 }

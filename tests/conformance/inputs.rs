@@ -6,9 +6,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant as Clock};
 
 use chrono::{DateTime, TimeZone, Utc};
-use dibs::jobs::{self, Enqueued, JobState, NewJob, Outcome, Retry};
-use dibs::{Backend, Error, LeaseGuard, lease};
 use diesel::connection::SimpleConnection;
+use tenure::jobs::{self, Enqueued, JobState, NewJob, Outcome, Retry};
+use tenure::{Backend, Error, LeaseGuard, lease};
 
 use crate::support::{TestDb, conformance, count, race};
 
@@ -49,7 +49,7 @@ fn instants_outside_years_1_to_9999_are_refused_before_any_statement(backend: Ba
         let err = jobs::enqueue_many(&mut conn, &batch).unwrap_err();
         assert!(err.is_invalid_input(), "{at}: {err:?}");
     }
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 0);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 0);
 
     // The ends of the range are stored as given (to the millisecond, SQLite's resolution)
     // and keep their order.
@@ -103,7 +103,7 @@ fn dedup_hits_count_past_two_to_the_31(backend: Backend) {
     let first = jobs::enqueue(&mut conn, &job).unwrap();
     assert!(!first.existing);
     conn.batch_execute(&format!(
-        "UPDATE dibs_jobs SET dedup_hits = 2147483646 WHERE id = {}",
+        "UPDATE tenure_jobs SET dedup_hits = 2147483646 WHERE id = {}",
         first.id
     ))
     .unwrap();
@@ -121,10 +121,10 @@ fn dedup_hits_count_past_two_to_the_31(backend: Backend) {
         );
     }
     assert_eq!(
-        count(&mut conn, "SELECT dedup_hits AS n FROM dibs_jobs"),
+        count(&mut conn, "SELECT dedup_hits AS n FROM tenure_jobs"),
         2_147_483_649
     );
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 1);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 1);
 }
 
 fn schema_version_and_migrations_race_on_fresh_databases_without_errors(backend: Backend) {
@@ -137,9 +137,9 @@ fn schema_version_and_migrations_race_on_fresh_databases_without_errors(backend:
         // Half migrate, half ask for the version, all at once on their own connections.
         let results = race(&db, THREADS, |i, conn| {
             if i % 2 == 0 {
-                dibs::run_migrations(conn).map(|_| ())
+                tenure::run_migrations(conn).map(|_| ())
             } else {
-                dibs::schema_version(conn).map(|_| ())
+                tenure::schema_version(conn).map(|_| ())
             }
         });
         errors.extend(
@@ -148,7 +148,7 @@ fn schema_version_and_migrations_race_on_fresh_databases_without_errors(backend:
                 .filter_map(Result::err)
                 .map(|e| format!("round {round}: {e}")),
         );
-        let version = dibs::schema_version(&mut db.connect()).unwrap();
+        let version = tenure::schema_version(&mut db.connect()).unwrap();
         assert!(version.is_some(), "round {round}: the schema was migrated");
         if let Some(newest) = &newest {
             assert_eq!(&version, newest, "round {round}");
@@ -182,7 +182,7 @@ fn releasing_a_guard_inside_its_verify_transaction_does_not_hang(backend: Backen
         .expect("the lease is free");
     let mut conn = pool.get().unwrap();
     let outcome = bounded("a release inside the verify transaction", move || {
-        dibs::transaction(&mut conn, |conn| {
+        tenure::transaction(&mut conn, |conn| {
             guard.lease().verify(conn)?;
             // The row is locked by this transaction until it commits.
             Ok::<_, Error>(guard.release())
@@ -210,7 +210,7 @@ fn a_guard_released_on_the_callers_connection_commits_with_the_work(backend: Bac
     let fence = guard.fence();
     let mut conn = pool.get().unwrap();
     let released = bounded("a release on the caller's connection", move || {
-        dibs::transaction(&mut conn, |conn| {
+        tenure::transaction(&mut conn, |conn| {
             guard.lease().verify(conn)?;
             jobs::enqueue(conn, &NewJob::new("q", "result", vec![]))?;
             guard.release_on(conn)
@@ -219,7 +219,7 @@ fn a_guard_released_on_the_callers_connection_commits_with_the_work(backend: Bac
     assert!(released.unwrap(), "it was still the guard's to release");
     let mut conn = db.connect();
     assert!(!lease::inspect(&mut conn, "work").unwrap().unwrap().held);
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 1);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 1);
     let next = lease::try_take(&mut conn, "work", TTL, "next")
         .unwrap()
         .expect("released at the commit");
@@ -231,7 +231,7 @@ fn a_guard_released_on_the_callers_connection_commits_with_the_work(backend: Bac
         .expect("the lease is free");
     let mut conn = pool.get().unwrap();
     let outcome = bounded("a release on the caller's connection", move || {
-        dibs::transaction(&mut conn, |conn| {
+        tenure::transaction(&mut conn, |conn| {
             guard.lease().verify(conn)?;
             assert!(guard.release_on(conn)?);
             Err::<(), _>(Error::Timeout { what: "the test" })
@@ -265,7 +265,7 @@ fn a_connection_killed_while_waiting_for_a_row_lock_is_outcome_unknown(backend: 
         // (Not innodb_trx: MariaDB refreshes that cache only when no one read it for 0.1 s.)
         _ => format!(
             "SELECT COUNT(*) AS n FROM information_schema.processlist \
-             WHERE id = {victim_id} AND info LIKE 'UPDATE dibs_leases%'"
+             WHERE id = {victim_id} AND info LIKE 'UPDATE tenure_leases%'"
         ),
     };
     let kill = match backend {
@@ -276,7 +276,7 @@ fn a_connection_killed_while_waiting_for_a_row_lock_is_outcome_unknown(backend: 
         .unwrap()
         .expect("the lease is free");
     let mut killed = None;
-    dibs::transaction(&mut holder, |holder| {
+    tenure::transaction(&mut holder, |holder| {
         lease.verify(holder)?;
         // The victim waits for the row this transaction locked, and is killed meanwhile.
         killed = Some(std::thread::scope(|s| {

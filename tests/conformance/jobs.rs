@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant as Clock};
 
-use dibs::jobs::{self, Backoff, JobClaim, JobState, NewJob, Outcome, Retry};
-use dibs::{AnyConnection, Backend, DibsConnection, Error};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::Text;
+use tenure::jobs::{self, Backoff, JobClaim, JobState, NewJob, Outcome, Retry};
+use tenure::{AnyConnection, Backend, Error, TenureConnection};
 
 use crate::support::{TestDb, conformance, count, now_sql};
 
@@ -117,7 +117,7 @@ fn enqueue_while_claiming_completes_every_job_once(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'completed'"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'completed'"
         ),
         TOTAL as i64
     );
@@ -401,7 +401,7 @@ fn failed_runs_retry_then_die(backend: Backend) {
         .unwrap()
         .id;
     let job = jobs::claim(&mut conn, "r", 1, TTL).unwrap().remove(0);
-    let at = dibs::database_now(&mut conn).unwrap() + chrono::Duration::milliseconds(300);
+    let at = tenure::database_now(&mut conn).unwrap() + chrono::Duration::milliseconds(300);
     jobs::fail(&mut conn, job.claim(), "later", Retry::At(at)).unwrap();
     assert!(jobs::claim(&mut conn, "r", 1, TTL).unwrap().is_empty());
     std::thread::sleep(Duration::from_millis(400));
@@ -424,9 +424,9 @@ fn backoff_delays_a_retry(backend: Backend) {
     assert_eq!(backoff.delay(30), Duration::from_secs(60));
     for attempt in 1..=2u32 {
         let job = jobs::claim(&mut conn, "b", 1, TTL).unwrap().remove(0);
-        let before = dibs::database_now(&mut conn).unwrap();
+        let before = tenure::database_now(&mut conn).unwrap();
         jobs::fail(&mut conn, job.claim(), "x", Retry::Backoff(backoff)).unwrap();
-        let after = dibs::database_now(&mut conn).unwrap();
+        let after = tenure::database_now(&mut conn).unwrap();
         let due = jobs::get(&mut conn, id).unwrap().unwrap().due_at;
         let full = chrono::Duration::from_std(backoff.delay(attempt)).unwrap();
         // Jitter keeps between half and all of the delay.
@@ -438,7 +438,7 @@ fn backoff_delays_a_retry(backend: Backend) {
         assert!(jobs::claim(&mut conn, "b", 1, TTL).unwrap().is_empty());
         // Make it due now to go on.
         diesel::sql_query(format!(
-            "UPDATE dibs_jobs SET due_at = {} WHERE id = {id}",
+            "UPDATE tenure_jobs SET due_at = {} WHERE id = {id}",
             now_sql(backend)
         ))
         .execute(&mut conn)
@@ -498,7 +498,7 @@ fn delays_priorities_and_queues(backend: Backend) {
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(jobs::claim(&mut conn, "d", 10, TTL).unwrap()[0].id, late);
     // The same in one batch: each job keeps its own due time.
-    let at = dibs::database_now(&mut conn).unwrap() + chrono::Duration::milliseconds(400);
+    let at = tenure::database_now(&mut conn).unwrap() + chrono::Duration::milliseconds(400);
     let batch = [
         NewJob::new("d", "k", b"later".to_vec()).at(at),
         NewJob::new("d", "k", b"now".to_vec()),
@@ -564,7 +564,7 @@ fn complete_in_a_rolled_back_transaction_changes_nothing(backend: Backend) {
         .unwrap()
         .id;
     let job = jobs::claim(&mut conn, "t", 1, TTL).unwrap().remove(0);
-    let rolled_back: Result<(), Error> = dibs::transaction(&mut conn, |c| {
+    let rolled_back: Result<(), Error> = tenure::transaction(&mut conn, |c| {
         c.batch_execute("INSERT INTO effects (id) VALUES (1)")?;
         assert_eq!(jobs::complete(c, &[job.claim()])?, vec![Outcome::Done]);
         Err(Error::Timeout {
@@ -578,7 +578,7 @@ fn complete_in_a_rolled_back_transaction_changes_nothing(backend: Backend) {
         0,
         "the writes are gone"
     );
-    let committed = dibs::transaction(&mut conn, |c| {
+    let committed = tenure::transaction(&mut conn, |c| {
         c.batch_execute("INSERT INTO effects (id) VALUES (1)")?;
         jobs::complete(c, &[job.claim()])
     })
@@ -603,10 +603,10 @@ fn enqueue_in_a_rolled_back_transaction_leaves_no_job(backend: Backend) {
         Err(Error::Timeout { what: "a rollback" })
     });
     assert!(outcome.is_err());
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 0);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 0);
     conn.transaction(|c| jobs::enqueue(c, &NewJob::new("tx", "k", vec![])))
         .unwrap();
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 1);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 1);
 }
 
 fn bad_input_is_refused_and_writes_nothing(backend: Backend) {
@@ -694,7 +694,7 @@ fn bad_input_is_refused_and_writes_nothing(backend: Backend) {
             .is_invalid_input()
     );
     assert!(jobs::rescue(&mut conn, 0).unwrap_err().is_invalid_input());
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 0);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 0);
     // Claiming needs a bare connection.
     let refused = conn
         .transaction(|c| jobs::claim(c, "q", 1, TTL))
@@ -715,7 +715,7 @@ fn payloads_round_trip_byte_for_byte(backend: Backend) {
     let payloads: Vec<Vec<u8>> = vec![
         vec![],
         b"\0\0nul\0".to_vec(),
-        b"it's \"quoted\" \\ ; DROP TABLE dibs_jobs; --".to_vec(),
+        b"it's \"quoted\" \\ ; DROP TABLE tenure_jobs; --".to_vec(),
         vec![0xff, 0xfe, 0x80, 0xc3, 0x28],
         big,
     ];
@@ -748,7 +748,7 @@ fn claim_is_served_by_an_index_with_many_finished_jobs(backend: Backend) {
         _ => "x'00'",
     };
     conn.batch_execute(&format!(
-        "INSERT INTO dibs_jobs (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, finished_at) \
+        "INSERT INTO tenure_jobs (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, finished_at) \
          SELECT 'plan', 'k', {payload}, 0, 'completed', 1, 1, {now}, {now}, {now} \
          FROM {digits} a, {digits} b, {digits} c, {digits} d, {digits} e"
     ))
@@ -757,8 +757,8 @@ fn claim_is_served_by_an_index_with_many_finished_jobs(backend: Backend) {
         jobs::enqueue(&mut conn, &NewJob::new("plan", "k", vec![])).unwrap();
     }
     conn.batch_execute(match backend {
-        Backend::Postgres => "ANALYZE dibs_jobs",
-        Backend::Mysql => "ANALYZE TABLE dibs_jobs",
+        Backend::Postgres => "ANALYZE tenure_jobs",
+        Backend::Mysql => "ANALYZE TABLE tenure_jobs",
         Backend::Sqlite => "ANALYZE",
     })
     .unwrap();
@@ -769,16 +769,16 @@ fn claim_is_served_by_an_index_with_many_finished_jobs(backend: Backend) {
         " FOR UPDATE SKIP LOCKED"
     };
     let hint = match backend {
-        Backend::Sqlite => " INDEXED BY dibs_jobs_claim",
-        Backend::Mysql => " FORCE INDEX (dibs_jobs_claim)",
+        Backend::Sqlite => " INDEXED BY tenure_jobs_claim",
+        Backend::Mysql => " FORCE INDEX (tenure_jobs_claim)",
         Backend::Postgres => "",
     };
     let pick = format!(
-        "SELECT id, limit_key, limit_max FROM dibs_jobs{hint} \
+        "SELECT id, limit_key, limit_max FROM tenure_jobs{hint} \
          WHERE queue = 'plan' AND state = 'waiting' AND due_at <= {now} \
-           AND NOT EXISTS (SELECT 1 FROM dibs_queue_pauses p WHERE p.queue = 'plan') \
+           AND NOT EXISTS (SELECT 1 FROM tenure_queue_pauses p WHERE p.queue = 'plan') \
            AND (limit_key IS NULL OR limit_key NOT IN ( \
-               SELECT r.limit_key FROM dibs_jobs r \
+               SELECT r.limit_key FROM tenure_jobs r \
                WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
                GROUP BY r.limit_key HAVING COUNT(*) >= MIN(r.limit_max))) \
          ORDER BY priority, due_at, id LIMIT 10{skip_locked}"
@@ -790,18 +790,19 @@ fn claim_is_served_by_an_index_with_many_finished_jobs(backend: Backend) {
             // The claim index, or (queue, state) and a sort of this queue's waiting jobs:
             // either way no finished job is read.
             assert!(
-                plan.contains("using dibs_jobs_claim")
-                    || (plan.contains("using dibs_jobs_queue_state") && plan.contains("'waiting'")),
+                plan.contains("using tenure_jobs_claim")
+                    || (plan.contains("using tenure_jobs_queue_state")
+                        && plan.contains("'waiting'")),
                 "{plan}"
             );
-            assert!(!plan.contains("Seq Scan on dibs_jobs"), "{plan}");
+            assert!(!plan.contains("Seq Scan on tenure_jobs"), "{plan}");
         }
         Backend::Mysql => {
-            assert!(plan.contains("\"key\": \"dibs_jobs_claim\""), "{plan}");
+            assert!(plan.contains("\"key\": \"tenure_jobs_claim\""), "{plan}");
             assert!(!plan.contains("filesort"), "{plan}");
         }
         Backend::Sqlite => {
-            assert!(plan.contains("INDEX dibs_jobs_claim"), "{plan}");
+            assert!(plan.contains("INDEX tenure_jobs_claim"), "{plan}");
             assert!(!plan.contains("TEMP B-TREE"), "{plan}");
         }
     }

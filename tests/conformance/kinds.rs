@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant as Clock};
 
-use dibs::jobs::{self, JobState, NewJob, Outcome};
-use dibs::{AnyConnection, Backend, Error};
 use diesel::connection::SimpleConnection;
+use tenure::jobs::{self, JobState, NewJob, Outcome};
+use tenure::{AnyConnection, Backend, Error};
 
 use crate::support::{TestDb, conformance, count, now_sql};
 
@@ -101,7 +101,7 @@ fn a_kinds_claimer_never_claims_or_changes_other_kinds(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE kind = 'A' AND state = 'completed'"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE kind = 'A' AND state = 'completed'"
         ),
         PER_KIND as i64
     );
@@ -129,7 +129,7 @@ fn claims_of_several_kinds_follow_the_queue_order(backend: Backend) {
         ("B", 1, 5),
         ("C", 5, 10),
     ];
-    let base = dibs::database_now(&mut conn).unwrap();
+    let base = tenure::database_now(&mut conn).unwrap();
     let mut expected = Vec::new();
     for (kind, priority, ago) in spec {
         let at = base - chrono::Duration::seconds(*ago);
@@ -246,7 +246,7 @@ fn a_claim_of_one_kind_reads_the_kind_index_past_other_kinds(backend: Backend) {
         _ => "x'00'",
     };
     conn.batch_execute(&format!(
-        "INSERT INTO dibs_jobs (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at) \
+        "INSERT INTO tenure_jobs (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at) \
          SELECT 'plan', 'B', {payload}, -1, 'waiting', 0, 1, {now}, {now} \
          FROM {digits} a, {digits} b, {digits} c, {digits} d"
     ))
@@ -255,25 +255,25 @@ fn a_claim_of_one_kind_reads_the_kind_index_past_other_kinds(backend: Backend) {
         jobs::enqueue(&mut conn, &NewJob::new("plan", "A", vec![])).unwrap();
     }
     conn.batch_execute(match backend {
-        Backend::Postgres => "ANALYZE dibs_jobs",
-        Backend::Mysql => "ANALYZE TABLE dibs_jobs",
+        Backend::Postgres => "ANALYZE tenure_jobs",
+        Backend::Mysql => "ANALYZE TABLE tenure_jobs",
         Backend::Sqlite => "ANALYZE",
     })
     .unwrap();
     let (hint, skip_locked) = match backend {
-        Backend::Sqlite => (" INDEXED BY dibs_jobs_claim_kind", ""),
+        Backend::Sqlite => (" INDEXED BY tenure_jobs_claim_kind", ""),
         Backend::Mysql => (
-            " FORCE INDEX (dibs_jobs_claim_kind)",
+            " FORCE INDEX (tenure_jobs_claim_kind)",
             " FOR UPDATE SKIP LOCKED",
         ),
         Backend::Postgres => ("", " FOR UPDATE SKIP LOCKED"),
     };
     let pick = format!(
-        "SELECT id, limit_key, limit_max FROM dibs_jobs{hint} \
+        "SELECT id, limit_key, limit_max FROM tenure_jobs{hint} \
          WHERE queue = 'plan' AND state = 'waiting' AND due_at <= {now} AND kind IN ('A') \
-           AND NOT EXISTS (SELECT 1 FROM dibs_queue_pauses p WHERE p.queue = 'plan') \
+           AND NOT EXISTS (SELECT 1 FROM tenure_queue_pauses p WHERE p.queue = 'plan') \
            AND (limit_key IS NULL OR limit_key NOT IN ( \
-               SELECT r.limit_key FROM dibs_jobs r \
+               SELECT r.limit_key FROM tenure_jobs r \
                WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
                GROUP BY r.limit_key HAVING COUNT(*) >= MIN(r.limit_max))) \
          ORDER BY priority, due_at, id LIMIT 10{skip_locked}"
@@ -282,17 +282,20 @@ fn a_claim_of_one_kind_reads_the_kind_index_past_other_kinds(backend: Backend) {
     println!("{backend} claim-of-one-kind plan behind 10,000 other jobs:\n{plan}");
     match backend {
         Backend::Postgres => {
-            assert!(plan.contains("using dibs_jobs_claim_kind"), "{plan}");
+            assert!(plan.contains("using tenure_jobs_claim_kind"), "{plan}");
             assert!(plan.contains("kind = 'A'"), "{plan}");
             assert!(!plan.contains("Sort"), "{plan}");
         }
         Backend::Mysql => {
-            assert!(plan.contains("\"key\": \"dibs_jobs_claim_kind\""), "{plan}");
+            assert!(
+                plan.contains("\"key\": \"tenure_jobs_claim_kind\""),
+                "{plan}"
+            );
             assert!(!plan.contains("filesort"), "{plan}");
         }
         Backend::Sqlite => {
             assert!(
-                plan.contains("INDEX dibs_jobs_claim_kind (queue=? AND kind=?"),
+                plan.contains("INDEX tenure_jobs_claim_kind (queue=? AND kind=?"),
                 "{plan}"
             );
             assert!(!plan.contains("TEMP B-TREE"), "{plan}");
@@ -311,7 +314,7 @@ fn a_claim_reports_when_the_job_was_enqueued_and_claimed(backend: Backend) {
     let id = jobs::enqueue(&mut conn, &NewJob::new("times", "A", vec![]))
         .unwrap()
         .id;
-    let before = dibs::database_now(&mut conn).unwrap();
+    let before = tenure::database_now(&mut conn).unwrap();
     let check = |conn: &mut AnyConnection, job: &jobs::ClaimedJob| {
         let stored = jobs::get(conn, id).unwrap().unwrap();
         assert_eq!(job.created_at, stored.created_at);

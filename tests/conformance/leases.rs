@@ -4,11 +4,11 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant as Clock};
 
 use chrono::{DateTime, Utc};
-use dibs::lease::{self, Lease, Wait};
-use dibs::{AnyConnection, Backend, DibsConnection, Error, LeaseGuard};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable, Text};
+use tenure::lease::{self, Lease, Wait};
+use tenure::{AnyConnection, Backend, Error, LeaseGuard, TenureConnection};
 
 use crate::support::{TestDb, concrete, conformance, contest, count, now_sql, placeholders, race};
 
@@ -40,21 +40,21 @@ const LONG: Duration = Duration::from_secs(60);
 struct RawLease {
     #[diesel(sql_type = Text)]
     name: String,
-    #[diesel(sql_type = Nullable<dibs::sql_types::Token>)]
+    #[diesel(sql_type = Nullable<tenure::sql_types::Token>)]
     token: Option<uuid::Uuid>,
     #[diesel(sql_type = Text)]
     holder: String,
     #[diesel(sql_type = BigInt)]
     fence: i64,
-    #[diesel(sql_type = dibs::sql_types::Instant)]
+    #[diesel(sql_type = tenure::sql_types::Instant)]
     acquired_at: DateTime<Utc>,
-    #[diesel(sql_type = dibs::sql_types::Instant)]
+    #[diesel(sql_type = tenure::sql_types::Instant)]
     expires_at: DateTime<Utc>,
 }
 
 fn raw_lease(conn: &mut AnyConnection, name: &str) -> RawLease {
     let sql = format!(
-        "SELECT name, token, holder, fence, acquired_at, expires_at FROM dibs_leases WHERE name = {}",
+        "SELECT name, token, holder, fence, acquired_at, expires_at FROM tenure_leases WHERE name = {}",
         placeholders(conn.backend(), 1)
     );
     concrete!(conn, c => diesel::sql_query(sql).bind::<Text, _>(name).get_result(c))
@@ -64,7 +64,7 @@ fn raw_lease(conn: &mut AnyConnection, name: &str) -> RawLease {
 /// Makes a lease expired by the database's clock without waiting: expiry = acquisition.
 fn expire(conn: &mut AnyConnection, name: &str) {
     let sql = format!(
-        "UPDATE dibs_leases SET expires_at = acquired_at WHERE name = {}",
+        "UPDATE tenure_leases SET expires_at = acquired_at WHERE name = {}",
         placeholders(conn.backend(), 1)
     );
     let changed = diesel::sql_query(sql)
@@ -165,15 +165,15 @@ fn race_over_a_released_row_has_one_winner(backend: Backend) {
 fn naive_take(conn: &mut AnyConnection, name: &str, i: usize, barrier: &Barrier) -> bool {
     let backend = conn.backend();
     let free = format!(
-        "SELECT COUNT(*) AS n FROM dibs_leases WHERE name = {} AND (token IS NULL OR expires_at <= {})",
+        "SELECT COUNT(*) AS n FROM tenure_leases WHERE name = {} AND (token IS NULL OR expires_at <= {})",
         placeholders(backend, 1),
         now_sql(backend)
     );
     let grab = match backend {
         Backend::Postgres => {
-            "UPDATE dibs_leases SET holder = $1, fence = fence + 1 WHERE name = $2"
+            "UPDATE tenure_leases SET holder = $1, fence = fence + 1 WHERE name = $2"
         }
-        _ => "UPDATE dibs_leases SET holder = ?, fence = fence + 1 WHERE name = ?",
+        _ => "UPDATE tenure_leases SET holder = ?, fence = fence + 1 WHERE name = ?",
     };
     let attempt = |c: &mut AnyConnection| -> QueryResult<bool> {
         #[derive(QueryableByName)]
@@ -253,7 +253,7 @@ fn a_stalled_holder_is_taken_over_and_refused_everything(backend: Backend) {
 
     // A copy not yet marked lost locally, so the database itself must refuse it.
     let unaware = stalled.clone();
-    let verify = dibs::transaction(&mut a, |c| unaware.verify(c)).unwrap_err();
+    let verify = tenure::transaction(&mut a, |c| unaware.verify(c)).unwrap_err();
     assert!(verify.is_lease_lost(), "{verify:?}");
     let renewed = stalled.renew(&mut a, LONG).unwrap_err();
     assert!(renewed.is_lease_lost(), "{renewed:?}");
@@ -265,7 +265,7 @@ fn a_stalled_holder_is_taken_over_and_refused_everything(backend: Backend) {
         before,
         "the new holder's row must not change"
     );
-    dibs::transaction(&mut b, |c| taker.verify(c)).unwrap();
+    tenure::transaction(&mut b, |c| taker.verify(c)).unwrap();
 }
 
 fn renewal_after_lapse_is_lost_and_repeated_renewal_succeeds(backend: Backend) {
@@ -341,7 +341,7 @@ fn verify_commits_work_only_under_a_held_lease(backend: Backend) {
     let held = lease::try_take(&mut conn, "w", Duration::from_millis(300), "a")
         .unwrap()
         .unwrap();
-    dibs::transaction(&mut conn, |c| {
+    tenure::transaction(&mut conn, |c| {
         held.verify(c)?;
         c.batch_execute("INSERT INTO work (id) VALUES (1)")?;
         Ok::<_, Error>(())
@@ -352,7 +352,7 @@ fn verify_commits_work_only_under_a_held_lease(backend: Backend) {
     lease::try_take(&mut other, "w", LONG, "b")
         .unwrap()
         .unwrap();
-    let refused = dibs::transaction(&mut conn, |c| {
+    let refused = tenure::transaction(&mut conn, |c| {
         c.batch_execute("INSERT INTO work (id) VALUES (2)")?;
         held.verify(c)?;
         Ok::<_, Error>(())
@@ -535,14 +535,17 @@ fn bad_input_is_refused_and_writes_nothing(backend: Backend) {
             .is_invalid_input()
     );
     assert_eq!(raw_lease(&mut conn, "ok"), before);
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_leases"), 1);
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_leases"),
+        1
+    );
 }
 
 /// A guard renews its own lease every ttl/3 and nothing after it is dropped. Its renewals
 /// are counted in its own row (each moves `expires_at` on), not as renewal threads of the
 /// process: other tests' guards run in the same process under `cargo test`, and a
 /// bystander guard held throughout this test stands for them (counting threads named
-/// `dibs-lease-*` saw 2 here, and failed under `cargo test`; item 13).
+/// `tenure-lease-*` saw 2 here, and failed under `cargo test`; item 13).
 fn guard_keeps_the_lease_across_several_ttls(backend: Backend) {
     let db = TestDb::migrated(backend);
     // Long enough that a renewal thread starved by a busy machine (load 10) still renews
@@ -622,13 +625,13 @@ fn guard_reports_loss_at_its_deadline_when_renewals_hang(backend: Backend) {
         .unwrap();
     let mut blocker = db.connect();
     let sql = format!(
-        "UPDATE dibs_leases SET fence = fence WHERE name = {}",
+        "UPDATE tenure_leases SET fence = fence WHERE name = {}",
         placeholders(backend, 1)
     );
     let started = Clock::now();
     // Another transaction holds the row's (SQLite: the database's) write lock, so renewals
     // block. The guard must give the lease up at its local deadline all the same.
-    dibs::transaction(&mut blocker, |b| {
+    tenure::transaction(&mut blocker, |b| {
         diesel::sql_query(&sql)
             .bind::<Text, _>("stuck")
             .execute(b)?;
@@ -670,5 +673,5 @@ fn guard_stops_renewing_when_evicted(backend: Backend) {
         row,
         "the evicted guard touched the new grant"
     );
-    dibs::transaction(&mut ops, |c| successor.verify(c)).unwrap();
+    tenure::transaction(&mut ops, |c| successor.verify(c)).unwrap();
 }

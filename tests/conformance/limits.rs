@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant as Clock};
 
-use dibs::Backend;
-use dibs::jobs::{self, NewJob, Outcome};
-use dibs::worker::{JobContext, Worker};
+use tenure::Backend;
+use tenure::jobs::{self, NewJob, Outcome};
+use tenure::worker::{JobContext, Worker};
 
 use crate::support::{TestDb, conformance, count};
 
@@ -85,7 +85,7 @@ fn concurrent_claimers_never_exceed_a_key_limit(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'completed'"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'completed'"
         ),
         60
     );
@@ -154,7 +154,7 @@ type Intervals = Arc<Mutex<Vec<(String, Clock, Clock)>>>;
 
 fn handler(
     seen: Intervals,
-) -> impl Fn(&JobContext, &[u8]) -> Result<(), dibs::worker::JobError> + Send + Sync + 'static {
+) -> impl Fn(&JobContext, &[u8]) -> Result<(), tenure::worker::JobError> + Send + Sync + 'static {
     move |ctx: &JobContext, _: &[u8]| {
         let start = Clock::now();
         std::thread::sleep(Duration::from_millis(if ctx.kind == "A" {
@@ -183,5 +183,5 @@ fn bad_limits_are_refused(backend: Backend) {
                 .is_invalid_input()
         );
     }
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 0);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 0);
 }

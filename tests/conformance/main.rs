@@ -1,4 +1,4 @@
-//! dibs's conformance suite: every test is written once and runs against SQLite, PostgreSQL
+//! tenure's conformance suite: every test is written once and runs against SQLite, PostgreSQL
 //! and MySQL/MariaDB (each backend whose cargo feature is on).
 
 mod support;

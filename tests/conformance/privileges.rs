@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
 
-use dibs::jobs::{self, Backoff, Finished, JobArgs, Retention};
-use dibs::worker::{JobContext, JobError, Worker};
-use dibs::{AnyConnection, Backend, Pool};
 use serde::{Deserialize, Serialize};
+use tenure::jobs::{self, Backoff, Finished, JobArgs, Retention};
+use tenure::worker::{JobContext, JobError, Worker};
+use tenure::{AnyConnection, Backend, Pool};
 
 use crate::support::{TestDb, server_url};
 
@@ -36,7 +36,7 @@ impl JobArgs for Task {
 #[test]
 fn postgres_app_user_needs_only_row_privileges() {
     let db = TestDb::migrated(Backend::Postgres);
-    let role = format!("dibs_w_{}", uuid::Uuid::new_v4().simple());
+    let role = format!("tenure_w_{}", uuid::Uuid::new_v4().simple());
     let mut admin = AnyConnection::connect(&server_url(Backend::Postgres)).unwrap();
     admin
         .batch_execute(&format!("CREATE ROLE {role} LOGIN"))
@@ -58,7 +58,7 @@ fn postgres_app_user_needs_only_row_privileges() {
 fn mysql_app_user_needs_only_row_privileges() {
     let db = TestDb::migrated(Backend::Mysql);
     let user = format!(
-        "dibs_w_{}",
+        "tenure_w_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..16]
     );
     let mut url = url::Url::parse(db.url()).unwrap();
@@ -87,7 +87,7 @@ fn exercise(url: &str) {
             .is_err(),
         "the app user must not be able to create tables"
     );
-    assert!(dibs::schema_version(&mut conn).unwrap().is_some());
+    assert!(tenure::schema_version(&mut conn).unwrap().is_some());
     let tasks: Vec<Task> = (0..30).map(|n| Task { n }).collect();
     jobs::enqueue_jobs(&mut conn, &tasks).unwrap();
     // A batch long enough for PostgreSQL's COPY path, which takes ids from the sequence
@@ -102,9 +102,9 @@ fn exercise(url: &str) {
     flow.add_after(&[first], jobs::NewJob::new("bulk", "k", vec![]));
     jobs::enqueue_workflow(&mut conn, &flow).unwrap();
     // A schedule the worker fires (its ticks are the tasks past the 30th).
-    dibs::schedules::upsert(
+    tenure::schedules::upsert(
         &mut conn,
-        &dibs::schedules::Schedule::every(
+        &tenure::schedules::Schedule::every(
             "tick",
             Duration::from_millis(200),
             Task { n: 99 }.to_job().unwrap(),
@@ -146,11 +146,11 @@ fn exercise(url: &str) {
         "{report_at_end:?}"
     );
 
-    let mut lease = dibs::lease::try_take(&mut conn, "backup", Duration::from_secs(30), "host")
+    let mut lease = tenure::lease::try_take(&mut conn, "backup", Duration::from_secs(30), "host")
         .unwrap()
         .expect("free");
     lease.renew(&mut conn, Duration::from_secs(30)).unwrap();
-    dibs::transaction(&mut conn, |c| lease.verify(c)).unwrap();
+    tenure::transaction(&mut conn, |c| lease.verify(c)).unwrap();
     assert!(lease.release(&mut conn).unwrap());
     let stats = jobs::stats(&mut conn).unwrap();
     assert!(stats.queues.iter().any(|q| q.queue == "app"));

@@ -4,11 +4,11 @@
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use dibs::jobs::{self, Finished, JobState, NewJob, Outcome, Retention, Retry};
-use dibs::worker::{JobContext, JobError, Worker};
-use dibs::{AnyConnection, Backend, DibsConnection, Error};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
+use tenure::jobs::{self, Finished, JobState, NewJob, Outcome, Retention, Retry};
+use tenure::worker::{JobContext, JobError, Worker};
+use tenure::{AnyConnection, Backend, Error, TenureConnection};
 
 use crate::support::{TestDb, conformance, count, now_sql, placeholders, race};
 
@@ -16,7 +16,7 @@ conformance!(
     eight_enqueues_with_one_key_make_one_job,
     enqueue_many_reports_each_item,
     concurrent_bulk_enqueues_return_each_job_its_own_id,
-    two_step_prune_loses_the_newest_and_dibs_prune_keeps_it,
+    two_step_prune_loses_the_newest_and_tenure_prune_keeps_it,
     keep_newest_and_keep_young_on_ten_thousand_jobs,
     cancel_waiting_and_running_jobs,
     retry_dead_jobs,
@@ -52,7 +52,10 @@ fn eight_enqueues_with_one_key_make_one_job(backend: Backend) {
         );
     }
     let mut conn = db.connect();
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 10);
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"),
+        10
+    );
     // While it runs the key is taken; once it completes, the key is free again.
     let first = jobs::enqueue(
         &mut conn,
@@ -160,7 +163,7 @@ fn enqueue_many_reports_each_item(backend: Backend) {
             );
         }
     }
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 5);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 5);
 }
 
 fn completed_ids(conn: &mut AnyConnection, queue: &str) -> Vec<i64> {
@@ -170,7 +173,7 @@ fn completed_ids(conn: &mut AnyConnection, queue: &str) -> Vec<i64> {
         id: i64,
     }
     let sql = format!(
-        "SELECT id FROM dibs_jobs WHERE queue = {} AND state = 'completed' ORDER BY id",
+        "SELECT id FROM tenure_jobs WHERE queue = {} AND state = 'completed' ORDER BY id",
         placeholders(conn.backend(), 1)
     );
     diesel::sql_query(sql)
@@ -201,7 +204,7 @@ fn older_done_newer_running(conn: &mut AnyConnection, queue: &str) -> (i64, jobs
 }
 
 /// The reference report's retention bug, deterministically, keeping the newest 1.
-fn two_step_prune_loses_the_newest_and_dibs_prune_keeps_it(backend: Backend) {
+fn two_step_prune_loses_the_newest_and_tenure_prune_keeps_it(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
 
@@ -219,7 +222,7 @@ fn two_step_prune_loses_the_newest_and_dibs_prune_keeps_it(backend: Backend) {
         .collect::<Vec<_>>()
         .join(", ");
     conn.batch_execute(&format!(
-        "DELETE FROM dibs_jobs WHERE queue = 'naive' AND state = 'completed' AND id NOT IN ({keep_list})"
+        "DELETE FROM tenure_jobs WHERE queue = 'naive' AND state = 'completed' AND id NOT IN ({keep_list})"
     ))
     .unwrap();
     assert!(
@@ -227,15 +230,15 @@ fn two_step_prune_loses_the_newest_and_dibs_prune_keeps_it(backend: Backend) {
         "the two-step prune deleted the newest job"
     );
 
-    // dibs: the newer job's completion is committed while the prune runs.
-    let (older, newer) = older_done_newer_running(&mut conn, "dibs");
+    // tenure: the newer job's completion is committed while the prune runs.
+    let (older, newer) = older_done_newer_running(&mut conn, "tenure");
     let held = Arc::new(Barrier::new(2));
     let go = Arc::new(Barrier::new(2));
     let finisher = {
         let mut c = db.connect();
         let (held, go, claim) = (held.clone(), go.clone(), newer.claim());
         std::thread::spawn(move || {
-            dibs::transaction(&mut c, |c| {
+            tenure::transaction(&mut c, |c| {
                 assert_eq!(jobs::complete(c, &[claim])?, vec![Outcome::Done]);
                 held.wait();
                 go.wait();
@@ -252,7 +255,7 @@ fn two_step_prune_loses_the_newest_and_dibs_prune_keeps_it(backend: Backend) {
         std::thread::spawn(move || {
             jobs::prune(
                 &mut c,
-                "dibs",
+                "tenure",
                 Finished::Completed,
                 Retention::KeepNewest(1),
                 100,
@@ -265,22 +268,22 @@ fn two_step_prune_loses_the_newest_and_dibs_prune_keeps_it(backend: Backend) {
     assert_eq!(
         jobs::get(&mut conn, newer.id).unwrap().unwrap().state,
         JobState::Completed,
-        "dibs kept the newest"
+        "tenure kept the newest"
     );
     // Once it is visible, it is the one kept.
     let second = jobs::prune(
         &mut conn,
-        "dibs",
+        "tenure",
         Finished::Completed,
         Retention::KeepNewest(1),
         100,
     )
     .unwrap();
     assert_eq!(first + second, 1);
-    assert_eq!(completed_ids(&mut conn, "dibs"), vec![newer.id]);
+    assert_eq!(completed_ids(&mut conn, "tenure"), vec![newer.id]);
     assert!(jobs::get(&mut conn, older).unwrap().is_none());
     println!(
-        "{backend} retention race: two-step prune lost the newest job; dibs prune kept it \
+        "{backend} retention race: two-step prune lost the newest job; tenure prune kept it \
          (deleted {first} while the newer commit was held, {second} after)"
     );
 }
@@ -309,7 +312,7 @@ fn finished_jobs(conn: &mut AnyConnection, queue: &str, n: usize) {
         "x'00'"
     };
     conn.batch_execute(&format!(
-        "INSERT INTO dibs_jobs (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, finished_at) \
+        "INSERT INTO tenure_jobs (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, finished_at) \
          SELECT '{queue}', 'k', {payload}, {k}, 'completed', 1, 1, {now}, {now}, {ago} \
          FROM {digits} a, {digits} b, {digits} c, {digits} e",
         now = now_sql(backend)
@@ -328,13 +331,13 @@ fn keep_newest_and_keep_young_on_ten_thousand_jobs(backend: Backend) {
     let total = |conn: &mut AnyConnection, q: &str| {
         count(
             conn,
-            &format!("SELECT COUNT(*) AS n FROM dibs_jobs WHERE queue = '{q}'"),
+            &format!("SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = '{q}'"),
         )
     };
     // The numbers of the jobs left: (how many, the oldest one's number).
     let kept = |conn: &mut AnyConnection, q: &str| {
         let sql = format!(
-            "SELECT CAST(COALESCE(MAX(priority), -1) AS {}) AS n FROM dibs_jobs WHERE queue = '{q}'",
+            "SELECT CAST(COALESCE(MAX(priority), -1) AS {}) AS n FROM tenure_jobs WHERE queue = '{q}'",
             if backend == Backend::Mysql {
                 "SIGNED"
             } else {
@@ -622,7 +625,7 @@ fn the_test_helper_runs_due_jobs_on_the_calling_thread(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'waiting'"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'waiting'"
         ),
         1,
         "the delayed job is not due"
@@ -680,9 +683,9 @@ fn bad_input_is_refused_and_writes_nothing(backend: Backend) {
         matches!(refused, Error::InTransaction { .. }),
         "{refused:?}"
     );
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 0);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 0);
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_queue_pauses"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_queue_pauses"),
         0
     );
 }

@@ -5,10 +5,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Timelike, Utc};
-use dibs::jobs::NewJob;
-use dibs::schedules::{self, Schedule, Spec};
-use dibs::{AnyConnection, Backend, DibsConnection, Error};
 use diesel::prelude::*;
+use tenure::jobs::NewJob;
+use tenure::schedules::{self, Schedule, Spec};
+use tenure::{AnyConnection, Backend, Error, TenureConnection};
 
 use crate::support::{TestDb, concrete, conformance, count};
 
@@ -27,10 +27,10 @@ conformance!(
 fn due_times(conn: &mut AnyConnection, queue: &str) -> Vec<DateTime<Utc>> {
     #[derive(QueryableByName)]
     struct Due {
-        #[diesel(sql_type = dibs::sql_types::Instant)]
+        #[diesel(sql_type = tenure::sql_types::Instant)]
         due_at: DateTime<Utc>,
     }
-    let sql = format!("SELECT due_at FROM dibs_jobs WHERE queue = '{queue}' ORDER BY due_at");
+    let sql = format!("SELECT due_at FROM tenure_jobs WHERE queue = '{queue}' ORDER BY due_at");
     concrete!(conn, c => diesel::sql_query(sql).load::<Due>(c))
         .unwrap()
         .into_iter()
@@ -102,7 +102,7 @@ fn pretend_downtime(conn: &mut AnyConnection, name: &str, interval: Duration, ti
         Backend::Sqlite => format!("strftime('%Y-%m-%d %H:%M:%f', 'now', '-{seconds} seconds')"),
     };
     let changed = diesel::sql_query(format!(
-        "UPDATE dibs_schedules SET next_due_at = {at} WHERE name = '{name}'"
+        "UPDATE tenure_schedules SET next_due_at = {at} WHERE name = '{name}'"
     ))
     .execute(conn)
     .unwrap();
@@ -135,7 +135,7 @@ fn after_downtime_a_schedule_fires_once_or_catches_up(backend: Backend) {
     assert_eq!(all.len(), 10, "catch-up: every missed tick");
     // Nothing more is due until the next tick.
     assert_eq!(schedules::tick(&mut conn).unwrap(), 0);
-    let now = dibs::database_now(&mut conn).unwrap();
+    let now = tenure::database_now(&mut conn).unwrap();
     for info in schedules::list(&mut conn).unwrap() {
         assert!(
             info.next_due_at > now && info.next_due_at <= now + chrono::Duration::seconds(10),
@@ -228,14 +228,14 @@ fn bad_schedules_are_refused_and_write_nothing(backend: Backend) {
             .is_invalid_input()
     );
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_schedules"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_schedules"),
         0
     );
 }
 
 /// A worker that runs schedules fires them and runs their jobs.
 fn a_worker_fires_schedules(backend: Backend) {
-    use dibs::worker::{JobContext, Worker};
+    use tenure::worker::{JobContext, Worker};
     let db = TestDb::migrated(backend);
     let pool = db.pool(8);
     schedules::upsert(
@@ -321,7 +321,7 @@ fn a_schedules_job_keeps_its_limit_dedup_key_and_delay(backend: Backend) {
     // Three jobs under the limit; one under the dedup key (the other two ticks find it).
     assert_eq!(schedules::tick(&mut conn).unwrap(), 3 + 1);
     assert_eq!(due_times(&mut conn, "limited").len(), 3);
-    let claimed = dibs::jobs::claim(&mut conn, "limited", 10, Duration::from_secs(60)).unwrap();
+    let claimed = tenure::jobs::claim(&mut conn, "limited", 10, Duration::from_secs(60)).unwrap();
     assert_eq!(
         claimed.len(),
         1,
@@ -329,7 +329,7 @@ fn a_schedules_job_keeps_its_limit_dedup_key_and_delay(backend: Backend) {
     );
     let mut options = |queue: &str| {
         let sql = format!(
-            "SELECT limit_key, limit_max, dedup_key FROM dibs_jobs WHERE queue = '{queue}'"
+            "SELECT limit_key, limit_max, dedup_key FROM tenure_jobs WHERE queue = '{queue}'"
         );
         diesel::sql_query(sql)
             .load::<Options>(&mut conn)
@@ -373,7 +373,7 @@ fn a_schedules_job_keeps_its_limit_dedup_key_and_delay(backend: Backend) {
         assert!(err.is_invalid_input(), "{job:?}: {err:?}");
     }
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_schedules"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_schedules"),
         2
     );
 }
@@ -450,11 +450,11 @@ fn a_long_downtime_costs_one_tick_without_catch_up(backend: Backend) {
     .unwrap();
     assert!(schedules::pause(&mut conn, "every-second").unwrap());
     pretend_downtime(&mut conn, "every-ms", every_ms, 3_600_000);
-    let before = dibs::database_now(&mut conn).unwrap();
+    let before = tenure::database_now(&mut conn).unwrap();
     let start = allocated_here();
     let fired = schedules::tick(&mut conn).unwrap();
     let spent = allocated_here() - start;
-    let after = dibs::database_now(&mut conn).unwrap();
+    let after = tenure::database_now(&mut conn).unwrap();
     assert_eq!(fired, 1, "once for all the missed ticks");
     assert_eq!(due_times(&mut conn, "every-ms").len(), 1);
     let next = next_due_at(&mut conn, "every-ms");
@@ -470,11 +470,11 @@ fn a_long_downtime_costs_one_tick_without_catch_up(backend: Backend) {
     assert!(schedules::pause(&mut conn, "every-ms").unwrap());
     assert!(schedules::resume(&mut conn, "every-second").unwrap());
     pretend_downtime(&mut conn, "every-second", Duration::from_secs(1), 7 * 86400);
-    let before = dibs::database_now(&mut conn).unwrap();
+    let before = tenure::database_now(&mut conn).unwrap();
     let start = allocated_here();
     let fired = schedules::tick(&mut conn).unwrap();
     let spent = allocated_here() - start;
-    let after = dibs::database_now(&mut conn).unwrap();
+    let after = tenure::database_now(&mut conn).unwrap();
     assert_eq!(fired, 1, "once for all the missed ticks");
     let due = due_times(&mut conn, "every-second");
     assert_eq!(due.len(), 1);
@@ -504,7 +504,7 @@ fn redeclaring_an_unchanged_schedule_keeps_its_overdue_tick(backend: Backend) {
     // whatever the time of day and Lisbon's offset (0 or +1), so exactly the one overdue tick
     // fires. (At 03:00 it failed every morning between 03:00 and 15:00 UTC: a second tick
     // fell in the window.)
-    let hour = (dibs::database_now(&mut conn).unwrap().hour() + 6) % 24;
+    let hour = (tenure::database_now(&mut conn).unwrap().hour() + 6) % 24;
     let expression = format!("0 {hour} * * *");
     let nightly = |job: NewJob| Schedule::cron("nightly", expression.as_str(), job);
     schedules::upsert(&mut conn, &steady(NewJob::new("steady", "k", vec![]))).unwrap();
@@ -545,7 +545,7 @@ fn redeclaring_an_unchanged_schedule_keeps_its_overdue_tick(backend: Backend) {
     // A changed timing starts afresh: nothing is overdue.
     pretend_downtime(&mut conn, "steady", interval, 3);
     pretend_downtime(&mut conn, "nightly", Duration::from_secs(86400), 1);
-    let now = dibs::database_now(&mut conn).unwrap();
+    let now = tenure::database_now(&mut conn).unwrap();
     schedules::upsert(
         &mut conn,
         &Schedule::every("steady", interval * 2, NewJob::new("steady", "k", vec![])),

@@ -1,21 +1,21 @@
-//! `dibs::schema` is a contract: its `table!` definitions match what the migrations create on
+//! `tenure::schema` is a contract: its `table!` definitions match what the migrations create on
 //! every backend, its models load through `AnyConnection` (and pooled connections), and an
-//! application can join its own tables to dibs's with the same code on every backend.
+//! application can join its own tables to tenure's with the same code on every backend.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use dibs::jobs::{self, FailedRun, Job, JobFilter, JobState, NewJob, Retry, RunOutput};
-use dibs::lease::LeaseRecord;
-use dibs::schedules::{self, Schedule, ScheduleRecord};
-use dibs::schema::{
-    dibs_job_errors, dibs_job_outputs, dibs_jobs, dibs_leases, dibs_limit_keys, dibs_queue_pauses,
-    dibs_schedules,
-};
-use dibs::sql_types::{DatabaseNow, InstantValue, TokenValue};
-use dibs::{AnyConnection, Backend, Error};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
+use tenure::jobs::{self, FailedRun, Job, JobFilter, JobState, NewJob, Retry, RunOutput};
+use tenure::lease::LeaseRecord;
+use tenure::schedules::{self, Schedule, ScheduleRecord};
+use tenure::schema::{
+    tenure_job_errors, tenure_job_outputs, tenure_jobs, tenure_leases, tenure_limit_keys,
+    tenure_queue_pauses, tenure_schedules,
+};
+use tenure::sql_types::{DatabaseNow, InstantValue, TokenValue};
+use tenure::{AnyConnection, Backend, Error};
 
 use crate::support::{TestDb, conformance};
 
@@ -32,12 +32,12 @@ const TTL: Duration = Duration::from_secs(60);
 // ---------------------------------------------------------------------------------------------
 // The schema against the migrated database.
 
-/// A column as `dibs::schema` declares it, read from diesel's own types.
+/// A column as `tenure::schema` declares it, read from diesel's own types.
 #[derive(Debug, Clone)]
 struct ColumnSpec {
     name: &'static str,
     /// `std::any::type_name` of the column's SQL type, e.g.
-    /// `diesel::sql_types::Nullable<dibs::sql_types::Instant>`.
+    /// `diesel::sql_types::Nullable<tenure::sql_types::Instant>`.
     sql_type: &'static str,
 }
 
@@ -63,29 +63,29 @@ struct TableSpec {
     columns: Vec<ColumnSpec>,
 }
 
-/// The spec of a `dibs::schema` table: each listed column's `diesel::Column::NAME` and the
+/// The spec of a `tenure::schema` table: each listed column's `diesel::Column::NAME` and the
 /// type name of its SQL type. The list must be exactly the table's `all_columns`, in order:
 /// otherwise this does not compile.
 macro_rules! table_spec {
     ($table:ident { $($column:ident),+ $(,)? }) => {{
-        let _exactly_all_columns: ($(dibs::schema::$table::$column,)+) =
-            dibs::schema::$table::all_columns;
+        let _exactly_all_columns: ($(tenure::schema::$table::$column,)+) =
+            tenure::schema::$table::all_columns;
         TableSpec {
             name: stringify!($table),
             columns: vec![$(ColumnSpec {
-                name: <dibs::schema::$table::$column as diesel::Column>::NAME,
+                name: <tenure::schema::$table::$column as diesel::Column>::NAME,
                 sql_type: std::any::type_name::<
-                    <dibs::schema::$table::$column as diesel::Expression>::SqlType,
+                    <tenure::schema::$table::$column as diesel::Expression>::SqlType,
                 >(),
             }),+],
         }
     }};
 }
 
-/// Every table of `dibs::schema` (checked against the number of `table!`s in src/schema.rs).
+/// Every table of `tenure::schema` (checked against the number of `table!`s in src/schema.rs).
 fn schema_tables() -> Vec<TableSpec> {
     let tables = vec![
-        table_spec!(dibs_leases {
+        table_spec!(tenure_leases {
             name,
             token,
             holder,
@@ -93,7 +93,7 @@ fn schema_tables() -> Vec<TableSpec> {
             acquired_at,
             expires_at,
         }),
-        table_spec!(dibs_jobs {
+        table_spec!(tenure_jobs {
             id,
             queue,
             kind,
@@ -125,14 +125,14 @@ fn schema_tables() -> Vec<TableSpec> {
             progress_message,
             claimed_by,
         }),
-        table_spec!(dibs_job_errors {
+        table_spec!(tenure_job_errors {
             id,
             job_id,
             attempt,
             error,
             failed_at,
         }),
-        table_spec!(dibs_job_outputs {
+        table_spec!(tenure_job_outputs {
             id,
             job_id,
             attempt,
@@ -140,8 +140,8 @@ fn schema_tables() -> Vec<TableSpec> {
             output,
             finished_at,
         }),
-        table_spec!(dibs_queue_pauses { queue, paused_at }),
-        table_spec!(dibs_schedules {
+        table_spec!(tenure_queue_pauses { queue, paused_at }),
+        table_spec!(tenure_schedules {
             name,
             cron,
             interval_micros,
@@ -159,27 +159,27 @@ fn schema_tables() -> Vec<TableSpec> {
             limit_max,
             delay_micros,
         }),
-        table_spec!(dibs_limit_keys {
+        table_spec!(tenure_limit_keys {
             limit_key,
             throttled_until,
             throttled_max,
             throttled_period_us,
             starts_kept
         }),
-        table_spec!(dibs_job_limits {
+        table_spec!(tenure_job_limits {
             job_id,
             limit_key,
             max_running,
             rate_max,
             rate_period_us
         }),
-        table_spec!(dibs_limit_starts {
+        table_spec!(tenure_limit_starts {
             limit_key,
             started_at,
             job_id
         }),
-        table_spec!(dibs_queue_limits { queue, max_running }),
-        table_spec!(dibs_workflows {
+        table_spec!(tenure_queue_limits { queue, max_running }),
+        table_spec!(tenure_workflows {
             id,
             name,
             created_at,
@@ -187,24 +187,24 @@ fn schema_tables() -> Vec<TableSpec> {
             on_failure,
             on_finish
         }),
-        table_spec!(dibs_job_dependencies {
+        table_spec!(tenure_job_dependencies {
             job_id,
             depends_on,
             stripe,
             counted,
             run_when
         }),
-        table_spec!(dibs_dependency_stripes {
+        table_spec!(tenure_dependency_stripes {
             job_id,
             stripe,
             pending
         }),
-        table_spec!(dibs_job_results {
+        table_spec!(tenure_job_results {
             job_id,
             format,
             body
         }),
-        table_spec!(dibs_workers {
+        table_spec!(tenure_workers {
             id,
             host,
             pid,
@@ -222,16 +222,16 @@ fn schema_tables() -> Vec<TableSpec> {
     tables
 }
 
-/// Database columns that `dibs::schema` leaves out on purpose: (backend, table, column, why).
+/// Database columns that `tenure::schema` leaves out on purpose: (backend, table, column, why).
 const BACKEND_INTERNAL_COLUMNS: &[(Backend, &str, &str, &str)] = &[(
     Backend::Mysql,
-    "dibs_jobs",
+    "tenure_jobs",
     "live_dedup_key",
     "generated (STORED): the dedup key while the job is live, for the unique index that \
      MariaDB/MySQL cannot make partial",
 )];
 
-/// Tables in a dibs database that are not dibs's.
+/// Tables in a tenure database that are not tenure's.
 const IGNORED_TABLES: &[&str] = &["__diesel_schema_migrations"];
 
 /// A column as the database reports it.
@@ -282,7 +282,7 @@ fn database_columns(conn: &mut AnyConnection, backend: Backend) -> Vec<DbColumn>
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
-/// Whether a database column's type is of the family of a `dibs::schema` SQL type.
+/// Whether a database column's type is of the family of a `tenure::schema` SQL type.
 fn type_matches(backend: Backend, family: &str, column: &DbColumn) -> bool {
     let (ty, detail) = (column.ty.as_str(), column.detail.as_str());
     match (backend, family) {
@@ -324,7 +324,7 @@ fn schema_mismatches(backend: Backend, tables: &[TableSpec], db: &[DbColumn]) ->
             .any(|&(b, t, c, _)| b == backend && t == column.t && c == column.c);
         let Some(table) = tables.iter().find(|t| t.name == column.t) else {
             found.push(format!(
-                "{}.{}: in the database, not in dibs::schema (no such table)",
+                "{}.{}: in the database, not in tenure::schema (no such table)",
                 column.t, column.c
             ));
             continue;
@@ -332,7 +332,7 @@ fn schema_mismatches(backend: Backend, tables: &[TableSpec], db: &[DbColumn]) ->
         let Some(spec) = table.columns.iter().find(|s| s.name == column.c) else {
             if !internal {
                 found.push(format!(
-                    "{}.{}: in the database, not in dibs::schema",
+                    "{}.{}: in the database, not in tenure::schema",
                     column.t, column.c
                 ));
             }
@@ -340,14 +340,14 @@ fn schema_mismatches(backend: Backend, tables: &[TableSpec], db: &[DbColumn]) ->
         };
         if internal {
             found.push(format!(
-                "{}.{}: listed as backend-internal, yet dibs::schema has it",
+                "{}.{}: listed as backend-internal, yet tenure::schema has it",
                 column.t, column.c
             ));
         }
         let db_nullable = column.nullable == "YES";
         if spec.nullable() != db_nullable {
             found.push(format!(
-                "{}.{}: dibs::schema says {}, the database says {}",
+                "{}.{}: tenure::schema says {}, the database says {}",
                 column.t,
                 column.c,
                 if spec.nullable() { "NULL" } else { "NOT NULL" },
@@ -356,7 +356,7 @@ fn schema_mismatches(backend: Backend, tables: &[TableSpec], db: &[DbColumn]) ->
         }
         if !type_matches(backend, spec.family(), column) {
             found.push(format!(
-                "{}.{}: dibs::schema says {}, the database has {} ({})",
+                "{}.{}: tenure::schema says {}, the database has {} ({})",
                 column.t,
                 column.c,
                 spec.family(),
@@ -369,7 +369,7 @@ fn schema_mismatches(backend: Backend, tables: &[TableSpec], db: &[DbColumn]) ->
         for spec in &table.columns {
             if !db.iter().any(|c| c.t == table.name && c.c == spec.name) {
                 found.push(format!(
-                    "{}.{}: in dibs::schema, not in the database",
+                    "{}.{}: in tenure::schema, not in the database",
                     table.name, spec.name
                 ));
             }
@@ -394,7 +394,7 @@ fn the_schema_matches_the_migrated_database(backend: Backend) {
     let mismatches = schema_mismatches(backend, &tables, &columns);
     assert!(
         mismatches.is_empty(),
-        "{backend}: dibs::schema differs from the migrated database:\n{}",
+        "{backend}: tenure::schema differs from the migrated database:\n{}",
         mismatches.join("\n")
     );
     let checked: usize = tables.iter().map(|t| t.columns.len()).sum();
@@ -409,15 +409,15 @@ fn the_schema_matches_the_migrated_database(backend: Backend) {
 fn the_schema_check_reports_drift(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    // dibs's SQLite migrations spell 64-bit integers INTEGER, and the check wants that.
+    // tenure's SQLite migrations spell 64-bit integers INTEGER, and the check wants that.
     let bigint = if backend == Backend::Sqlite {
         "INTEGER"
     } else {
         "BIGINT"
     };
     conn.batch_execute(&format!(
-        "ALTER TABLE dibs_jobs ADD COLUMN extra {bigint} NULL; \
-         CREATE TABLE dibs_surprise (id {bigint} NOT NULL PRIMARY KEY)"
+        "ALTER TABLE tenure_jobs ADD COLUMN extra {bigint} NULL; \
+         CREATE TABLE tenure_surprise (id {bigint} NOT NULL PRIMARY KEY)"
     ))
     .unwrap();
     let columns = database_columns(&mut conn, backend);
@@ -425,19 +425,20 @@ fn the_schema_check_reports_drift(backend: Backend) {
     assert_eq!(
         schema_mismatches(backend, &tables, &columns),
         vec![
-            "dibs_jobs.extra: in the database, not in dibs::schema".to_string(),
-            "dibs_surprise.id: in the database, not in dibs::schema (no such table)".to_string(),
+            "tenure_jobs.extra: in the database, not in tenure::schema".to_string(),
+            "tenure_surprise.id: in the database, not in tenure::schema (no such table)"
+                .to_string(),
         ]
     );
 
     // A schema that got a type, a nullability and a column wrong.
     let mut wrong = tables.clone();
-    let jobs = wrong.iter_mut().find(|t| t.name == "dibs_jobs").unwrap();
+    let jobs = wrong.iter_mut().find(|t| t.name == "tenure_jobs").unwrap();
     for spec in &mut jobs.columns {
         match spec.name {
             "priority" => spec.sql_type = "diesel::sql_types::Text",
             "last_error" => spec.sql_type = "diesel::sql_types::Text",
-            "due_at" => spec.sql_type = "dibs::sql_types::Token",
+            "due_at" => spec.sql_type = "tenure::sql_types::Token",
             _ => {}
         }
     }
@@ -450,7 +451,7 @@ fn the_schema_check_reports_drift(backend: Backend) {
         sql_type: "diesel::sql_types::Nullable<diesel::sql_types::BigInt>",
     });
     wrong.push(TableSpec {
-        name: "dibs_surprise",
+        name: "tenure_surprise",
         columns: vec![ColumnSpec {
             name: "id",
             sql_type: "diesel::sql_types::BigInt",
@@ -460,7 +461,7 @@ fn the_schema_check_reports_drift(backend: Backend) {
     let expected_types = |name: &str| {
         columns
             .iter()
-            .find(|c| c.t == "dibs_jobs" && c.c == name)
+            .find(|c| c.t == "tenure_jobs" && c.c == name)
             .map(|c| format!("{} ({})", c.ty, c.detail))
             .unwrap()
     };
@@ -468,13 +469,14 @@ fn the_schema_check_reports_drift(backend: Backend) {
         report,
         vec![
             format!(
-                "dibs_jobs.due_at: dibs::schema says Token, the database has {}",
+                "tenure_jobs.due_at: tenure::schema says Token, the database has {}",
                 expected_types("due_at")
             ),
-            "dibs_jobs.ghost: in dibs::schema, not in the database".to_string(),
-            "dibs_jobs.last_error: dibs::schema says NOT NULL, the database says NULL".to_string(),
+            "tenure_jobs.ghost: in tenure::schema, not in the database".to_string(),
+            "tenure_jobs.last_error: tenure::schema says NOT NULL, the database says NULL"
+                .to_string(),
             format!(
-                "dibs_jobs.priority: dibs::schema says Text, the database has {}",
+                "tenure_jobs.priority: tenure::schema says Text, the database has {}",
                 expected_types("priority")
             ),
         ],
@@ -483,7 +485,7 @@ fn the_schema_check_reports_drift(backend: Backend) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// An application's table joined to dibs's.
+// An application's table joined to tenure's.
 
 diesel::table! {
     users (id) {
@@ -493,13 +495,13 @@ diesel::table! {
     }
 }
 
-diesel::joinable!(users -> dibs::schema::dibs_jobs (welcome_job_id));
-// Not `allow_tables_to_appear_in_same_query!(users, dibs_jobs)`: with diesel's `postgres`
+diesel::joinable!(users -> tenure::schema::tenure_jobs (welcome_job_id));
+// Not `allow_tables_to_appear_in_same_query!(users, tenure_jobs)`: with diesel's `postgres`
 // feature it also implements the trait for `Only<users::table>` and
-// `Tablesample<users::table, _>` against `dibs_jobs::table`, which the orphan rules refuse
-// outside dibs (E0117). The two impls a join needs are allowed.
-impl diesel::query_source::TableNotEqual<dibs_jobs::table> for users::table {}
-impl diesel::query_source::TableNotEqual<users::table> for dibs_jobs::table {}
+// `Tablesample<users::table, _>` against `tenure_jobs::table`, which the orphan rules refuse
+// outside tenure (E0117). The two impls a join needs are allowed.
+impl diesel::query_source::TableNotEqual<tenure_jobs::table> for users::table {}
+impl diesel::query_source::TableNotEqual<users::table> for tenure_jobs::table {}
 
 fn the_readme_join_example_runs(backend: Backend) {
     let db = TestDb::migrated(backend);
@@ -539,8 +541,8 @@ fn the_readme_join_example_runs(backend: Backend) {
 
     // Users whose welcome job is still waiting: the README's query, on AnyConnection.
     let waiting: Vec<(String, Job)> = users::table
-        .inner_join(dibs_jobs::table)
-        .filter(dibs_jobs::state.eq(JobState::Waiting))
+        .inner_join(tenure_jobs::table)
+        .filter(tenure_jobs::state.eq(JobState::Waiting))
         .order(users::id)
         .select((users::name, Job::as_select()))
         .load(&mut conn)
@@ -564,9 +566,9 @@ fn the_readme_join_example_runs(backend: Backend) {
 
     // Every user with their welcome job's state, if any.
     let states: Vec<(String, Option<JobState>)> = users::table
-        .left_join(dibs_jobs::table)
+        .left_join(tenure_jobs::table)
         .order(users::id)
-        .select((users::name, dibs_jobs::state.nullable()))
+        .select((users::name, tenure_jobs::state.nullable()))
         .load(&mut conn)
         .unwrap();
     assert_eq!(
@@ -602,33 +604,33 @@ fn portable_types_round_trip_through_any_connection(backend: Backend) {
     let scheduled = jobs::enqueue(&mut conn, &NewJob::new("t", "k", vec![]).at(later))
         .unwrap()
         .id;
-    let due: Vec<i64> = dibs_jobs::table
-        .filter(dibs_jobs::due_at.le(DatabaseNow))
-        .select(dibs_jobs::id)
+    let due: Vec<i64> = tenure_jobs::table
+        .filter(tenure_jobs::due_at.le(DatabaseNow))
+        .select(tenure_jobs::id)
         .load(&mut conn)
         .unwrap();
     assert_eq!(due, vec![soon]);
-    let not_yet: Vec<i64> = dibs_jobs::table
-        .filter(dibs_jobs::due_at.gt(DatabaseNow))
-        .select(dibs_jobs::id)
+    let not_yet: Vec<i64> = tenure_jobs::table
+        .filter(tenure_jobs::due_at.gt(DatabaseNow))
+        .select(tenure_jobs::id)
         .load(&mut conn)
         .unwrap();
     assert_eq!(not_yet, vec![scheduled]);
-    let exactly: Vec<(i64, DateTime<Utc>)> = dibs_jobs::table
-        .filter(dibs_jobs::due_at.eq(InstantValue(later)))
-        .select((dibs_jobs::id, dibs_jobs::due_at))
+    let exactly: Vec<(i64, DateTime<Utc>)> = tenure_jobs::table
+        .filter(tenure_jobs::due_at.eq(InstantValue(later)))
+        .select((tenure_jobs::id, tenure_jobs::due_at))
         .load(&mut conn)
         .unwrap();
     assert_eq!(exactly, vec![(scheduled, later)]);
-    let before_later: i64 = dibs_jobs::table
-        .filter(dibs_jobs::due_at.lt(InstantValue(later)))
+    let before_later: i64 = tenure_jobs::table
+        .filter(tenure_jobs::due_at.lt(InstantValue(later)))
         .count()
         .get_result(&mut conn)
         .unwrap();
     assert_eq!(before_later, 1);
-    let created: Vec<DateTime<Utc>> = dibs_jobs::table
-        .order(dibs_jobs::id)
-        .select(dibs_jobs::created_at)
+    let created: Vec<DateTime<Utc>> = tenure_jobs::table
+        .order(tenure_jobs::id)
+        .select(tenure_jobs::created_at)
         .load(&mut *pooled)
         .unwrap();
     assert_eq!(created.len(), 2);
@@ -638,34 +640,34 @@ fn portable_types_round_trip_through_any_connection(backend: Backend) {
     );
 
     // Tokens and lease instants.
-    let mut lease = dibs::lease::try_take(&mut conn, "portable", TTL, "me")
+    let mut lease = tenure::lease::try_take(&mut conn, "portable", TTL, "me")
         .unwrap()
         .expect("a free lease");
-    let token: Option<uuid::Uuid> = dibs_leases::table
+    let token: Option<uuid::Uuid> = tenure_leases::table
         .find("portable")
-        .select(dibs_leases::token)
+        .select(tenure_leases::token)
         .first(&mut conn)
         .unwrap();
     assert_eq!(token, Some(lease.token()));
-    let by_token: Vec<String> = dibs_leases::table
-        .filter(dibs_leases::token.eq(TokenValue(lease.token())))
-        .select(dibs_leases::name)
+    let by_token: Vec<String> = tenure_leases::table
+        .filter(tenure_leases::token.eq(TokenValue(lease.token())))
+        .select(tenure_leases::name)
         .load(&mut conn)
         .unwrap();
     assert_eq!(by_token, vec!["portable".to_string()]);
-    let live: i64 = dibs_leases::table
-        .filter(dibs_leases::expires_at.gt(DatabaseNow))
+    let live: i64 = tenure_leases::table
+        .filter(tenure_leases::expires_at.gt(DatabaseNow))
         .count()
         .get_result(&mut conn)
         .unwrap();
     assert_eq!(live, 1);
-    let past_bound: i64 = dibs_leases::table
-        .filter(dibs_leases::expires_at.gt(InstantValue(Utc::now() + chrono::Duration::hours(1))))
+    let past_bound: i64 = tenure_leases::table
+        .filter(tenure_leases::expires_at.gt(InstantValue(Utc::now() + chrono::Duration::hours(1))))
         .count()
         .get_result(&mut conn)
         .unwrap();
     assert_eq!(past_bound, 0);
-    let record: LeaseRecord = dibs_leases::table
+    let record: LeaseRecord = tenure_leases::table
         .select(LeaseRecord::as_select())
         .first(&mut conn)
         .unwrap();
@@ -687,14 +689,14 @@ fn portable_types_round_trip_through_any_connection(backend: Backend) {
             lease.expires_at(),
         )
     );
-    let pooled_records: Vec<LeaseRecord> = dibs_leases::table
+    let pooled_records: Vec<LeaseRecord> = tenure_leases::table
         .select(LeaseRecord::as_select())
         .load(&mut *pooled)
         .unwrap();
     assert_eq!(pooled_records, vec![record]);
     assert!(lease.release(&mut conn).unwrap());
-    let released: Option<uuid::Uuid> = dibs_leases::table
-        .select(dibs_leases::token)
+    let released: Option<uuid::Uuid> = tenure_leases::table
+        .select(tenure_leases::token)
         .first(&mut *pooled)
         .unwrap();
     assert_eq!(released, None);
@@ -713,7 +715,7 @@ fn portable_types_round_trip_through_any_connection(backend: Backend) {
         .catch_up(true),
     )
     .unwrap();
-    let schedule: ScheduleRecord = dibs_schedules::table
+    let schedule: ScheduleRecord = tenure_schedules::table
         .select(ScheduleRecord::as_select())
         .first(&mut conn)
         .unwrap();
@@ -745,47 +747,51 @@ fn portable_types_round_trip_through_any_connection(backend: Backend) {
             0,
         )
     );
-    let pooled_schedules: Vec<ScheduleRecord> = dibs_schedules::table
-        .filter(dibs_schedules::next_due_at.gt(DatabaseNow))
+    let pooled_schedules: Vec<ScheduleRecord> = tenure_schedules::table
+        .filter(tenure_schedules::next_due_at.gt(DatabaseNow))
         .select(ScheduleRecord::as_select())
         .load(&mut *pooled)
         .unwrap();
     assert_eq!(pooled_schedules, vec![schedule]);
 
-    // Failed runs and outputs, and dibs's own joinable!s.
+    // Failed runs and outputs, and tenure's own joinable!s.
     let failing = jobs::enqueue(&mut conn, &NewJob::new("f", "flaky", vec![]))
         .unwrap()
         .id;
     let claimed = jobs::claim(&mut conn, "f", 1, TTL).unwrap().remove(0);
     jobs::fail(&mut conn, claimed.claim(), "boom", Retry::Never).unwrap();
     jobs::record_output(&mut conn, failing, 1, Some(3), b"partial\n").unwrap();
-    let runs: Vec<FailedRun> = dibs_job_errors::table
-        .filter(dibs_job_errors::job_id.eq(failing))
+    let runs: Vec<FailedRun> = tenure_job_errors::table
+        .filter(tenure_job_errors::job_id.eq(failing))
         .select(FailedRun::as_select())
         .load(&mut conn)
         .unwrap();
     assert_eq!(runs, jobs::history(&mut conn, failing).unwrap());
     assert_eq!((runs[0].attempt, runs[0].error.as_str()), (1, "boom"));
     // Nullable instants against a bound instant and the database's clock.
-    let finished: Vec<i64> = dibs_jobs::table
-        .filter(dibs_jobs::finished_at.lt(InstantValue(Utc::now() + chrono::Duration::hours(1))))
-        .filter(dibs_jobs::finished_at.le(DatabaseNow.nullable()))
-        .select(dibs_jobs::id)
+    let finished: Vec<i64> = tenure_jobs::table
+        .filter(tenure_jobs::finished_at.lt(InstantValue(Utc::now() + chrono::Duration::hours(1))))
+        .filter(tenure_jobs::finished_at.le(DatabaseNow.nullable()))
+        .select(tenure_jobs::id)
         .load(&mut conn)
         .unwrap();
     assert_eq!(finished, vec![failing]);
-    let joined: Vec<(String, JobState, FailedRun)> = dibs_job_errors::table
-        .inner_join(dibs_jobs::table)
-        .select((dibs_jobs::kind, dibs_jobs::state, FailedRun::as_select()))
+    let joined: Vec<(String, JobState, FailedRun)> = tenure_job_errors::table
+        .inner_join(tenure_jobs::table)
+        .select((
+            tenure_jobs::kind,
+            tenure_jobs::state,
+            FailedRun::as_select(),
+        ))
         .load(&mut *pooled)
         .unwrap();
     assert_eq!(
         joined,
         vec![("flaky".to_string(), JobState::Dead, runs[0].clone())]
     );
-    let outputs: Vec<RunOutput> = dibs_job_outputs::table
-        .inner_join(dibs_jobs::table)
-        .filter(dibs_jobs::id.eq(failing))
+    let outputs: Vec<RunOutput> = tenure_job_outputs::table
+        .inner_join(tenure_jobs::table)
+        .filter(tenure_jobs::id.eq(failing))
         .select(RunOutput::as_select())
         .load(&mut conn)
         .unwrap();
@@ -797,15 +803,15 @@ fn portable_types_round_trip_through_any_connection(backend: Backend) {
 
     // The remaining tables read through AnyConnection too.
     jobs::pause(&mut conn, "paused-q").unwrap();
-    let paused: Vec<(String, DateTime<Utc>)> = dibs_queue_pauses::table
-        .filter(dibs_queue_pauses::paused_at.le(DatabaseNow))
-        .select((dibs_queue_pauses::queue, dibs_queue_pauses::paused_at))
+    let paused: Vec<(String, DateTime<Utc>)> = tenure_queue_pauses::table
+        .filter(tenure_queue_pauses::paused_at.le(DatabaseNow))
+        .select((tenure_queue_pauses::queue, tenure_queue_pauses::paused_at))
         .load(&mut conn)
         .unwrap();
     assert_eq!(paused.len(), 1);
     assert_eq!(paused[0].0, "paused-q");
-    let _keys: Vec<String> = dibs_limit_keys::table
-        .select(dibs_limit_keys::limit_key)
+    let _keys: Vec<String> = tenure_limit_keys::table
+        .select(tenure_limit_keys::limit_key)
         .load(&mut *pooled)
         .unwrap();
 }

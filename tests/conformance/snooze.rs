@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use dibs::jobs::{self, JobClaim, JobState, NewJob, Outcome};
-use dibs::{AnyConnection, Backend, Error};
+use tenure::jobs::{self, JobClaim, JobState, NewJob, Outcome};
+use tenure::{AnyConnection, Backend, Error};
 
 use crate::support::{TestDb, conformance};
 
@@ -73,7 +73,7 @@ fn a_snoozed_job_waits_for_its_due_time(backend: Backend) {
     );
     // Due an hour after the snooze by the database's clock (read once, after it).
     let stored = jobs::get(&mut conn, id).unwrap().unwrap();
-    let now = dibs::database_now(&mut conn).unwrap();
+    let now = tenure::database_now(&mut conn).unwrap();
     let ahead = stored.due_at - now;
     assert!(
         ahead > chrono::Duration::minutes(59) && ahead <= chrono::Duration::minutes(60),
@@ -200,7 +200,7 @@ fn a_snooze_too_long_is_refused_and_changes_nothing(backend: Backend) {
         .id;
     let job = claim_one(&mut conn, "s");
     let before = jobs::get(&mut conn, id).unwrap().unwrap();
-    for delay in [dibs::MAX_TTL + Duration::from_secs(1), Duration::MAX] {
+    for delay in [tenure::MAX_TTL + Duration::from_secs(1), Duration::MAX] {
         match jobs::snooze(&mut conn, job.claim(), delay) {
             Err(Error::InvalidInput { .. }) => {}
             other => panic!("{delay:?}: {other:?}"),
@@ -209,7 +209,7 @@ fn a_snooze_too_long_is_refused_and_changes_nothing(backend: Backend) {
     assert_eq!(jobs::get(&mut conn, id).unwrap().unwrap(), before);
     // The longest delay is fine.
     assert_eq!(
-        jobs::snooze(&mut conn, job.claim(), dibs::MAX_TTL).unwrap(),
+        jobs::snooze(&mut conn, job.claim(), tenure::MAX_TTL).unwrap(),
         Outcome::Done
     );
 }

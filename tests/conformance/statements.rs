@@ -1,4 +1,4 @@
-//! dibs's statements are prepared once per connection: while a worker drains, preparing stays
+//! tenure's statements are prepared once per connection: while a worker drains, preparing stays
 //! flat after warm-up and executing grows (diesel's events on every backend; the server's own
 //! per-session counters on PostgreSQL and MariaDB).
 
@@ -7,12 +7,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dibs::jobs::{self, NewJob};
-use dibs::worker::{JobContext, Worker};
-use dibs::{Backend, DibsConnection};
 use diesel::connection::{Instrumentation, InstrumentationEvent, set_default_instrumentation};
 use diesel::prelude::*;
 use diesel::sql_types::BigInt;
+use tenure::jobs::{self, NewJob};
+use tenure::worker::{JobContext, Worker};
+use tenure::{Backend, TenureConnection};
 
 use crate::support::{TestDb, concrete, conformance, wait_for};
 
@@ -98,7 +98,7 @@ struct Counters {
 /// The server's own per-session counters of one connection: on PostgreSQL the statements it
 /// holds prepared and how often they ran (plans made: one per execution); on MariaDB the
 /// session's `Com_stmt_prepare` and `Com_stmt_execute` (this query itself adds one of each).
-fn server_counters(conn: &mut dibs::PooledConnection) -> Option<Counters> {
+fn server_counters(conn: &mut tenure::PooledConnection) -> Option<Counters> {
     let sql = match conn.backend() {
         Backend::Sqlite => return None,
         Backend::Postgres => {

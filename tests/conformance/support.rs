@@ -3,9 +3,9 @@
 
 use std::sync::{Arc, Barrier};
 
-use dibs::{AnyConnection, Backend, Pool, SessionSetup};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
+use tenure::{AnyConnection, Backend, Pool, SessionSetup};
 
 const DEFAULT_POSTGRES_URL: &str = "postgres://root@127.0.0.1:5432/test";
 const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
@@ -17,31 +17,31 @@ macro_rules! conformance {
     ($($test:ident),+ $(,)?) => {
         #[cfg(feature = "sqlite")]
         mod sqlite {
-            $(#[test] fn $test() { super::$test(dibs::Backend::Sqlite) })+
+            $(#[test] fn $test() { super::$test(tenure::Backend::Sqlite) })+
         }
         #[cfg(feature = "postgres")]
         mod postgres {
-            $(#[test] fn $test() { super::$test(dibs::Backend::Postgres) })+
+            $(#[test] fn $test() { super::$test(tenure::Backend::Postgres) })+
         }
         #[cfg(feature = "mysql")]
         mod mysql {
-            $(#[test] fn $test() { super::$test(dibs::Backend::Mysql) })+
+            $(#[test] fn $test() { super::$test(tenure::Backend::Mysql) })+
         }
     };
 }
 pub(crate) use conformance;
 
 /// Runs `$body` with `$c` bound to the concrete diesel connection behind `$conn`, for SQL that
-/// uses dibs's SQL types (which diesel's multi-connection backend does not know).
+/// uses tenure's SQL types (which diesel's multi-connection backend does not know).
 macro_rules! concrete {
     ($conn:expr, $c:ident => $body:expr) => {
-        match dibs::DibsConnection::backend_connection($conn) {
+        match tenure::TenureConnection::backend_connection($conn) {
             #[cfg(feature = "sqlite")]
-            dibs::BackendConnection::Sqlite($c) => $body,
+            tenure::BackendConnection::Sqlite($c) => $body,
             #[cfg(feature = "postgres")]
-            dibs::BackendConnection::Postgres($c) => $body,
+            tenure::BackendConnection::Postgres($c) => $body,
             #[cfg(feature = "mysql")]
-            dibs::BackendConnection::Mysql($c) => $body,
+            tenure::BackendConnection::Mysql($c) => $body,
             #[allow(unreachable_patterns)]
             _ => unreachable!("a backend this build does not have"),
         }
@@ -52,16 +52,16 @@ pub(crate) use concrete;
 /// The server URL a backend's tests use (from the environment, or the local default).
 pub fn server_url(backend: Backend) -> String {
     match backend {
-        Backend::Postgres => std::env::var("DIBS_TEST_POSTGRES_URL")
+        Backend::Postgres => std::env::var("TENURE_TEST_POSTGRES_URL")
             .unwrap_or_else(|_| DEFAULT_POSTGRES_URL.to_string()),
         Backend::Mysql => {
-            std::env::var("DIBS_TEST_MYSQL_URL").unwrap_or_else(|_| DEFAULT_MYSQL_URL.to_string())
+            std::env::var("TENURE_TEST_MYSQL_URL").unwrap_or_else(|_| DEFAULT_MYSQL_URL.to_string())
         }
         Backend::Sqlite => unreachable!("SQLite has no server"),
     }
 }
 
-/// A database of its own for one test, dropped afterwards: `dibs_t_<random>` on a server, a
+/// A database of its own for one test, dropped afterwards: `tenure_t_<random>` on a server, a
 /// file in a temporary directory on SQLite (not `:memory:`, which gives each connection its
 /// own database).
 pub struct TestDb {
@@ -77,7 +77,7 @@ impl TestDb {
     pub fn empty(backend: Backend) -> TestDb {
         if backend == Backend::Sqlite {
             let dir = tempfile::tempdir().expect("a temporary directory");
-            let url = dir.path().join("dibs-test.db").display().to_string();
+            let url = dir.path().join("tenure-test.db").display().to_string();
             return TestDb {
                 backend,
                 url,
@@ -86,12 +86,12 @@ impl TestDb {
             };
         }
         let server = server_url(backend);
-        let name = format!("dibs_t_{}", uuid::Uuid::new_v4().simple());
+        let name = format!("tenure_t_{}", uuid::Uuid::new_v4().simple());
         let mut admin = AnyConnection::connect(&server).unwrap_or_else(|e| {
             let var = if backend == Backend::Postgres {
-                "DIBS_TEST_POSTGRES_URL"
+                "TENURE_TEST_POSTGRES_URL"
             } else {
-                "DIBS_TEST_MYSQL_URL"
+                "TENURE_TEST_MYSQL_URL"
             };
             panic!(
                 "the {backend} test server is unreachable ({e}). Start it (see README.md) or \
@@ -111,11 +111,11 @@ impl TestDb {
         }
     }
 
-    /// A database with dibs's migrations applied.
+    /// A database with tenure's migrations applied.
     pub fn migrated(backend: Backend) -> TestDb {
         let db = TestDb::empty(backend);
         let mut conn = db.connect();
-        dibs::run_migrations(&mut conn).expect("dibs's migrations");
+        tenure::run_migrations(&mut conn).expect("tenure's migrations");
         db
     }
 
@@ -124,7 +124,7 @@ impl TestDb {
         &self.url
     }
 
-    /// A new connection with dibs's session settings (which `AnyConnection::connect`
+    /// A new connection with tenure's session settings (which `AnyConnection::connect`
     /// applies).
     pub fn connect(&self) -> AnyConnection {
         AnyConnection::connect(&self.url).expect("connect to the test database")
@@ -208,7 +208,7 @@ pub fn count(conn: &mut AnyConnection, sql: &str) -> i64 {
         .n
 }
 
-/// The SQL column type of `dibs::sql_types::Instant` on a backend.
+/// The SQL column type of `tenure::sql_types::Instant` on a backend.
 pub fn instant_column(backend: Backend) -> &'static str {
     match backend {
         Backend::Sqlite => "TEXT",
@@ -217,7 +217,7 @@ pub fn instant_column(backend: Backend) -> &'static str {
     }
 }
 
-/// The SQL column type of `dibs::sql_types::Token` on a backend.
+/// The SQL column type of `tenure::sql_types::Token` on a backend.
 pub fn token_column(backend: Backend) -> &'static str {
     match backend {
         Backend::Sqlite => "BLOB",
@@ -314,10 +314,10 @@ pub fn overlaps(intervals: &[(i64, std::time::Instant, std::time::Instant)]) -> 
 
 /// Waits until `done(report)` or `limit` passes; returns the last report.
 pub fn wait_for(
-    worker: &dibs::worker::WorkerHandle,
+    worker: &tenure::worker::WorkerHandle,
     limit: std::time::Duration,
-    done: impl Fn(&dibs::worker::Report) -> bool,
-) -> dibs::worker::Report {
+    done: impl Fn(&tenure::worker::Report) -> bool,
+) -> tenure::worker::Report {
     let until = std::time::Instant::now() + limit;
     loop {
         let report = worker.report();
@@ -333,7 +333,7 @@ pub fn wait_for(
 #[allow(dead_code)]
 pub fn wait_for_db_clock(conn: &mut AnyConnection, at: chrono::DateTime<chrono::Utc>) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while dibs::database_now(conn).unwrap() <= at {
+    while tenure::database_now(conn).unwrap() <= at {
         assert!(
             std::time::Instant::now() < deadline,
             "the database clock did not pass {at}"
@@ -344,8 +344,8 @@ pub fn wait_for_db_clock(conn: &mut AnyConnection, at: chrono::DateTime<chrono::
 
 /// Claims the one due job of `kind` in `queue` (for 120 s); fails the test if the claim
 /// takes any other number.
-pub fn claim_one(conn: &mut AnyConnection, queue: &str, kind: &str) -> dibs::jobs::ClaimedJob {
-    let mut claimed = dibs::jobs::claim_kinds(
+pub fn claim_one(conn: &mut AnyConnection, queue: &str, kind: &str) -> tenure::jobs::ClaimedJob {
+    let mut claimed = tenure::jobs::claim_kinds(
         conn,
         queue,
         &[kind],
@@ -358,11 +358,11 @@ pub fn claim_one(conn: &mut AnyConnection, queue: &str, kind: &str) -> dibs::job
 }
 
 /// A job's state (the job must exist).
-pub fn job_state(conn: &mut AnyConnection, id: i64) -> dibs::jobs::JobState {
-    dibs::jobs::get(conn, id).unwrap().unwrap().state
+pub fn job_state(conn: &mut AnyConnection, id: i64) -> tenure::jobs::JobState {
+    tenure::jobs::get(conn, id).unwrap().unwrap().state
 }
 
 /// Enqueues a job and gives its id.
-pub fn enqueue_id(conn: &mut AnyConnection, job: dibs::jobs::NewJob) -> i64 {
-    dibs::jobs::enqueue(conn, &job).unwrap().id
+pub fn enqueue_id(conn: &mut AnyConnection, job: tenure::jobs::NewJob) -> i64 {
+    tenure::jobs::enqueue(conn, &job).unwrap().id
 }

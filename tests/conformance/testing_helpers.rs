@@ -1,12 +1,12 @@
-//! `dibs::testing`: what an application's tests use, on every backend.
+//! `tenure::testing`: what an application's tests use, on every backend.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use dibs::jobs::{self, JobArgs};
-use dibs::testing;
-use dibs::worker::{JobContext, JobError, Worker};
-use dibs::{Backend, Pool};
 use serde::{Deserialize, Serialize};
+use tenure::jobs::{self, JobArgs};
+use tenure::testing;
+use tenure::worker::{JobContext, JobError, Worker};
+use tenure::{Backend, Pool};
 
 use crate::support::{TestDb, conformance};
 

@@ -6,10 +6,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dibs::jobs::{self, Backoff, JobArgs, JobState, NewJob};
-use dibs::worker::{JobContext, JobError, Worker};
-use dibs::{Backend, Error};
 use serde::{Deserialize, Serialize};
+use tenure::jobs::{self, Backoff, JobArgs, JobState, NewJob};
+use tenure::worker::{JobContext, JobError, Worker};
+use tenure::{Backend, Error};
 
 use crate::support::{TestDb, conformance, wait_for};
 
@@ -158,14 +158,14 @@ fn a_payload_of_another_shape_is_dead_with_a_clear_error(backend: Backend) {
         "{error}"
     );
     // The test helper says the same, and changes nothing.
-    let err = dibs::testing::enqueued::<Invoice, _>(&mut pool.get().unwrap());
+    let err = tenure::testing::enqueued::<Invoice, _>(&mut pool.get().unwrap());
     assert!(err.unwrap().is_empty(), "dead jobs are not waiting");
     jobs::enqueue(
         &mut pool.get().unwrap(),
         &NewJob::json("billing", "invoice", &1).unwrap(),
     )
     .unwrap();
-    let err = dibs::testing::enqueued::<Invoice, _>(&mut pool.get().unwrap()).unwrap_err();
+    let err = tenure::testing::enqueued::<Invoice, _>(&mut pool.get().unwrap()).unwrap_err();
     assert!(
         matches!(err, Error::InvalidInput { .. }) && err.to_string().contains("Invoice"),
         "{err}"

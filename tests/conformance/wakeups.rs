@@ -1,5 +1,5 @@
-//! PostgreSQL wakes other processes' idle workers by NOTIFY on the `dibs_jobs` channel, with
-//! the queue as payload: after the commit of an enqueue dibs owns (in a transaction of its
+//! PostgreSQL wakes other processes' idle workers by NOTIFY on the `tenure_jobs` channel, with
+//! the queue as payload: after the commit of an enqueue tenure owns (in a transaction of its
 //! own, so enqueuers' commits do not queue behind each other), inside a caller's
 //! transaction otherwise (delivered only if it commits). MySQL/MariaDB and SQLite have no
 //! such channel: other processes' workers poll (this process's are woken directly, on
@@ -10,21 +10,21 @@ use std::time::{Duration, Instant};
 use diesel::connection::SimpleConnection;
 use diesel::pg::PgConnection;
 
-use dibs::jobs::{self, DedupOver, NewJob};
-use dibs::{AnyConnection, Backend, DibsConnection};
+use tenure::jobs::{self, DedupOver, NewJob};
+use tenure::{AnyConnection, Backend, TenureConnection};
 
 use crate::support::{TestDb, count};
 
-/// A second session LISTENing on dibs's channel.
+/// A second session LISTENing on tenure's channel.
 pub(crate) fn listener(db: &TestDb) -> AnyConnection {
     let mut conn = db.connect();
-    conn.batch_execute("LISTEN dibs_jobs").unwrap();
+    conn.batch_execute("LISTEN tenure_jobs").unwrap();
     conn
 }
 
 pub(crate) fn pg(conn: &mut AnyConnection) -> &mut PgConnection {
     match conn.backend_connection() {
-        dibs::BackendConnection::Postgres(c) => c,
+        tenure::BackendConnection::Postgres(c) => c,
         #[allow(unreachable_patterns)]
         _ => unreachable!("a PostgreSQL connection"),
     }
@@ -58,7 +58,7 @@ fn an_enqueue_outside_a_transaction_notifies_its_queue_once_committed() {
         .id;
     assert_eq!(received(&mut listen, Duration::from_millis(500)), ["mail"]);
     // Committed before the wake-up: the listener's own session sees the job.
-    let sql = format!("SELECT COUNT(*) AS n FROM dibs_jobs WHERE id = {id}");
+    let sql = format!("SELECT COUNT(*) AS n FROM tenure_jobs WHERE id = {id}");
     assert_eq!(count(&mut listen, &sql), 1, "job {id} visible");
 }
 
@@ -84,7 +84,7 @@ fn an_enqueue_in_a_callers_transaction_notifies_only_if_it_commits() {
     let keyed = NewJob::new("windowed", "k", vec![])
         .dedup_key("x")
         .dedup_window(Duration::from_secs(60), DedupOver::Completed);
-    let rolled_back: Result<(), dibs::Error> = dibs::transaction(&mut conn, |conn| {
+    let rolled_back: Result<(), tenure::Error> = tenure::transaction(&mut conn, |conn| {
         jobs::enqueue(conn, &NewJob::new("plain", "k", vec![]))?;
         jobs::enqueue(conn, &keyed)?;
         jobs::enqueue_many(conn, &[NewJob::new("many", "k", vec![])])?;
@@ -96,11 +96,11 @@ fn an_enqueue_in_a_callers_transaction_notifies_only_if_it_commits() {
         Vec::<String>::new(),
         "a rolled-back enqueue woke a worker"
     );
-    dibs::transaction(&mut conn, |conn| {
+    tenure::transaction(&mut conn, |conn| {
         jobs::enqueue(conn, &NewJob::new("plain", "k", vec![]))?;
         jobs::enqueue(conn, &keyed)?;
         jobs::enqueue_many(conn, &[NewJob::new("many", "k", vec![])])?;
-        Ok::<_, dibs::Error>(())
+        Ok::<_, tenure::Error>(())
     })
     .unwrap();
     let mut got = received(&mut listen, Duration::from_millis(500));
@@ -109,11 +109,11 @@ fn an_enqueue_in_a_callers_transaction_notifies_only_if_it_commits() {
 }
 
 #[test]
-fn enqueues_dibs_runs_in_a_transaction_of_its_own_notify_after_it() {
+fn enqueues_tenure_runs_in_a_transaction_of_its_own_notify_after_it() {
     let db = TestDb::migrated(Backend::Postgres);
     let mut listen = listener(&db);
     let mut conn = db.connect();
-    // A dedup window and a dependency each make the enqueue a transaction of dibs's own.
+    // A dedup window and a dependency each make the enqueue a transaction of tenure's own.
     let keyed = NewJob::new("windowed", "k", vec![])
         .dedup_key("x")
         .dedup_window(Duration::from_secs(60), DedupOver::Completed);

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant as Clock};
 
-use dibs::jobs::{self, Backoff, JobState, NewJob};
-use dibs::worker::{JobContext, JobError, Report, Worker, WorkerHandle};
-use dibs::{Backend, Pool};
+use tenure::jobs::{self, Backoff, JobState, NewJob};
+use tenure::worker::{JobContext, JobError, Report, Worker, WorkerHandle};
+use tenure::{Backend, Pool};
 
 use crate::support::{TestDb, conformance, count, wait_for};
 
@@ -71,14 +71,14 @@ fn four_threads_process_two_thousand_jobs_once(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'completed'"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'completed'"
         ),
         JOBS as i64
     );
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'"
         ),
         0
     );
@@ -132,7 +132,7 @@ fn three_batching_workers_run_each_job_once(backend: Backend) {
     assert_eq!(
         count(
             &mut db.connect(),
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'completed' AND attempt = 1"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'completed' AND attempt = 1"
         ),
         JOBS as i64
     );
@@ -173,14 +173,14 @@ fn shutdown_gives_back_prefetched_jobs_unstarted(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'running'"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'running'"
         ),
         0
     );
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'waiting' AND attempt = 0"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'waiting' AND attempt = 0"
         ),
         (JOBS - report.completed) as i64,
         "{report:?}"
@@ -191,7 +191,7 @@ fn panics_retries_failures_and_bad_payloads(backend: Backend) {
     let db = TestDb::migrated(backend);
     let pool = pool(&db);
     let mut conn = pool.get().unwrap();
-    let later = dibs::database_now(&mut conn).unwrap() + chrono::Duration::hours(1);
+    let later = tenure::database_now(&mut conn).unwrap() + chrono::Duration::hours(1);
     let panics = jobs::enqueue(
         &mut conn,
         &NewJob::new("mix", "panic", b"1".to_vec()).max_attempts(1),
@@ -688,7 +688,7 @@ fn survives_dropped_connections(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'completed'"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'completed'"
         ),
         JOBS as i64,
         "{report:?}"
@@ -705,7 +705,7 @@ fn survives_dropped_connections(backend: Backend) {
 mod postgres_faults {
     #[test]
     fn survives_dropped_connections() {
-        super::survives_dropped_connections(dibs::Backend::Postgres)
+        super::survives_dropped_connections(tenure::Backend::Postgres)
     }
 }
 
@@ -713,7 +713,7 @@ mod postgres_faults {
 mod mysql_faults {
     #[test]
     fn survives_dropped_connections() {
-        super::survives_dropped_connections(dibs::Backend::Mysql)
+        super::survives_dropped_connections(tenure::Backend::Mysql)
     }
 }
 

@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant as Clock};
 
 use chrono::{DateTime, TimeZone, Utc};
-use dibs::Backend;
-use dibs::jobs::{self, Backoff, JobState, NewJob};
-use dibs::worker::{JobContext, JobError, Report, Worker};
 use diesel::connection::SimpleConnection;
+use tenure::Backend;
+use tenure::jobs::{self, Backoff, JobState, NewJob};
+use tenure::worker::{JobContext, JobError, Report, Worker};
 
 use crate::support::{Intervals, TestDb, conformance, count, overlaps, wait_for};
 
@@ -316,11 +316,11 @@ fn a_refused_retry_instant_does_not_block_other_jobs(backend: Backend) {
     let final_report = worker.shutdown(Duration::from_secs(5));
     let completed = count(
         &mut conn,
-        "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'completed'",
+        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'completed'",
     );
     let lapsed = count(
         &mut conn,
-        &format!("SELECT COUNT(*) AS n FROM dibs_jobs WHERE lapses > 0 AND id <> {bad}"),
+        &format!("SELECT COUNT(*) AS n FROM tenure_jobs WHERE lapses > 0 AND id <> {bad}"),
     );
     let bad_job = jobs::get(&mut conn, bad);
     assert_eq!(
@@ -402,7 +402,7 @@ fn a_lost_claim_reclaimed_by_the_same_worker_runs_and_counts_once_each(backend: 
         let until = Clock::now() + Duration::from_secs(20);
         loop {
             conn.batch_execute(&format!(
-                "UPDATE dibs_jobs SET claim_expires_at = created_at WHERE id = {id}"
+                "UPDATE tenure_jobs SET claim_expires_at = created_at WHERE id = {id}"
             ))
             .unwrap();
             let rescued = jobs::rescue(&mut conn, 10).unwrap();
@@ -483,7 +483,7 @@ fn two_workers_with_retries_due_at_once_run_each_attempt_once(backend: Backend) 
     loop {
         let live = count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state IN ('waiting', 'running')",
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
         );
         if live == 0 || Clock::now() > until {
             break;
@@ -510,7 +510,7 @@ fn two_workers_with_retries_due_at_once_run_each_attempt_once(backend: Backend) 
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'completed' AND lapses = 0"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'completed' AND lapses = 0"
         ),
         JOBS as i64
     );
@@ -580,7 +580,7 @@ fn a_cancelled_claimed_ahead_job_never_runs(backend: Backend) {
         let until = Clock::now() + Duration::from_secs(20);
         while count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state IN ('waiting', 'running')",
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
         ) > 0
             && Clock::now() < until
         {
@@ -598,7 +598,7 @@ fn a_cancelled_claimed_ahead_job_never_runs(backend: Backend) {
     let until = Clock::now() + Duration::from_secs(20);
     while count(
         &mut conn,
-        "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state IN ('waiting', 'running')",
+        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
     ) > 0
         && Clock::now() < until
     {
@@ -720,7 +720,7 @@ fn limits_hold_across_two_workers_with_timeouts(backend: Backend) {
     let until = Clock::now() + Duration::from_secs(60);
     while count(
         &mut conn,
-        "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state IN ('waiting', 'running')",
+        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
     ) > 0
         && Clock::now() < until
     {

@@ -1,4 +1,4 @@
-//! How a rescue judges a registered worker (`dibs_workers`, see `dibs::schema`): by its lock,
+//! How a rescue judges a registered worker (`tenure_workers`, see `tenure::schema`): by its lock,
 //! which the worker holds for its life, on a connection (a session) of its own on a server,
 //! by a `flock` of its lock file on SQLite. Here the test is the worker, on connections and
 //! files of its own, following the documented protocol; another connection rescues.
@@ -10,9 +10,9 @@
 
 use std::time::Duration;
 
-use dibs::jobs::{self, JobState, NewJob};
-use dibs::{AnyConnection, Backend};
 use diesel::connection::SimpleConnection;
+use tenure::jobs::{self, JobState, NewJob};
+use tenure::{AnyConnection, Backend};
 
 use crate::support::{TestDb, conformance, count, race};
 
@@ -28,7 +28,7 @@ mod postgres_heartbeats {
     #[test]
     fn a_worker_with_a_fresh_heartbeat_is_not_rescued_without_its_lock() {
         super::a_worker_with_a_fresh_heartbeat_is_not_rescued_without_its_lock(
-            dibs::Backend::Postgres,
+            tenure::Backend::Postgres,
         )
     }
 }
@@ -37,7 +37,9 @@ mod postgres_heartbeats {
 mod mysql_heartbeats {
     #[test]
     fn a_worker_with_a_fresh_heartbeat_is_not_rescued_without_its_lock() {
-        super::a_worker_with_a_fresh_heartbeat_is_not_rescued_without_its_lock(dibs::Backend::Mysql)
+        super::a_worker_with_a_fresh_heartbeat_is_not_rescued_without_its_lock(
+            tenure::Backend::Mysql,
+        )
     }
 }
 
@@ -69,17 +71,17 @@ impl FakeWorker {
         let hour = ago(backend, 3600);
         session
             .batch_execute(&format!(
-                "INSERT INTO dibs_workers (host, pid, started_at, heartbeat_at) \
+                "INSERT INTO tenure_workers (host, pid, started_at, heartbeat_at) \
                  VALUES ('test', 1, {hour}, {hour})"
             ))
             .unwrap();
-        let id = count(&mut session, "SELECT MAX(id) AS n FROM dibs_workers");
+        let id = count(&mut session, "SELECT MAX(id) AS n FROM tenure_workers");
         let lock = match backend {
             Backend::Postgres => Some(format!(
                 "SELECT CAST(1 AS BIGINT) AS n FROM (SELECT pg_advisory_lock(1684628083, {id})) l"
             )),
             Backend::Mysql => Some(format!(
-                "SELECT CAST(GET_LOCK(CONCAT('dibs.worker.', MD5(DATABASE()), '.', {id}), 0) AS SIGNED) AS n"
+                "SELECT CAST(GET_LOCK(CONCAT('tenure.worker.', MD5(DATABASE()), '.', {id}), 0) AS SIGNED) AS n"
             )),
             Backend::Sqlite => None,
         };
@@ -121,7 +123,7 @@ impl FakeWorker {
             .collect::<Vec<_>>()
             .join(", ");
         conn.batch_execute(&format!(
-            "UPDATE dibs_jobs SET claimed_by = {} WHERE id IN ({list})",
+            "UPDATE tenure_jobs SET claimed_by = {} WHERE id IN ({list})",
             self.id
         ))
         .unwrap();
@@ -164,8 +166,8 @@ fn running(conn: &mut AnyConnection, ids: &[i64]) -> bool {
 /// its handler past the grace period keeps its claim under the ttl alone (no longer the
 /// worker's: nothing would tell its end), as before workers registered.
 fn a_worker_registers_and_leaves_no_row_behind(backend: Backend) {
-    use dibs::worker::{JobContext, Worker};
     use std::sync::{Arc, Mutex};
+    use tenure::worker::{JobContext, Worker};
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let id = jobs::enqueue(&mut conn, &NewJob::new("reg", "k", vec![]))
@@ -189,12 +191,12 @@ fn a_worker_registers_and_leaves_no_row_behind(backend: Backend) {
         assert!(std::time::Instant::now() < until, "never claimed");
         std::thread::sleep(Duration::from_millis(10));
     }
-    let registered = count(&mut conn, "SELECT MAX(id) AS n FROM dibs_workers");
+    let registered = count(&mut conn, "SELECT MAX(id) AS n FROM tenure_workers");
     assert_eq!(
         count(
             &mut conn,
             &format!(
-                "SELECT COUNT(*) AS n FROM dibs_jobs WHERE id = {id} AND claimed_by = {registered}"
+                "SELECT COUNT(*) AS n FROM tenure_jobs WHERE id = {id} AND claimed_by = {registered}"
             )
         ),
         1,
@@ -203,7 +205,7 @@ fn a_worker_registers_and_leaves_no_row_behind(backend: Backend) {
     let started = count(
         &mut conn,
         &format!(
-            "SELECT COUNT(*) AS n FROM dibs_workers WHERE id = {registered} AND heartbeat_at > started_at"
+            "SELECT COUNT(*) AS n FROM tenure_workers WHERE id = {registered} AND heartbeat_at > started_at"
         ),
     );
     let session = lock_session(&mut conn, backend, registered);
@@ -217,7 +219,7 @@ fn a_worker_registers_and_leaves_no_row_behind(backend: Backend) {
         count(
             &mut conn,
             &format!(
-                "SELECT COUNT(*) AS n FROM dibs_workers WHERE id = {registered} AND heartbeat_at > started_at"
+                "SELECT COUNT(*) AS n FROM tenure_workers WHERE id = {registered} AND heartbeat_at > started_at"
             )
         ),
         1,
@@ -232,7 +234,7 @@ fn a_worker_registers_and_leaves_no_row_behind(backend: Backend) {
     // The handler runs past the grace period.
     worker.shutdown(Duration::ZERO);
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_workers"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_workers"),
         0,
         "its row is gone"
     );
@@ -248,7 +250,9 @@ fn a_worker_registers_and_leaves_no_row_behind(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            &format!("SELECT COUNT(*) AS n FROM dibs_jobs WHERE id = {id} AND claimed_by IS NULL")
+            &format!(
+                "SELECT COUNT(*) AS n FROM tenure_jobs WHERE id = {id} AND claimed_by IS NULL"
+            )
         ),
         1,
         "its claim keeps only its ttl"
@@ -265,7 +269,7 @@ fn lock_session(conn: &mut AnyConnection, backend: Backend, id: i64) -> Option<i
              AND classid = 1684628083 AND objid = {id} AND objsubid = 2 AND granted"
         ),
         Backend::Mysql => format!(
-            "SELECT CAST(COALESCE(IS_USED_LOCK(CONCAT('dibs.worker.', MD5(DATABASE()), '.', {id})), 0) AS SIGNED) AS n"
+            "SELECT CAST(COALESCE(IS_USED_LOCK(CONCAT('tenure.worker.', MD5(DATABASE()), '.', {id})), 0) AS SIGNED) AS n"
         ),
         Backend::Sqlite => return None,
     };
@@ -281,7 +285,7 @@ fn a_worker_whose_lock_is_held_is_never_rescued(backend: Backend) {
     let worker = FakeWorker::register(&db);
     let claims = worker.claims(&mut conn, 3);
     conn.batch_execute(&format!(
-        "UPDATE dibs_workers SET lock_free_since = {} WHERE id = {}",
+        "UPDATE tenure_workers SET lock_free_since = {} WHERE id = {}",
         ago(backend, 3600),
         worker.id
     ))
@@ -297,7 +301,7 @@ fn a_worker_whose_lock_is_held_is_never_rescued(backend: Backend) {
             count(
                 &mut conn,
                 &format!(
-                    "SELECT COUNT(*) AS n FROM dibs_workers WHERE id = {} AND lock_free_since IS NULL",
+                    "SELECT COUNT(*) AS n FROM tenure_workers WHERE id = {} AND lock_free_since IS NULL",
                     worker.id
                 )
             ),
@@ -371,7 +375,7 @@ fn a_worker_whose_session_ended_is_rescued(backend: Backend) {
         count(
             &mut conn,
             &format!(
-                "SELECT COUNT(*) AS n FROM dibs_workers WHERE id = {}",
+                "SELECT COUNT(*) AS n FROM tenure_workers WHERE id = {}",
                 dead.id
             )
         ),
@@ -402,7 +406,7 @@ fn a_worker_with_a_fresh_heartbeat_is_not_rescued_without_its_lock(backend: Back
     worker.die();
     let set = |conn: &mut AnyConnection, heartbeat: &str| {
         conn.batch_execute(&format!(
-            "UPDATE dibs_workers SET heartbeat_at = {heartbeat}, lock_free_since = {} WHERE id = {}",
+            "UPDATE tenure_workers SET heartbeat_at = {heartbeat}, lock_free_since = {} WHERE id = {}",
             ago(backend, 3600),
             worker.id
         ))
@@ -437,7 +441,7 @@ fn two_rescuers_take_a_dead_workers_claims_back_once(backend: Backend) {
     let claims = worker.claims(&mut conn, 50);
     worker.die();
     conn.batch_execute(&format!(
-        "UPDATE dibs_workers SET lock_free_since = {} WHERE id = {}",
+        "UPDATE tenure_workers SET lock_free_since = {} WHERE id = {}",
         ago(backend, 3600),
         worker.id
     ))
@@ -457,7 +461,7 @@ fn two_rescuers_take_a_dead_workers_claims_back_once(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE lapses = 1 AND state = 'waiting'"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE lapses = 1 AND state = 'waiting'"
         ),
         50
     );

@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant as Clock};
 
 use chrono::{DateTime, Utc};
-use dibs::jobs::{self, Backoff, JobState, NewJob};
-use dibs::worker::{JobContext, JobError, Worker};
-use dibs::{AnyConnection, Backend};
+use tenure::jobs::{self, Backoff, JobState, NewJob};
+use tenure::worker::{JobContext, JobError, Worker};
+use tenure::{AnyConnection, Backend};
 
 use crate::support::{Intervals, TestDb, conformance, count, overlaps};
 
@@ -31,7 +31,7 @@ fn wait_until_final(conn: &mut AnyConnection, limit: Duration) -> i64 {
     loop {
         let live = count(
             conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state IN ('waiting', 'running')",
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
         );
         if live == 0 || Clock::now() > until {
             return live;
@@ -83,7 +83,7 @@ fn a_retry_claimed_while_the_first_run_is_recorded_runs_once(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'completed'"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'completed'"
         ),
         JOBS as i64,
         "every second run succeeded: none may end dead ({report:?})"
@@ -146,7 +146,7 @@ fn a_result_the_database_refuses_does_not_block_the_others(backend: Backend) {
     let done = |c: &mut AnyConnection| {
         count(
             c,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'running' OR \
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'running' OR \
              (state = 'waiting' AND attempt = 0)",
         )
     };

@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant as Clock};
 
-use dibs::jobs::{self, ClaimedJob, JobResult, JobState, NewJob, Outcome, Workflow};
-use dibs::{AnyConnection, Backend};
 use diesel::RunQueryDsl;
+use tenure::jobs::{self, ClaimedJob, JobResult, JobState, NewJob, Outcome, Workflow};
+use tenure::{AnyConnection, Backend};
 
 use crate::support::{TestDb, concrete, conformance, contest, count};
 
@@ -293,7 +293,7 @@ fn dependencies_finishing_at_the_same_instant_release_their_dependent_exactly_on
             let pending = count(
                 &mut conn,
                 &format!(
-                    "SELECT COUNT(*) AS n FROM dibs_dependency_stripes WHERE job_id = {id} AND pending <> 0"
+                    "SELECT COUNT(*) AS n FROM tenure_dependency_stripes WHERE job_id = {id} AND pending <> 0"
                 ),
             );
             assert_eq!(pending, 0);
@@ -335,7 +335,7 @@ fn negative_control_a_plain_count_of_pending_dependencies_loses_releases(backend
         CLAIMERS,
         ROUNDS,
         move |round, thread, conn| {
-            dibs::transaction(conn, |conn| {
+            tenure::transaction(conn, |conn| {
                 diesel::sql_query(format!("UPDATE naive_edges SET done = 1 WHERE round_no = {round} AND dep = {thread}"))
                     .execute(conn)?;
                 let left = count(conn, &format!("SELECT COUNT(*) AS n FROM naive_edges WHERE round_no = {round} AND done = 0"));

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant as Clock};
 
-use dibs::Backend;
-use dibs::jobs::{self, JobResult, JobState, NewJob, Workflow};
-use dibs::worker::{JobContext, JobError, Worker};
+use tenure::Backend;
+use tenure::jobs::{self, JobResult, JobState, NewJob, Workflow};
+use tenure::worker::{JobContext, JobError, Worker};
 
 use crate::support::{TestDb, conformance};
 

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use dibs::jobs::{self, JobResult, JobState, NewJob, Outcome, RunWhen, Workflow};
-use dibs::{AnyConnection, Backend, Error};
+use tenure::jobs::{self, JobResult, JobState, NewJob, Outcome, RunWhen, Workflow};
+use tenure::{AnyConnection, Backend, Error};
 
 use crate::support::{TestDb, claim_one, conformance, count, job_state as state};
 
@@ -194,7 +194,7 @@ fn a_cancelled_dependency_counts_as_failed_and_cancels_cascade_down_a_chain(back
     .id;
     crate::support::concrete!(&mut conn, c => {
         diesel::RunQueryDsl::execute(
-            diesel::sql_query(format!("UPDATE dibs_jobs SET snoozes = 1000 WHERE id = {s}")),
+            diesel::sql_query(format!("UPDATE tenure_jobs SET snoozes = 1000 WHERE id = {s}")),
             c,
         )
         .unwrap();
@@ -231,7 +231,7 @@ fn dependencies_already_finished_are_settled_at_enqueue(backend: Backend) {
     let anyway = jobs::enqueue(&mut conn, &anyway).unwrap();
     assert_eq!(state(&mut conn, anyway.id), JobState::Waiting);
     // In enqueue_many too, and inside a caller's transaction that rolls back: nothing stays.
-    let rolled_back: Result<(), Error> = dibs::transaction(&mut conn, |conn| {
+    let rolled_back: Result<(), Error> = tenure::transaction(&mut conn, |conn| {
         jobs::enqueue_many(conn, &[NewJob::new("q", "w", vec![]).depends_on([a])])?;
         Err(Error::Database(diesel::result::Error::RollbackTransaction))
     });
@@ -239,14 +239,14 @@ fn dependencies_already_finished_are_settled_at_enqueue(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE kind = 'w'"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE kind = 'w'"
         ),
         0
     );
     assert_eq!(
         count(
             &mut conn,
-            &format!("SELECT COUNT(*) AS n FROM dibs_job_dependencies WHERE depends_on = {a}")
+            &format!("SELECT COUNT(*) AS n FROM tenure_job_dependencies WHERE depends_on = {a}")
         ),
         3
     );
@@ -422,9 +422,9 @@ fn retention_keeps_a_dependency_until_its_dependents_finish_and_then_its_result_
     jobs::complete(&mut conn, &[job_c.claim()]).unwrap();
     assert_eq!(prune(&mut conn), 3);
     for table in [
-        "dibs_job_results",
-        "dibs_job_dependencies",
-        "dibs_dependency_stripes",
+        "tenure_job_results",
+        "tenure_job_dependencies",
+        "tenure_dependency_stripes",
     ] {
         assert_eq!(
             count(&mut conn, &format!("SELECT COUNT(*) AS n FROM {table}")),
@@ -470,11 +470,11 @@ fn progress_is_fenced_by_the_claim_and_bounded(backend: Backend) {
         Outcome::Lost
     );
     assert_eq!(jobs::progress(&mut conn, id).unwrap().unwrap().0, 0.25);
-    let ctx = dibs::testing::context("q", "a");
+    let ctx = tenure::testing::context("q", "a");
     for i in 0..1_000_000 {
         ctx.set_progress(i as f64, "tight loop");
     }
-    assert_eq!(dibs::testing::progress_of(&ctx).unwrap().0, 999_999.0);
+    assert_eq!(tenure::testing::progress_of(&ctx).unwrap().0, 999_999.0);
 }
 
 /// Each is InvalidInput, and nothing is written: a dependency that does not exist, a
@@ -522,9 +522,9 @@ fn bad_workflow_input_is_refused_and_writes_nothing(backend: Backend) {
     missing.add(NewJob::new("q", "x", vec![]).depends_on([a + 1000]));
     assert!(invalid(jobs::enqueue_workflow(&mut conn, &missing)));
     for table in [
-        "dibs_workflows",
-        "dibs_job_dependencies",
-        "dibs_dependency_stripes",
+        "tenure_workflows",
+        "tenure_job_dependencies",
+        "tenure_dependency_stripes",
     ] {
         assert_eq!(
             count(&mut conn, &format!("SELECT COUNT(*) AS n FROM {table}")),
@@ -532,7 +532,7 @@ fn bad_workflow_input_is_refused_and_writes_nothing(backend: Backend) {
             "{table}"
         );
     }
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"), 1);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 1);
     assert!(invalid(JobResult::bytes(vec![
         0u8;
         jobs::MAX_RESULT_BYTES + 1

@@ -1,17 +1,17 @@
 //! The child processes of the process-level scenarios: this test binary, run again with
-//! `DIBS_FAULT_ROLE` set and the filter `child::role`. Without the variable the test does
-//! nothing. Children report on stdout in lines starting with `DIBS `.
+//! `TENURE_FAULT_ROLE` set and the filter `child::role`. Without the variable the test does
+//! nothing. Children report on stdout in lines starting with `TENURE `.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use dibs::jobs;
-use dibs::lease::Wait;
-use dibs::worker::{JobContext, JobError, Worker};
-use dibs::{LeaseGuard, Pool};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
+use tenure::jobs;
+use tenure::lease::Wait;
+use tenure::worker::{JobContext, JobError, Worker};
+use tenure::{LeaseGuard, Pool};
 
 /// A child process and its report lines.
 pub struct Spawned {
@@ -24,13 +24,13 @@ impl Spawned {
         self.child.id() as i32
     }
 
-    /// The next report line (without the `DIBS ` prefix), or None when the child's output
+    /// The next report line (without the `TENURE ` prefix), or None when the child's output
     /// ended.
     pub fn next_report(&mut self) -> Option<String> {
         for line in self.lines.by_ref() {
             let line = line.ok()?;
             // libtest may print "test child::role ... " before the first report.
-            if let Some(at) = line.find("DIBS ") {
+            if let Some(at) = line.find("TENURE ") {
                 return Some(line[at + 5..].to_string());
             }
         }
@@ -57,8 +57,8 @@ impl Drop for Spawned {
 pub fn spawn(role: &str, args: &[&str]) -> Spawned {
     let mut child = Command::new(std::env::current_exe().expect("the test binary"))
         .args(["child::role", "--exact", "--nocapture", "--test-threads=1"])
-        .env("DIBS_FAULT_ROLE", role)
-        .env("DIBS_FAULT_ARGS", args.join("\u{1f}"))
+        .env("TENURE_FAULT_ROLE", role)
+        .env("TENURE_FAULT_ARGS", args.join("\u{1f}"))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -71,15 +71,15 @@ pub fn spawn(role: &str, args: &[&str]) -> Spawned {
 }
 
 fn report(line: impl std::fmt::Display) {
-    println!("DIBS {line}");
+    println!("TENURE {line}");
 }
 
 #[test]
 fn role() {
-    let Ok(role) = std::env::var("DIBS_FAULT_ROLE") else {
+    let Ok(role) = std::env::var("TENURE_FAULT_ROLE") else {
         return;
     };
-    let args: Vec<String> = std::env::var("DIBS_FAULT_ARGS")
+    let args: Vec<String> = std::env::var("TENURE_FAULT_ARGS")
         .unwrap_or_default()
         .split('\u{1f}')
         .map(str::to_string)
@@ -117,7 +117,7 @@ fn worker(url: &str) {
         .raw_handler("effect", move |ctx: &JobContext, _: &[u8]| {
             std::thread::sleep(Duration::from_millis(10 + (ctx.id as u64 * 7919) % 41));
             let backend = effects.backend();
-            let insert = |conn: &mut dibs::PooledConnection| -> Result<(), dibs::Error> {
+            let insert = |conn: &mut tenure::PooledConnection| -> Result<(), tenure::Error> {
                 diesel::sql_query(sql(
                     backend,
                     "INSERT INTO fault_effects (job_id, token, attempt, pid) VALUES (?, ?, ?, ?)",
@@ -139,7 +139,7 @@ fn worker(url: &str) {
                     }
                     // The effect commits only with the completion: a claim lost meanwhile
                     // (it lapsed on a busy machine and the job was rescued) rolls it back.
-                    dibs::transaction(&mut conn, |conn| {
+                    tenure::transaction(&mut conn, |conn| {
                         insert(conn)?;
                         let outcome = jobs::complete(conn, &[ctx.claim()])?;
                         if outcome != [jobs::Outcome::Done] {
@@ -216,8 +216,8 @@ fn capped_worker(url: &str) {
 }
 
 /// `?` placeholders as the backend wants them (`$1, $2, ...` on PostgreSQL).
-pub fn sql(backend: dibs::Backend, template: &str) -> String {
-    if backend != dibs::Backend::Postgres {
+pub fn sql(backend: tenure::Backend, template: &str) -> String {
+    if backend != tenure::Backend::Postgres {
         return template.to_string();
     }
     let mut out = String::new();
@@ -234,17 +234,17 @@ pub fn sql(backend: dibs::Backend, template: &str) -> String {
 }
 
 /// The database's now as sortable text (microseconds; milliseconds on SQLite).
-pub fn now_text(conn: &mut dibs::AnyConnection, backend: dibs::Backend) -> QueryResult<String> {
+pub fn now_text(conn: &mut tenure::AnyConnection, backend: tenure::Backend) -> QueryResult<String> {
     #[derive(QueryableByName)]
     struct Now {
         #[diesel(sql_type = Text)]
         now: String,
     }
     let expr = match backend {
-        dibs::Backend::Postgres => {
+        tenure::Backend::Postgres => {
             "to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')"
         }
-        dibs::Backend::Mysql => "DATE_FORMAT(UTC_TIMESTAMP(6), '%Y-%m-%d %H:%i:%s.%f')",
+        tenure::Backend::Mysql => "DATE_FORMAT(UTC_TIMESTAMP(6), '%Y-%m-%d %H:%i:%s.%f')",
         _ => "strftime('%Y-%m-%d %H:%M:%f','now')",
     };
     Ok(diesel::sql_query(format!("SELECT {expr} AS now"))
@@ -271,12 +271,12 @@ fn holder(url: &str) {
     let mut was_held = true;
     for _ in 0..400 {
         std::thread::sleep(Duration::from_millis(50));
-        let wrote = dibs::transaction(&mut conn, |conn| {
+        let wrote = tenure::transaction(&mut conn, |conn| {
             guard.lease().verify(conn)?;
             diesel::sql_query(sql(backend, "INSERT INTO fault_writes (fence) VALUES (?)"))
                 .bind::<BigInt, _>(guard.fence())
                 .execute(&mut **conn)
-                .map_err(dibs::Error::from)
+                .map_err(tenure::Error::from)
         });
         match wrote {
             Ok(_) => report("wrote"),
@@ -309,9 +309,9 @@ fn counter(url: &str, iterations: usize) {
         .expect("take") else {
             continue;
         };
-        let result = dibs::transaction(&mut conn, |conn| {
+        let result = tenure::transaction(&mut conn, |conn| {
             guard.lease().verify(conn)?;
-            let c: &mut dibs::AnyConnection = conn;
+            let c: &mut tenure::AnyConnection = conn;
             #[derive(QueryableByName)]
             struct Value {
                 #[diesel(sql_type = BigInt)]
@@ -334,7 +334,7 @@ fn counter(url: &str, iterations: usize) {
             .bind::<Text, _>(started)
             .bind::<Text, _>(ended)
             .execute(c)
-            .map_err(dibs::Error::from)
+            .map_err(tenure::Error::from)
         });
         result.expect("a write under the held lease");
         guard.release().expect("release");
@@ -347,8 +347,8 @@ fn counter(url: &str, iterations: usize) {
 /// jobs, one call at a time; any error is reported.
 /// The session of the processes sharing one SQLite file: a busy timeout of 30 s, past what a
 /// loaded machine makes a writer of another process wait.
-pub fn shared_file_session() -> dibs::SessionSetup {
-    dibs::SessionSetup::default().busy_timeout(Duration::from_secs(30))
+pub fn shared_file_session() -> tenure::SessionSetup {
+    tenure::SessionSetup::default().busy_timeout(Duration::from_secs(30))
 }
 
 fn sqlite_load(url: &str, operations: usize) {
@@ -383,10 +383,10 @@ fn sqlite_load(url: &str, operations: usize) {
 fn sqlite_stuck_writer(url: &str) {
     let pool = Pool::options().max_size(1).open(url).expect("pool");
     let mut conn = pool.get().expect("conn");
-    let _ = dibs::transaction(&mut conn, |conn| {
+    let _ = tenure::transaction(&mut conn, |conn| {
         jobs::enqueue(conn, &jobs::NewJob::new("stuck", "k", vec![]))?;
         report("in-transaction");
         std::thread::sleep(Duration::from_secs(60));
-        Ok::<(), dibs::Error>(())
+        Ok::<(), tenure::Error>(())
     });
 }

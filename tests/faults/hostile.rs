@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use dibs::jobs::{self, NewJob};
-use dibs::{AnyConnection, Backend};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseResult, TestRunner};
+use tenure::jobs::{self, NewJob};
+use tenure::{AnyConnection, Backend};
 
 use crate::support::{TestDb, conformance, count};
 
@@ -31,7 +31,7 @@ fn runner(backend: Backend) -> TestRunner {
 fn nasty_string() -> impl Strategy<Value = String> {
     prop_oneof![
         1 => prop::sample::select(vec![
-            "'; DROP TABLE dibs_jobs; --".to_string(),
+            "'; DROP TABLE tenure_jobs; --".to_string(),
             "\" OR 1=1 --".to_string(),
             "\\".to_string(),
             "\\'".to_string(),
@@ -57,7 +57,7 @@ fn valid_name(name: &str) -> bool {
 }
 
 fn jobs_count(conn: &mut AnyConnection) -> i64 {
-    count(conn, "SELECT COUNT(*) AS n FROM dibs_jobs")
+    count(conn, "SELECT COUNT(*) AS n FROM tenure_jobs")
 }
 
 fn job_fields_round_trip_or_are_refused(backend: Backend) {
@@ -143,12 +143,12 @@ fn lease_names_and_ttls_round_trip_or_are_refused(backend: Backend) {
                 && !holder.contains('\0')
                 && ttl >= Duration::from_millis(1)
                 && ttl <= Duration::from_secs(366 * 86400);
-            let rows = count(conn, "SELECT COUNT(*) AS n FROM dibs_leases");
-            match dibs::lease::try_take(conn, &name, ttl, &holder) {
+            let rows = count(conn, "SELECT COUNT(*) AS n FROM tenure_leases");
+            match tenure::lease::try_take(conn, &name, ttl, &holder) {
                 Ok(Some(mut lease)) => {
                     tally.set((tally.get().0 + 1, tally.get().1));
                     prop_assert!(should_work, "accepted {name:?} {holder:?} {ttl:?}");
-                    let info = dibs::lease::inspect(conn, &name).unwrap().unwrap();
+                    let info = tenure::lease::inspect(conn, &name).unwrap().unwrap();
                     prop_assert_eq!(&info.name, &name);
                     prop_assert_eq!(&info.holder, &holder);
                     prop_assert!(lease.release(conn).unwrap());
@@ -158,7 +158,7 @@ fn lease_names_and_ttls_round_trip_or_are_refused(backend: Backend) {
                     tally.set((tally.get().0, tally.get().1 + 1));
                     prop_assert!(e.is_invalid_input(), "not a typed refusal: {e:?}");
                     prop_assert!(!should_work, "refused valid input: {e}");
-                    prop_assert_eq!(count(conn, "SELECT COUNT(*) AS n FROM dibs_leases"), rows);
+                    prop_assert_eq!(count(conn, "SELECT COUNT(*) AS n FROM tenure_leases"), rows);
                 }
             }
             Ok(())
@@ -290,21 +290,21 @@ fn cron_expressions_zones_and_urls_never_panic() {
         .run(&(expression, zone), |(expression, zone)| {
             let mut held = cell.borrow_mut();
             let conn: &mut AnyConnection = &mut held;
-            let schedule = dibs::schedules::Schedule::cron(
+            let schedule = tenure::schedules::Schedule::cron(
                 "hostile",
                 expression.as_str(),
                 NewJob::new("q", "k", vec![]),
             )
             .time_zone(zone.as_str());
-            let before = count(conn, "SELECT COUNT(*) AS n FROM dibs_schedules");
-            match dibs::schedules::upsert(conn, &schedule) {
+            let before = count(conn, "SELECT COUNT(*) AS n FROM tenure_schedules");
+            match tenure::schedules::upsert(conn, &schedule) {
                 Ok(()) => {
-                    dibs::schedules::remove(conn, "hostile").unwrap();
+                    tenure::schedules::remove(conn, "hostile").unwrap();
                 }
                 Err(e) => {
                     prop_assert!(e.is_invalid_input(), "{expression:?} in {zone:?}: {e:?}");
                     prop_assert_eq!(
-                        count(conn, "SELECT COUNT(*) AS n FROM dibs_schedules"),
+                        count(conn, "SELECT COUNT(*) AS n FROM tenure_schedules"),
                         before
                     );
                 }

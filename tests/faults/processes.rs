@@ -4,11 +4,11 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use dibs::jobs::{self, NewJob};
-use dibs::{AnyConnection, Backend};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
+use tenure::jobs::{self, NewJob};
+use tenure::{AnyConnection, Backend};
 
 use crate::child::{Spawned, spawn};
 use crate::support::{TestDb, conformance, count};
@@ -65,7 +65,7 @@ fn killed_workers_lose_no_job(backend: Backend) {
     loop {
         let left = count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'",
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'",
         );
         if left == 0 {
             break;
@@ -132,12 +132,12 @@ fn killed_workers_lose_no_job(backend: Backend) {
     // A claim a kill cut short lapses: the job runs again without using an attempt.
     let rerun = count(
         &mut conn,
-        "SELECT COUNT(*) AS n FROM dibs_jobs WHERE lapses > 0",
+        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE lapses > 0",
     );
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE attempt > 1"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE attempt > 1"
         ),
         0,
         "a kill uses no attempt"
@@ -150,7 +150,7 @@ fn killed_workers_lose_no_job(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'completed'"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'completed'"
         ),
         JOBS as i64
     );
@@ -188,7 +188,7 @@ fn a_paused_lease_holder_is_fenced_out(backend: Backend) {
     while holder.next_report().as_deref() != Some("wrote") {}
     holder.signal("STOP");
     std::thread::sleep(Duration::from_millis(1500));
-    let taken = dibs::lease::try_take(&mut conn, "paused", Duration::from_secs(30), "test")
+    let taken = tenure::lease::try_take(&mut conn, "paused", Duration::from_secs(30), "test")
         .unwrap()
         .expect("the stopped holder's lease lapsed");
     assert!(taken.fence() > first);
@@ -219,7 +219,9 @@ fn a_paused_lease_holder_is_fenced_out(backend: Backend) {
         reports.iter().filter(|r| *r == "refused").count() >= 5,
         "{reports:?}"
     );
-    let info = dibs::lease::inspect(&mut conn, "paused").unwrap().unwrap();
+    let info = tenure::lease::inspect(&mut conn, "paused")
+        .unwrap()
+        .unwrap();
     assert_eq!(
         info.fence,
         taken.fence(),
@@ -369,7 +371,7 @@ fn sqlite_threads_and_processes_share_one_file() {
     let mut children: Vec<Spawned> = (0..3)
         .map(|_| spawn("sqlite-load", &[db.url(), &operations]))
         .collect();
-    let pool = dibs::Pool::options()
+    let pool = tenure::Pool::options()
         .max_size(8)
         .session(crate::child::shared_file_session())
         .open(db.url())
@@ -407,7 +409,7 @@ fn sqlite_threads_and_processes_share_one_file() {
     let total = 11 * OPERATIONS;
     let mut conn = db.connect();
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_jobs"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"),
         total as i64
     );
     println!(
@@ -418,7 +420,7 @@ fn sqlite_threads_and_processes_share_one_file() {
 }
 
 /// SQLite: a process stopped inside a write transaction blocks every writer of the file.
-/// dibs waits its busy timeout, then returns a retryable error and writes nothing; once the
+/// tenure waits its busy timeout, then returns a retryable error and writes nothing; once the
 /// stopped process is gone, writes go through.
 #[cfg(feature = "sqlite")]
 #[test]
@@ -428,8 +430,8 @@ fn sqlite_writer_stopped_in_a_transaction_blocks_writers_for_the_busy_timeout() 
     assert_eq!(stuck.next_report().as_deref(), Some("in-transaction"));
     stuck.signal("STOP");
     let timeout = Duration::from_millis(500);
-    let pool = dibs::Pool::options()
-        .session(dibs::SessionSetup::default().busy_timeout(timeout))
+    let pool = tenure::Pool::options()
+        .session(tenure::SessionSetup::default().busy_timeout(timeout))
         .open(db.url())
         .unwrap();
     let mut conn = pool.get().unwrap();
@@ -445,7 +447,7 @@ fn sqlite_writer_stopped_in_a_transaction_blocks_writers_for_the_busy_timeout() 
     let _ = stuck.child.wait();
     jobs::enqueue(&mut conn, &NewJob::new("q", "k", vec![])).expect("writes go through");
     assert_eq!(
-        count(&mut db.connect(), "SELECT COUNT(*) AS n FROM dibs_jobs"),
+        count(&mut db.connect(), "SELECT COUNT(*) AS n FROM tenure_jobs"),
         1
     );
     println!("sqlite stopped writer: enqueue waited {waited:?}, then a retryable error: {error}");

@@ -6,12 +6,12 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use dibs::jobs::{self, NewJob};
-use dibs::worker::{JobContext, Worker};
-use dibs::{AnyConnection, Backend, Pool};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
+use tenure::jobs::{self, NewJob};
+use tenure::worker::{JobContext, Worker};
+use tenure::{AnyConnection, Backend, Pool};
 
 use crate::child::{Spawned, now_text, spawn, sql};
 use crate::support::{TestDb, conformance, count};
@@ -25,7 +25,7 @@ conformance!(
 mod postgres_sessions {
     #[test]
     fn a_worker_whose_lock_connection_is_killed_keeps_its_jobs() {
-        super::a_worker_whose_lock_connection_is_killed_keeps_its_jobs(dibs::Backend::Postgres)
+        super::a_worker_whose_lock_connection_is_killed_keeps_its_jobs(tenure::Backend::Postgres)
     }
 }
 
@@ -33,7 +33,7 @@ mod postgres_sessions {
 mod mysql_sessions {
     #[test]
     fn a_worker_whose_lock_connection_is_killed_keeps_its_jobs() {
-        super::a_worker_whose_lock_connection_is_killed_keeps_its_jobs(dibs::Backend::Mysql)
+        super::a_worker_whose_lock_connection_is_killed_keeps_its_jobs(tenure::Backend::Mysql)
     }
 }
 
@@ -87,7 +87,7 @@ pub fn holding_worker(url: &str, cap: u64) {
         })
         .start()
         .expect("start the worker");
-    println!("DIBS started");
+    println!("TENURE started");
     loop {
         std::thread::sleep(Duration::from_secs(1));
     }
@@ -133,7 +133,7 @@ pub(crate) fn start_holding(
     loop {
         let running = count(
             conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state = 'running'",
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'running'",
         );
         let slow_started = count(
             conn,
@@ -153,7 +153,7 @@ pub(crate) fn start_holding(
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let held = ids(conn, "SELECT id FROM dibs_jobs WHERE state = 'running'");
+    let held = ids(conn, "SELECT id FROM tenure_jobs WHERE state = 'running'");
     (worker, held)
 }
 
@@ -230,7 +230,7 @@ fn a_killed_workers_jobs_run_again_within_seconds(backend: Backend) {
     let until = Instant::now() + Duration::from_secs(30);
     while count(
         &mut conn,
-        "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'",
+        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'",
     ) > 0
     {
         assert!(Instant::now() < until, "the rescued jobs never completed");
@@ -239,7 +239,7 @@ fn a_killed_workers_jobs_run_again_within_seconds(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE attempt <> 1"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE attempt <> 1"
         ),
         0,
         "a kill used an attempt"
@@ -247,21 +247,21 @@ fn a_killed_workers_jobs_run_again_within_seconds(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE lapses = 1"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE lapses = 1"
         ),
         held.len() as i64
     );
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_job_errors WHERE error LIKE '%worker holding the claim died%'"
+            "SELECT COUNT(*) AS n FROM tenure_job_errors WHERE error LIKE '%worker holding the claim died%'"
         ),
         held.len() as i64,
         "each rescued run's history says its worker died"
     );
     // The dead worker's row is gone; the new worker's is there.
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) AS n FROM dibs_workers"),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_workers"),
         1
     );
     println!(
@@ -303,7 +303,7 @@ fn a_stopped_worker_is_never_taken_for_dead(backend: Backend) {
     let silent = count(
         &mut conn,
         &format!(
-            "SELECT COUNT(*) AS n FROM dibs_workers WHERE pid = {holder_pid} AND heartbeat_at < {}",
+            "SELECT COUNT(*) AS n FROM tenure_workers WHERE pid = {holder_pid} AND heartbeat_at < {}",
             crate::support::now_sql(backend)
         ),
     );
@@ -312,7 +312,7 @@ fn a_stopped_worker_is_never_taken_for_dead(backend: Backend) {
     let until = Instant::now() + Duration::from_secs(60);
     while count(
         &mut conn,
-        "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'",
+        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'",
     ) > 0
     {
         assert!(
@@ -332,7 +332,7 @@ fn a_stopped_worker_is_never_taken_for_dead(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE lapses > 0"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE lapses > 0"
         ),
         0
     );
@@ -359,7 +359,7 @@ fn lock_session(conn: &mut AnyConnection, backend: Backend, id: i64) -> Option<i
              AND classid = 1684628083 AND objid = {id} AND objsubid = 2 AND granted"
         ),
         _ => format!(
-            "SELECT CAST(IS_USED_LOCK(CONCAT('dibs.worker.', MD5(DATABASE()), '.', {id})) AS SIGNED) AS session"
+            "SELECT CAST(IS_USED_LOCK(CONCAT('tenure.worker.', MD5(DATABASE()), '.', {id})) AS SIGNED) AS session"
         ),
     };
     diesel::sql_query(query)
@@ -381,7 +381,7 @@ fn a_worker_whose_lock_connection_is_killed_keeps_its_jobs(backend: Backend) {
     let (holder_pid, other_pid) = (i64::from(holder.pid()), i64::from(other.pid()));
     let worker = ids(
         &mut conn,
-        &format!("SELECT id FROM dibs_workers WHERE pid = {holder_pid}"),
+        &format!("SELECT id FROM tenure_workers WHERE pid = {holder_pid}"),
     );
     let worker = *worker.iter().next().expect("the holder is registered");
     let session = lock_session(&mut conn, backend, worker).expect("the holder holds its lock");
@@ -417,7 +417,7 @@ fn a_worker_whose_lock_connection_is_killed_keeps_its_jobs(backend: Backend) {
         count(
             &mut conn,
             &format!(
-                "SELECT COUNT(*) AS n FROM dibs_workers WHERE id = {worker} AND lock_free_since IS NULL"
+                "SELECT COUNT(*) AS n FROM tenure_workers WHERE id = {worker} AND lock_free_since IS NULL"
             )
         ),
         1
@@ -425,7 +425,7 @@ fn a_worker_whose_lock_connection_is_killed_keeps_its_jobs(backend: Backend) {
     let until = Instant::now() + Duration::from_secs(60);
     while count(
         &mut conn,
-        "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'",
+        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'",
     ) > 0
     {
         assert!(Instant::now() < until, "the worker's jobs never completed");

@@ -44,10 +44,10 @@ fn run_script(parallel_exit: i32, serial_exit: i32) -> Run {
         .env("FAKE_PARALLEL_EXIT", parallel_exit.to_string())
         .env("FAKE_SERIAL_EXIT", serial_exit.to_string())
         .env(
-            "DIBS_TEST_POSTGRES_URL",
+            "TENURE_TEST_POSTGRES_URL",
             "postgres://unused@127.0.0.1:1/unused",
         )
-        .env("DIBS_TEST_MYSQL_URL", "mysql://unused@127.0.0.1:1/unused")
+        .env("TENURE_TEST_MYSQL_URL", "mysql://unused@127.0.0.1:1/unused")
         .output()
         .expect("run scripts/test");
     let calls = std::fs::read_to_string(&log).unwrap_or_default();

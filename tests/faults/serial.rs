@@ -1,7 +1,7 @@
 //! Scenarios that cut connections or restart the database server. A restart disturbs every
 //! test running at the time, so CI runs `serial::` alone, after the parallel suite
-//! (`scripts/test`). The restart commands come from `DIBS_TEST_RESTART_POSTGRES` and
-//! `DIBS_TEST_RESTART_MYSQL` (set by `scripts/test` for the local services); a restart test
+//! (`scripts/test`). The restart commands come from `TENURE_TEST_RESTART_POSTGRES` and
+//! `TENURE_TEST_RESTART_MYSQL` (set by `scripts/test` for the local services); a restart test
 //! fails loudly when its variable is unset.
 
 #![cfg(any(feature = "postgres", feature = "mysql"))]
@@ -9,12 +9,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dibs::jobs::{self, JobState, NewJob, Outcome};
-use dibs::worker::{JobContext, Worker};
-use dibs::{AnyConnection, Backend, LeaseGuard};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::BigInt;
+use tenure::jobs::{self, JobState, NewJob, Outcome};
+use tenure::worker::{JobContext, Worker};
+use tenure::{AnyConnection, Backend, LeaseGuard};
 
 use crate::support::{TestDb, count};
 
@@ -90,10 +90,15 @@ fn a_claim_killed_mid_way_changes_nothing(backend: Backend) {
         .unwrap()
         .id;
     admin
-        .batch_execute("INSERT INTO dibs_limit_keys (limit_key) VALUES ('key')")
+        .batch_execute("INSERT INTO tenure_limit_keys (limit_key) VALUES ('key')")
         .unwrap();
     let mut holder = db.connect();
-    lock_rows(&mut holder, backend, "dibs_limit_keys", "limit_key = 'key'");
+    lock_rows(
+        &mut holder,
+        backend,
+        "tenure_limit_keys",
+        "limit_key = 'key'",
+    );
     let mut victim = db.connect();
     let victim_id = connection_id(&mut victim, backend);
     let claim = std::thread::spawn(move || jobs::claim(&mut victim, "q", 10, TTL));
@@ -101,7 +106,7 @@ fn a_claim_killed_mid_way_changes_nothing(backend: Backend) {
         &mut admin,
         backend,
         victim_id,
-        "INSERT INTO dibs_limit_keys",
+        "INSERT INTO tenure_limit_keys",
     );
     let error = claim
         .join()
@@ -130,7 +135,7 @@ fn a_completion_killed_mid_way_changes_nothing(backend: Backend) {
     lock_rows(
         &mut holder,
         backend,
-        "dibs_jobs",
+        "tenure_jobs",
         &format!("id = {}", job.id),
     );
     let mut victim = db.connect();
@@ -165,14 +170,14 @@ fn a_completion_killed_mid_way_changes_nothing(backend: Backend) {
 fn survives_a_server_restart(backend: Backend) {
     const JOBS: usize = 5000;
     let variable = match backend {
-        Backend::Postgres => "DIBS_TEST_RESTART_POSTGRES",
-        _ => "DIBS_TEST_RESTART_MYSQL",
+        Backend::Postgres => "TENURE_TEST_RESTART_POSTGRES",
+        _ => "TENURE_TEST_RESTART_MYSQL",
     };
     let restart = std::env::var(variable).unwrap_or_else(|_| {
         panic!("{variable} is unset: set it to the command that restarts the {backend} server (scripts/test does)")
     });
     let db = TestDb::migrated(backend);
-    let pool = dibs::Pool::options()
+    let pool = tenure::Pool::options()
         .max_size(10)
         .connection_timeout(Duration::from_secs(5))
         .open(db.url())
@@ -222,7 +227,7 @@ fn survives_a_server_restart(backend: Backend) {
     loop {
         let left = count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'",
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'",
         );
         if left == 0 {
             break;
@@ -240,7 +245,7 @@ fn survives_a_server_restart(backend: Backend) {
     std::thread::sleep((ttl + ttl / 4).saturating_sub(restarted_at.elapsed()));
     assert!(restart_took < ttl / 2, "the restart took {restart_took:?}");
     assert!(guard.is_held(), "the guard lost a lease that never lapsed");
-    let info = dibs::lease::inspect(&mut conn, "through-restart")
+    let info = tenure::lease::inspect(&mut conn, "through-restart")
         .unwrap()
         .unwrap();
     assert_eq!(info.fence, guard.fence());
@@ -260,8 +265,8 @@ fn survives_a_server_restart(backend: Backend) {
 /// Every job the first worker held runs once, in it.
 fn a_restart_does_not_make_live_workers_look_dead(backend: Backend) {
     let variable = match backend {
-        Backend::Postgres => "DIBS_TEST_RESTART_POSTGRES",
-        _ => "DIBS_TEST_RESTART_MYSQL",
+        Backend::Postgres => "TENURE_TEST_RESTART_POSTGRES",
+        _ => "TENURE_TEST_RESTART_MYSQL",
     };
     let restart = std::env::var(variable).unwrap_or_else(|_| {
         panic!("{variable} is unset: set it to the command that restarts the {backend} server (scripts/test does)")
@@ -298,7 +303,7 @@ fn a_restart_does_not_make_live_workers_look_dead(backend: Backend) {
     };
     while count(
         &mut conn,
-        "SELECT COUNT(*) AS n FROM dibs_jobs WHERE state <> 'completed'",
+        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'",
     ) > 0
     {
         assert!(Instant::now() < until, "the jobs never completed");
@@ -316,7 +321,7 @@ fn a_restart_does_not_make_live_workers_look_dead(backend: Backend) {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT COUNT(*) AS n FROM dibs_jobs WHERE lapses > 0"
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE lapses > 0"
         ),
         0
     );
@@ -352,5 +357,5 @@ macro_rules! serial_backend {
     };
 }
 
-serial_backend!(postgres, "postgres", dibs::Backend::Postgres);
-serial_backend!(mysql, "mysql", dibs::Backend::Mysql);
+serial_backend!(postgres, "postgres", tenure::Backend::Postgres);
+serial_backend!(mysql, "mysql", tenure::Backend::Mysql);

@@ -3,11 +3,11 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use dibs::Backend;
-use dibs::jobs::{self, JobState, NewJob, Workflow};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::BigInt;
+use tenure::Backend;
+use tenure::jobs::{self, JobState, NewJob, Workflow};
 
 use crate::child::{Spawned, spawn};
 use crate::support::{TestDb, conformance, count};
@@ -123,7 +123,7 @@ fn killed_workers_leave_a_batchs_callbacks_firing_once(backend: Backend) {
     assert_eq!(by_job.len(), PARTS + 2);
     let lapsed = count(
         &mut conn,
-        "SELECT COUNT(*) AS n FROM dibs_jobs WHERE lapses > 0",
+        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE lapses > 0",
     );
     println!(
         "{backend}: batch of {PARTS} with callbacks, {} workers killed, {lapsed} jobs rescued after a kill; callbacks fired once",

@@ -1,1 +1,0 @@
-ALTER TABLE dibs_jobs MODIFY COLUMN dedup_hits INT NOT NULL DEFAULT 0;

@@ -1,1 +1,0 @@
-ALTER TABLE dibs_jobs DROP COLUMN cancel_requested_at, DROP COLUMN lapses;

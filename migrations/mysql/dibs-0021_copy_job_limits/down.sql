@@ -1,1 +1,0 @@
-DELETE FROM dibs_job_limits;

@@ -1,3 +1,0 @@
--- The limits jobs had before dibs_job_limits (one concurrency limit each).
-INSERT INTO dibs_job_limits (job_id, limit_key, max_running)
-    SELECT id, limit_key, limit_max FROM dibs_jobs WHERE limit_key IS NOT NULL;

@@ -1,8 +1,0 @@
-ALTER TABLE dibs_jobs
-    DROP INDEX dibs_jobs_workflow,
-    DROP COLUMN progress_message,
-    DROP COLUMN progress,
-    DROP COLUMN dependents,
-    DROP COLUMN stripes_pending,
-    DROP COLUMN run_when,
-    DROP COLUMN workflow_id;

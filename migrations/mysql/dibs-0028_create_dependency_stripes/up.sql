@@ -1,7 +1,0 @@
--- A blocked job's pending dependencies, spread over stripes (see the PostgreSQL migration).
-CREATE TABLE IF NOT EXISTS dibs_dependency_stripes (
-    job_id  BIGINT NOT NULL,
-    stripe  INT    NOT NULL,
-    pending INT    NOT NULL,
-    PRIMARY KEY (job_id, stripe)
-) ENGINE = InnoDB;

@@ -1,1 +1,0 @@
-ALTER TABLE dibs_jobs DROP COLUMN claimed_by;

@@ -1,4 +1,0 @@
--- claimed_by: the worker (dibs_workers) whose claim the job is running under; NULL for a
--- claim made outside a worker. No index: the rescue of a dead worker's claims reads the
--- running jobs (dibs_jobs_stalled), which are few.
-ALTER TABLE dibs_jobs ADD COLUMN claimed_by BIGINT NULL;

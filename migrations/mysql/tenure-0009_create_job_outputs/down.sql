@@ -1,0 +1,1 @@
+DROP TABLE IF EXISTS tenure_job_outputs;

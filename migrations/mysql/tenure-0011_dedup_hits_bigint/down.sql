@@ -1,0 +1,1 @@
+ALTER TABLE tenure_jobs MODIFY COLUMN dedup_hits INT NOT NULL DEFAULT 0;

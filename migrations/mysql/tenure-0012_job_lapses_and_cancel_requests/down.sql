@@ -1,0 +1,1 @@
+ALTER TABLE tenure_jobs DROP COLUMN cancel_requested_at, DROP COLUMN lapses;

@@ -1,0 +1,1 @@
+DELETE FROM tenure_job_limits;

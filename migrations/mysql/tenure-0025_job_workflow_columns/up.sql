@@ -1,0 +1,13 @@
+-- Workflows (see the PostgreSQL migration tenure-0025 for what each column means). One DDL
+-- statement (MySQL commits DDL implicitly). The workflow index has no state column: with no
+-- partial indexes here, every job is in it, and a state in it would be one more index
+-- entry rewritten by every claim and completion (measured: about a fifth of the drain
+-- rate); a workflow's counts read its rows instead.
+ALTER TABLE tenure_jobs
+    ADD COLUMN workflow_id BIGINT NULL,
+    ADD COLUMN run_when VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NULL,
+    ADD COLUMN stripes_pending INT NULL,
+    ADD COLUMN dependents INT NOT NULL DEFAULT 0,
+    ADD COLUMN progress DOUBLE NULL,
+    ADD COLUMN progress_message TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+    ADD INDEX tenure_jobs_workflow (workflow_id);

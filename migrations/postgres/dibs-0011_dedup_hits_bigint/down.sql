@@ -1,2 +1,0 @@
-ALTER TABLE dibs_jobs ALTER COLUMN dedup_hits TYPE integer
-    USING LEAST(dedup_hits, 2147483647)::integer;

@@ -1,8 +1,0 @@
--- snoozes: how often the job's runs were snoozed (put back for later without using an
--- attempt); past dibs's MAX_FREE_SNOOZES a snooze uses an attempt.
--- dibs_jobs_claim_kind serves a claim of some kinds: one kind is one range of it, read in
--- claim order (priority, due_at, id), however many waiting jobs of other kinds sit ahead of
--- them in the queue (those are never read). The claim index stays for claims of any kind.
-ALTER TABLE dibs_jobs ADD COLUMN snoozes integer NOT NULL DEFAULT 0;
-CREATE INDEX dibs_jobs_claim_kind ON dibs_jobs (queue, kind, priority, due_at, id)
-    WHERE state = 'waiting';

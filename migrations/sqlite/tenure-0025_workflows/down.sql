@@ -1,0 +1,11 @@
+DROP TABLE tenure_job_results;
+DROP TABLE tenure_dependency_stripes;
+DROP TABLE tenure_job_dependencies;
+DROP TABLE tenure_workflows;
+DROP INDEX tenure_jobs_workflow;
+ALTER TABLE tenure_jobs DROP COLUMN progress_message;
+ALTER TABLE tenure_jobs DROP COLUMN progress;
+ALTER TABLE tenure_jobs DROP COLUMN dependents;
+ALTER TABLE tenure_jobs DROP COLUMN stripes_pending;
+ALTER TABLE tenure_jobs DROP COLUMN run_when;
+ALTER TABLE tenure_jobs DROP COLUMN workflow_id;

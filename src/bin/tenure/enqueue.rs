@@ -1,0 +1,133 @@
+//! `tenure enqueue`, and the job a schedule enqueues: refused unless some worker could run it.
+
+use clap::Args;
+use serde_json::json;
+use tenure::Pool;
+use tenure::jobs::{self, NewJob};
+
+use crate::duration::parse_flag_bounded;
+use crate::output::Out;
+use crate::work::{self, SHELL};
+use crate::{Failure, Outcome};
+
+#[derive(Args)]
+pub struct JobArgs {
+    #[arg(long)]
+    queue: String,
+    /// The job's kind (`shell` for `tenure work`).
+    #[arg(long, default_value = SHELL)]
+    kind: String,
+    /// For `shell` jobs (required): the command line (run by /bin/sh -c).
+    #[arg(long, conflicts_with = "payload")]
+    command: Option<String>,
+    /// For `shell` jobs: an environment variable of the command, NAME=VALUE (repeatable).
+    /// `tenure jobs show` masks the values unless given --reveal-env.
+    #[arg(long = "env", requires = "command")]
+    env: Vec<String>,
+    /// For other kinds: the payload, JSON (e.g. '{"id": 42}' or '"text"'); JSON null if
+    /// not given.
+    #[arg(long)]
+    payload: Option<String>,
+    #[arg(long, default_value_t = 0)]
+    priority: i32,
+    #[arg(long, default_value_t = 25)]
+    max_attempts: u32,
+}
+
+#[derive(Args)]
+pub struct EnqueueArgs {
+    #[command(flatten)]
+    job: JobArgs,
+    /// Run it after this long: a whole number and a unit, ms, s, m, h or d (e.g. 10s, 5m).
+    #[arg(long)]
+    delay: Option<String>,
+    /// Do not enqueue if a live job of the queue has this key.
+    #[arg(long)]
+    dedup_key: Option<String>,
+}
+
+/// The job the arguments describe, or exit code 2 if no worker could ever run it: a `shell`
+/// job without a command, a payload that is not JSON.
+pub fn new_job(args: &JobArgs) -> Result<NewJob, Failure> {
+    let payload = match (args.kind == SHELL, &args.command, &args.payload) {
+        (true, Some(command), _) => work::shell_payload(command, &args.env)?,
+        (true, None, Some(payload)) => {
+            // A shell job's payload written out by hand must still be one.
+            work::check_shell_payload(payload.as_bytes()).map_err(|why| {
+                Failure::new(
+                    2,
+                    format!(
+                        "--payload of a `shell` job must be {{\"command\": \"...\", \"env\": \
+                         {{...}}}} ({why}); give the command line with --command instead"
+                    ),
+                )
+            })?;
+            payload.clone().into_bytes()
+        }
+        (true, None, None) => {
+            return Err(Failure::new(
+                2,
+                "a `shell` job needs --command 'COMMAND LINE' (what `tenure work` runs with \
+                 /bin/sh -c); for a job of your own program, give --kind KIND and --payload JSON",
+            ));
+        }
+        (false, Some(_), _) => {
+            return Err(Failure::new(
+                2,
+                format!(
+                    "--command is for `shell` jobs, but the kind is {:?}: drop --kind, or give \
+                     the job's data with --payload JSON",
+                    args.kind
+                ),
+            ));
+        }
+        (false, None, Some(payload)) => {
+            serde_json::from_str::<serde_json::Value>(payload).map_err(|e| {
+                Failure::new(
+                    2,
+                    format!(
+                        "--payload is not JSON ({e}): handlers decode it as JSON; quote text \
+                         as a JSON string, e.g. --payload '\"hello\"', or give an object, e.g. \
+                         --payload '{{\"id\": 42}}'"
+                    ),
+                )
+            })?;
+            payload.clone().into_bytes()
+        }
+        (false, None, None) => b"null".to_vec(),
+    };
+    Ok(
+        NewJob::new(args.queue.as_str(), args.kind.as_str(), payload)
+            .priority(args.priority)
+            .max_attempts(args.max_attempts),
+    )
+}
+
+pub fn enqueue(
+    open: impl FnOnce() -> Result<Pool, Failure>,
+    args: EnqueueArgs,
+    out: &Out,
+) -> Outcome {
+    let mut job = new_job(&args.job)?;
+    if let Some(delay) = &args.delay {
+        job = job.delay(parse_flag_bounded(
+            "--delay",
+            delay,
+            std::time::Duration::ZERO,
+        )?);
+    }
+    if let Some(key) = &args.dedup_key {
+        job = job.dedup_key(key.as_str());
+    }
+    let enqueued = jobs::enqueue(&mut open()?.get()?, &job)?;
+    out.print(
+        json!({"id": enqueued.id, "existing": enqueued.existing}),
+        || {
+            if enqueued.existing {
+                format!("job {} already waiting with that key", enqueued.id)
+            } else {
+                format!("enqueued job {}", enqueued.id)
+            }
+        },
+    )
+}

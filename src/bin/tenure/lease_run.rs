@@ -1,0 +1,594 @@
+//! `tenure lease run NAME -- COMMAND`: runs a command while holding a lease, so runs of the same
+//! name never overlap (cron jobs on several hosts, deploy steps, backups).
+
+use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use tenure::{LeaseGuard, Pool};
+
+use crate::{Failure, Outcome, database, duration::parse_flag};
+
+/// Not run: someone else holds the lease (at once with `--no-wait`, or after `--wait`).
+pub const HELD: u8 = 75;
+/// The lease was lost while the command ran; the command was stopped.
+pub const LOST: u8 = 76;
+
+/// What `tenure lease run --help` ends with.
+pub const ABOUT: &str = "\
+Takes the lease NAME (waiting up to --wait for its holder to let go), runs COMMAND in its
+own process group with TENURE_LEASE_NAME, TENURE_LEASE_FENCE and TENURE_LEASE_TOKEN in its
+environment, renews the lease every ttl/3 while it runs, and releases it when it exits. So
+two `tenure lease run` of the same name, on any hosts sharing the database, do not run their
+commands at once while each keeps the lease; one that loses it stops its command (below),
+and the next holder may start during that command's grace.
+
+If the lease is lost while the command runs (renewals did not succeed in time, this process
+was paused past the ttl, or an operator ran `tenure leases release NAME --force`), the command
+gets SIGTERM, then SIGKILL after --grace, and tenure exits 76 saying why. SIGINT, SIGTERM and
+SIGHUP sent to tenure are forwarded to the command (SIGKILL after --grace if it keeps
+running); the lease is released once it stopped.
+
+A command writing to the same database can check that its fence is still current in the
+statement that writes (see the README: \"The fence check from a shell\").
+
+Exit codes:
+  the command's own    it ran with the lease held throughout (128+N if signal N ended it)
+  75                   not run: the lease is held by someone else (--no-wait, or --wait ran out)
+  76                   the lease was lost while the command ran; the command was stopped
+  126, 127             the command could not be started (127: not found)
+  128+N                signal N (SIGINT 130, SIGTERM 143) arrived while waiting: not run
+  1                    a database error before the command started
+  2                    bad arguments (empty name, bad --ttl, no command)
+  3, 4                 cannot connect; the database has no tenure tables (run `tenure migrate`)";
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// The lease's name (1 to 255 bytes).
+    name: String,
+    /// How long the lease lasts without a renewal (at least 1s); renewed every ttl/3.
+    #[arg(long, default_value = "30s")]
+    ttl: String,
+    /// How long to wait for the lease while someone else holds it.
+    #[arg(long, default_value = "10m")]
+    wait: String,
+    /// Exit at once with status 75 when someone else holds the lease.
+    #[arg(long, conflicts_with = "wait")]
+    no_wait: bool,
+    /// A label for `tenure leases list` (default: HOST:PID).
+    #[arg(long)]
+    holder: Option<String>,
+    /// After SIGTERM (lease lost) or a forwarded signal, how long the command may take to
+    /// stop before SIGKILL.
+    #[arg(long, default_value = "10s")]
+    grace: String,
+    /// Say on stderr when the lease is taken and released.
+    #[arg(long, short)]
+    verbose: bool,
+    /// The command and its arguments, run as given (no shell: use `sh -c '...'` for one).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    command: Vec<OsString>,
+}
+
+/// Writes a line to stderr, ignoring a stderr that is gone (a closed pipe): tenure's statuses
+/// must not become a panic's.
+fn warn(text: &str) {
+    let _ = writeln!(std::io::stderr(), "tenure lease run: {text}");
+}
+
+/// How long to wait for the database to say why a lease was lost before saying what this
+/// process knows: a partitioned network can hang a query for as long as TCP keeps trying.
+const WHY_WAIT: Duration = Duration::from_secs(5);
+
+/// Set once the command runs: until then a signal the main thread does not pick up (it is
+/// stuck connecting or asking for the lease on an unreachable database) ends the process.
+static COMMAND_STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Signals received and not yet handled, one bit per signal number.
+static PENDING: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn on_signal(signal: libc::c_int) {
+    // Async-signal-safe: one lock-free atomic operation.
+    PENDING.fetch_or(1 << signal, Ordering::SeqCst);
+}
+
+const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+fn catch_signals() -> Result<(), Failure> {
+    for signal in FORWARDED {
+        // SAFETY: a zeroed sigaction with a handler that only does an atomic fetch_or.
+        let failed = unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signal, &action, std::ptr::null_mut()) != 0
+        };
+        if failed {
+            return Err(Failure::new(
+                1,
+                format!(
+                    "cannot catch {}: {}",
+                    signal_name(signal),
+                    std::io::Error::last_os_error()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Before the command runs, a signal left unhandled for a second means the main thread is
+/// stuck (connecting, or asking for the lease, on a database that does not answer): end the
+/// process with 128 + the signal, as if it had not been caught. No command runs yet; a lease
+/// a stuck request may still grant expires after its ttl.
+fn watch_signals_until_the_command_starts() {
+    std::thread::spawn(|| {
+        let mut seen_since: Option<Instant> = None;
+        while !COMMAND_STARTED.load(Ordering::SeqCst) {
+            let pending = PENDING.load(Ordering::SeqCst);
+            match (pending, seen_since) {
+                (0, _) => seen_since = None,
+                (_, None) => seen_since = Some(Instant::now()),
+                (bits, Some(since)) if since.elapsed() >= Duration::from_secs(1) => {
+                    let signal = FORWARDED
+                        .into_iter()
+                        .find(|s| bits & (1 << s) != 0)
+                        .unwrap_or(libc::SIGTERM);
+                    warn(&format!(
+                        "{} while the database did not answer: the command did not run",
+                        signal_name(signal)
+                    ));
+                    std::process::exit(128 + signal);
+                }
+                _ => {}
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+}
+
+/// The signals received since the last call.
+fn take_signals() -> Vec<libc::c_int> {
+    let bits = PENDING.swap(0, Ordering::SeqCst);
+    FORWARDED
+        .into_iter()
+        .filter(|s| bits & (1 << s) != 0)
+        .collect()
+}
+
+fn signal_name(signal: libc::c_int) -> String {
+    match signal {
+        libc::SIGHUP => "SIGHUP".into(),
+        libc::SIGINT => "SIGINT".into(),
+        libc::SIGKILL => "SIGKILL".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        other => format!("signal {other}"),
+    }
+}
+
+/// Sends `signal` to every process of the group `pgid`; false if there is none left.
+fn signal_group(pgid: i32, signal: libc::c_int) -> bool {
+    // SAFETY: plain system call; a negative pid names a process group.
+    unsafe { libc::kill(-pgid, signal) == 0 }
+}
+
+/// Whether a live process is left in the group `pgid`. Zombies do not count: one whose parent
+/// died waits for init to reap it, which some containers' init does late.
+fn group_lives(pgid: i32) -> bool {
+    #[cfg(target_os = "linux")]
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        let pgid = pgid.to_string();
+        return dir.flatten().any(|entry| {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                return false;
+            };
+            // pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                return false;
+            };
+            let mut fields = rest.split_whitespace();
+            let state = fields.next().unwrap_or("Z");
+            let group = fields.nth(1).unwrap_or("");
+            !matches!(state, "Z" | "X") && group == pgid
+        });
+    }
+    signal_group(pgid, 0)
+}
+
+fn hostname() -> String {
+    let mut buffer = [0u8; 256];
+    // SAFETY: the buffer is writable for its length; the result is NUL-terminated or cut.
+    let ok = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) == 0 };
+    let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
+    match ok {
+        true if end > 0 => String::from_utf8_lossy(&buffer[..end]).into_owned(),
+        _ => "localhost".into(),
+    }
+}
+
+/// A command's exit status as a shell reports it: its code, or 128 + the signal that ended it.
+fn status_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => (code & 0xff) as u8,
+        (None, Some(signal)) => (128 + signal).clamp(0, 255) as u8,
+        (None, None) => 1,
+    }
+}
+
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(signal)) => format!("killed by {}", signal_name(signal)),
+        (None, None) => "no exit status".into(),
+    }
+}
+
+pub fn run(target: &database::Target, args: RunArgs) -> Outcome {
+    let ttl = parse_flag("--ttl", &args.ttl)?;
+    if ttl < Duration::from_secs(1) {
+        return Err(Failure::new(
+            2,
+            format!(
+                "--ttl {:?} is too short: at least 1s (it is renewed every ttl/3)",
+                args.ttl
+            ),
+        ));
+    }
+    let wait = match args.no_wait {
+        true => Duration::ZERO,
+        false => parse_flag("--wait", &args.wait)?,
+    };
+    let grace = parse_flag("--grace", &args.grace)?;
+    let holder = args
+        .holder
+        .clone()
+        .unwrap_or_else(|| format!("{}:{}", hostname(), std::process::id()));
+    // Bad input is refused before anything touches the database (or creates an SQLite file).
+    check_input(&args.name, &holder, ttl)?;
+    let name = args.name.as_str();
+    let say = |text: String| {
+        if args.verbose {
+            warn(&text);
+        }
+    };
+    catch_signals()?;
+    watch_signals_until_the_command_starts();
+    // One connection the guard keeps for its renewals, fresh ones after a failure, and one to
+    // say why a lease was lost.
+    let pool = database::open(target, 4, true)?;
+
+    let guard = take(&pool, name, ttl, &holder, wait, args.no_wait, &say)?;
+    let fence = guard.fence();
+    say(format!("took {name:?} (fence {fence}) as {holder:?}"));
+
+    let program = &args.command[0];
+    let mut command = Command::new(program);
+    command
+        .args(&args.command[1..])
+        .env("TENURE_LEASE_NAME", name)
+        .env("TENURE_LEASE_FENCE", fence.to_string())
+        .env("TENURE_LEASE_TOKEN", guard.lease().token().to_string())
+        // Its own group: we signal it and what it started as one, and a terminal's Ctrl-C
+        // reaches tenure, which forwards it.
+        .process_group(0);
+    if std::io::stdin().is_terminal() {
+        // A background process group reading the terminal would be stopped (SIGTTIN).
+        command.stdin(Stdio::null());
+    }
+    #[cfg(target_os = "linux")]
+    {
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: only async-signal-safe system calls between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                // If tenure itself is killed (SIGKILL cannot be caught), the command does not
+                // outlive the lease.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
+                    || libc::getppid() != parent
+                {
+                    return Err(std::io::Error::other(
+                        "tenure exited before the command started",
+                    ));
+                }
+                Ok(())
+            });
+        }
+    }
+    COMMAND_STARTED.store(true, Ordering::SeqCst);
+    let child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            let _ = guard.release();
+            return Err(Failure::new(
+                code,
+                format!("cannot run {}: {e}", program.to_string_lossy()),
+            ));
+        }
+    };
+    supervise(&pool, guard, child, name, ttl, grace, &say)
+}
+
+/// The checks the library makes of a lease name, a holder label and a ttl, made here so that
+/// they come before connecting.
+fn check_input(name: &str, holder: &str, ttl: Duration) -> Result<(), Failure> {
+    let refuse = |message: String| Err(Failure::new(2, message));
+    if name.is_empty() {
+        return refuse("the lease name must not be empty".into());
+    }
+    if name.len() > tenure::MAX_NAME_BYTES {
+        return refuse(format!(
+            "the lease name is {} bytes long, the limit is {}",
+            name.len(),
+            tenure::MAX_NAME_BYTES
+        ));
+    }
+    if holder.len() > tenure::MAX_LABEL_BYTES {
+        return refuse(format!(
+            "--holder is {} bytes long, the limit is {}",
+            holder.len(),
+            tenure::MAX_LABEL_BYTES
+        ));
+    }
+    if ttl > tenure::MAX_TTL {
+        return refuse(format!(
+            "--ttl {ttl:?} is longer than {} days",
+            tenure::MAX_TTL.as_secs() / 86400
+        ));
+    }
+    Ok(())
+}
+
+/// Takes the lease, waiting up to `wait`; a signal meanwhile gives up (exit 128 + signal).
+fn take(
+    pool: &Pool,
+    name: &str,
+    ttl: Duration,
+    holder: &str,
+    wait: Duration,
+    no_wait: bool,
+    say: &dyn Fn(String),
+) -> Result<LeaseGuard, Failure> {
+    let deadline = Instant::now() + wait;
+    let mut backoff = Duration::from_millis(20);
+    let mut said = no_wait;
+    loop {
+        if let Some(&signal) = take_signals().first() {
+            return Err(Failure::new(
+                (128 + signal) as u8,
+                format!(
+                    "{} while waiting for {name:?}: the command did not run",
+                    signal_name(signal)
+                ),
+            ));
+        }
+        match LeaseGuard::try_take_pooled(pool, name, ttl, holder) {
+            Ok(Some(guard)) => return Ok(guard),
+            Ok(None) if !said => {
+                said = true;
+                say(format!("{name:?} is held; waiting up to {wait:?}"));
+            }
+            Ok(None) => {}
+            Err(e) if e.is_retryable() => {}
+            Err(e) => return Err(e.into()),
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            let who = match pool
+                .get()
+                .and_then(|mut c| tenure::lease::inspect(&mut c, name))
+            {
+                Ok(Some(info)) if info.held => format!(
+                    "{:?} holds it (fence {}, expires in {})",
+                    info.holder,
+                    info.fence,
+                    crate::output::age(info.expires_at - info.now)
+                ),
+                _ => "someone holds it".into(),
+            };
+            let when = match no_wait {
+                true => "--no-wait".to_string(),
+                false => format!("waited {wait:?}"),
+            };
+            return Err(Failure::new(
+                HELD,
+                format!("lease {name:?} is held: {who}; {when}, the command did not run"),
+            ));
+        }
+        // Jittered, so waiting runners do not ask in step.
+        let pause = backoff.mul_f64(rand::random_range(0.5..=1.0));
+        std::thread::sleep(pause.min(deadline - now));
+        backoff = (backoff * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// Why the command is being stopped.
+enum Stop {
+    Lost,
+    Signal(libc::c_int),
+}
+
+/// Waits for the command while the guard renews; stops it when the lease is lost or a signal
+/// arrives; releases the lease once it is gone.
+fn supervise(
+    pool: &Pool,
+    guard: LeaseGuard,
+    mut child: Child,
+    name: &str,
+    ttl: Duration,
+    grace: Duration,
+    say: &dyn Fn(String),
+) -> Outcome {
+    let pgid = child.id() as i32;
+    let fence = guard.fence();
+    let mut stop: Option<(Stop, Instant)> = None;
+    let mut killed = false;
+    // The longest this loop did not run: a paused process finds out here why it lost.
+    let mut last_tick = Instant::now();
+    let mut longest_gap = Duration::ZERO;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) => {}
+            Err(_) => {
+                signal_group(pgid, libc::SIGKILL);
+                break child.wait().ok();
+            }
+        }
+        let now = Instant::now();
+        longest_gap = longest_gap.max(now - last_tick);
+        last_tick = now;
+        for signal in take_signals() {
+            signal_group(pgid, signal);
+            say(format!("forwarded {} to the command", signal_name(signal)));
+            if stop.is_none() {
+                stop = Some((Stop::Signal(signal), now + grace));
+            }
+        }
+        let lost = !guard.is_held();
+        if lost && !matches!(stop, Some((Stop::Lost, _))) {
+            signal_group(pgid, libc::SIGTERM);
+            // A lost lease shortens a grace already running for a forwarded signal, never
+            // lengthens it.
+            let kill_at = stop
+                .as_ref()
+                .map_or(now + grace, |(_, at)| (*at).min(now + grace));
+            stop = Some((Stop::Lost, kill_at));
+        }
+        if let Some((_, kill_at)) = &stop
+            && now >= *kill_at
+            && !killed
+        {
+            signal_group(pgid, libc::SIGKILL);
+            killed = true;
+        }
+        if lost {
+            std::thread::sleep(Duration::from_millis(20));
+        } else {
+            // Wakes at once when the lease is lost.
+            guard.wait_lost(Duration::from_millis(50));
+        }
+    };
+    // What the command left running in its group goes too: the next holder must not run
+    // beside it.
+    if group_lives(pgid) {
+        signal_group(pgid, libc::SIGTERM);
+        let until = Instant::now() + grace;
+        while group_lives(pgid) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if group_lives(pgid) {
+            signal_group(pgid, libc::SIGKILL);
+        }
+    }
+    let exited = status.map_or("no exit status".into(), describe);
+    // Held now means held throughout: loss is sticky.
+    if matches!(stop, Some((Stop::Lost, _))) || !guard.is_held() {
+        let how = match (&stop, killed) {
+            (Some((Stop::Lost, _)), true) => format!(
+                "the command got SIGTERM and was killed (SIGKILL) after the {grace:?} grace"
+            ),
+            (Some((Stop::Lost, _)), false) => {
+                format!("the command got SIGTERM and stopped ({exited})")
+            }
+            _ => format!("the command had ended ({exited})"),
+        };
+        let why = why_lost(pool, name, fence, ttl, longest_gap);
+        drop(guard);
+        return Err(Failure::new(
+            LOST,
+            format!("lost the lease {name:?} (fence {fence}): {why}; {how}"),
+        ));
+    }
+    match guard.release() {
+        Ok(true) => say(format!("released {name:?} (fence {fence})")),
+        Ok(false) => {
+            // The token was gone at the release: force-released (or expired) after the last
+            // renewal, so the command may have run beside the next holder. Not "held
+            // throughout".
+            let why = why_lost(pool, name, fence, ttl, longest_gap);
+            return Err(Failure::new(
+                LOST,
+                format!(
+                    "lost the lease {name:?} (fence {fence}): {why}; found at the release,                      after the command had ended ({exited})"
+                ),
+            ));
+        }
+        Err(e) => warn(&format!(
+            "could not release {name:?} ({e}); it expires within {ttl:?}"
+        )),
+    }
+    let code = status.map_or(1, status_code);
+    if let Some((Stop::Signal(signal), _)) = stop {
+        warn(&format!(
+            "{} forwarded to the command; it ended ({exited}){}",
+            signal_name(signal),
+            if killed {
+                format!(" after SIGKILL at the end of the {grace:?} grace")
+            } else {
+                String::new()
+            }
+        ));
+    }
+    match code {
+        0 => Ok(()),
+        code => Err(Failure::new(code, String::new())),
+    }
+}
+
+/// Why the lease was lost, as far as the database and this process can tell.
+fn why_lost(pool: &Pool, name: &str, fence: i64, ttl: Duration, gap: Duration) -> String {
+    let paused = if gap > ttl / 3 {
+        format!("this process did not run for {gap:.1?} (stopped, e.g. SIGSTOP, or starved) and ")
+    } else {
+        String::new()
+    };
+    // Asked on another thread: on a partitioned network the query can hang for hours.
+    let (tell, answer) = std::sync::mpsc::channel();
+    let (asker_pool, asker_name) = (pool.clone(), name.to_string());
+    std::thread::spawn(move || {
+        let info = asker_pool
+            .get()
+            .and_then(|mut c| tenure::lease::inspect(&mut c, &asker_name));
+        let _ = tell.send(info);
+    });
+    let Ok(info) = answer.recv_timeout(WHY_WAIT) else {
+        return format!(
+            "{paused}renewals did not succeed before its local deadline, and the database              does not answer now"
+        );
+    };
+    let now = match info {
+        Ok(Some(info)) if info.fence > fence => format!(
+            "it was force-released (`tenure leases release --force`) or expired, and {:?} took \
+             it since (fence {}{})",
+            info.holder,
+            info.fence,
+            if info.held { ", holding it now" } else { "" }
+        ),
+        Ok(Some(info)) if info.held => {
+            "renewals did not succeed before its local deadline (the database was slow or \
+             unreachable)"
+                .into()
+        }
+        Ok(Some(_)) => "it was force-released (`tenure leases release --force`) or expired \
+                        before a renewal reached the database"
+            .into(),
+        Ok(None) => "its row was deleted".into(),
+        Err(e) => format!("renewals failed, and the database cannot be reached now ({e})"),
+    };
+    format!("{paused}{now}")
+}
