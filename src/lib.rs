@@ -182,3 +182,8 @@ pub fn database_now<C: TenureConnection>(conn: &mut C) -> Result<chrono::DateTim
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The guide's Rust examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide.md")]
+struct GuideDoctests;
