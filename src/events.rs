@@ -140,9 +140,14 @@ impl RunOutcome {
 /// A hook given to [`crate::worker::WorkerBuilder::on_event`].
 pub(crate) type Hook = Arc<dyn Fn(&Event) + Send + Sync>;
 
+/// A duration in milliseconds, to the microsecond: `6278.0`, never `6278.000000000001`.
+pub(crate) fn milliseconds(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1_000_000.0).round() / 1000.0
+}
+
 /// Logs an event as the table above says.
 pub(crate) fn log(event: &Event) {
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let ms = milliseconds;
     match event {
         Event::Run(run) => {
             let run_ms = run.run_time.map(ms);
@@ -183,5 +188,21 @@ pub(crate) fn log(event: &Event) {
         Event::SchedulesFired { enqueued } => {
             tracing::debug!(target: "tenure::worker", enqueued, "fired schedules")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn milliseconds_print_as_people_write_them() {
+        let logged = format!("{:?}", milliseconds(Duration::from_micros(6_278_000)));
+        assert_eq!(logged, "6278.0");
+        assert_eq!(milliseconds(Duration::from_nanos(1_234_567)), 1.235);
+        assert_eq!(
+            format!("{:?}", milliseconds(Duration::from_secs_f64(0.3))),
+            "300.0"
+        );
     }
 }

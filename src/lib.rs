@@ -14,8 +14,9 @@
 //! run it on plain threads (short jobs claimed and recorded in batches, each still fenced by
 //! its own claim; only kinds they have handlers for), what workers report
 //! ([events], `tracing`, and `tenure::metrics` with the `metrics` feature), helpers for
-//! applications' tests ([testing]), and recurring [schedules]. The `cli` feature adds the `tenure` command (inspect and steer the tables, run
-//! shell-command jobs, a demo). The repository's README.md is the tour; BENCHMARKS.md and
+//! applications' tests ([testing]), and recurring [schedules]. The `cli` feature adds the `tenure` command (inspect and steer the tables,
+//! pause and resume queues, run shell-command jobs, run a command under a lease, serve a web
+//! dashboard with `tenure serve`, a demo). The repository's README.md is the tour; BENCHMARKS.md and
 //! RELIABILITY.md hold the measured figures and the fault scenarios.
 //!
 //! ## Guarantees

@@ -447,7 +447,9 @@ impl NewJob {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Enqueued {
-    /// The job's id: the new job's, or the live job's that has the same dedup key.
+    /// The job's id: the new job's, or the live job's that has the same dedup key. Ids only
+    /// grow but may have gaps: an enqueue folded into an existing job can use one up (a
+    /// database sequence gives back no value).
     pub id: i64,
     /// True when a job with the same queue and dedup key already existed (a live one, or
     /// one finished within the [`dedup window`](NewJob::dedup_window)), and no new job was

@@ -78,7 +78,7 @@ pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
         queue = %job.queue,
         kind = %job.kind,
         attempt = job.attempt,
-        queue_wait_ms = ctx.queue_wait().as_secs_f64() * 1000.0,
+        queue_wait_ms = crate::events::milliseconds(ctx.queue_wait()),
         result = tracing::field::Empty,
         run_ms = tracing::field::Empty,
     );
@@ -102,7 +102,7 @@ pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
             }
         },
     };
-    span.record("run_ms", started.elapsed().as_secs_f64() * 1000.0);
+    span.record("run_ms", crate::events::milliseconds(started.elapsed()));
     span.record(
         "result",
         match (&outcome, panicked) {

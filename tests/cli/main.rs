@@ -15,6 +15,7 @@ use support::{TestDb, conformance};
 mod attacks17;
 mod browser;
 mod dashboard;
+mod first_hour;
 mod flow_control;
 mod issue17;
 mod lease_run;

@@ -41,6 +41,16 @@ pub fn check_url(url: &str) -> Result<(), Failure> {
              for an SQLite file really named so, write ./ before it",
         ));
     }
+    if let Ok((Backend::Sqlite, target)) = Backend::from_url(url) {
+        if target == ":memory:" || target.contains("mode=memory") {
+            return Err(Failure::new(
+                2,
+                "the database URL names an SQLite database in memory, which lives only as \
+                 long as one connection: a command would start empty and leave nothing behind. \
+                 Give an SQLite file's path (e.g. --database-url app.db) or a server's URL",
+            ));
+        }
+    }
     let lower = url.to_ascii_lowercase();
     for scheme in SCHEMES {
         let Some(rest) = lower.strip_prefix(scheme) else {

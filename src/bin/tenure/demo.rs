@@ -270,7 +270,22 @@ pub fn run(args: DemoArgs, flag_url: Option<String>) -> Outcome {
     for (name, text) in summary {
         line(&format!("{name:>10}  {text}"))?;
     }
-    line(&next_steps(&url))?;
+    // A real job to show: the first dead one, else any of the demo's.
+    let dead_first = [Some(jobs::JobState::Dead), None]
+        .into_iter()
+        .find_map(|state| {
+            let filter = jobs::JobFilter {
+                queue: Some(QUEUE.into()),
+                state,
+                limit: 1,
+                ..Default::default()
+            };
+            jobs::list(&mut pool.get().ok()?, &filter)
+                .ok()?
+                .first()
+                .map(|job| job.id)
+        });
+    line(&next_steps(&url, &program(), dead_first.unwrap_or(1)))?;
     if most_syncing.load(Ordering::SeqCst) > 1 {
         return Err(Failure::new(1, "two syncs ran at once: the lease failed"));
     }
@@ -386,16 +401,37 @@ fn reports_text(n: usize) -> String {
     }
 }
 
-/// Where the demo's jobs are, and the commands that look at them.
-fn next_steps(url: &str) -> String {
+/// Where the demo's jobs are, and the commands that look at them, runnable as printed:
+/// `program` is how to call this command, `job` a real job's id.
+fn next_steps(url: &str, program: &str, job: i64) -> String {
     let url = shell_quoted(&without_password(url));
     format!(
         "\nThe demo's jobs, schedule and lease are in {url}. Look at them with:\n  \
-         tenure --database-url {url} stats\n  \
-         tenure --database-url {url} jobs list --queue demo --state dead\n  \
-         tenure --database-url {url} jobs show ID\n  \
-         tenure --database-url {url} schedules list"
+         {program} --database-url {url} stats\n  \
+         {program} --database-url {url} jobs list --queue demo --state dead\n  \
+         {program} --database-url {url} jobs show {job}\n  \
+         {program} --database-url {url} schedules list"
     )
+}
+
+/// How to call this command: `tenure` when that is what the PATH finds, else this
+/// executable's path (after `cargo run`, `target/debug/tenure` is on no PATH).
+fn program() -> String {
+    let Ok(this) = std::env::current_exe().and_then(std::fs::canonicalize) else {
+        return "tenure".to_string();
+    };
+    let on_path = std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("tenure"))
+            .find(|candidate| candidate.is_file())
+            .and_then(|found| std::fs::canonicalize(found).ok())
+            .is_some_and(|found| found == this)
+    });
+    if on_path {
+        "tenure".to_string()
+    } else {
+        shell_quoted(&this.display().to_string())
+    }
 }
 
 /// A server URL with its password (in the authority, or a `password=` query parameter)
@@ -453,7 +489,7 @@ mod tests {
             "postgres://u@h/db?password=hunter2",
             "postgres://u@h/db?sslmode=disable&PASSWORD=hunter2",
         ] {
-            let text = next_steps(url);
+            let text = next_steps(url, "tenure", 1);
             assert!(!text.contains("hunter2"), "{text}");
             assert!(text.contains("PASSWORD"), "{text}");
         }

@@ -12,6 +12,7 @@ use crate::{Failure, Outcome};
 
 #[derive(Args)]
 pub struct JobArgs {
+    /// The queue to put the job on (`tenure work --queue Q` serves it).
     #[arg(long)]
     queue: String,
     /// The job's kind (`shell` for `tenure work`).
@@ -24,13 +25,22 @@ pub struct JobArgs {
     /// `tenure jobs show` masks the values unless given --reveal-env.
     #[arg(long = "env", requires = "command")]
     env: Vec<String>,
+    /// For `shell` jobs: the name of a variable the worker passes on from its own
+    /// environment when it runs the command (repeatable). Only the name is stored: the way to
+    /// give a command a secret. A worker without it fails the run, saying which.
+    #[arg(long = "env-from", requires = "command", value_name = "NAME")]
+    env_from: Vec<String>,
     /// For other kinds: the payload, JSON (e.g. '{"id": 42}' or '"text"'); JSON null if
     /// not given.
     #[arg(long)]
     payload: Option<String>,
-    #[arg(long, default_value_t = 0)]
+    /// Among the queue's due jobs, higher priorities are claimed first (any integer).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     priority: i32,
-    #[arg(long, default_value_t = 25)]
+    /// Runs in all before a failing job ends dead. The default, 3, tries a failing command
+    /// twice more (after `tenure work --retry-after`, doubled), then leaves it dead for
+    /// `tenure jobs show` and `tenure jobs retry`.
+    #[arg(long, default_value_t = 3)]
     max_attempts: u32,
 }
 
@@ -50,7 +60,7 @@ pub struct EnqueueArgs {
 /// job without a command, a payload that is not JSON.
 pub fn new_job(args: &JobArgs) -> Result<NewJob, Failure> {
     let payload = match (args.kind == SHELL, &args.command, &args.payload) {
-        (true, Some(command), _) => work::shell_payload(command, &args.env)?,
+        (true, Some(command), _) => work::shell_payload(command, &args.env, &args.env_from)?,
         (true, None, Some(payload)) => {
             // A shell job's payload written out by hand must still be one.
             work::check_shell_payload(payload.as_bytes()).map_err(|why| {

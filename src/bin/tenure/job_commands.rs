@@ -196,6 +196,10 @@ fn show_text(job: &Job, limits: &[jobs::Limit], links: &Links, reveal: bool) -> 
                 let value = value.as_str().map_or(value.to_string(), str::to_string);
                 fields.push(("env", Some(format!("{name}={value}"))));
             }
+            let passed_on = payload.get("env_from").and_then(Value::as_array);
+            for name in passed_on.into_iter().flatten().filter_map(Value::as_str) {
+                fields.push(("env", Some(format!("{name} from the worker's environment"))));
+            }
         }
         _ => fields.push(("payload", Some(payload.to_string()))),
     }

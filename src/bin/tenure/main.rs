@@ -9,6 +9,7 @@ mod job_links;
 mod lease_commands;
 mod lease_run;
 mod output;
+mod queue_commands;
 mod schedule_commands;
 mod serve;
 mod stats;
@@ -67,6 +68,9 @@ enum Command {
     /// List and release leases, and run a command while holding one (`tenure lease run`).
     #[command(subcommand, alias = "lease")]
     Leases(LeasesCommand),
+    /// Pause and resume queues.
+    #[command(subcommand, alias = "queue")]
+    Queues(queue_commands::QueuesCommand),
     /// List, add, pause, resume and remove recurring schedules.
     #[command(subcommand)]
     Schedules(schedule_commands::SchedulesCommand),
@@ -156,6 +160,7 @@ fn run(cli: Cli, out: &Out) -> Outcome {
         Command::Workflows(command) => workflow_commands::run(open, command, out),
         Command::Leases(LeasesCommand::Run(args)) => lease_run::run(&target, args),
         Command::Leases(command) => lease_commands::run(&open()?, command, out),
+        Command::Queues(command) => queue_commands::run(open, command, out),
         Command::Schedules(command) => schedule_commands::run(open, command, out),
         Command::Enqueue(args) => enqueue::enqueue(open, args, out),
         Command::Work(args) => work::run(&target, args),

@@ -81,7 +81,8 @@ pub struct WorkArgs {
     /// At Ctrl-C or SIGTERM, how long running commands may take to finish.
     #[arg(long, default_value = "30s")]
     grace: String,
-    /// The first retry's delay (doubling up to an hour).
+    /// The first retry's delay (doubling up to an hour). How many runs a job gets is its own
+    /// --max-attempts, given when it was enqueued (default 3).
     #[arg(long, default_value = "1s")]
     retry_after: String,
     /// How to log each job and the worker's warnings, on stderr: `human` lines or `json`
@@ -118,10 +119,19 @@ struct ShellJob {
     command: String,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    /// Variables the worker passes on from its own environment when it runs the command:
+    /// only their names are stored, so a secret stays out of the table.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    env_from: Vec<String>,
 }
 
-/// The payload of a shell job: the command line and `NAME=VALUE` variables.
-pub fn shell_payload(command: &str, env: &[String]) -> Result<Vec<u8>, Failure> {
+/// The payload of a shell job: the command line, `NAME=VALUE` variables, and the names of
+/// variables the worker passes on from its own environment.
+pub fn shell_payload(
+    command: &str,
+    env: &[String],
+    env_from: &[String],
+) -> Result<Vec<u8>, Failure> {
     let mut vars = BTreeMap::new();
     for pair in env {
         // The value is never repeated: it may be a secret.
@@ -145,6 +155,7 @@ pub fn shell_payload(command: &str, env: &[String]) -> Result<Vec<u8>, Failure> 
     let job = ShellJob {
         command: command.to_string(),
         env: vars,
+        env_from: env_from.to_vec(),
     };
     job.runnable().map_err(|why| Failure::new(2, why))?;
     serde_json::to_vec(&job).map_err(|e| Failure::new(1, e.to_string()))
@@ -165,6 +176,13 @@ impl ShellJob {
             }
             if value.contains('\0') {
                 return Err(format!("the value of {name} holds a NUL byte"));
+            }
+        }
+        for name in &self.env_from {
+            if name.is_empty() || name.contains(['=', '\0']) {
+                return Err(format!(
+                    "the --env-from name {name:?} is empty or holds `=` or a NUL byte"
+                ));
             }
         }
         Ok(())
@@ -244,10 +262,21 @@ fn say(text: &str) {
 /// decides), collects its output (the tail is kept), kills it when the run must stop
 /// (timeout, cancel, lost claim, shutdown), and records output and exit status.
 fn run_command(pool: &Pool, ctx: &JobContext, job: &ShellJob) -> Result<(), JobError> {
+    let mut passed_on = Vec::with_capacity(job.env_from.len());
+    for name in &job.env_from {
+        // Another worker may have it: a failed run (retried), saying which is missing.
+        let value = std::env::var_os(name).ok_or_else(|| {
+            JobError::retry(format!(
+                "this worker's environment has no {name} (the job's --env-from)"
+            ))
+        })?;
+        passed_on.push((name, value));
+    }
     let mut child = Command::new("/bin/sh")
         .arg("-c")
         .arg(&job.command)
         .envs(&job.env)
+        .envs(passed_on)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -317,10 +346,12 @@ fn run_command(pool: &Pool, ctx: &JobContext, job: &ShellJob) -> Result<(), JobE
         Some(code) => {
             let tail =
                 String::from_utf8_lossy(&output[output.len().saturating_sub(500)..]).into_owned();
-            Err(JobError::retry(format!(
-                "exit code {code}: {}",
-                tail.trim_end()
-            )))
+            let tail = tail.trim_end();
+            Err(JobError::retry(if tail.is_empty() {
+                format!("exit code {code} (the command printed nothing)")
+            } else {
+                format!("exit code {code}: {tail}")
+            }))
         }
         None => Err(JobError::retry(
             "the command ended without an exit code (killed by a signal)",

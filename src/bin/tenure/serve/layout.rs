@@ -140,9 +140,12 @@ pub fn maybe_instant(at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Markup {
     }
 }
 
-/// "in 5s", "3m ago".
+/// "in 5s", "3m ago"; "now" within a second either way (not "in 0s").
 pub fn relative(delta: chrono::Duration) -> String {
     let seconds = delta.num_seconds();
+    if seconds == 0 {
+        return "now".to_string();
+    }
     let span = seconds.unsigned_abs();
     let text = match span {
         0..=59 => format!("{span}s"),
@@ -160,4 +163,17 @@ pub fn relative(delta: chrono::Duration) -> String {
 /// A job state as a coloured badge.
 pub fn state_badge(state: &str) -> Markup {
     html! { span class={ "state " (state) } { (state) } }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::relative;
+
+    #[test]
+    fn an_instant_within_a_second_is_now() {
+        assert_eq!(relative(chrono::Duration::milliseconds(400)), "now");
+        assert_eq!(relative(chrono::Duration::milliseconds(-900)), "now");
+        assert_eq!(relative(chrono::Duration::seconds(5)), "in 5s");
+        assert_eq!(relative(chrono::Duration::seconds(-180)), "3m ago");
+    }
 }

@@ -21,7 +21,7 @@ pub fn list(
             p.muted { "No schedules." }
         } @else {
             table #schedules {
-                thead { tr { th { "Name" } th { "When" } th { "Job" } th { "Last tick" } th { "Next tick" } th { "" } } }
+                thead { tr { th { "Name" } th { "When" } th { "Job" } th title="The tick before the next one, by the schedule's timing: tenure does not record when a schedule fired" { "Tick before next" } th { "Next tick" } th { "" } } }
                 tbody {
                     @for schedule in &all {
                         tr data-schedule=(schedule.name) {
