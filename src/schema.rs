@@ -354,8 +354,8 @@ diesel::table! {
     /// Running workers: how a dead worker is recognised (see
     /// [`crate::worker`], "When a worker dies"). A worker inserts its row and takes a lock
     /// that lasts as long as its process: on PostgreSQL the session-level advisory lock
-    /// `pg_advisory_lock(1684628083, id)` (the id's low 32 bits), on MySQL/MariaDB the named
-    /// lock `CONCAT('tenure.worker.', MD5(DATABASE()), '.', id)`, each on a connection the
+    /// `pg_advisory_lock(1952804469, id)` (the id's low 32 bits), on MySQL/MariaDB the named
+    /// lock `CONCAT('tenure.w.', MD5(DATABASE()), '.', id)`, each on a connection the
     /// worker keeps; on SQLite an exclusive `flock` of the file `<database>-workers/<id>`.
     tenure_workers (id) {
         /// The worker's id (never reused).

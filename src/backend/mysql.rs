@@ -78,10 +78,11 @@ impl Dialect for MysqlConnection {
         // DDL commits implicitly, so no transaction can hold the set together: each migration
         // is one DDL statement, and a named lock (per database) serializes migrators.
         require_bare(self, "run_migrations")?;
-        let got = statement("SELECT GET_LOCK(CONCAT('tenure.migrate.', DATABASE()), ?) AS got")
-            .bind::<Integer, _>(MIGRATION_LOCK_WAIT_SECONDS)
-            .get_result::<LockResult>(self)?
-            .got;
+        let got =
+            statement("SELECT GET_LOCK(CONCAT('tenure.migrate.', MD5(DATABASE())), ?) AS got")
+                .bind::<Integer, _>(MIGRATION_LOCK_WAIT_SECONDS)
+                .get_result::<LockResult>(self)?
+                .got;
         if got != Some(1) {
             return Err(Error::Timeout {
                 what: "the migration lock (another process is running tenure's migrations)",
@@ -89,7 +90,7 @@ impl Dialect for MysqlConnection {
         }
         let outcome = migrate::run_harness(self, migrate::MYSQL);
         let released =
-            statement("SELECT RELEASE_LOCK(CONCAT('tenure.migrate.', DATABASE())) AS got")
+            statement("SELECT RELEASE_LOCK(CONCAT('tenure.migrate.', MD5(DATABASE()))) AS got")
                 .get_result::<LockResult>(self);
         let applied = outcome?;
         released?;
@@ -99,8 +100,8 @@ impl Dialect for MysqlConnection {
 
 /// The name of worker `?`'s lock. Named locks are server-wide, so the database's digest keeps
 /// the workers of two databases apart; at most 64 characters (MySQL's limit), whatever the
-/// database's name.
-const WORKER_LOCK: &str = "CONCAT('tenure.worker.', MD5(DATABASE()), '.', ?)";
+/// database's name: 9 + 32 + 1 + at most 20 for the id.
+const WORKER_LOCK: &str = "CONCAT('tenure.w.', MD5(DATABASE()), '.', ?)";
 
 #[derive(diesel::QueryableByName)]
 struct Flag {

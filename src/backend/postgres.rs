@@ -24,8 +24,8 @@ use crate::{Result, migrate};
 pub(crate) const NOW: &str = "statement_timestamp()";
 
 /// Key of the transaction-level advisory lock that serializes tenure's migrations (advisory
-/// locks are per database). The bytes spell "tenuremigr".
-const MIGRATION_LOCK_KEY: i64 = 0x6469_6273_6d69_6772;
+/// locks are per database). The bytes spell "tenure.m".
+const MIGRATION_LOCK_KEY: i64 = 0x7465_6e75_7265_2e6d;
 
 static SYNTAX: Syntax = Syntax {
     now: NOW,
@@ -117,9 +117,9 @@ impl ToSql<Token, Pg> for uuid::Uuid {
 }
 
 /// The first key of a worker's advisory lock, `pg_advisory_lock(key1, key2)`: the bytes spell
-/// "tenure". The two-key form is a key space apart from the one-key form (which the migration
+/// "tenu". The two-key form is a key space apart from the one-key form (which the migration
 /// lock and most applications use), and advisory locks are per database.
-const WORKER_LOCK_CLASS: i32 = 0x6469_6273;
+const WORKER_LOCK_CLASS: i32 = 0x7465_6e75;
 
 /// The second key of worker `id`'s lock: its low 32 bits (ids are never reused, and four
 /// billion workers apart before two could share a key).

@@ -78,10 +78,10 @@ impl FakeWorker {
         let id = count(&mut session, "SELECT MAX(id) AS n FROM tenure_workers");
         let lock = match backend {
             Backend::Postgres => Some(format!(
-                "SELECT CAST(1 AS BIGINT) AS n FROM (SELECT pg_advisory_lock(1684628083, {id})) l"
+                "SELECT CAST(1 AS BIGINT) AS n FROM (SELECT pg_advisory_lock(1952804469, {id})) l"
             )),
             Backend::Mysql => Some(format!(
-                "SELECT CAST(GET_LOCK(CONCAT('tenure.worker.', MD5(DATABASE()), '.', {id}), 0) AS SIGNED) AS n"
+                "SELECT CAST(GET_LOCK(CONCAT('tenure.w.', MD5(DATABASE()), '.', {id}), 0) AS SIGNED) AS n"
             )),
             Backend::Sqlite => None,
         };
@@ -266,10 +266,10 @@ fn lock_session(conn: &mut AnyConnection, backend: Backend, id: i64) -> Option<i
     let query = match backend {
         Backend::Postgres => format!(
             "SELECT CAST(COALESCE(MAX(pid), 0) AS BIGINT) AS n FROM pg_locks WHERE locktype = 'advisory' \
-             AND classid = 1684628083 AND objid = {id} AND objsubid = 2 AND granted"
+             AND classid = 1952804469 AND objid = {id} AND objsubid = 2 AND granted"
         ),
         Backend::Mysql => format!(
-            "SELECT CAST(COALESCE(IS_USED_LOCK(CONCAT('tenure.worker.', MD5(DATABASE()), '.', {id})), 0) AS SIGNED) AS n"
+            "SELECT CAST(COALESCE(IS_USED_LOCK(CONCAT('tenure.w.', MD5(DATABASE()), '.', {id})), 0) AS SIGNED) AS n"
         ),
         Backend::Sqlite => return None,
     };

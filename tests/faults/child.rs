@@ -31,7 +31,7 @@ impl Spawned {
             let line = line.ok()?;
             // libtest may print "test child::role ... " before the first report.
             if let Some(at) = line.find("TENURE ") {
-                return Some(line[at + 5..].to_string());
+                return Some(line[at + "TENURE ".len()..].to_string());
             }
         }
         None

@@ -356,10 +356,10 @@ fn lock_session(conn: &mut AnyConnection, backend: Backend, id: i64) -> Option<i
     let query = match backend {
         Backend::Postgres => format!(
             "SELECT CAST(MAX(pid) AS BIGINT) AS session FROM pg_locks WHERE locktype = 'advisory' \
-             AND classid = 1684628083 AND objid = {id} AND objsubid = 2 AND granted"
+             AND classid = 1952804469 AND objid = {id} AND objsubid = 2 AND granted"
         ),
         _ => format!(
-            "SELECT CAST(IS_USED_LOCK(CONCAT('tenure.worker.', MD5(DATABASE()), '.', {id})) AS SIGNED) AS session"
+            "SELECT CAST(IS_USED_LOCK(CONCAT('tenure.w.', MD5(DATABASE()), '.', {id})) AS SIGNED) AS session"
         ),
     };
     diesel::sql_query(query)
