@@ -14,7 +14,7 @@ use tenure::schedules::{self, Schedule};
 use tenure::{AnyConnection, Backend};
 
 use crate::dashboard::{Served, serve};
-use crate::support::{TestDb, count};
+use crate::common::{TestDb, count};
 use crate::webdriver::{Browser, DEADLINE};
 
 const TTL: Duration = Duration::from_secs(600);

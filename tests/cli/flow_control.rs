@@ -6,7 +6,7 @@ use std::time::Duration;
 use tenure::Backend;
 use tenure::jobs::{self, NewJob};
 
-use super::support::{TestDb, conformance};
+use crate::common::{TestDb, conformance};
 use super::{json, ok};
 
 conformance!(

@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use tenure::Backend;
 use tenure::jobs::{self, NewJob};
 
-use super::support::{TestDb, conformance};
+use crate::common::{TestDb, conformance};
 use super::{json, ok, tenure};
 
 conformance!(

@@ -11,7 +11,7 @@ use diesel::RunQueryDsl;
 use diesel::connection::SimpleConnection;
 use tenure::Backend;
 
-use super::support::{TestDb, conformance, now_sql};
+use crate::common::{TestDb, conformance, now_sql};
 use super::{json, tenure};
 
 conformance!(

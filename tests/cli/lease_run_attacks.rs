@@ -21,7 +21,7 @@ use diesel::connection::SimpleConnection;
 use tenure::Backend;
 
 use super::lease_run::{LONG, Runner, group_alive, lease_state, read, read_number, wait_until};
-use super::support::{TestDb, conformance};
+use crate::common::{TestDb, conformance};
 use super::{json, tenure};
 
 conformance!(

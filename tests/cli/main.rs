@@ -1,8 +1,9 @@
 //! End-to-end tests of the `tenure` command on every backend.
 
-#[path = "../conformance/support.rs"]
+// The harness shared by the three test binaries (see tests/common/mod.rs).
+#[path = "../common/mod.rs"]
 #[allow(dead_code, unused_macros, unused_imports)]
-mod support;
+mod common;
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tenure::Backend;
 
-use support::{TestDb, conformance};
+use common::{TestDb, conformance};
 
 mod attacks17;
 mod browser;

@@ -8,7 +8,7 @@ use tenure::schedules::{self, Schedule};
 use tenure::{AnyConnection, Backend, lease};
 
 use crate::dashboard::{Answer, csrf, get, get_with, post, post_with, serve};
-use crate::support::{TestDb, conformance};
+use crate::common::{TestDb, conformance};
 
 conformance!(
     every_page_renders_and_every_action_changes_the_database,

@@ -17,7 +17,7 @@ use tenure::schedules::{self, Schedule};
 use tenure::{AnyConnection, Backend, lease};
 
 use crate::dashboard::{Answer, csrf, get, get_with, post, post_with, serve};
-use crate::support::{TestDb, conformance};
+use crate::common::{TestDb, conformance};
 
 conformance!(
     nul_in_a_jobs_filter_is_bad_input,

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tenure::Backend;
 use tenure::jobs::{self, NewJob};
 
-use crate::support::TestDb;
+use crate::common::TestDb;
 
 /// How long a test waits for any one answer: far longer than a loaded machine needs.
 const PATIENCE: Duration = Duration::from_secs(30);

@@ -9,7 +9,7 @@ use tenure::Backend;
 use tenure::jobs::{self, JobState, NewJob};
 
 use super::queue_figure;
-use super::support::{TestDb, conformance};
+use crate::common::{TestDb, conformance};
 
 conformance!(work_logs_each_job_and_leaves_other_kinds_alone);
 

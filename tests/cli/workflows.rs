@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use tenure::Backend;
 use tenure::jobs::{self, EnqueuedWorkflow, JobResult, NewJob, Workflow};
 
-use super::support::{TestDb, conformance};
+use crate::common::{TestDb, conformance};
 use super::{json, ok, queue_figure, tenure};
 
 conformance!(

@@ -8,7 +8,7 @@ use chrono::TimeDelta;
 use tenure::Backend;
 use tenure::jobs::{self, Limit, NewJob};
 
-use crate::support::{TestDb, conformance, wait_for_db_clock};
+use crate::common::{TestDb, conformance, wait_for_db_clock};
 
 conformance!(
     a_job_with_a_larger_cap_waits_for_a_smaller_capped_running_job_then_runs,

@@ -7,7 +7,7 @@ use tenure::Backend;
 use tenure::jobs::{self, DedupOver, NewJob, OnDuplicate};
 use tenure::schedules::{self, Schedule};
 
-use crate::support::{TestDb, conformance, count, wait_for_db_clock};
+use crate::common::{TestDb, conformance, count, wait_for_db_clock};
 
 conformance!(
     a_schedule_never_drops_its_jobs_dedup_window_silently,

@@ -9,7 +9,7 @@ use diesel::connection::SimpleConnection;
 use tenure::Backend;
 use tenure::jobs::{self, Finished, Limit, NewJob, Retention, Retry};
 
-use crate::support::{TestDb, conformance, count};
+use crate::common::{TestDb, conformance, count};
 
 conformance!(
     a_queue_limit_set_during_an_in_flight_claim_is_never_exceeded,
@@ -204,7 +204,7 @@ fn claimers_finishers_cancellers_and_pruners_of_limited_jobs_keep_every_cap(back
     // Every window of 50 ms holds at most 3 starts of a rate key.
     let mut crowded = Vec::new();
     for k in 0..4 {
-        let starts: Vec<chrono::DateTime<chrono::Utc>> = crate::support::concrete!(&mut conn, c => {
+        let starts: Vec<chrono::DateTime<chrono::Utc>> = crate::common::concrete!(&mut conn, c => {
             use diesel::prelude::*;
             tenure::schema::tenure_limit_starts::table
                 .filter(tenure::schema::tenure_limit_starts::limit_key.eq(format!("r{k}")))
@@ -259,7 +259,7 @@ fn claims_of_any_kind_and_of_some_kinds_in_a_limited_queue_do_not_deadlock(backe
         .collect();
     jobs::enqueue_many(&mut conn, &batch).unwrap();
     let end = Clock::now() + Duration::from_secs(3);
-    let results = crate::support::race(&db, 4, move |t, c| {
+    let results = crate::common::race(&db, 4, move |t, c| {
         let (mut claimed, mut errors) = (0, Vec::new());
         while Clock::now() < end {
             let r = if t % 2 == 0 {

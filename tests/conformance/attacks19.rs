@@ -14,7 +14,7 @@ use tenure::jobs::{
 };
 use tenure::{Backend, Error};
 
-use crate::support::{
+use crate::common::{
     TestDb, claim_one, conformance, contest, count, enqueue_id as enqueue, job_state as state,
 };
 
@@ -359,7 +359,7 @@ fn a_fan_in_of_2000_completed_in_batches_of_50_in_mixed_orders_by_8_threads(back
         ),
         jobs::MAX_STRIPES as i64
     );
-    let errors = crate::support::race(&db, 8, move |t, c| {
+    let errors = crate::common::race(&db, 8, move |t, c| {
         let mut errors = Vec::new();
         let mut round = 0usize;
         loop {

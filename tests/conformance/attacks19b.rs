@@ -11,7 +11,7 @@ use diesel::Connection;
 use tenure::jobs::{self, JobState, NewJob, Outcome, RunWhen, Workflow};
 use tenure::{Backend, Error};
 
-use crate::support::{
+use crate::common::{
     TestDb, claim_one, conformance, contest, count, enqueue_id as enqueue, job_state as state,
     wait_for_db_clock,
 };

@@ -11,7 +11,7 @@ use diesel::RunQueryDsl;
 use tenure::jobs::{self, JobState, NewJob, Outcome};
 use tenure::{Backend, Error};
 
-use crate::support::{
+use crate::common::{
     TestDb, claim_one, conformance, count, enqueue_id as enqueue, job_state as state,
 };
 

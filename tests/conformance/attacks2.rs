@@ -10,7 +10,7 @@ use tenure::jobs::{self, NewJob, Outcome, Retry};
 use tenure::schedules::{self, Schedule};
 use tenure::{AnyConnection, Backend, Error, LeaseGuard, TenureConnection, lease};
 
-use crate::support::{TestDb, concrete, conformance, contest, count};
+use crate::common::{TestDb, concrete, conformance, contest, count};
 
 conformance!(
     crons_that_never_fire_are_refused_and_write_nothing,

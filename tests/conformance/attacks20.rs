@@ -10,7 +10,7 @@ use diesel::connection::SimpleConnection;
 use tenure::jobs::{self, Job, NewJob, QueueDepth};
 use tenure::{AnyConnection, Backend};
 
-use crate::support::{TestDb, conformance, count, race};
+use crate::common::{TestDb, conformance, count, race};
 
 conformance!(
     attacks20_edge_fields_are_the_same_by_copy_and_by_insert,
@@ -323,7 +323,7 @@ mod pg {
     use tenure::jobs::{self, NewJob};
     use tenure::{AnyConnection, Backend};
 
-    use crate::support::{TestDb, count, server_url};
+    use crate::common::{TestDb, count, server_url};
     use crate::wakeups::received;
 
     /// A role with exactly README.md's application privileges ("On a server"), and a URL to

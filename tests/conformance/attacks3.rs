@@ -17,7 +17,7 @@ use tenure::lease::{self, Wait};
 use tenure::schedules::{self, Schedule};
 use tenure::{AnyConnection, Backend, Error, LeaseGuard, SessionSetup};
 
-use crate::support::{TestDb, conformance, count};
+use crate::common::{TestDb, conformance, count};
 
 /// A named write through one of tenure's calls.
 type WriteOp = Box<dyn Fn(&mut AnyConnection) -> tenure::Result<()> + Send>;

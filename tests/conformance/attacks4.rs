@@ -14,7 +14,7 @@ use tenure::jobs::{
 };
 use tenure::{AnyConnection, Backend, Error, TenureConnection, lease};
 
-use crate::support::{TestDb, concrete, conformance, count};
+use crate::common::{TestDb, concrete, conformance, count};
 
 conformance!(
     id_lists_at_their_shape_edges_count_every_job_once,

@@ -11,7 +11,7 @@ use tenure::Backend;
 use tenure::jobs::{self, JobArgs, JobState, NewJob};
 use tenure::worker::{Event, JobContext, JobError, RunOutcome, Worker};
 
-use crate::support::{TestDb, conformance, contest, wait_for};
+use crate::common::{TestDb, conformance, contest, wait_for};
 
 conformance!(
     a_snooze_that_uses_the_last_attempt_is_reported_dead,
@@ -535,7 +535,7 @@ fn bad_typed_consts_are_typed_errors_and_change_nothing(backend: Backend) {
     for builder in builders {
         assert!(builder.drain().unwrap_err().is_invalid_input());
     }
-    let n = crate::support::count(&mut db.connect(), "SELECT COUNT(*) AS n FROM tenure_jobs");
+    let n = crate::common::count(&mut db.connect(), "SELECT COUNT(*) AS n FROM tenure_jobs");
     assert_eq!(n, 0);
 }
 

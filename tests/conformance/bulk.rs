@@ -9,7 +9,7 @@ use chrono::{SubsecRound, TimeDelta, Utc};
 use tenure::Backend;
 use tenure::jobs::{self, JobState, NewJob, OnDuplicate};
 
-use crate::support::{TestDb, conformance, count, now_sql, race};
+use crate::common::{TestDb, conformance, count, now_sql, race};
 
 conformance!(
     a_long_plain_batch_keeps_every_field_in_order,
@@ -126,7 +126,7 @@ fn db_now(conn: &mut tenure::AnyConnection) -> chrono::DateTime<Utc> {
         "SELECT {} AS now",
         now_sql(tenure::TenureConnection::backend(conn))
     );
-    crate::support::concrete!(conn, c => diesel::sql_query(&sql).get_result::<Now>(c))
+    crate::common::concrete!(conn, c => diesel::sql_query(&sql).get_result::<Now>(c))
         .unwrap()
         .now
 }

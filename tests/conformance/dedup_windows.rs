@@ -9,7 +9,7 @@ use tenure::jobs::{
 };
 use tenure::{AnyConnection, Backend};
 
-use crate::support::{TestDb, conformance, contest, count};
+use crate::common::{TestDb, conformance, contest, count};
 
 conformance!(
     a_duplicate_folds_into_its_finished_twin_within_the_window_only,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use tenure::jobs::{self, NewJob, QueueDepth};
 use tenure::{Backend, Error};
 
-use crate::support::{TestDb, conformance};
+use crate::common::{TestDb, conformance};
 
 conformance!(
     depth_counts_waiting_due_and_running_of_one_queue,

@@ -10,7 +10,7 @@ use tenure::Backend;
 use tenure::jobs::{self, Backoff, JobState, NewJob};
 use tenure::worker::{Event, JobContext, JobError, RunOutcome, Worker};
 
-use crate::support::{TestDb, conformance, wait_for};
+use crate::common::{TestDb, conformance, wait_for};
 
 #[cfg(feature = "metrics")]
 conformance!(

@@ -10,7 +10,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use tenure::Backend;
 use tenure::jobs::{self, Limit, NewJob, Outcome};
 
-use crate::support::{TestDb, conformance, count};
+use crate::common::{TestDb, conformance, count};
 
 conformance!(
     a_rate_limit_holds_in_every_window_while_unlimited_jobs_drain,

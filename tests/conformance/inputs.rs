@@ -10,7 +10,7 @@ use diesel::connection::SimpleConnection;
 use tenure::jobs::{self, Enqueued, JobState, NewJob, Outcome, Retry};
 use tenure::{Backend, Error, LeaseGuard, lease};
 
-use crate::support::{TestDb, conformance, count, race};
+use crate::common::{TestDb, conformance, count, race};
 
 conformance!(
     instants_outside_years_1_to_9999_are_refused_before_any_statement,

@@ -11,7 +11,7 @@ use diesel::sql_types::Text;
 use tenure::jobs::{self, Backoff, JobClaim, JobState, NewJob, Outcome, Retry};
 use tenure::{AnyConnection, Backend, Error, TenureConnection};
 
-use crate::support::{TestDb, conformance, count, now_sql};
+use crate::common::{TestDb, conformance, count, now_sql};
 
 conformance!(
     enqueue_while_claiming_completes_every_job_once,

@@ -11,7 +11,7 @@ use diesel::connection::SimpleConnection;
 use tenure::jobs::{self, JobState, NewJob, Outcome};
 use tenure::{AnyConnection, Backend, Error};
 
-use crate::support::{TestDb, conformance, count, now_sql};
+use crate::common::{TestDb, conformance, count, now_sql};
 
 conformance!(
     a_kinds_claimer_never_claims_or_changes_other_kinds,

@@ -10,7 +10,7 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use tenure::lease::{self, Lease, Wait};
 use tenure::{AnyConnection, Backend, Error, LeaseGuard, TenureConnection};
 
-use crate::support::{TestDb, concrete, conformance, contest, count, now_sql, placeholders, race};
+use crate::common::{TestDb, concrete, conformance, contest, count, now_sql, placeholders, race};
 
 conformance!(
     race_over_an_absent_row_has_one_winner,

@@ -9,7 +9,7 @@ use tenure::Backend;
 use tenure::jobs::{self, NewJob, Outcome};
 use tenure::worker::{JobContext, Worker};
 
-use crate::support::{TestDb, conformance, count};
+use crate::common::{TestDb, conformance, count};
 
 conformance!(
     concurrent_claimers_never_exceed_a_key_limit,

@@ -1,7 +1,9 @@
 //! tenure's conformance suite: every test is written once and runs against SQLite, PostgreSQL
 //! and MySQL/MariaDB (each backend whose cargo feature is on).
 
-mod support;
+// The harness shared by the three test binaries (see tests/common/mod.rs).
+#[path = "../common/mod.rs"]
+mod common;
 
 mod attacks18;
 mod attacks18b;

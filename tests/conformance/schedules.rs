@@ -10,7 +10,7 @@ use tenure::jobs::NewJob;
 use tenure::schedules::{self, Schedule, Spec};
 use tenure::{AnyConnection, Backend, Error, TenureConnection};
 
-use crate::support::{TestDb, concrete, conformance, count};
+use crate::common::{TestDb, concrete, conformance, count};
 
 conformance!(
     three_schedulers_fire_every_tick_once,

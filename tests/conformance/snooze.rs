@@ -7,7 +7,7 @@ use std::time::Duration;
 use tenure::jobs::{self, JobClaim, JobState, NewJob, Outcome};
 use tenure::{AnyConnection, Backend, Error};
 
-use crate::support::{TestDb, conformance};
+use crate::common::{TestDb, conformance};
 
 conformance!(
     snoozes_use_no_attempt,

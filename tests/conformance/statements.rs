@@ -14,7 +14,7 @@ use tenure::jobs::{self, NewJob};
 use tenure::worker::{JobContext, Worker};
 use tenure::{Backend, TenureConnection};
 
-use crate::support::{TestDb, concrete, conformance, wait_for};
+use crate::common::{TestDb, concrete, conformance, wait_for};
 
 conformance!(a_draining_worker_prepares_each_statement_once);
 

@@ -8,7 +8,7 @@ use tenure::testing;
 use tenure::worker::{JobContext, JobError, Worker};
 use tenure::{Backend, Pool};
 
-use crate::support::{TestDb, conformance};
+use crate::common::{TestDb, conformance};
 
 conformance!(
     drain_runs_follow_up_jobs_on_a_pool_of_one,

@@ -11,7 +11,7 @@ use tenure::jobs::{self, Backoff, JobArgs, JobState, NewJob};
 use tenure::worker::{JobContext, JobError, Worker};
 use tenure::{Backend, Error};
 
-use crate::support::{TestDb, conformance, wait_for};
+use crate::common::{TestDb, conformance, wait_for};
 
 conformance!(
     a_typed_job_round_trips_with_its_options,

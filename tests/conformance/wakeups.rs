@@ -13,7 +13,7 @@ use diesel::pg::PgConnection;
 use tenure::jobs::{self, DedupOver, NewJob};
 use tenure::{AnyConnection, Backend, TenureConnection};
 
-use crate::support::{TestDb, count};
+use crate::common::{TestDb, count};
 
 /// A second session LISTENing on tenure's channel.
 pub(crate) fn listener(db: &TestDb) -> AnyConnection {

@@ -9,7 +9,7 @@ use tenure::jobs::{self, Backoff, JobState, NewJob};
 use tenure::worker::{JobContext, JobError, Report, Worker, WorkerHandle};
 use tenure::{Backend, Pool};
 
-use crate::support::{TestDb, conformance, count, wait_for};
+use crate::common::{TestDb, conformance, count, wait_for};
 
 conformance!(
     four_threads_process_two_thousand_jobs_once,

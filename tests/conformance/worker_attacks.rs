@@ -14,7 +14,7 @@ use tenure::Backend;
 use tenure::jobs::{self, Backoff, JobState, NewJob};
 use tenure::worker::{JobContext, JobError, Report, Worker};
 
-use crate::support::{Intervals, TestDb, conformance, count, overlaps, wait_for};
+use crate::common::{Intervals, TestDb, conformance, count, overlaps, wait_for};
 
 conformance!(
     shutdown_past_grace_keeps_the_limit_until_the_handler_returns,

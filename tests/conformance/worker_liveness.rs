@@ -14,7 +14,7 @@ use diesel::connection::SimpleConnection;
 use tenure::jobs::{self, JobState, NewJob};
 use tenure::{AnyConnection, Backend};
 
-use crate::support::{TestDb, conformance, count, race};
+use crate::common::{TestDb, conformance, count, race};
 
 conformance!(
     a_worker_registers_and_leaves_no_row_behind,
@@ -412,7 +412,7 @@ fn a_worker_with_a_fresh_heartbeat_is_not_rescued_without_its_lock(backend: Back
         ))
         .unwrap();
     };
-    let now = crate::support::now_sql(backend);
+    let now = crate::common::now_sql(backend);
     let mut rescuer = db.connect();
     for _ in 0..10 {
         set(&mut conn, now);

@@ -13,7 +13,7 @@ use tenure::jobs::{self, Backoff, JobState, NewJob};
 use tenure::worker::{JobContext, JobError, Worker};
 use tenure::{AnyConnection, Backend};
 
-use crate::support::{Intervals, TestDb, conformance, count, overlaps};
+use crate::common::{Intervals, TestDb, conformance, count, overlaps};
 
 conformance!(
     a_retry_claimed_while_the_first_run_is_recorded_runs_once,

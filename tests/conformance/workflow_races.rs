@@ -13,7 +13,7 @@ use diesel::RunQueryDsl;
 use tenure::jobs::{self, ClaimedJob, JobResult, JobState, NewJob, Outcome, Workflow};
 use tenure::{AnyConnection, Backend};
 
-use crate::support::{TestDb, concrete, conformance, contest, count};
+use crate::common::{TestDb, concrete, conformance, contest, count};
 
 conformance!(
     a_diamond_join_runs_once_after_both_branches_in_200_workflows_under_8_claimers,

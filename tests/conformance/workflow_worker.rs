@@ -9,7 +9,7 @@ use tenure::Backend;
 use tenure::jobs::{self, JobResult, JobState, NewJob, Workflow};
 use tenure::worker::{JobContext, JobError, Worker};
 
-use crate::support::{TestDb, conformance};
+use crate::common::{TestDb, conformance};
 
 conformance!(
     an_etl_workflow_run_by_a_worker_merges_its_parts_results,

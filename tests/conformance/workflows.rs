@@ -6,7 +6,7 @@ use std::time::Duration;
 use tenure::jobs::{self, JobResult, JobState, NewJob, Outcome, RunWhen, Workflow};
 use tenure::{AnyConnection, Backend, Error};
 
-use crate::support::{TestDb, claim_one, conformance, count, job_state as state};
+use crate::common::{TestDb, claim_one, conformance, count, job_state as state};
 
 conformance!(
     a_dependent_waits_for_every_dependency_and_reads_their_results,
@@ -192,7 +192,7 @@ fn a_cancelled_dependency_counts_as_failed_and_cancels_cascade_down_a_chain(back
     )
     .unwrap()
     .id;
-    crate::support::concrete!(&mut conn, c => {
+    crate::common::concrete!(&mut conn, c => {
         diesel::RunQueryDsl::execute(
             diesel::sql_query(format!("UPDATE tenure_jobs SET snoozes = 1000 WHERE id = {s}")),
             c,
@@ -383,7 +383,7 @@ fn a_rescue_that_kills_a_job_settles_its_dependents(backend: Backend) {
         let claimed =
             jobs::claim_kinds(&mut conn, "q", &["a"], 1, Duration::from_millis(1)).unwrap();
         let expires = claimed[0].claim_expires_at;
-        crate::support::wait_for_db_clock(&mut conn, expires);
+        crate::common::wait_for_db_clock(&mut conn, expires);
         let rescued = jobs::rescue(&mut conn, 10).unwrap();
         assert_eq!(rescued.requeued.len() + rescued.dead.len(), 1);
     }

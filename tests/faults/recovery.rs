@@ -14,7 +14,7 @@ use tenure::worker::{JobContext, Worker};
 use tenure::{AnyConnection, Backend, Pool};
 
 use crate::child::{Spawned, now_text, spawn, sql};
-use crate::support::{TestDb, conformance, count};
+use crate::common::{TestDb, conformance, count};
 
 conformance!(
     a_killed_workers_jobs_run_again_within_seconds,
@@ -304,7 +304,7 @@ fn a_stopped_worker_is_never_taken_for_dead(backend: Backend) {
         &mut conn,
         &format!(
             "SELECT COUNT(*) AS n FROM tenure_workers WHERE pid = {holder_pid} AND heartbeat_at < {}",
-            crate::support::now_sql(backend)
+            crate::common::now_sql(backend)
         ),
     );
     assert_eq!(silent, 1, "the stopped worker's row is there, silent");

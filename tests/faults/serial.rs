@@ -16,7 +16,7 @@ use tenure::jobs::{self, JobState, NewJob, Outcome};
 use tenure::worker::{JobContext, Worker};
 use tenure::{AnyConnection, Backend, LeaseGuard};
 
-use crate::support::{TestDb, count};
+use crate::common::{TestDb, count};
 
 const TTL: Duration = Duration::from_secs(60);
 

@@ -1,5 +1,11 @@
-//! The test harness: a fresh database per test on each backend, and the macro that
-//! instantiates every conformance test once per backend.
+//! The test harness shared by the three test binaries (`conformance`, `cli`, `faults`; each
+//! includes this folder by `#[path]`): a fresh database per test on each backend, the macro
+//! that instantiates every conformance test once per backend (`conformance!`), `concrete!`,
+//! threads released together (`race`, `contest`), small queries, and the one deadline-bounded
+//! wait (`wait_until`) every poll loop uses.
+
+mod wait;
+pub use wait::{poll_until, wait_until};
 
 use std::sync::{Arc, Barrier};
 
@@ -318,28 +324,27 @@ pub fn wait_for(
     limit: std::time::Duration,
     done: impl Fn(&tenure::worker::Report) -> bool,
 ) -> tenure::worker::Report {
-    let until = std::time::Instant::now() + limit;
-    loop {
+    let mut last = None;
+    poll_until(limit, std::time::Duration::from_millis(10), || {
         let report = worker.report();
-        if done(&report) || std::time::Instant::now() > until {
-            return report;
+        if done(&report) {
+            return Some(report);
         }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+        last = Some(report);
+        None
+    })
+    .unwrap_or_else(|| last.expect("at least one report"))
 }
 
 /// Sleeps until the database's clock is past `at` (60 s at most): waits decided by the clock
 /// that decides expiry, never by the client's.
 #[allow(dead_code)]
 pub fn wait_for_db_clock(conn: &mut AnyConnection, at: chrono::DateTime<chrono::Utc>) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while tenure::database_now(conn).unwrap() <= at {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the database clock did not pass {at}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_until(
+        &format!("the database clock to pass {at}"),
+        std::time::Duration::from_secs(60),
+        || (tenure::database_now(conn).unwrap() > at).then_some(()),
+    );
 }
 
 /// Claims the one due job of `kind` in `queue` (for 120 s); fails the test if the claim
