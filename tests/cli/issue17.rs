@@ -10,8 +10,8 @@ use std::process::{Command, Output, Stdio};
 use tenure::Backend;
 use tenure::jobs::{self, NewJob};
 
-use crate::common::{TestDb, conformance};
 use super::{json, ok, tenure};
+use crate::common::{TestDb, conformance};
 
 conformance!(
     jobs_that_cannot_run_are_refused_and_nothing_is_enqueued,

@@ -11,8 +11,8 @@ use diesel::RunQueryDsl;
 use diesel::connection::SimpleConnection;
 use tenure::Backend;
 
-use crate::common::{TestDb, conformance, now_sql};
 use super::{json, tenure};
+use crate::common::{TestDb, conformance, now_sql};
 
 conformance!(
     lease_run_two_runner_loops_never_overlap,

@@ -21,8 +21,8 @@ use diesel::connection::SimpleConnection;
 use tenure::Backend;
 
 use super::lease_run::{LONG, Runner, group_alive, lease_state, read, read_number, wait_until};
-use crate::common::{TestDb, conformance};
 use super::{json, tenure};
+use crate::common::{TestDb, conformance};
 
 conformance!(
     lease_run_attack_renewal_blocked_by_a_row_lock_stops_the_command,

@@ -7,8 +7,8 @@ use tenure::jobs::{self, JobState, NewJob, Retry};
 use tenure::schedules::{self, Schedule};
 use tenure::{AnyConnection, Backend, lease};
 
-use crate::dashboard::{Answer, csrf, get, get_with, post, post_with, serve};
 use crate::common::{TestDb, conformance};
+use crate::dashboard::{Answer, csrf, get, get_with, post, post_with, serve};
 
 conformance!(
     every_page_renders_and_every_action_changes_the_database,

@@ -16,8 +16,8 @@ use tenure::jobs::{self, JobResult, JobState, NewJob};
 use tenure::schedules::{self, Schedule};
 use tenure::{AnyConnection, Backend, lease};
 
-use crate::dashboard::{Answer, csrf, get, get_with, post, post_with, serve};
 use crate::common::{TestDb, conformance};
+use crate::dashboard::{Answer, csrf, get, get_with, post, post_with, serve};
 
 conformance!(
     nul_in_a_jobs_filter_is_bad_input,

@@ -5,21 +5,11 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-mod attacks18;
-mod attacks18b;
-mod attacks18c;
-mod attacks19;
-mod attacks19b;
-mod attacks19c;
-mod attacks2;
-mod attacks20;
-mod attacks3;
-mod attacks4;
-mod attacks5;
 mod bulk;
 mod contention;
 mod dedup_windows;
 mod depth;
+mod errors;
 mod events;
 mod flow_control;
 mod foundation;
@@ -27,13 +17,14 @@ mod inputs;
 mod jobs;
 mod kinds;
 mod leases;
-mod limits;
+mod migrations;
 // Users and grants exist on the servers only.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod privileges;
 mod queue_ops;
 mod schedules;
 mod schema_contract;
+mod session_settings;
 mod snooze;
 mod statements;
 mod testing_helpers;
@@ -42,9 +33,5 @@ mod typed;
 #[cfg(feature = "postgres")]
 mod wakeups;
 mod worker;
-mod worker_attacks;
-mod worker_liveness;
-mod worker_runs;
-mod workflow_races;
-mod workflow_worker;
 mod workflows;
+mod write_turns;

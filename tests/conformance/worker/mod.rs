@@ -1,5 +1,11 @@
 //! Workers on threads: handlers, heartbeats, timeouts, wake-ups and shutdown.
 
+mod claims;
+mod liveness;
+mod retries;
+mod runs;
+mod shutdown;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,5 +1,8 @@
 //! Leases: the race the reference report describes, fencing, renewal, release, the guard.
 
+mod holders;
+mod releases;
+
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant as Clock};
 

@@ -1,32 +1,122 @@
-//! Second round of attacks on workflows: finishers holding rows of higher id than a
-//! dependent they settle (a batch completion or a rescue against `cancel_workflow` and
-//! against an enqueue), `retry_dead_of_kind` re-arming a dependent spread over several
-//! stripes against a completion, and `retry_dead` against completions, repeated.
+//! Workflows' lock orders: `cancel_workflow`, `enqueue_many`, rescues and `retry_dead_of_kind`
+//! racing completions that settle dependents of lower id never deadlock.
 
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use diesel::Connection;
-
-use tenure::jobs::{self, JobState, NewJob, Outcome, RunWhen, Workflow};
+use tenure::jobs::{self, JobState, NewJob, RunWhen, Workflow};
 use tenure::{Backend, Error};
 
 use crate::common::{
-    TestDb, claim_one, conformance, contest, count, enqueue_id as enqueue, job_state as state,
+    TestDb, claim_one, conformance, count, enqueue_id as enqueue, job_state as state,
     wait_for_db_clock,
 };
 
 conformance!(
+    cancel_workflow_racing_a_batch_completion_does_not_deadlock,
+    enqueue_many_racing_a_completion_does_not_deadlock,
     a_batch_completion_settling_a_step_of_lower_id_does_not_deadlock_cancel_workflow,
     a_rescue_settling_a_step_of_lower_id_does_not_deadlock_cancel_workflow,
     a_batch_completion_settling_a_dependent_of_lower_id_does_not_deadlock_an_enqueue,
     retry_dead_of_kind_rearming_two_stripes_does_not_deadlock_a_completion,
-    retry_dead_racing_the_last_other_dependency_never_strands_the_dependent,
-    retry_then_death_then_retry_keeps_an_all_finished_dependent_waiting,
 );
 
 const TTL: Duration = Duration::from_secs(120);
 
+// Found by the round-19 attacks on workflows: REPEATABLE READ callers, a retried dead dependency, lock orders, races with a dependency's finish (attacks19.rs).
+/// A worker's finisher completes a batch [Z, A]: Z has 300 dependents, A is a step of a
+/// workflow whose on_finish callback F also waits for a step B0 of lower id. While the
+/// completion settles Z's dependents (holding A's row), the workflow is cancelled:
+/// `cancel_workflow` cancels B0 (taking F's stripe) and then waits for A's row, while the
+/// completion reaches F's stripe. Both calls must succeed.
+fn cancel_workflow_racing_a_batch_completion_does_not_deadlock(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let z = enqueue(&mut conn, NewJob::new("z", "z", vec![]));
+    let fan: Vec<NewJob> = (0..300)
+        .map(|_| NewJob::new("y", "y", vec![]).depends_on([z]))
+        .collect();
+    jobs::enqueue_many(&mut conn, &fan).unwrap();
+    let mut flow = Workflow::new("w");
+    flow.add(NewJob::new("w", "b0", vec![]));
+    flow.add(NewJob::new("w", "a", vec![]));
+    flow.on_finish(NewJob::new("w", "finish", vec![]));
+    let made = jobs::enqueue_workflow(&mut conn, &flow).unwrap();
+    let claims = vec![
+        claim_one(&mut conn, "z", "z").claim(),
+        claim_one(&mut conn, "w", "a").claim(),
+    ];
+    let workflow = made.id;
+    let barrier = Arc::new(Barrier::new(2));
+    let (mut c1, mut c2) = (db.connect(), db.connect());
+    let b1 = barrier.clone();
+    let completer = std::thread::spawn(move || {
+        b1.wait();
+        jobs::complete(&mut c1, &claims)
+    });
+    let canceller = std::thread::spawn(move || {
+        barrier.wait();
+        std::thread::sleep(Duration::from_millis(30));
+        jobs::cancel_workflow(&mut c2, workflow)
+    });
+    let completed = completer.join().unwrap();
+    let cancelled = canceller.join().unwrap();
+    assert!(
+        completed.is_ok() && cancelled.is_ok(),
+        "complete: {completed:?}; cancel_workflow: {cancelled:?}"
+    );
+    assert!(jobs::claim(&mut conn, "w", 10, TTL).unwrap().is_empty());
+}
+
+// Found by the round-19 attacks on workflows: REPEATABLE READ callers, a retried dead dependency, lock orders, races with a dependency's finish (attacks19.rs).
+/// `enqueue_many([J1 after B, 60 jobs after other jobs, J2 after A])` locks B, then A; a
+/// completion of A (B depends on A) locks A, then B's row to release it. Both must succeed.
+fn enqueue_many_racing_a_completion_does_not_deadlock(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let a = enqueue(&mut conn, NewJob::new("q", "a", vec![]));
+    let b = enqueue(&mut conn, NewJob::new("d", "b", vec![]).depends_on([a]));
+    let others: Vec<i64> = jobs::enqueue_many(
+        &mut conn,
+        &(0..60)
+            .map(|_| NewJob::new("o", "o", vec![]))
+            .collect::<Vec<_>>(),
+    )
+    .unwrap()
+    .iter()
+    .map(|e| e.id)
+    .collect();
+    let job_a = claim_one(&mut conn, "q", "a");
+    let mut batch = vec![NewJob::new("n", "j1", vec![]).depends_on([b])];
+    batch.extend(
+        others
+            .iter()
+            .map(|o| NewJob::new("n", "k", vec![]).depends_on([*o])),
+    );
+    batch.push(NewJob::new("n", "j2", vec![]).depends_on([a]));
+    let barrier = Arc::new(Barrier::new(2));
+    let (mut c1, mut c2) = (db.connect(), db.connect());
+    let b1 = barrier.clone();
+    let enqueuer = std::thread::spawn(move || {
+        b1.wait();
+        jobs::enqueue_many(&mut c1, &batch).map(|made| made.len())
+    });
+    let completer = std::thread::spawn(move || {
+        barrier.wait();
+        std::thread::sleep(Duration::from_millis(10));
+        jobs::complete(&mut c2, &[job_a.claim()])
+    });
+    let enqueued = enqueuer.join().unwrap();
+    let completed = completer.join().unwrap();
+    assert!(
+        enqueued.is_ok() && completed.is_ok(),
+        "enqueue_many: {enqueued:?}; complete: {completed:?}"
+    );
+    assert_eq!(state(&mut conn, b), JobState::Waiting);
+}
+
+// Found by the second round-19 attacks on workflows: finishers holding rows of higher id than a dependent they settle, retry_dead against completions (attacks19b.rs).
 /// E (external) has 300 dependents, then a workflow whose step S waits for E and whose step
 /// X (id above S's) runs. A finisher completes [E, X]: it holds E's and X's rows while it
 /// settles E's 300 dependents, then S (id below X). Meanwhile `cancel_workflow` locks the
@@ -75,6 +165,7 @@ fn a_batch_completion_settling_a_step_of_lower_id_does_not_deadlock_cancel_workf
     assert!(jobs::claim(&mut conn, "w", 10, TTL).unwrap().is_empty());
 }
 
+// Found by the second round-19 attacks on workflows: finishers holding rows of higher id than a dependent they settle, retry_dead against completions (attacks19b.rs).
 /// As above, with the rescue as the finisher: E (external, 300 dependents) and the step X
 /// (id above the step S that waits for E) are both stalled, E asked to cancel. The rescue
 /// locks E and X, cancels E and settles its dependents, S last; `cancel_workflow` holds S
@@ -124,6 +215,7 @@ fn a_rescue_settling_a_step_of_lower_id_does_not_deadlock_cancel_workflow(backen
     assert!(jobs::claim(&mut conn, "w", 10, TTL).unwrap().is_empty());
 }
 
+// Found by the second round-19 attacks on workflows: finishers holding rows of higher id than a dependent they settle, retry_dead against completions (attacks19b.rs).
 /// A finisher completes [E, X] (E has 300 dependents, then D blocked on E, then X): it holds
 /// X's row while it settles D, of lower id. An enqueue of a job that depends on [D, X]
 /// locks D, then waits for X. Both must succeed, and the new job waits for D.
@@ -165,6 +257,7 @@ fn a_batch_completion_settling_a_dependent_of_lower_id_does_not_deadlock_an_enqu
     assert_eq!(state(&mut conn, enqueued.unwrap()), JobState::Blocked);
 }
 
+// Found by the second round-19 attacks on workflows: finishers holding rows of higher id than a dependent they settle, retry_dead against completions (attacks19b.rs).
 /// C (AllFinished) waits for 17 jobs, spread over 2 stripes (even positions in stripe 0,
 /// odd in stripe 1). Stripe 0 is done (d0 dead, the rest completed); stripe 1 waits for d15
 /// only (d1 dead). `retry_dead_of_kind` retries d0 and d1: it re-arms stripe 0 (which takes
@@ -241,118 +334,4 @@ fn retry_dead_of_kind_rearming_two_stripes_does_not_deadlock_a_completion(backen
         jobs::complete(&mut conn, &[job.claim()]).unwrap();
     }
     assert_eq!(state(&mut conn, c), JobState::Waiting);
-}
-
-/// In each round C (AllFinished) waits for A and B, A is dead (counted), and `retry_dead(A)`
-/// races B's completion. Both succeed, and either C waits for A (blocked; A's completion
-/// then releases it) or the completion went first and released C before the retry.
-fn retry_dead_racing_the_last_other_dependency_never_strands_the_dependent(backend: Backend) {
-    let db = TestDb::migrated(backend);
-    let mut conn = db.connect();
-    const ROUNDS: usize = 30;
-    let mut rounds = Vec::new();
-    for r in 0..ROUNDS {
-        let a = enqueue(&mut conn, NewJob::new("q", "a", vec![]));
-        let b = enqueue(&mut conn, NewJob::new("q", "b", vec![]));
-        let mut deps = [a, b];
-        if r % 2 == 1 {
-            deps.reverse();
-        }
-        let c = enqueue(
-            &mut conn,
-            NewJob::new("c", "c", vec![])
-                .depends_on(deps)
-                .run_when(RunWhen::AllFinished),
-        );
-        let job_a = claim_one(&mut conn, "q", "a");
-        jobs::fail(&mut conn, job_a.claim(), "boom", jobs::Retry::Never).unwrap();
-        let job_b = claim_one(&mut conn, "q", "b");
-        rounds.push((a, job_b, c));
-    }
-    let rounds = Arc::new(rounds);
-    let shared = rounds.clone();
-    contest(
-        &db,
-        2,
-        ROUNDS,
-        move |round, thread, conn| {
-            let (a, job_b, _) = &shared[round];
-            if thread == 0 {
-                jobs::retry_dead(conn, *a).map(|r| format!("{r}"))
-            } else {
-                jobs::complete(conn, &[job_b.claim()]).map(|o| format!("{o:?}"))
-            }
-        },
-        move |round, results| {
-            let (a, _, c) = &rounds[round];
-            assert!(
-                results.iter().all(|r| r.is_ok()),
-                "round {round}: {results:?}"
-            );
-            assert_eq!(results[0].as_ref().unwrap(), "true", "round {round}");
-            assert_eq!(state(&mut conn, *a), JobState::Waiting, "round {round}");
-            let job_a = claim_one(&mut conn, "q", "a");
-            match state(&mut conn, *c) {
-                JobState::Blocked => {
-                    assert_eq!(
-                        jobs::complete(&mut conn, &[job_a.claim()]).unwrap(),
-                        vec![Outcome::Done]
-                    );
-                    assert_eq!(
-                        state(&mut conn, *c),
-                        JobState::Waiting,
-                        "round {round}: C stranded after A's retried run completed"
-                    );
-                }
-                JobState::Waiting => {
-                    jobs::complete(&mut conn, &[job_a.claim()]).unwrap();
-                }
-                other => panic!("round {round}: C is {other:?}"),
-            }
-            let job_c = claim_one(&mut conn, "c", "c");
-            jobs::complete(&mut conn, &[job_c.claim()]).unwrap();
-        },
-    );
-}
-
-/// C (AllFinished) waits for A and B. A dies, is retried, dies again, is retried again;
-/// B completes: C still waits; A completes: C runs. A second `retry_dead` of a waiting job
-/// changes nothing.
-fn retry_then_death_then_retry_keeps_an_all_finished_dependent_waiting(backend: Backend) {
-    let db = TestDb::migrated(backend);
-    let mut conn = db.connect();
-    let a = enqueue(&mut conn, NewJob::new("q", "a", vec![]));
-    let b = enqueue(&mut conn, NewJob::new("q", "b", vec![]));
-    let c = enqueue(
-        &mut conn,
-        NewJob::new("c", "c", vec![])
-            .depends_on([a, b])
-            .run_when(RunWhen::AllFinished),
-    );
-    for _ in 0..2 {
-        let job_a = claim_one(&mut conn, "q", "a");
-        jobs::fail(&mut conn, job_a.claim(), "boom", jobs::Retry::Never).unwrap();
-        assert_eq!(state(&mut conn, c), JobState::Blocked);
-        assert!(jobs::retry_dead(&mut conn, a).unwrap());
-        assert!(!jobs::retry_dead(&mut conn, a).unwrap());
-    }
-    let job_b = claim_one(&mut conn, "q", "b");
-    jobs::complete(&mut conn, &[job_b.claim()]).unwrap();
-    assert_eq!(
-        state(&mut conn, c),
-        JobState::Blocked,
-        "C ran while A waits"
-    );
-    let job_a = claim_one(&mut conn, "q", "a");
-    jobs::complete(&mut conn, &[job_a.claim()]).unwrap();
-    assert_eq!(state(&mut conn, c), JobState::Waiting);
-    assert_eq!(
-        count(
-            &mut conn,
-            &format!(
-                "SELECT COUNT(*) AS n FROM tenure_job_dependencies WHERE job_id = {c} AND counted = 0"
-            )
-        ),
-        0
-    );
 }

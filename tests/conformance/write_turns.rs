@@ -1,26 +1,19 @@
-//! Attacks on the SQLite write turns, on `AnyConnection::connect`'s session settings and on
-//! lease grant times. Every wait that could hang runs in a thread of its own and fails after a
-//! generous bound; no assertion depends on how fast the machine is (bounds are far above any
-//! honest duration, and every "too slow" bound is smaller than a busy timeout that only a
-//! leaked lock would make a writer sit out).
+//! SQLite's write turns (the writers of one process take turns): a write waits its turn or fails
+//! retryably in time, a timed-out turn leaves the queue usable, every kind of write takes its
+//! turn, a panic lets the next writer in, files and memory databases do not share turns, and
+//! many threads of mixed writes never fail. Every wait that could hang runs in a thread of its
+//! own and fails after a generous bound.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::mpsc;
-use std::sync::{Arc, Barrier, Mutex};
-use std::time::{Duration, Instant as Clock};
+use std::sync::{Arc, Barrier, Mutex, mpsc};
+use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use diesel::prelude::*;
-use diesel::sql_types::Text;
 use tenure::jobs::{self, NewJob};
-use tenure::lease::{self, Wait};
+use tenure::lease::{self};
 use tenure::schedules::{self, Schedule};
-use tenure::{AnyConnection, Backend, Error, LeaseGuard, SessionSetup};
+use tenure::{AnyConnection, Backend, Error, SessionSetup};
 
 use crate::common::{TestDb, conformance, count};
-
-/// A named write through one of tenure's calls.
-type WriteOp = Box<dyn Fn(&mut AnyConnection) -> tenure::Result<()> + Send>;
 
 conformance!(
     a_write_on_a_second_connection_inside_a_transaction_fails_retryably_in_time,
@@ -33,10 +26,10 @@ conformance!(
     two_files_in_one_process_do_not_share_turns,
     private_and_shared_memory_databases_never_hang,
     many_threads_many_rounds_of_mixed_writes_never_fail,
-    a_guard_renews_after_a_long_caller_transaction_and_releases_after_it,
-    connect_applies_the_pools_session_settings,
-    lease_holders_never_overlap_with_waiting_takes_releases_and_expiry,
 );
+
+/// A named write through one of tenure's calls.
+type WriteOp = Box<dyn Fn(&mut AnyConnection) -> tenure::Result<()> + Send>;
 
 /// What the turn queue says when a writer's turn did not come within its busy timeout.
 const TURN_REFUSED: &str = "another connection of this process";
@@ -82,6 +75,7 @@ fn jobs_of_kind(conn: &mut AnyConnection, kind: &str) -> i64 {
     )
 }
 
+// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// Re-entrancy: inside a tenure transaction on connection A (which holds this process's turn on
 /// SQLite), the same thread writes through connection B to the same database. On SQLite B must
 /// not wait forever for a turn its own thread holds: it fails within its busy timeout (here
@@ -141,6 +135,7 @@ fn a_write_on_a_second_connection_inside_a_transaction_fails_retryably_in_time(b
     assert_eq!(jobs_of_kind(&mut b, "after"), 1);
 }
 
+// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// A holder keeps the turn; a writer with a short busy timeout gives up (leaving the queue),
 /// another with a long one waits. Once the holder commits, the patient writer must get in
 /// promptly (bound 30 s, far below its 120 s busy timeout), and a third writer after it too.
@@ -186,6 +181,7 @@ fn a_timed_out_turn_leaves_the_queue_usable(backend: Backend) {
     });
 }
 
+// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// Inside a tenure transaction on A (the turn's holder), a write on B (busy timeout 300 ms)
 /// says which lock it waited for. Writes that take their turn fail with the turn queue's
 /// message; a write that skips the queue fails with SQLite's own busy error, having waited
@@ -218,6 +214,7 @@ fn schedule_writes_wait_their_turn_like_job_writes(backend: Backend) {
     check_turns(&db, backend, ops);
 }
 
+// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// The same check for the job operations that are single statements (the control: these
 /// take their turn).
 fn job_single_writes_wait_their_turn(backend: Backend) {
@@ -277,6 +274,7 @@ fn check_turns(db: &TestDb, backend: Backend, ops: Vec<(&str, Op)>) {
     );
 }
 
+// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// A thread panics inside a tenure transaction on its own connection (dropped while
 /// unwinding). The next writer (busy timeout 120 s) must get in within 30 s.
 fn a_panic_in_a_transaction_closure_lets_the_next_writer_in(backend: Backend) {
@@ -305,6 +303,7 @@ fn a_panic_in_a_transaction_closure_lets_the_next_writer_in(backend: Backend) {
     );
 }
 
+// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// A panic inside `tenure::transaction` caught by the caller (`catch_unwind`, as a worker
 /// framework or a request handler does), with the connection kept. The turn is released, but
 /// is the transaction? A later `tenure::transaction` + enqueue on the same connection returns
@@ -332,6 +331,7 @@ fn a_caught_panic_leaves_no_transaction_open_on_the_connection(backend: Backend)
     );
 }
 
+// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// SQLite: after a caught panic (connection kept alive, unused), another writer (busy timeout
 /// 120 s) must get in within 30 s. The turn is released on unwind; the write lock of the
 /// still-open BEGIN IMMEDIATE is not. On the servers the writes touch different rows.
@@ -355,6 +355,7 @@ fn a_caught_panic_does_not_keep_the_write_lock(backend: Backend) {
     drop(conn);
 }
 
+// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// Turns are per file: inside a tenure transaction on file X, a write on file Y (busy timeout
 /// 120 s) succeeds at once (bound 30 s). On the servers: two databases, trivially.
 fn two_files_in_one_process_do_not_share_turns(backend: Backend) {
@@ -381,6 +382,7 @@ fn two_files_in_one_process_do_not_share_turns(backend: Backend) {
     .expect("X's transaction");
 }
 
+// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// `:memory:` connections are private databases: no turns, no waits. A shared-cache
 /// in-memory database (`file:NAME?mode=memory&cache=shared`) is one database for several
 /// connections: a write on the second while the first is in a tenure transaction must return
@@ -432,6 +434,7 @@ fn private_and_shared_memory_databases_never_hang(backend: Backend) {
     jobs::enqueue(&mut *b.lock().unwrap(), &job("b2")).expect("B writes once A committed");
 }
 
+// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// Six threads, each on its own connection (busy timeout 30 s), 25 rounds of: claim a job,
 /// then one tenure transaction that enqueues, cancels what it enqueued, and completes the
 /// claim, then a lease take/release and a lone enqueue. No call may fail: with turns no
@@ -500,262 +503,4 @@ fn many_threads_many_rounds_of_mixed_writes_never_fail(backend: Backend) {
         errors.len()
     );
     assert_eq!(jobs_of_kind(&mut seed, "lone"), (THREADS * ROUNDS) as i64);
-}
-
-/// A LeaseGuard (ttl 30 s, renewing every 10 s on its own connection, busy timeout 5 s)
-/// while the caller holds a tenure transaction (SQLite: the turn and the write lock) for 12 s,
-/// spanning a renewal: the renewal waits and must land after the commit, so the lease stays
-/// held. Then the guard is dropped inside another transaction held for 8 s (longer than
-/// RELEASE_WAIT and the busy timeout): the drop returns, and the release must complete once
-/// that transaction ends (bound 30 s).
-fn a_guard_renews_after_a_long_caller_transaction_and_releases_after_it(backend: Backend) {
-    let db = TestDb::migrated(backend);
-    let ttl = Duration::from_secs(30);
-    let guard = LeaseGuard::try_take(db.connect(), "guarded", ttl, "g")
-        .unwrap()
-        .expect("free");
-    let first_expiry = guard.lease().expires_at();
-    let mut caller = db.connect();
-    tenure::transaction(&mut caller, |c| {
-        jobs::enqueue(c, &job("long"))?;
-        std::thread::sleep(Duration::from_secs(12));
-        Ok::<_, Error>(())
-    })
-    .unwrap();
-    let mut monitor = db.connect();
-    let until = Clock::now() + Duration::from_secs(30);
-    loop {
-        let row = lease::inspect(&mut monitor, "guarded").unwrap().unwrap();
-        if row.expires_at > first_expiry {
-            break;
-        }
-        assert!(
-            Clock::now() < until,
-            "no renewal landed within 30 s after the caller's commit"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(
-        guard.is_held(),
-        "the guard lost its lease behind the caller's transaction"
-    );
-    tenure::transaction(&mut caller, |c| {
-        jobs::enqueue(c, &job("long2"))?;
-        drop(guard);
-        std::thread::sleep(Duration::from_secs(8));
-        Ok::<_, Error>(())
-    })
-    .unwrap();
-    let until = Clock::now() + Duration::from_secs(30);
-    loop {
-        let row = lease::inspect(&mut monitor, "guarded").unwrap().unwrap();
-        if !row.held {
-            break;
-        }
-        assert!(
-            Clock::now() < until,
-            "the dropped guard's release never landed after the commit"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-#[derive(QueryableByName, Debug, PartialEq)]
-struct Setting {
-    #[diesel(sql_type = Text)]
-    value: String,
-}
-
-fn settings(backend: Backend, conn: &mut AnyConnection) -> Vec<String> {
-    let queries: &[&str] = match backend {
-        Backend::Sqlite => &[
-            "SELECT CAST(journal_mode AS TEXT) AS value FROM pragma_journal_mode",
-            "SELECT CAST(timeout AS TEXT) AS value FROM pragma_busy_timeout",
-            "SELECT CAST(synchronous AS TEXT) AS value FROM pragma_synchronous",
-            "SELECT CAST(foreign_keys AS TEXT) AS value FROM pragma_foreign_keys",
-        ],
-        Backend::Mysql => &[
-            "SELECT CAST(@@session.time_zone AS CHAR) AS value",
-            "SELECT CAST(@@session.sql_mode AS CHAR) AS value",
-            "SELECT CAST(TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(), NOW()) AS CHAR) AS value",
-        ],
-        Backend::Postgres => &["SELECT current_setting('TimeZone') AS value"],
-    };
-    queries
-        .iter()
-        .map(|q| {
-            diesel::sql_query(*q)
-                .get_result::<Setting>(conn)
-                .unwrap_or_else(|e| panic!("{q}: {e}"))
-                .value
-        })
-        .collect()
-}
-
-/// `AnyConnection::connect` gives the same session as a pooled connection, through each URL
-/// spelling of the backend (SQLite: plain path, `sqlite://`, `file:` URI), and the values
-/// the docs promise (WAL, 5000 ms, FULL = 2, foreign keys on; MySQL strict and UTC).
-fn connect_applies_the_pools_session_settings(backend: Backend) {
-    let db = TestDb::migrated(backend);
-    let pool = db.pool(1);
-    let pooled = settings(backend, &mut pool.get().unwrap());
-    let mut urls = vec![db.url().to_string()];
-    match backend {
-        Backend::Sqlite => {
-            urls.push(format!("sqlite://{}", db.url()));
-            urls.push(format!("file:{}?mode=rw", db.url()));
-        }
-        Backend::Mysql => urls.push(db.url().replacen("mysql://", "mariadb://", 1)),
-        Backend::Postgres => urls.push(db.url().replacen("postgres://", "postgresql://", 1)),
-    }
-    for url in urls {
-        let direct = settings(backend, &mut AnyConnection::connect(&url).unwrap());
-        assert_eq!(direct, pooled, "connect({url:?}) differs from the pool");
-        match backend {
-            Backend::Sqlite => assert_eq!(direct, ["wal", "5000", "2", "1"], "{url}"),
-            Backend::Mysql => {
-                assert_eq!(direct[0], "+00:00", "{url}");
-                assert!(
-                    direct[1].contains("STRICT_ALL_TABLES"),
-                    "{url}: {}",
-                    direct[1]
-                );
-                assert_eq!(direct[2], "0", "{url}");
-            }
-            Backend::Postgres => {}
-        }
-    }
-}
-
-/// Four threads on their own connections, 12 grants each, by `lease::take` (waiting). A
-/// winner proves it holds the lease by `verify` + the database clock in one tenure transaction
-/// (a point of its holding by the database clock), then either releases or lets the lease
-/// expire (ttl 30-150 ms). Afterwards, ordered by fence: fences rise with acquired_at, and
-/// no grant is acquired before an earlier fence's last verified-held instant, or before an
-/// expired-and-not-released earlier grant's expiry.
-fn lease_holders_never_overlap_with_waiting_takes_releases_and_expiry(backend: Backend) {
-    const THREADS: usize = 4;
-    const GRANTS: usize = 12;
-    let db = TestDb::migrated(backend);
-    let url = db.url().to_string();
-    struct Grant {
-        fence: i64,
-        acquired: DateTime<Utc>,
-        expires: DateTime<Utc>,
-        held_at: Option<DateTime<Utc>>,
-        released: bool,
-    }
-    let (grants, errors) = bounded("the lease contest", Duration::from_secs(600), move || {
-        let barrier = Arc::new(Barrier::new(THREADS));
-        let threads: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let mut conn = AnyConnection::connect(&url).unwrap();
-                let barrier = barrier.clone();
-                std::thread::spawn(move || {
-                    barrier.wait();
-                    let mut grants = Vec::new();
-                    let mut errors = Vec::new();
-                    let mut i = 0;
-                    while grants.len() < GRANTS {
-                        i += 1;
-                        let ttl = Duration::from_millis(30 + 40 * ((t + i) % 4) as u64);
-                        let wait = Wait::up_to(Duration::from_secs(60))
-                            .poll_interval(Duration::from_millis(5));
-                        let lease = match lease::take(
-                            &mut conn,
-                            "contested",
-                            ttl,
-                            &format!("t{t}"),
-                            wait,
-                        ) {
-                            Ok(Some(l)) => l,
-                            Ok(None) => continue,
-                            Err(e) => {
-                                errors.push(format!("take: {e}"));
-                                continue;
-                            }
-                        };
-                        let held_at = tenure::transaction(&mut conn, |c| {
-                            lease.verify(c)?;
-                            tenure::database_now(c)
-                        });
-                        let held_at = match held_at {
-                            Ok(at) => Some(at),
-                            Err(e) if e.is_lease_lost() => None,
-                            Err(e) => {
-                                errors.push(format!("verify: {e}"));
-                                None
-                            }
-                        };
-                        let released = if i % 2 == 0 {
-                            let mut lease = lease.clone();
-                            match lease.release(&mut conn) {
-                                Ok(r) => r,
-                                Err(e) => {
-                                    errors.push(format!("release: {e}"));
-                                    false
-                                }
-                            }
-                        } else {
-                            false
-                        };
-                        grants.push(Grant {
-                            fence: lease.fence(),
-                            acquired: lease.acquired_at(),
-                            expires: lease.expires_at(),
-                            held_at,
-                            released,
-                        });
-                    }
-                    (grants, errors)
-                })
-            })
-            .collect();
-        let mut all = Vec::new();
-        let mut errors = Vec::new();
-        for t in threads {
-            let (g, e) = t.join().expect("a contender panicked");
-            all.extend(g);
-            errors.extend(e);
-        }
-        (all, errors)
-    });
-    assert!(errors.is_empty(), "errors: {errors:#?}");
-    let mut grants = grants;
-    grants.sort_by_key(|g| g.fence);
-    for pair in grants.windows(2) {
-        let (a, b) = (&pair[0], &pair[1]);
-        assert_eq!(
-            b.fence,
-            a.fence + 1,
-            "fences of the recorded grants are not consecutive"
-        );
-        assert!(
-            b.acquired >= a.acquired,
-            "fence {} acquired at {} before fence {} at {}",
-            b.fence,
-            b.acquired,
-            a.fence,
-            a.acquired
-        );
-        if let Some(held) = a.held_at {
-            assert!(
-                b.acquired >= held,
-                "overlap: fence {} was verified held at {held}, but fence {} was acquired at {}",
-                a.fence,
-                b.fence,
-                b.acquired
-            );
-        }
-        if !a.released {
-            assert!(
-                b.acquired >= a.expires,
-                "overlap: fence {} (not released) expires at {}, fence {} acquired at {}",
-                a.fence,
-                a.expires,
-                b.fence,
-                b.acquired
-            );
-        }
-    }
 }

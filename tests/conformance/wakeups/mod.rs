@@ -5,11 +5,12 @@
 //! such channel: other processes' workers poll (this process's are woken directly, on
 //! every backend: see `worker::an_idle_worker_starts_an_enqueued_job_at_once`-style tests).
 
+mod after_commit;
+
 use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
 use diesel::pg::PgConnection;
-
 use tenure::jobs::{self, DedupOver, NewJob};
 use tenure::{AnyConnection, Backend, TenureConnection};
 

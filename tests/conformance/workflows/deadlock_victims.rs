@@ -1,13 +1,10 @@
-//! Third round of attacks on workflows: the transaction retry (`retrying_transaction`) of a
-//! finisher chosen as a deadlock victim after it released a dependent (exactly one release,
-//! outcomes of the attempt that committed), and, on MariaDB, the finisher's locking read
-//! (`LOCK_STATES`) waiting mid-fetch in a deadlock with a caller's transaction.
+//! A finisher chosen as a deadlock victim: its transaction retried releases each dependent
+//! exactly once, and MariaDB's locking read waiting mid-fetch does not hang.
 
 use std::sync::mpsc;
 use std::time::Duration;
 
 use diesel::RunQueryDsl;
-
 use tenure::jobs::{self, JobState, NewJob, Outcome};
 use tenure::{Backend, Error};
 
@@ -22,6 +19,7 @@ conformance!(
 
 const TTL: Duration = Duration::from_secs(120);
 
+// Found by the third round-19 attacks on workflows: a finisher retried after a deadlock, MariaDB's locking read waiting mid-fetch (attacks19c.rs).
 /// A worker completes [A, B] (both running) in one call: its locking read of their rows
 /// (`LOCK_STATES`, no lock taken ahead by an UPDATE) locks A, then waits for B, which a
 /// caller's transaction holds (it asked B to cancel). That transaction then asks A to
@@ -82,6 +80,7 @@ fn a_batch_completion_waiting_mid_fetch_in_a_deadlock_with_cancels_does_not_hang
     }
 }
 
+// Found by the third round-19 attacks on workflows: a finisher retried after a deadlock, MariaDB's locking read waiting mid-fetch (attacks19c.rs).
 /// E has dependents R < S, and X (id above S) runs. A worker completes [E, X]: it locks E
 /// and X, releases R, then counts S down and waits for S's row, which a caller's
 /// transaction holds; that transaction then writes X's row: a deadlock. Where the

@@ -2,6 +2,8 @@
 //! by `schema_version`, a lease guard released inside its own verify transaction, and
 //! connections killed mid-call.
 
+mod instants;
+
 use std::sync::mpsc;
 use std::time::{Duration, Instant as Clock};
 

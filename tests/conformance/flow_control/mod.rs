@@ -1,6 +1,10 @@
 //! Flow control: rate limits, several limits per job, queue-wide concurrency limits, all
 //! decided inside the claim and counted on the database's clock.
 
+mod limits;
+mod mixed_limits;
+mod queue_limits;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

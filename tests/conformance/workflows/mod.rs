@@ -1,6 +1,14 @@
 //! Workflows: dependencies and their policies, batches' callbacks, results, progress,
 //! retention, and bad input; one thread (the races are in `workflow_races`).
 
+mod deadlock_victims;
+mod deadlocks;
+mod edges;
+mod races;
+mod retry_cancel_prune;
+mod transactions;
+mod worker;
+
 use std::time::Duration;
 
 use tenure::jobs::{self, JobResult, JobState, NewJob, Outcome, RunWhen, Workflow};

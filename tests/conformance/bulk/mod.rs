@@ -3,6 +3,10 @@
 //! all or nothing. On PostgreSQL a batch this long goes by COPY, elsewhere by multi-row
 //! INSERTs: one behaviour.
 
+#[cfg(feature = "postgres")]
+mod copy;
+mod edges;
+
 use std::time::Duration;
 
 use chrono::{SubsecRound, TimeDelta, Utc};

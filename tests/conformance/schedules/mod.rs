@@ -1,5 +1,8 @@
 //! Recurring schedules: every tick exactly once, however many schedulers run.
 
+mod catch_up;
+mod refusals_and_races;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! Uniqueness over time: dedup windows over finished jobs, the Replace and KeepEarlierDue
 //! modes for a live duplicate, their races, and retention that keeps a window honest.
 
+mod crossings;
+
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};

@@ -2,6 +2,9 @@
 //! flat after warm-up and executing grows (diesel's events on every backend; the server's own
 //! per-session counters on PostgreSQL and MariaDB).
 
+mod reuse;
+mod shapes;
+
 use std::collections::HashSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
