@@ -8,22 +8,21 @@ mod common;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{TestDb, conformance};
 use serde_json::Value;
 use tenure::Backend;
 
-use common::{TestDb, conformance};
-
-mod attacks17;
 mod browser;
 mod dashboard;
+mod database;
+mod enqueue;
 mod flow_control;
-mod issue17;
+mod jobs_show;
 mod lease_run;
-mod lease_run_attacks;
+mod output;
+mod schedules;
 mod secrets;
 mod serve;
-mod serve_attacks;
-mod serve_attacks2;
 mod webdriver;
 mod work_logs;
 mod workflows;

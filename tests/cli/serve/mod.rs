@@ -1,6 +1,14 @@
 //! `tenure serve` over HTTP on every backend: every page, every action and what it changes,
 //! bad input, the CSRF token, other origins, read-only, credentials, and escaping.
 
+mod access;
+mod floods;
+mod framing;
+mod log;
+mod pages;
+mod requests;
+mod slow_readers;
+
 use std::time::Duration;
 
 use tenure::jobs::{self, JobState, NewJob, Retry};

@@ -2,6 +2,10 @@
 //! backend. Timing bounds are wide (a loaded machine): they bound latencies, never measure
 //! them tightly.
 
+mod arguments;
+mod database;
+mod processes;
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
