@@ -1,5 +1,6 @@
 //! Workflows: dependencies and their policies, batches' callbacks, results, progress,
-//! retention, and bad input; one thread (the races are in `workflow_races`).
+//! retention, and bad input; one thread (the races are in `races`, the other aspects in this
+//! folder's files).
 
 mod deadlock_victims;
 mod deadlocks;
