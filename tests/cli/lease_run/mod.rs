@@ -96,11 +96,7 @@ impl Runner {
 }
 
 pub(super) fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let until = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < until, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    crate::common::wait_until(what, limit, || done().then_some(()));
 }
 
 pub(super) fn read(path: &Path) -> String {
