@@ -143,6 +143,7 @@ pub mod metrics;
 mod migrate;
 mod pool;
 mod redact;
+mod rows;
 pub mod schedules;
 pub mod schema;
 pub mod sql_types;

@@ -2,10 +2,11 @@
 
 use diesel::backend::Backend as DieselBackend;
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Text};
+use diesel::sql_types::Text;
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
 use crate::backend::{Dialect, dispatch};
+use crate::rows::Count;
 use crate::transaction::in_transaction;
 use crate::{Backend, Error, Result, TenureConnection};
 
@@ -117,12 +118,6 @@ fn recorded_versions<C: TenureConnection>(conn: &mut C) -> Result<Vec<String>> {
         }
     })?;
     Ok(versions.into_iter().map(|v| v.version).collect())
-}
-
-#[derive(QueryableByName)]
-struct Count {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
 }
 
 #[derive(QueryableByName)]

@@ -528,7 +528,7 @@ impl FileLock {
     pub fn remove(self) {}
 }
 
-/// Where a worker's lock is held (see `jobs::workers`): it lasts as long as the worker's
+/// Where a worker's lock is held (see `jobs::registry`): it lasts as long as the worker's
 /// process, and no longer.
 #[derive(Debug)]
 pub(crate) enum WorkerLock {
@@ -560,7 +560,8 @@ pub(crate) enum Probe {
 }
 
 /// How a worker says it lives, per backend: a lock that ends with its process (see
-/// `jobs::workers`). One implementation per backend file.
+/// `jobs::registry`, and `jobs::queue::rescue` for how a dead worker is recognised). One
+/// implementation per backend file.
 pub(crate) trait Liveness: Dialect {
     /// Takes worker `id`'s lock: for this connection's session (servers) or in its lock file
     /// (SQLite). `None` if another holds it.

@@ -131,7 +131,7 @@ impl Liveness for MysqlConnection {
     fn probe_worker_lock(&mut self, id: i64) -> Result<Probe> {
         // A look that takes nothing: the worker may take its lock again right after it, and
         // is then judged by its heartbeat and by how long its lock was found free (see
-        // `jobs::workers`), as on a backend where the look takes the lock.
+        // `jobs::queue::rescue`), as on a backend where the look takes the lock.
         let free = statement(format!(
             "SELECT CAST(IS_USED_LOCK({WORKER_LOCK}) IS NULL AS SIGNED) AS flag"
         ))
