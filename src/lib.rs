@@ -148,20 +148,21 @@ pub mod schedules;
 pub mod schema;
 pub mod sql_types;
 pub mod testing;
-mod transaction;
 mod validate;
 mod wake;
 pub mod worker;
 
-pub use backend::{AnyConnection, Backend, BackendConnection, TenureConnection};
+pub use backend::{
+    AnyConnection, Backend, BackendConnection, SessionSetup, Synchronous, TenureConnection,
+};
 /// The diesel backend of [`AnyConnection`] (the one its queries are built for): tenure's SQL
 /// types ([`sql_types::Instant`], [`sql_types::Token`]) and [`schema`] work with it.
 pub type AnyBackend = <AnyConnection as diesel::Connection>::Backend;
+pub use backend::transaction::transaction;
 pub use error::{Error, Result};
 pub use lease::LeaseGuard;
 pub use migrate::{VERSION_PREFIX, run_migrations, schema_version};
-pub use pool::{ConnectionManager, Pool, PoolOptions, PooledConnection, SessionSetup, Synchronous};
-pub use transaction::transaction;
+pub use pool::{ConnectionManager, Pool, PoolOptions, PooledConnection};
 pub use validate::{MAX_LABEL_BYTES, MAX_NAME_BYTES, MAX_TTL};
 
 use backend::{Dialect, dispatch};

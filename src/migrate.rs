@@ -5,9 +5,9 @@ use diesel::prelude::*;
 use diesel::sql_types::Text;
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
+use crate::backend::transaction::in_transaction;
 use crate::backend::{Dialect, dispatch};
 use crate::rows::Count;
-use crate::transaction::in_transaction;
 use crate::{Backend, Error, Result, TenureConnection};
 
 #[cfg(feature = "sqlite")]

@@ -11,7 +11,6 @@ use chrono::{DateTime, Utc};
 use diesel::connection::{AnsiTransactionManager, Connection};
 use diesel::result::QueryResult;
 
-use crate::pool::SessionSetup;
 use crate::{Error, Result};
 
 #[cfg(feature = "sqlite")]
@@ -20,10 +19,14 @@ pub(crate) mod file_lock;
 mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+mod session;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 pub(crate) mod statement;
+pub(crate) mod transaction;
 pub(crate) mod turns;
+
+pub use session::{SessionSetup, Synchronous};
 
 #[cfg(feature = "mysql")]
 use diesel::mysql::MysqlConnection;

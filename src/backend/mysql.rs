@@ -8,11 +8,11 @@ use diesel::serialize::{self, Output, ToSql};
 use diesel::sql_types::{BigInt, Binary, Datetime, Integer, Nullable};
 use diesel::{QueryResult, RunQueryDsl};
 
+use super::SessionSetup;
 use super::statement::statement;
 use super::{Dialect, Liveness, Probe, Syntax, Upsert, WorkerLock};
-use crate::pool::SessionSetup;
+use crate::backend::transaction::require_bare;
 use crate::sql_types::{Instant, Token, token_from_bytes};
-use crate::transaction::require_bare;
 use crate::{Error, Result, migrate};
 
 /// The database clock in UTC with microseconds, whatever the session's time zone.

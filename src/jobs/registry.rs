@@ -20,9 +20,9 @@ use diesel::sql_types::{BigInt, Text};
 
 use super::queue::ids_of;
 use crate::backend::statement::statement;
+use crate::backend::transaction::{bare_write_transaction, retry_transient, write_turn};
 use crate::backend::{Dialect, Liveness, WorkerLock, dispatch};
 use crate::rows::IdRow;
-use crate::transaction::{bare_write_transaction, retry_transient, write_turn};
 use crate::{Error, Result, TenureConnection};
 
 /// How often a worker writes its heartbeat and checks that it holds its lock.

@@ -1,4 +1,4 @@
-//! Starting a worker's threads, the handle that stops them, and `run_due`.
+//! Starting a worker's threads, the handle that stops them, and `drain` (a run of the due jobs on the calling thread).
 
 use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};

@@ -209,12 +209,6 @@ impl WorkerBuilder {
         self
     }
 
-    /// Renamed [`WorkerBuilder::claim_ttl`]: it is a job claim's ttl, not a lease's.
-    #[deprecated(since = "0.2.0", note = "renamed `claim_ttl`")]
-    pub fn lease_ttl(self, ttl: Duration) -> Self {
-        self.claim_ttl(ttl)
-    }
-
     /// The longest pause between two claims while idle (default 1 s). Idle polling starts at
     /// 10 ms and doubles up to it; on PostgreSQL a NOTIFY from an enqueue wakes the worker at
     /// once.
@@ -479,12 +473,6 @@ impl WorkerBuilder {
     pub fn drain_limit(mut self, runs: usize) -> Self {
         self.drain_limit = runs;
         self
-    }
-
-    /// Renamed [`WorkerBuilder::drain`], which no longer needs a pool of `threads + 3`.
-    #[deprecated(since = "0.2.0", note = "renamed `drain`")]
-    pub fn run_due(self) -> Result<Report> {
-        self.drain()
     }
 
     /// Checks the configuration and starts the worker's threads.

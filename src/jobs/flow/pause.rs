@@ -5,8 +5,8 @@ use diesel::prelude::*;
 use diesel::sql_types::Text;
 
 use crate::backend::statement::statement;
+use crate::backend::transaction::write_turn;
 use crate::backend::{Dialect, Upsert, dispatch};
-use crate::transaction::write_turn;
 use crate::{Result, TenureConnection, validate};
 
 const PAUSE_ON_CONFLICT: &str = "\

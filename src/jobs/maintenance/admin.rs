@@ -46,7 +46,7 @@ struct CancelledState {
 /// A blocked job is cancelled at once too. The jobs that depend on a cancelled job follow
 /// their [`crate::jobs::RunWhen`] in the same transaction.
 pub fn cancel<C: TenureConnection>(conn: &mut C, id: i64) -> Result<bool> {
-    let (changed, released) = crate::transaction::retrying_transaction(conn, |conn| {
+    let (changed, released) = crate::backend::transaction::retrying_transaction(conn, |conn| {
         if !cancel_locked(conn, id)? {
             return Ok::<_, Error>((false, Vec::new()));
         }
@@ -80,7 +80,7 @@ pub(crate) fn cancel_locked<C: TenureConnection>(conn: &mut C, id: i64) -> Resul
 /// wait for it again; those its death already cancelled or released stay so.
 pub fn retry_dead<C: TenureConnection>(conn: &mut C, id: i64) -> Result<bool> {
     use crate::schema::tenure_jobs;
-    crate::transaction::retrying_transaction(conn, |conn| {
+    crate::backend::transaction::retrying_transaction(conn, |conn| {
         let changed = dispatch!(conn, c => {
             diesel::update(tenure_jobs::table.find(id).filter(tenure_jobs::state.eq(JobState::Dead)))
                 .set(retried())
@@ -104,7 +104,7 @@ pub fn retry_dead_of_kind<C: TenureConnection>(
     validate::name("queue", queue)?;
     validate::name("kind", kind)?;
     use crate::schema::tenure_jobs;
-    crate::transaction::retrying_transaction(conn, |conn| {
+    crate::backend::transaction::retrying_transaction(conn, |conn| {
         let dead = || {
             tenure_jobs::table
                 .filter(tenure_jobs::state.eq(JobState::Dead))

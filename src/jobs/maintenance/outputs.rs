@@ -7,8 +7,8 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer, Nullable};
 
 use crate::backend::statement::statement;
+use crate::backend::transaction::write_turn;
 use crate::backend::{Dialect, dispatch};
-use crate::transaction::write_turn;
 use crate::{Result, TenureConnection};
 
 /// What one run printed and how it ended, from [`outputs`]: the model of a

@@ -8,11 +8,11 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
 
 use crate::backend::statement::statement;
+use crate::backend::transaction::bare_write_transaction;
 use crate::backend::{Dialect, dispatch};
 use crate::jobs::queue::{check_count, ids_of};
 use crate::rows::{IdRow, IdStateRow, NullableAt};
 use crate::sql_types::Instant;
-use crate::transaction::bare_write_transaction;
 use crate::{Backend, Error, Result, TenureConnection, validate};
 
 /// Which finished jobs a policy is about.

@@ -16,11 +16,11 @@ use super::enqueue::{
 use super::model::InsertedRow;
 use super::{DedupOver, Enqueued, NewJob, OnDuplicate, ids_of};
 use crate::backend::statement::{Statement, row, statement};
+use crate::backend::transaction::{in_transaction, retrying_transaction};
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::jobs::flow::limits::{self, Limit};
 use crate::rows::IdRow;
 use crate::sql_types::Instant;
-use crate::transaction::{in_transaction, retrying_transaction};
 use crate::wake;
 use crate::{Error, Result, TenureConnection};
 
@@ -279,7 +279,7 @@ pub fn enqueue_many<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Resul
             .filter(|(job, e)| !e.existing && job.queue == *queue)
             .count();
         if n > 0 {
-            crate::metrics::record_enqueued(queue, n);
+            super::enqueue::count_enqueued(queue, n);
         }
     }
     wake::wake(fresh);

@@ -9,9 +9,9 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use super::model::{Candidate, JobRow};
 use super::{ClaimedJob, MAX_KINDS, check_count};
 use crate::backend::statement::statement;
+use crate::backend::transaction::bare_write_transaction;
 use crate::backend::{Dialect, dispatch};
 use crate::jobs::flow::admission;
-use crate::transaction::bare_write_transaction;
 use crate::{Error, Result, TenureConnection, validate};
 
 /// What a claim reads back of the jobs it claimed ([`model::JobRow`]).

@@ -9,12 +9,12 @@ use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 use super::model::InsertedRow;
 use super::{DedupOver, Enqueued, NewJob, OnDuplicate};
 use crate::backend::statement::statement;
+use crate::backend::transaction::{in_transaction, retrying_transaction, write_turn};
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::jobs::flow::limits;
 use crate::jobs::workflows::dependencies;
 use crate::rows::IdRow;
 use crate::sql_types::Instant;
-use crate::transaction::{in_transaction, retrying_transaction, write_turn};
 use crate::wake;
 use crate::{Backend, Error, Result, TenureConnection};
 
@@ -420,11 +420,18 @@ pub fn enqueue<C: TenureConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueu
     wake::wake([job.queue.as_str()]);
     #[cfg(feature = "metrics")]
     if !enqueued.existing {
-        crate::metrics::record_enqueued(&job.queue, 1);
+        count_enqueued(&job.queue, 1);
     }
     Ok(enqueued)
 }
 
 pub(crate) fn unexpected(message: String) -> Error {
     Error::Database(diesel::result::Error::DeserializationError(message.into()))
+}
+
+/// Counts enqueued jobs of `queue` (`tenure_jobs_enqueued_total`, see [`crate::metrics`]).
+#[cfg(feature = "metrics")]
+pub(crate) fn count_enqueued(queue: &str, n: usize) {
+    metrics::counter!("tenure_jobs_enqueued_total", "queue" => queue.to_string())
+        .increment(n as u64);
 }

@@ -9,14 +9,17 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
 use super::model::StateRow;
-use super::{JobClaim, JobState, MAX_BATCH, MAX_ERROR_BYTES, MAX_FREE_SNOOZES, Outcome, Retry};
+use super::{
+    JobClaim, JobState, MAX_BATCH, MAX_ERROR_BYTES, MAX_ERROR_HISTORY, MAX_FREE_SNOOZES, Outcome,
+    Retry,
+};
 use crate::backend::statement::statement;
+use crate::backend::transaction::retrying_transaction;
 use crate::backend::{Dialect, dispatch};
 use crate::jobs::workflows::dependencies;
 use crate::jobs::workflows::results::{self, JobResult};
 use crate::rows::IdRow;
 use crate::sql_types::Instant;
-use crate::transaction::retrying_transaction;
 use crate::{Error, Result, TenureConnection, validate};
 
 /// Finishing calls lock the rows they are about, then decide per job.
@@ -75,11 +78,12 @@ const RECORD_ERROR: &str = "\
     INSERT INTO tenure_job_errors (job_id, attempt, error, failed_at) \
     SELECT id, COALESCE(?, attempt), ?, {now} FROM tenure_jobs WHERE id = ?";
 
-/// The id of the newest error past the ones a job's history keeps: it and older ones go. A
+/// The id of the newest error past the [`MAX_ERROR_HISTORY`] a job's history keeps (the
+/// offset is bound): it and older ones go. A
 /// plain read, then a delete by range (in one statement, MySQL's subquery of the delete
 /// takes shared locks on the index, and two trims deadlocked in the rescue race test).
 const ERROR_CUTOFF: &str = "\
-    SELECT id FROM tenure_job_errors WHERE job_id = ? ORDER BY id DESC LIMIT 1 OFFSET 20";
+    SELECT id FROM tenure_job_errors WHERE job_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?";
 const TRIM_ERRORS: &str = "DELETE FROM tenure_job_errors WHERE job_id = ? AND id <= ?";
 
 /// What a finishing call does to the jobs it may act on.
@@ -377,6 +381,7 @@ pub(crate) fn record_error<C: TenureConnection>(
             .execute(c)?;
         let cutoff = statement(syntax.render(ERROR_CUTOFF))
             .bind::<BigInt, _>(id)
+            .bind::<BigInt, _>(MAX_ERROR_HISTORY as i64)
             .get_result::<IdRow>(c)
             .optional()?;
         if let Some(cutoff) = cutoff {
@@ -474,7 +479,7 @@ pub fn fail<C: TenureConnection>(
     error: &str,
     retry: Retry,
 ) -> Result<Outcome> {
-    validate::retry(&retry)?;
+    retry.check()?;
     let outcomes = finish(conn, &[claim], Finish::Fail { error, retry })?;
     Ok(outcomes.into_iter().next().unwrap_or(Outcome::Lost))
 }

@@ -12,7 +12,7 @@ use diesel::{Queryable, QueryableByName, Selectable};
 use uuid::Uuid;
 
 use crate::sql_types::{Instant, Token};
-use crate::{Error, Result};
+use crate::{Error, Result, validate};
 
 /// Where a job is in its life. Stored as text (`tenure_jobs.state`); usable in diesel queries:
 /// `tenure_jobs::state.eq(JobState::Waiting)`.
@@ -276,6 +276,19 @@ impl Default for Retry {
     }
 }
 
+impl Retry {
+    /// What to do with a failed run: an instant within the years 1 to 9999
+    /// ([`validate::instant`]), a delay of at most [`crate::MAX_TTL`]. (A backoff's delay
+    /// depends on the attempt and is checked when it is computed.)
+    pub(crate) fn check(&self) -> Result<()> {
+        match self {
+            Retry::At(at) => validate::instant("retry at", *at),
+            Retry::After(delay) => validate::delay_micros(*delay).map(|_| ()),
+            Retry::Backoff(_) | Retry::Never => Ok(()),
+        }
+    }
+}
+
 /// Exponential backoff: `base * 2^(attempt - 1)`, at most `max`, then a random jitter that
 /// keeps between half and all of it (so failed jobs do not all come back at once).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -407,4 +420,20 @@ pub(crate) struct LockedClaim {
     pub claim_expires_at: Option<DateTime<Utc>>,
     #[diesel(sql_type = Instant)]
     pub db_now: DateTime<Utc>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_are_checked_like_instants_and_delays() {
+        assert!(Retry::At(DateTime::<Utc>::MAX_UTC).check().is_err());
+        assert!(
+            Retry::After(crate::MAX_TTL + Duration::from_secs(1))
+                .check()
+                .is_err()
+        );
+        assert!(Retry::Never.check().is_ok());
+    }
 }

@@ -38,12 +38,12 @@ use super::finish::record_error;
 use super::model::LockedClaim;
 use super::{JobState, MAX_LAPSES, Rescued, check_count, ids_of};
 use crate::backend::statement::statement;
+use crate::backend::transaction::{bare_write_transaction, retry_transient};
 use crate::backend::{Dialect, FileLock, Liveness, Probe, dispatch};
 use crate::jobs::registry::{FORGET, HELD_JOBS, held_here};
 use crate::jobs::workflows::dependencies::settle;
 use crate::rows::{IdRow, IdStateRow};
 use crate::sql_types::Instant;
-use crate::transaction::{bare_write_transaction, retry_transient};
 use crate::{Backend, Result, TenureConnection};
 
 /// Rescue, step 3: return lapsed claims (or a dead worker's) to the queue without using an

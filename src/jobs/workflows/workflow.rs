@@ -8,11 +8,11 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
 
 use crate::backend::statement::statement;
+use crate::backend::transaction::retrying_transaction;
 use crate::backend::{Dialect, dispatch};
 use crate::jobs::{Enqueued, JobState, NewJob, RunWhen, enqueue_many};
 use crate::rows::{IdRow, IdStateRow};
 use crate::schema::{tenure_job_dependencies, tenure_jobs, tenure_workflows};
-use crate::transaction::retrying_transaction;
 use crate::{Error, Result, TenureConnection, validate};
 
 /// A step of a [`Workflow`], to make later steps depend on it.
