@@ -11,7 +11,7 @@
 //! an error type that says what a caller can do), [leases](lease) (named locks with fencing
 //! tokens, and a [`LeaseGuard`] that renews them), the [job queue](jobs) with deduplication,
 //! retention, flow control and workflows (dependencies, batches, results, progress), typed jobs ([`jobs::JobArgs`]), [workers](worker) that
-//! run it on plain threads (short jobs claimed and recorded in batches, each still fenced by
+//! run it on plain threads (short jobs claimed and recorded several at a time, each still fenced by
 //! its own claim; only kinds they have handlers for), what workers report
 //! ([events], `tracing`, and `tenure::metrics` with the `metrics` feature), helpers for
 //! applications' tests ([testing]), and recurring [schedules]. The `cli` feature adds the `tenure` command (inspect and steer the tables, run

@@ -176,7 +176,7 @@ fn rescued(shared: &Shared, outcome: crate::Result<jobs::Rescued>) {
     }
 }
 
-/// One pruning pass: every policy, in batches, until a batch comes back short.
+/// One pruning pass: every policy, at most `MAX_BATCH` jobs a call, until a call deletes fewer.
 fn prune_all(
     shared: &Shared,
     conn: &mut Connection<'_>,

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use super::connection::Connection;
-use super::runs::{Shared, batches};
+use super::runs::{Shared, claim_groups};
 use crate::jobs::{self, JobClaim, Outcome};
 
 pub(super) fn heartbeat(shared: &Shared) {
@@ -44,11 +44,11 @@ pub(super) fn heartbeat(shared: &Shared) {
         }
         next_beat = Instant::now() + period;
         let claims: Vec<JobClaim> = shared.lock().runs.keys().copied().collect();
-        for batch in batches(&claims) {
-            match conn.with(|c| jobs::renew(c, &batch, config.claim_ttl)) {
+        for group in claim_groups(&claims) {
+            match conn.with(|c| jobs::renew(c, &group, config.claim_ttl)) {
                 Ok(outcomes) => {
                     let mut state = shared.lock();
-                    for (claim, outcome) in batch.iter().zip(outcomes) {
+                    for (claim, outcome) in group.iter().zip(outcomes) {
                         if matches!(outcome, Outcome::Lost | Outcome::Cancelled)
                             && state.claim_ended(*claim)
                         {

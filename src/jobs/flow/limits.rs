@@ -400,7 +400,7 @@ const KEYS_THROTTLED: &str = "\
     WHERE throttled_until > {now} ORDER BY limit_key LIMIT ?";
 
 /// The limit keys that are busy now: those with running jobs, and those whose rate window is
-/// full (throttled), by key, at most `limit` of each kind (1 to [`crate::jobs::MAX_BATCH`]).
+/// full (throttled), by key, at most `max_keys` of each kind (1 to [`crate::jobs::MAX_BATCH`]).
 ///
 /// ```
 /// # fn main() -> Result<(), tenure::Error> {
@@ -414,15 +414,15 @@ const KEYS_THROTTLED: &str = "\
 /// assert_eq!((keys[0].key.as_str(), keys[0].running, keys[0].saturated()), ("a", 1, true));
 /// # Ok(()) }
 /// ```
-pub fn key_states<C: TenureConnection>(conn: &mut C, limit: usize) -> Result<Vec<KeyState>> {
-    let limit = crate::jobs::queue::check_count(limit)?;
+pub fn key_states<C: TenureConnection>(conn: &mut C, max_keys: usize) -> Result<Vec<KeyState>> {
+    let max_keys = crate::jobs::queue::check_count(max_keys)?;
     let (running, throttled): (Vec<KeyRunning>, Vec<KeyThrottle>) = dispatch!(conn, c => {
         let syntax = c.syntax();
         let running = statement(syntax.render(KEYS_RUNNING))
-            .bind::<BigInt, _>(limit)
+            .bind::<BigInt, _>(max_keys)
             .load::<KeyRunning>(c)?;
         let throttled = statement(syntax.render(KEYS_THROTTLED))
-            .bind::<BigInt, _>(limit)
+            .bind::<BigInt, _>(max_keys)
             .load::<KeyThrottle>(c)?;
         Ok::<_, diesel::result::Error>((running, throttled))
     })?;

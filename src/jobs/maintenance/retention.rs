@@ -1,4 +1,4 @@
-//! Retention: pruning finished jobs by policy, in bounded batches, never deleting one the
+//! Retention: pruning finished jobs by policy, a bounded number per call, never deleting one the
 //! policy keeps, however many pruners and finishers run at once.
 
 use std::time::Duration;
@@ -104,8 +104,8 @@ fn window_over(backend: Backend) -> &'static str {
     }
 }
 
-/// Deletes up to `batch` finished jobs of `queue` that `policy` does not keep (and their
-/// error history); returns how many. Call it again while it returns `batch`. Needs a bare
+/// Deletes up to `max_jobs` finished jobs of `queue` that `policy` does not keep (and their
+/// error history); returns how many. Call it again while it returns `max_jobs`. Needs a bare
 /// connection; each call is one short transaction.
 ///
 /// Dedup windows come first: a finished job with a
@@ -136,10 +136,10 @@ pub fn prune<C: TenureConnection>(
     queue: &str,
     finished: Finished,
     policy: Retention,
-    batch: usize,
+    max_jobs: usize,
 ) -> Result<usize> {
     validate::name("queue", queue)?;
-    let batch = check_count(batch)?;
+    let max_jobs = check_count(max_jobs)?;
     let (newest, younger_than) = match policy {
         Retention::KeepAll => return Ok(0),
         Retention::DeleteAll => (None, None),
@@ -190,7 +190,7 @@ pub fn prune<C: TenureConnection>(
                 .bind::<Text, _>(queue)
                 .bind::<Text, _>(state)
                 .bind::<Instant, _>(clamp(before))
-                .bind::<BigInt, _>(batch)
+                .bind::<BigInt, _>(max_jobs)
                 .load::<IdRow>(c)
                 .map(ids_of)?;
             if picked.is_empty() {

@@ -116,7 +116,7 @@ macro_rules! upsert_keyed_rows {
 /// Enqueues several jobs in one transaction (the caller's, if one is open: then in a
 /// savepoint of it) and returns one [`Enqueued`] per job, in the order given. Nothing is
 /// written if any job is invalid. Jobs with a dedup key are deduplicated against live jobs
-/// and against earlier jobs of the same batch, with their [`NewJob::on_duplicate`] mode and
+/// and against earlier jobs of the same call, with their [`NewJob::on_duplicate`] mode and
 /// [`NewJob::dedup_window`], as [`enqueue`](crate::jobs::enqueue) does.
 ///
 /// Jobs without a dedup key go in multi-row statements of up to `INSERT_CHUNK_ROWS` (1000) rows
@@ -327,7 +327,7 @@ pub(crate) const INSERT_CHUNK_ROWS: usize = 1000;
 /// Payload bytes per multi-row insert, past which a new statement starts.
 pub(crate) const INSERT_CHUNK_BYTES: usize = 4 * 1024 * 1024;
 
-/// Splits a batch into statements of at most `INSERT_CHUNK_ROWS` (1000) rows and about
+/// Splits a bulk enqueue into statements of at most `INSERT_CHUNK_ROWS` (1000) rows and about
 /// [`INSERT_CHUNK_BYTES`] of payload (one larger job goes alone).
 fn chunks(jobs: &[NewJob]) -> Vec<&[NewJob]> {
     let mut out = Vec::new();
@@ -350,7 +350,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn batches_are_cut_by_rows_and_bytes() {
+    fn bulk_enqueues_are_cut_by_rows_and_bytes() {
         let small = |n: usize| vec![NewJob::new("q", "k", vec![0u8; 10]); n];
         let sizes = |jobs: &[NewJob]| chunks(jobs).iter().map(|c| c.len()).collect::<Vec<_>>();
         assert_eq!(sizes(&small(1)), vec![1]);

@@ -48,8 +48,8 @@ const CLAIM_PICK: &str = "\
 /// A claim of some kinds picks per kind, served by `tenure_jobs_claim_kind`
 /// `(queue, [state,] kind, priority, due_at, id)`: one kind is one range of it, read in claim
 /// order and skipping rows other claimers hold, so waiting jobs of other kinds are never read
-/// nor locked however many sit ahead. Several kinds are one such pick each (up to `limit`
-/// rows each), merged in claim order and cut to `limit`: the same jobs one pick over the
+/// nor locked however many sit ahead. Several kinds are one such pick each (up to `max_jobs`
+/// rows each), merged in claim order and cut to `max_jobs`: the same jobs one pick over the
 /// listed kinds would take, without sorting (or, on MySQL/MariaDB, locking) every due job
 /// of those kinds. Rows picked and not kept stay locked only until the claim commits.
 const KIND_FILTER: &str = " AND kind = ?";
@@ -65,7 +65,7 @@ const CLAIM_MARK: &str = "\
         claimed_by = ? \
     WHERE id IN {ids}";
 
-/// Claims up to `limit` due jobs of `queue` for `ttl`, by priority, then due time, then id.
+/// Claims up to `max_jobs` due jobs of `queue` for `ttl`, by priority, then due time, then id.
 /// Atomic: no job is ever held by two claimers. Each job comes with its attempt number
 /// (counting this run) and a fresh claim token. Needs a bare connection.
 ///
@@ -89,10 +89,10 @@ const CLAIM_MARK: &str = "\
 pub fn claim<C: TenureConnection>(
     conn: &mut C,
     queue: &str,
-    limit: usize,
+    max_jobs: usize,
     ttl: Duration,
 ) -> Result<Vec<ClaimedJob>> {
-    Ok(claim_of(conn, queue, None, limit, ttl, None)?.0)
+    Ok(claim_of(conn, queue, None, max_jobs, ttl, None)?.0)
 }
 
 /// Like [`claim`], taking only jobs whose kind is one of `kinds` (1 to [`MAX_KINDS`]; repeats
@@ -120,11 +120,11 @@ pub fn claim_kinds<C: TenureConnection, K: AsRef<str>>(
     conn: &mut C,
     queue: &str,
     kinds: &[K],
-    limit: usize,
+    max_jobs: usize,
     ttl: Duration,
 ) -> Result<Vec<ClaimedJob>> {
     let names = kind_names(kinds)?;
-    Ok(claim_of(conn, queue, Some(&names), limit, ttl, None)?.0)
+    Ok(claim_of(conn, queue, Some(&names), max_jobs, ttl, None)?.0)
 }
 
 /// The kinds validated (1 to [`MAX_KINDS`]), sorted and without repeats: one statement shape
@@ -157,12 +157,12 @@ pub(crate) fn claim_kinds_throttled<C: TenureConnection, K: AsRef<str>>(
     conn: &mut C,
     queue: &str,
     kinds: &[K],
-    limit: usize,
+    max_jobs: usize,
     ttl: Duration,
     worker: Option<i64>,
 ) -> Result<(Vec<ClaimedJob>, Option<Duration>)> {
     let names = kind_names(kinds)?;
-    claim_of(conn, queue, Some(&names), limit, ttl, worker)
+    claim_of(conn, queue, Some(&names), max_jobs, ttl, worker)
 }
 
 /// [`claim`], of the given kinds only (`Some`, validated and non-empty) or of any kind, by
@@ -172,23 +172,23 @@ fn claim_of<C: TenureConnection>(
     conn: &mut C,
     queue: &str,
     kinds: Option<&[&str]>,
-    limit: usize,
+    max_jobs: usize,
     ttl: Duration,
     worker: Option<i64>,
 ) -> Result<(Vec<ClaimedJob>, Option<Duration>)> {
     validate::name("queue", queue)?;
     let micros = validate::ttl(ttl)?;
-    let limit = check_count(limit)?;
+    let max_jobs = check_count(max_jobs)?;
     let (rows, throttled_for): (Vec<JobRow>, Option<Duration>) = dispatch!(conn, c => {
         bare_write_transaction(c, "claiming jobs", |c| {
             let syntax = c.syntax();
             // Step 0: a limited queue's lock, before any job row is locked (one order for
             // every claimer: queue, jobs, keys), and its room; none left, nothing to pick.
             let queue_room = admission::lock_queue(c, queue)?;
-            let limit = match queue_room {
+            let max_jobs = match queue_room {
                 Some(room) if room <= 0 => return Ok((Vec::new(), None)),
-                Some(room) => limit.min(room),
-                None => limit,
+                Some(room) => max_jobs.min(room),
+                None => max_jobs,
             };
             // A paused queue yields no candidates (the pick's NOT EXISTS), in the same
             // statement.
@@ -198,7 +198,7 @@ fn claim_of<C: TenureConnection>(
                     statement(syntax.render(&pick))
                         .bind::<Text, _>(queue)
                         .bind::<Text, _>(queue)
-                        .bind::<BigInt, _>(limit)
+                        .bind::<BigInt, _>(max_jobs)
                         .load::<Candidate>(c)?
                 }
                 Some(kinds) => {
@@ -212,12 +212,12 @@ fn claim_of<C: TenureConnection>(
                                 .bind::<Text, _>(queue)
                                 .bind::<Text, _>(*kind)
                                 .bind::<Text, _>(queue)
-                                .bind::<BigInt, _>(limit)
+                                .bind::<BigInt, _>(max_jobs)
                                 .load::<Candidate>(c)?,
                         );
                     }
                     candidates.sort_by_key(|c| (c.priority, c.due_at, c.id));
-                    candidates.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+                    candidates.truncate(usize::try_from(max_jobs).unwrap_or(usize::MAX));
                     candidates
                 }
             };

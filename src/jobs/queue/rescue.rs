@@ -135,7 +135,7 @@ struct HeldJob {
     claimed_by: Option<i64>,
 }
 
-/// Returns stalled jobs to the queue, due at once, up to `limit` per call: jobs whose claim
+/// Returns stalled jobs to the queue, due at once, up to `max_jobs` per call: jobs whose claim
 /// lapsed by the database's clock, and jobs claimed by a worker that died (its lock is free:
 /// its process, or its database session, ended; see [`crate::worker`], "When a worker
 /// dies"). A rescued claim uses no attempt (the worker may have died before the run began:
@@ -147,11 +147,11 @@ struct HeldJob {
 /// PostgreSQL and MySQL/MariaDB, so that a live worker whose connection dropped, or a server
 /// that restarted, leaves it time to take its lock again): a call may only note that a lock is
 /// free, and a later call takes the claims back. Workers call this themselves.
-pub fn rescue<C: TenureConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
-    let mut rescued = rescue_lapsed(conn, limit)?;
+pub fn rescue<C: TenureConnection>(conn: &mut C, max_jobs: usize) -> Result<Rescued> {
+    let mut rescued = rescue_lapsed(conn, max_jobs)?;
     let taken = rescued.requeued.len() + rescued.dead.len() + rescued.cancelled.len();
-    if taken < limit {
-        let dead = rescue_dead(conn, limit - taken)?;
+    if taken < max_jobs {
+        let dead = rescue_dead(conn, max_jobs - taken)?;
         rescued.requeued.extend(dead.requeued);
         rescued.dead.extend(dead.dead);
         rescued.cancelled.extend(dead.cancelled);
@@ -163,8 +163,8 @@ pub fn rescue<C: TenureConnection>(conn: &mut C, limit: usize) -> Result<Rescued
 }
 
 /// [`rescue`] of lapsed claims only (what a worker does every ttl/2).
-pub(crate) fn rescue_lapsed<C: TenureConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
-    let limit = check_count(limit)?;
+pub(crate) fn rescue_lapsed<C: TenureConnection>(conn: &mut C, max_jobs: usize) -> Result<Rescued> {
+    let max_jobs = check_count(max_jobs)?;
     // A deadlock with a cancel or an enqueue locking in id order (the settle below locks
     // dependents of lower id than jobs it rescued) runs the rescue again.
     let (rows, released): (Vec<IdStateRow>, Vec<String>) = retry_transient(|| {
@@ -172,7 +172,7 @@ pub(crate) fn rescue_lapsed<C: TenureConnection>(conn: &mut C, limit: usize) -> 
             bare_write_transaction(c, "rescuing stalled jobs", |c| {
                 let syntax = c.syntax();
                 let candidates: Vec<i64> = statement(syntax.render(RESCUE_CANDIDATES))
-                    .bind::<BigInt, _>(limit)
+                    .bind::<BigInt, _>(max_jobs)
                     .load::<IdRow>(c)
                     .map(ids_of)?;
                 if candidates.is_empty() {
@@ -269,9 +269,9 @@ struct Pass {
     file: Option<FileLock>,
 }
 
-/// Takes back the claims of dead workers (see the module's docs), up to `limit` jobs.
-pub(crate) fn rescue_dead<C: TenureConnection>(conn: &mut C, limit: usize) -> Result<Rescued> {
-    let limit = check_count(limit)?;
+/// Takes back the claims of dead workers (see the module's docs), up to `max_jobs` jobs.
+pub(crate) fn rescue_dead<C: TenureConnection>(conn: &mut C, max_jobs: usize) -> Result<Rescued> {
+    let max_jobs = check_count(max_jobs)?;
     let backend = conn.backend();
     // SQLite: the lock alone decides (its workers are never silent for long enough to
     // matter, and nothing but their death frees their locks), so every worker is looked at.
@@ -292,7 +292,7 @@ pub(crate) fn rescue_dead<C: TenureConnection>(conn: &mut C, limit: usize) -> Re
         candidates.retain(|id| !ours.contains(id));
     }
     let mut rescued = Rescued::default();
-    let mut left = limit;
+    let mut left = max_jobs;
     for id in candidates {
         if left <= 0 {
             break;
@@ -339,9 +339,14 @@ fn execute_for<C: TenureConnection>(c: &mut C, template: &str, id: i64) -> Resul
     })?)
 }
 
-/// One silent worker, in a transaction: is it dead? If so, its claims (up to `limit`) are
+/// One silent worker, in a transaction: is it dead? If so, its claims (up to `max_jobs`) are
 /// taken back, and once none is left its row is deleted.
-fn look_at<C: TenureConnection>(c: &mut C, id: i64, backend: Backend, limit: i64) -> Result<Pass> {
+fn look_at<C: TenureConnection>(
+    c: &mut C,
+    id: i64,
+    backend: Backend,
+    max_jobs: i64,
+) -> Result<Pass> {
     let nothing = || Pass {
         rows: Vec::new(),
         released: Vec::new(),
@@ -383,12 +388,12 @@ fn look_at<C: TenureConnection>(c: &mut C, id: i64, backend: Backend, limit: i64
     let mut held: Vec<i64> = dispatch!(c, c => {
         statement(HELD_JOBS)
             .bind::<BigInt, _>(id)
-            .bind::<BigInt, _>(limit + 1)
+            .bind::<BigInt, _>(max_jobs + 1)
             .load::<IdRow>(c)
     })
     .map(ids_of)?;
-    let more = held.len() as i64 > limit;
-    held.truncate(usize::try_from(limit).unwrap_or(0));
+    let more = held.len() as i64 > max_jobs;
+    held.truncate(usize::try_from(max_jobs).unwrap_or(0));
     let mut ids = Vec::new();
     if !held.is_empty() {
         let locked = dispatch!(c, c => {
@@ -402,7 +407,7 @@ fn look_at<C: TenureConnection>(c: &mut C, id: i64, backend: Backend, limit: i64
             .map(|job| job.id)
             .collect();
     }
-    // All of them here (none skipped as locked, none left past the limit): it is forgotten.
+    // All of them here (none skipped as locked, none left past `max_jobs`): it is forgotten.
     let all = !more && ids.len() == held.len();
     let (rows, released) = requeue(c, ids, DIED)?;
     if !all {
