@@ -31,8 +31,8 @@ pub enum Synchronous {
 /// time zone, and choose their own isolation), but SQLite without a busy timeout turns every
 /// concurrent write into an immediate `SQLITE_BUSY` error.
 ///
-/// [`AnyConnection::connect`] applies the defaults too; for other settings, start from
-/// [`AnyConnection::connect_raw`]:
+/// [`AnyConnection::connect`](crate::AnyConnection::connect) applies the defaults too; for other settings, start from
+/// [`AnyConnection::connect_raw`](crate::AnyConnection::connect_raw):
 ///
 /// ```
 /// # fn main() -> Result<(), tenure::Error> {

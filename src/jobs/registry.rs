@@ -7,9 +7,10 @@
 //! commit, so no one ever sees its row without its lock taken. Its claims record it
 //! (`tenure_jobs.claimed_by`). Every [`WORKER_BEAT`] it writes `heartbeat_at`, through a
 //! connection other than the lock's. How a rescue judges a silent worker dead, and takes back
-//! its claims, is [`crate::jobs::queue::rescue`]'s; it reads [`held_here`] so that it never judges a
-//! registration of its own process (it lives). A worker whose row was deleted while it lived
-//! (it had been cut off) finds out at its next heartbeat and registers again.
+//! its claims, is [`queue::rescue`](mod@crate::jobs::queue::rescue)'s; it reads
+//! [`held_here`] so that it never judges a registration of its own process (it lives). A
+//! worker whose row was deleted while it lived (it had been cut off) finds out at its next
+//! heartbeat and registers again.
 
 use std::collections::HashSet;
 use std::sync::{Mutex, PoisonError};

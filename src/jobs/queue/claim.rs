@@ -14,7 +14,7 @@ use crate::backend::{Dialect, dispatch};
 use crate::jobs::flow::admission;
 use crate::{Error, Result, TenureConnection, validate};
 
-/// What a claim reads back of the jobs it claimed ([`model::JobRow`]).
+/// What a claim reads back of the jobs it claimed ([`super::model::JobRow`]).
 const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_attempts, \
     due_at, created_at, claim_token, claimed_at, claim_expires_at";
 

@@ -264,7 +264,7 @@ impl NewJob {
 
     /// Adds a limit ([`Limit`]): the job starts only when every one of its limits has room.
     /// A second limit on the same key adds its caps to the first. At most
-    /// [`MAX_LIMITS`](crate::jobs::MAX_LIMITS) keys.
+    /// [`MAX_LIMITS`] keys.
     pub fn with_limit(mut self, limit: Limit) -> Self {
         match self.limits.iter_mut().find(|l| l.key == limit.key) {
             Some(same_key) => same_key.merge(limit),
@@ -277,7 +277,7 @@ impl NewJob {
     /// is [`JobState::Blocked`](crate::jobs::JobState::Blocked) until they finish as
     /// [`NewJob::run_when`] asks (by default: all completed; cancelled if one dies or is
     /// cancelled). Adds to the dependencies given before; repeats are harmless. At most
-    /// [`MAX_DEPENDENCIES`](crate::jobs::MAX_DEPENDENCIES); not with a dedup key. The job joins the
+    /// [`MAX_DEPENDENCIES`]; not with a dedup key. The job joins the
     /// workflow of its first dependency that has one. Read their results with
     /// [`crate::jobs::dependency_results`].
     ///
