@@ -1,4 +1,5 @@
-//! The queue's values: what is enqueued, what a claim hands out, what a call reports.
+//! The queue's values: a job as stored and its state, what a claim hands out, what a call
+//! reports, and the rows claims and finishes read.
 
 use std::time::Duration;
 
