@@ -11,7 +11,7 @@
 //! an error type that says what a caller can do), [leases](lease) (named locks with fencing
 //! tokens, and a [`LeaseGuard`] that renews them), the [job queue](jobs) with deduplication,
 //! retention, flow control and workflows (dependencies, batches, results, progress), typed jobs ([`jobs::JobArgs`]), [workers](worker) that
-//! run it on plain threads (short jobs claimed and recorded in batches, each still fenced by
+//! run it on plain threads (short jobs claimed and recorded several at a time, each still fenced by
 //! its own claim; only kinds they have handlers for), what workers report
 //! ([events], `tracing`, and `tenure::metrics` with the `metrics` feature), helpers for
 //! applications' tests ([testing]), and recurring [schedules]. The `cli` feature adds the `tenure` command (inspect and steer the tables,
@@ -144,24 +144,26 @@ pub mod metrics;
 mod migrate;
 mod pool;
 mod redact;
+mod rows;
 pub mod schedules;
 pub mod schema;
 pub mod sql_types;
 pub mod testing;
-mod transaction;
 mod validate;
 mod wake;
 pub mod worker;
 
-pub use backend::{AnyConnection, Backend, BackendConnection, TenureConnection};
+pub use backend::{
+    AnyConnection, Backend, BackendConnection, SessionSetup, Synchronous, TenureConnection,
+};
 /// The diesel backend of [`AnyConnection`] (the one its queries are built for): tenure's SQL
 /// types ([`sql_types::Instant`], [`sql_types::Token`]) and [`schema`] work with it.
 pub type AnyBackend = <AnyConnection as diesel::Connection>::Backend;
+pub use backend::transaction::transaction;
 pub use error::{Error, Result};
 pub use lease::LeaseGuard;
 pub use migrate::{VERSION_PREFIX, run_migrations, schema_version};
-pub use pool::{ConnectionManager, Pool, PoolOptions, PooledConnection, SessionSetup, Synchronous};
-pub use transaction::transaction;
+pub use pool::{ConnectionManager, Pool, PoolOptions, PooledConnection};
 pub use validate::{MAX_LABEL_BYTES, MAX_NAME_BYTES, MAX_TTL};
 
 use backend::{Dialect, dispatch};

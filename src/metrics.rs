@@ -15,6 +15,9 @@
 //! | `tenure_queue_oldest_waiting_seconds` | gauge | `queue` | the longest wait of a due job, from [`record_stats`] |
 //! | `tenure_queue_paused` | gauge | `queue` | 1 while paused, from [`record_stats`] |
 //!
+//! `tenure_jobs_enqueued_total` is counted where jobs are enqueued (`jobs::queue::enqueue`),
+//! so that the queue does not depend on this module; the others are counted here.
+//!
 //! Counters say what this process did; the gauges say what the database holds, so call
 //! [`record_stats`] with [`crate::jobs::stats`] from one place (every few seconds, or when
 //! scraped).
@@ -51,11 +54,6 @@ pub fn record_stats(stats: &Stats) {
         gauge!("tenure_queue_oldest_waiting_seconds", "queue" => name.clone()).set(oldest);
         gauge!("tenure_queue_paused", "queue" => name).set(if queue.paused { 1.0 } else { 0.0 });
     }
-}
-
-/// Counts enqueued jobs of `queue`.
-pub(crate) fn record_enqueued(queue: &str, n: usize) {
-    counter!("tenure_jobs_enqueued_total", "queue" => queue.to_string()).increment(n as u64);
 }
 
 /// Counts a worker's event.

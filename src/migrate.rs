@@ -2,11 +2,12 @@
 
 use diesel::backend::Backend as DieselBackend;
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Text};
+use diesel::sql_types::Text;
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
+use crate::backend::transaction::in_transaction;
 use crate::backend::{Dialect, dispatch};
-use crate::transaction::in_transaction;
+use crate::rows::Count;
 use crate::{Backend, Error, Result, TenureConnection};
 
 #[cfg(feature = "sqlite")]
@@ -117,12 +118,6 @@ fn recorded_versions<C: TenureConnection>(conn: &mut C) -> Result<Vec<String>> {
         }
     })?;
     Ok(versions.into_iter().map(|v| v.version).collect())
-}
-
-#[derive(QueryableByName)]
-struct Count {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
 }
 
 #[derive(QueryableByName)]

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::jobs::Retry;
 use crate::{Error, Result};
 
 /// The longest name (lease, queue, kind, key), in bytes.
@@ -124,16 +123,6 @@ pub(crate) fn instant(field: &'static str, at: DateTime<Utc>) -> Result<()> {
     ))
 }
 
-/// What to do with a failed run: an instant within [`instant`]'s range, a delay of at most
-/// [`MAX_TTL`]. (A backoff's delay depends on the attempt and is checked when it is computed.)
-pub(crate) fn retry(retry: &Retry) -> Result<()> {
-    match retry {
-        Retry::At(at) => instant("retry at", *at),
-        Retry::After(delay) => delay_micros(*delay).map(|_| ()),
-        Retry::Backoff(_) | Retry::Never => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,9 +164,6 @@ mod tests {
         assert!(instant("at", at(0, 12, 31, 23, 59, 59)).is_err());
         assert!(instant("at", DateTime::<Utc>::MAX_UTC).is_err());
         assert!(instant("at", DateTime::<Utc>::MIN_UTC).is_err());
-        assert!(retry(&Retry::At(DateTime::<Utc>::MAX_UTC)).is_err());
-        assert!(retry(&Retry::After(MAX_TTL + Duration::from_secs(1))).is_err());
-        assert!(retry(&Retry::Never).is_ok());
     }
 
     #[test]

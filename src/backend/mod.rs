@@ -11,7 +11,6 @@ use chrono::{DateTime, Utc};
 use diesel::connection::{AnsiTransactionManager, Connection};
 use diesel::result::QueryResult;
 
-use crate::pool::SessionSetup;
 use crate::{Error, Result};
 
 #[cfg(feature = "sqlite")]
@@ -20,10 +19,14 @@ pub(crate) mod file_lock;
 mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+mod session;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 pub(crate) mod statement;
+pub(crate) mod transaction;
 pub(crate) mod turns;
+
+pub use session::{SessionSetup, Synchronous};
 
 #[cfg(feature = "mysql")]
 use diesel::mysql::MysqlConnection;
@@ -528,7 +531,7 @@ impl FileLock {
     pub fn remove(self) {}
 }
 
-/// Where a worker's lock is held (see `jobs::workers`): it lasts as long as the worker's
+/// Where a worker's lock is held (see `jobs::registry`): it lasts as long as the worker's
 /// process, and no longer.
 #[derive(Debug)]
 pub(crate) enum WorkerLock {
@@ -560,7 +563,8 @@ pub(crate) enum Probe {
 }
 
 /// How a worker says it lives, per backend: a lock that ends with its process (see
-/// `jobs::workers`). One implementation per backend file.
+/// `jobs::registry`, and `jobs::queue::rescue` for how a dead worker is recognised). One
+/// implementation per backend file.
 pub(crate) trait Liveness: Dialect {
     /// Takes worker `id`'s lock: for this connection's session (servers) or in its lock file
     /// (SQLite). `None` if another holds it.

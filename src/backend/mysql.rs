@@ -8,11 +8,11 @@ use diesel::serialize::{self, Output, ToSql};
 use diesel::sql_types::{BigInt, Binary, Datetime, Integer, Nullable};
 use diesel::{QueryResult, RunQueryDsl};
 
+use super::SessionSetup;
 use super::statement::statement;
 use super::{Dialect, Liveness, Probe, Syntax, Upsert, WorkerLock};
-use crate::pool::SessionSetup;
+use crate::backend::transaction::require_bare;
 use crate::sql_types::{Instant, Token, token_from_bytes};
-use crate::transaction::require_bare;
 use crate::{Error, Result, migrate};
 
 /// The database clock in UTC with microseconds, whatever the session's time zone.
@@ -132,7 +132,7 @@ impl Liveness for MysqlConnection {
     fn probe_worker_lock(&mut self, id: i64) -> Result<Probe> {
         // A look that takes nothing: the worker may take its lock again right after it, and
         // is then judged by its heartbeat and by how long its lock was found free (see
-        // `jobs::workers`), as on a backend where the look takes the lock.
+        // `jobs::queue::rescue`), as on a backend where the look takes the lock.
         let free = statement(format!(
             "SELECT CAST(IS_USED_LOCK({WORKER_LOCK}) IS NULL AS SIGNED) AS flag"
         ))

@@ -10,12 +10,12 @@ use diesel::serialize::{self, IsNull, Output, ToSql};
 use diesel::sql_types::{BigInt, Binary, Bool, Integer, Timestamptz};
 use diesel::{QueryResult, RunQueryDsl};
 
+use super::SessionSetup;
 use super::statement::statement;
 use super::{Dialect, Liveness, Probe, Syntax, Upsert, WorkerLock};
+use crate::backend::transaction::bare_write_transaction;
 use crate::error::DatabaseFailure;
-use crate::pool::SessionSetup;
 use crate::sql_types::{Instant, Token, token_from_bytes};
-use crate::transaction::bare_write_transaction;
 use crate::{Result, migrate};
 
 /// The database clock. `now()` is frozen at the start of the transaction, which would make a

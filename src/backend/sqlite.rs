@@ -15,9 +15,9 @@ use super::file_lock::{self, FileLock};
 use super::statement::statement;
 use super::turns::{self, Turn};
 use super::{Dialect, Liveness, Probe, Syntax, Upsert, WorkerLock};
-use crate::pool::{SessionSetup, Synchronous};
+use super::{SessionSetup, Synchronous};
+use crate::backend::transaction::bare_write_transaction;
 use crate::sql_types::{Instant, SQLITE_INSTANT_FORMAT, Token, token_from_bytes};
-use crate::transaction::bare_write_transaction;
 use crate::{Result, migrate};
 
 /// The database clock, in the one text layout of [`Instant`].

@@ -1,5 +1,11 @@
 //! The job queue: enqueue, claim, and finish jobs (`tenure_jobs`).
 //!
+//! Five subsystems, one folder each (see `docs/layout.md`): the queue core (`queue`:
+//! enqueue, the job model, claim, finish, rescue), flow control (`flow`: limits, admission,
+//! pauses, queue depth), workflows and results (`workflows`), maintenance (`maintenance`:
+//! retention, an operator's calls, inspection), and the worker registry (`registry`).
+//! Applications use the names re-exported here.
+//!
 //! A job is *waiting* (due now or later, retries included), *running* (claimed by a worker
 //! for a limited time, under a fresh random claim token), *completed* or *dead* (failed for
 //! good). Delayed jobs are plain waiting rows with a future due time: there is no promotion
@@ -31,112 +37,47 @@
 //! # Ok(()) }
 //! ```
 
-mod admission;
-mod batch;
-mod claim;
-#[cfg(feature = "postgres")]
-mod copy_in;
-mod dependencies;
-mod depth;
-mod enqueue;
-mod finish;
-mod limits;
-mod manage;
-mod model;
-mod new_job;
-mod results;
-mod retention;
-mod typed;
-mod workers;
-mod workflow;
+mod flow;
+mod maintenance;
+mod queue;
+pub(crate) mod registry;
+mod workflows;
 
-use diesel::prelude::*;
-
-use crate::backend::dispatch;
-use crate::{Error, Result, TenureConnection};
-
-pub use batch::{INSERT_CHUNK_BYTES, INSERT_CHUNK_ROWS, enqueue_many};
-pub use claim::{claim, claim_kinds, rescue};
-pub(crate) use claim::{claim_kinds_throttled, rescue_lapsed};
-pub(crate) use dependencies::settle;
-pub use dependencies::{MAX_DEPENDENCIES, MAX_STRIPES, RunWhen, STRIPE_SIZE};
-pub use depth::{MAX_DEPTH_BOUND, QueueCounts, QueueDepth, queue_counts, queue_depth};
-pub use enqueue::enqueue;
-pub(crate) use finish::complete_with_results;
-pub(crate) use finish::snooze_noting_death;
-pub use finish::{complete, fail, give_back, renew, snooze};
-pub use limits::{
-    KeyState, Limit, MAX_LIMIT, MAX_LIMITS, Rate, key_states, limit_queue, limits_of, queue_limits,
+// The queue core: what a job is, enqueueing it, claiming it, finishing it, rescuing it.
+pub use queue::{
+    Backoff, ClaimedJob, DedupOver, Due, Enqueued, Job, JobArgs, JobClaim, JobState, NewJob,
+    OnDuplicate, Outcome, Rescued, Retry, claim, claim_kinds, complete, enqueue, enqueue_job,
+    enqueue_jobs, enqueue_many, fail, give_back, renew, rescue, snooze,
 };
-pub use manage::{
-    FailedRun, JobFilter, MAX_OUTPUT_BYTES, QueueStats, RunOutput, RunningJob, Stats, cancel,
-    history, is_paused, list, outputs, pause, record_output, resume, retry_dead,
+// The queue core's bounds on what a call accepts.
+pub use queue::{
+    MAX_ATTEMPTS, MAX_BATCH, MAX_ERROR_BYTES, MAX_ERROR_HISTORY, MAX_FREE_SNOOZES, MAX_KINDS,
+    MAX_LAPSES, MAX_PAYLOAD_BYTES,
+};
+pub(crate) use queue::{
+    claim_kinds_throttled, complete_with_results, rescue_dead, rescue_lapsed, snooze_noting_death,
+};
+
+// Flow control: limits a job carries, queue-wide limits, pauses, a queue's depth.
+pub use flow::{
+    KeyState, Limit, MAX_DEPTH_BOUND, MAX_LIMIT, MAX_LIMITS, QueueCounts, QueueDepth, Rate,
+    is_paused, key_states, limit_queue, limits_of, pause, queue_counts, queue_depth, queue_limits,
+    resume,
+};
+
+// Workflows and results: dependencies, workflows (and batches with callbacks), results and
+// progress.
+pub use workflows::{
+    DependencyResult, EnqueuedWorkflow, JobResult, MAX_DEPENDENCIES, MAX_PROGRESS_MESSAGE_BYTES,
+    MAX_RESULT_BYTES, MAX_STRIPES, RunWhen, StateCounts, Step, Workflow, WorkflowJob,
+    WorkflowStatus, cancel_workflow, complete_with_result, dependency_results,
+    dependency_results_after, enqueue_workflow, progress, record_progress, result, workflow_jobs,
+    workflow_status,
+};
+
+// Maintenance: retention, an operator's calls, reading the queue, runs' outputs.
+pub use maintenance::{
+    FailedRun, Finished, JobFilter, MAX_OUTPUT_BYTES, QueueStats, Retention, RunOutput, RunningJob,
+    Stats, cancel, get, history, list, outputs, prune, record_output, retry_dead,
     retry_dead_of_kind, stats,
 };
-use model::IdRow;
-pub use model::{Backoff, ClaimedJob, Job, JobClaim, JobState, Outcome, Rescued, Retry};
-pub use new_job::{DedupOver, Due, Enqueued, NewJob, OnDuplicate};
-pub use results::{
-    DependencyResult, JobResult, MAX_PROGRESS_MESSAGE_BYTES, MAX_RESULT_BYTES,
-    complete_with_result, dependency_results, dependency_results_after, progress, record_progress,
-    result,
-};
-pub use retention::{Finished, Retention, prune};
-pub use typed::{JobArgs, enqueue_job, enqueue_jobs};
-pub(crate) use workers::{
-    DEAD_WORKERS_EVERY, Registered, Relocked, WORKER_BEAT, beat, holds_lock, register, relock,
-    rescue_dead, unregister,
-};
-pub use workflow::{
-    EnqueuedWorkflow, StateCounts, Step, Workflow, WorkflowJob, WorkflowStatus, cancel_workflow,
-    enqueue_workflow, workflow_jobs, workflow_status,
-};
-
-/// How many errors a job's history keeps (the newest).
-pub const MAX_ERROR_HISTORY: usize = 20;
-
-/// The largest payload, in bytes (MariaDB's default `max_allowed_packet` is 16 MiB).
-pub const MAX_PAYLOAD_BYTES: usize = 8 * 1024 * 1024;
-/// A job whose claim lapsed this many times (its worker died or stalled holding it each
-/// time) is dead: a job that takes its worker down cannot loop forever. A lapsed claim uses
-/// no attempt, since the worker may have died before the run began.
-pub const MAX_LAPSES: u32 = 5;
-/// A job's runs may be snoozed ([`snooze`]) this many times without using an attempt; every
-/// further snooze uses one (and a job out of attempts is then dead), so a job that snoozes
-/// forever cannot stay in the queue forever.
-pub const MAX_FREE_SNOOZES: u32 = 100;
-/// The most kinds one [`claim_kinds`] takes.
-pub const MAX_KINDS: usize = 100;
-/// The most attempts a job may have.
-pub const MAX_ATTEMPTS: u32 = 1000;
-/// The most jobs one claim or one batch call handles.
-pub const MAX_BATCH: usize = 1000;
-/// Longer error messages are cut to this many bytes (at a character boundary).
-pub const MAX_ERROR_BYTES: usize = 4096;
-
-fn ids_of(rows: Vec<IdRow>) -> Vec<i64> {
-    rows.into_iter().map(|row| row.id).collect()
-}
-
-/// How many jobs one call may claim or rescue: 1 to [`MAX_BATCH`].
-fn check_limit(limit: usize) -> Result<i64> {
-    if limit == 0 || limit > MAX_BATCH {
-        return Err(Error::invalid(
-            "limit",
-            format!("{limit} is not between 1 and {MAX_BATCH}"),
-        ));
-    }
-    Ok(limit as i64)
-}
-
-/// A job as stored, or `None` if there is no job with this id.
-pub fn get<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Option<Job>> {
-    use crate::schema::tenure_jobs;
-    Ok(dispatch!(conn, c => {
-        tenure_jobs::table
-            .find(id)
-            .select(Job::as_select())
-            .get_result(c)
-            .optional()
-    })?)
-}

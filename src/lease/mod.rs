@@ -47,9 +47,9 @@ use diesel::sql_types::{BigInt, Text};
 use uuid::Uuid;
 
 use crate::backend::statement::statement;
+use crate::backend::transaction::bare_write_transaction;
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::sql_types::{DatabaseNow, Token};
-use crate::transaction::bare_write_transaction;
 use crate::{Error, Result, TenureConnection, validate};
 
 pub use guard::{LeaseGuard, RELEASE_WAIT};

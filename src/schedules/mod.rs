@@ -46,10 +46,10 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 
 use crate::backend::statement::statement;
+use crate::backend::transaction::{bare_write_transaction, write_turn};
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::jobs::{self, Due, NewJob};
 use crate::sql_types::Instant;
-use crate::transaction::{bare_write_transaction, write_turn};
 use crate::{Error, Result, TenureConnection, validate};
 use timing::Timing;
 

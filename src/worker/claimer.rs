@@ -78,7 +78,7 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
             rescued(shared, conn.with(|c| jobs::rescue_lapsed(c, 100)));
         }
         if Instant::now() >= next_dead_workers {
-            next_dead_workers = Instant::now() + jobs::DEAD_WORKERS_EVERY;
+            next_dead_workers = Instant::now() + jobs::registry::DEAD_WORKERS_EVERY;
             rescued(shared, conn.with(|c| jobs::rescue_dead(c, 100)));
         }
         let Some(queue) = config.queues.get(next_queue % config.queues.len().max(1)) else {
@@ -176,7 +176,7 @@ fn rescued(shared: &Shared, outcome: crate::Result<jobs::Rescued>) {
     }
 }
 
-/// One pruning pass: every policy, in batches, until a batch comes back short.
+/// One pruning pass: every policy, at most `MAX_BATCH` jobs a call, until a call deletes fewer.
 fn prune_all(
     shared: &Shared,
     conn: &mut Connection<'_>,

@@ -1,8 +1,8 @@
-//! The finisher: records finished runs as they come, in batches, on a connection of its own.
-//! While one batch is written the next gathers, so a busy worker commits once for many jobs
+//! The finisher: records finished runs as they come, in groups, on a connection of its own.
+//! While one group is written the next gathers, so a busy worker commits once for many jobs
 //! and an idle one adds no delay. Each run is still fenced by its own claim token.
 //!
-//! One record the database refuses never holds up the others: a batch that fails is written
+//! One record the database refuses never holds up the others: a group that fails is written
 //! again one run at a time; a failure whose retry instant is refused is recorded with the
 //! kind's backoff instead; a record that keeps failing with an error that retrying cannot
 //! fix is given up after [`GIVE_UP_AFTER`] tries (its claim lapses and the job is rescued:
@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use super::connection::Connection;
-use super::runs::{Settle, Shared, batches};
+use super::runs::{Settle, Shared, claim_groups};
 use crate::events::{Event, RunOutcome};
 use crate::jobs::{self, JobClaim, JobResult, Outcome, Retry};
 use crate::{Error, PooledConnection};
@@ -26,7 +26,7 @@ pub(super) fn finisher(shared: &Shared) {
     let mut pause = Duration::from_millis(100);
     let mut tries: HashMap<JobClaim, u32> = HashMap::new();
     loop {
-        let batch: Vec<Settle> = {
+        let group: Vec<Settle> = {
             let mut state = shared.lock();
             while state.settle.is_empty() {
                 if state.closing {
@@ -35,17 +35,17 @@ pub(super) fn finisher(shared: &Shared) {
                 state = shared.wait(state, shared.config.poll_interval);
             }
             let n = state.settle.len().min(jobs::MAX_BATCH);
-            let batch: Vec<Settle> = state.settle.drain(..n).collect();
-            state.settling = batch.len();
-            batch
+            let group: Vec<Settle> = state.settle.drain(..n).collect();
+            state.settling = group.len();
+            group
         };
-        let (unrecorded, events) = record(shared, &mut conn, &batch);
+        let (unrecorded, events) = record(shared, &mut conn, &group);
         for event in events {
             shared.emit(event);
         }
         let pending: HashSet<JobClaim> = unrecorded.iter().map(|(s, _)| s.claim()).collect();
         let mut state = shared.lock();
-        let recorded: Vec<JobClaim> = batch
+        let recorded: Vec<JobClaim> = group
             .iter()
             .map(Settle::claim)
             .filter(|claim| !pending.contains(claim))
@@ -90,7 +90,7 @@ fn may_pass(error: &Error) -> bool {
     error.is_retryable() || error.is_outcome_unknown() || matches!(error, Error::Connect { .. })
 }
 
-/// Records runs: completions together (one transaction per batch), give-backs together,
+/// Records runs: completions together (one transaction per group), give-backs together,
 /// failures and snoozes one by one; counts the outcomes. Returns the runs not recorded, with
 /// why, and the events of those recorded, for the caller to emit ([`Shared::emit`]) once it
 /// can spare the connection (a drain on a pool of one: a hook may use the pool).
@@ -149,12 +149,12 @@ pub(super) fn record(
         ),
     ];
     for (call, asked, claims) in grouped {
-        for batch in batches(&claims) {
-            match conn.with(|c| call(c, &batch)) {
-                Ok(done) => outcomes.extend(batch.iter().zip(done).map(|(c, o)| (*c, o, asked))),
+        for group in claim_groups(&claims) {
+            match conn.with(|c| call(c, &group)) {
+                Ok(done) => outcomes.extend(group.iter().zip(done).map(|(c, o)| (*c, o, asked))),
                 // One by one, so one record the database refuses cannot hold up the others.
-                Err(_) if batch.len() > 1 => {
-                    for claim in batch {
+                Err(_) if group.len() > 1 => {
+                    for claim in group {
                         match conn.with(|c| call(c, &[claim])) {
                             Ok(done) => {
                                 outcomes.extend(done.into_iter().map(|o| (claim, o, asked)))
@@ -163,7 +163,7 @@ pub(super) fn record(
                         }
                     }
                 }
-                Err(e) => unrecorded.push((by_claim[&batch[0]].clone(), e)),
+                Err(e) => unrecorded.push((by_claim[&group[0]].clone(), e)),
             }
         }
     }

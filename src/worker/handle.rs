@@ -1,4 +1,4 @@
-//! Starting a worker's threads, the handle that stops them, and `run_due`.
+//! Starting a worker's threads, the handle that stops them, and `drain` (a run of the due jobs on the calling thread).
 
 use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};
@@ -6,7 +6,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::connection::Connection;
-use super::runs::{Config, Report, RunInfo, Shared, batches};
+use super::runs::{Config, Report, RunInfo, Shared, claim_groups};
 use super::{Task, claimer, finisher, handlers, heartbeat, listener, liveness};
 use crate::Error;
 use crate::events::RunOutcome;
@@ -222,8 +222,8 @@ impl WorkerHandle {
             let claims: Vec<_> = queued.iter().map(|(claim, _)| *claim).collect();
             let given_back = self.shared.config.pool.get().and_then(|mut conn| {
                 let mut outcomes = Vec::with_capacity(claims.len());
-                for batch in batches(&claims) {
-                    outcomes.extend(jobs::give_back(&mut conn, &batch)?);
+                for group in claim_groups(&claims) {
+                    outcomes.extend(jobs::give_back(&mut conn, &group)?);
                 }
                 Ok(outcomes)
             });

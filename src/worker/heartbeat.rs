@@ -1,13 +1,13 @@
 //! The heartbeat: renews every claim the worker holds every ttl/3 on a connection of its own,
 //! raises the stop flag of runs whose claim was lost or cancelled, and of runs past their
 //! timeout. Every [`PROGRESS_PERIOD`] it writes the worker's own heartbeat (`tenure_workers`:
-//! it lives, see `jobs::workers`) and the progress handlers reported, only for runs whose
+//! it lives, see `jobs::registry`) and the progress handlers reported, only for runs whose
 //! progress changed. It writes nothing else: a run is recorded only when its handler returns.
 
 use std::time::{Duration, Instant};
 
 use super::connection::Connection;
-use super::runs::{Shared, batches};
+use super::runs::{Shared, claim_groups};
 use crate::jobs::{self, JobClaim, Outcome};
 
 pub(super) fn heartbeat(shared: &Shared) {
@@ -44,11 +44,11 @@ pub(super) fn heartbeat(shared: &Shared) {
         }
         next_beat = Instant::now() + period;
         let claims: Vec<JobClaim> = shared.lock().runs.keys().copied().collect();
-        for batch in batches(&claims) {
-            match conn.with(|c| jobs::renew(c, &batch, config.claim_ttl)) {
+        for group in claim_groups(&claims) {
+            match conn.with(|c| jobs::renew(c, &group, config.claim_ttl)) {
                 Ok(outcomes) => {
                     let mut state = shared.lock();
-                    for (claim, outcome) in batch.iter().zip(outcomes) {
+                    for (claim, outcome) in group.iter().zip(outcomes) {
                         if matches!(outcome, Outcome::Lost | Outcome::Cancelled)
                             && state.claim_ended(*claim)
                         {
@@ -67,7 +67,7 @@ pub(super) fn heartbeat(shared: &Shared) {
 }
 
 /// How often, at most, the progress of a run is written; how often the worker's heartbeat is.
-pub(super) const PROGRESS_PERIOD: Duration = jobs::WORKER_BEAT;
+pub(super) const PROGRESS_PERIOD: Duration = jobs::registry::WORKER_BEAT;
 
 /// Says the worker lives; a row found gone (a rescue took the worker for dead) makes it
 /// register again.
@@ -75,7 +75,7 @@ fn beat(shared: &Shared, conn: &mut Connection<'_>) {
     let Some(id) = shared.registration.id() else {
         return;
     };
-    match conn.with(|c| jobs::beat(c, id)) {
+    match conn.with(|c| jobs::registry::beat(c, id)) {
         Ok(true) => {}
         Ok(false) => shared.registration.gone(id),
         Err(e) => tracing::warn!(error = %e, "the worker's heartbeat failed; retrying in a second"),

@@ -72,13 +72,6 @@ impl JobError {
         }
     }
 
-    /// Renamed [`JobError::dead`]: "fail" read as "a failed run", which
-    /// [`crate::jobs::fail`] records and retries.
-    #[deprecated(since = "0.2.0", note = "renamed `JobError::dead`")]
-    pub fn fail(message: impl Into<String>) -> Self {
-        JobError::dead(message)
-    }
-
     /// Not now: the job goes back to the queue, due after `delay` (database clock), and this
     /// run does not use an attempt (like River's `JobSnooze` or Oban's `{:snooze, s}`), for
     /// a handler that finds the job cannot run yet (a resource busy, a result not ready).

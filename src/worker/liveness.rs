@@ -1,5 +1,5 @@
 //! The worker's registration (`tenure_workers`) and the lock that says it lives (see
-//! `jobs::workers` for how a dead worker is recognised). The worker registers when it starts;
+//! `jobs::queue::rescue` for how a dead worker is recognised). The worker registers when it starts;
 //! this thread keeps the lock: on a server, on a connection of its own outside the pool,
 //! checked every [`WORKER_BEAT`] and taken again on a new connection when its session ended
 //! (a server restart, a killed connection); on SQLite, an open file. The heartbeat thread
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::runs::Shared;
 use crate::backend::WorkerLock;
-use crate::jobs::{self, Registered, Relocked, WORKER_BEAT};
+use crate::jobs::registry::{self, Registered, Relocked, WORKER_BEAT};
 use crate::{AnyConnection, Backend, Pool, Result};
 
 /// The worker's current registration, as the claimer (which records it in its claims) and
@@ -84,14 +84,14 @@ impl Registration {
 fn register(pool: &Pool, current: &Current) -> Result<Registration> {
     let host = host();
     let registration = if pool.backend() == Backend::Sqlite {
-        let registered = jobs::register(&mut pool.get()?, &host)?;
+        let registered = registry::register(&mut pool.get()?, &host)?;
         Registration {
             registered,
             conn: None,
         }
     } else {
         let mut conn = pool.dedicated_connection()?;
-        let registered = jobs::register(&mut conn, &host)?;
+        let registered = registry::register(&mut conn, &host)?;
         Registration {
             registered,
             conn: Some(conn),
@@ -159,7 +159,7 @@ fn keep(pool: &Pool, current: &Current, held: &mut Registration) {
     let lost = match held.conn.as_mut() {
         // Lost before, not taken again yet.
         None => true,
-        Some(conn) => match jobs::holds_lock(conn, id) {
+        Some(conn) => match registry::holds_lock(conn, id) {
             Ok(true) => false,
             Ok(false) => {
                 tracing::warn!(target: "tenure::worker", worker = id, "the worker's lock connection no longer holds its lock; taking it again");
@@ -186,7 +186,7 @@ fn take_again(pool: &Pool, current: &Current, held: &mut Registration) {
             return;
         }
     };
-    match jobs::relock(&mut conn, id) {
+    match registry::relock(&mut conn, id) {
         Ok(Relocked::Held) => {
             tracing::info!(target: "tenure::worker", worker = id, "took the worker's lock again");
             held.conn = Some(conn);
@@ -208,10 +208,10 @@ fn leave(pool: &Pool, registration: Registration) {
         mut conn,
     } = registration;
     let left = match conn.as_mut() {
-        Some(conn) => jobs::unregister(conn, id),
+        Some(conn) => registry::unregister(conn, id),
         None => pool
             .get()
-            .and_then(|mut conn| jobs::unregister(&mut conn, id)),
+            .and_then(|mut conn| registry::unregister(&mut conn, id)),
     };
     match left {
         Ok(()) => {

@@ -7,7 +7,7 @@
 //! for new jobs. Handler threads need none of their own, but handlers that use the pool need
 //! one each: the builder refuses a pool smaller than `threads + 3`.
 //!
-//! Short jobs are claimed in batches (up to [`WorkerBuilder::prefetch`], sized to about
+//! Short jobs are claimed several at a time (up to [`WorkerBuilder::prefetch`], sized to about
 //! 20 ms of work) and their completions recorded together, one transaction for many jobs,
 //! each still fenced by its own claim token. A crash between a handler's return and the
 //! recording leaves the job running under its claim: it is rescued, never lost.
@@ -191,8 +191,8 @@ impl WorkerBuilder {
 
     /// The most jobs claimed ahead of the threads (default 100; 0 claims only for idle
     /// threads). The worker holds fewer when jobs are slow: about 20 ms of work (by the
-    /// moving average of run times), so short jobs are claimed and recorded in batches while
-    /// slow ones stay in the queue for other workers. Jobs claimed ahead are renewed like
+    /// moving average of run times), so short jobs are claimed and recorded several at a
+    /// time while slow ones stay in the queue for other workers. Jobs claimed ahead are renewed like
     /// running ones and given back at shutdown without being started.
     pub fn prefetch(mut self, jobs: usize) -> Self {
         self.prefetch = jobs;
@@ -207,12 +207,6 @@ impl WorkerBuilder {
     pub fn claim_ttl(mut self, ttl: Duration) -> Self {
         self.claim_ttl = ttl;
         self
-    }
-
-    /// Renamed [`WorkerBuilder::claim_ttl`]: it is a job claim's ttl, not a lease's.
-    #[deprecated(since = "0.2.0", note = "renamed `claim_ttl`")]
-    pub fn lease_ttl(self, ttl: Duration) -> Self {
-        self.claim_ttl(ttl)
     }
 
     /// The longest pause between two claims while idle (default 1 s). Idle polling starts at
@@ -479,12 +473,6 @@ impl WorkerBuilder {
     pub fn drain_limit(mut self, runs: usize) -> Self {
         self.drain_limit = runs;
         self
-    }
-
-    /// Renamed [`WorkerBuilder::drain`], which no longer needs a pool of `threads + 3`.
-    #[deprecated(since = "0.2.0", note = "renamed `drain`")]
-    pub fn run_due(self) -> Result<Report> {
-        self.drain()
     }
 
     /// Checks the configuration and starts the worker's threads.

@@ -475,27 +475,27 @@ impl crate::wake::Waker for Shared {
     }
 }
 
-/// Cuts claims into batches for one call each: at most [`jobs::MAX_BATCH`], and no job id
-/// twice in one batch (a job's stale claim and its retry's claim can both be held for a
-/// moment; the calls refuse a batch that names a job twice).
-pub(super) fn batches(claims: &[JobClaim]) -> Vec<Vec<JobClaim>> {
-    let mut batches: Vec<(std::collections::HashSet<i64>, Vec<JobClaim>)> = Vec::new();
+/// Cuts claims into groups for one call each: at most [`jobs::MAX_BATCH`], and no job id
+/// twice in one group (a job's stale claim and its retry's claim can both be held for a
+/// moment; the calls refuse a group that names a job twice).
+pub(super) fn claim_groups(claims: &[JobClaim]) -> Vec<Vec<JobClaim>> {
+    let mut groups: Vec<(std::collections::HashSet<i64>, Vec<JobClaim>)> = Vec::new();
     for claim in claims {
-        let fits = batches
+        let fits = groups
             .iter()
-            .position(|(ids, batch)| batch.len() < jobs::MAX_BATCH && !ids.contains(&claim.id));
+            .position(|(ids, group)| group.len() < jobs::MAX_BATCH && !ids.contains(&claim.id));
         let index = match fits {
             Some(index) => index,
             None => {
-                batches.push(Default::default());
-                batches.len() - 1
+                groups.push(Default::default());
+                groups.len() - 1
             }
         };
-        let (ids, batch) = &mut batches[index];
+        let (ids, group) = &mut groups[index];
         ids.insert(claim.id);
-        batch.push(*claim);
+        group.push(*claim);
     }
-    batches.into_iter().map(|(_, batch)| batch).collect()
+    groups.into_iter().map(|(_, group)| group).collect()
 }
 
 #[cfg(test)]
@@ -509,17 +509,17 @@ mod tests {
             token: uuid::Uuid::new_v4(),
         };
         let claims = vec![claim(1), claim(2), claim(1), claim(3), claim(1)];
-        let cut = batches(&claims);
+        let cut = claim_groups(&claims);
         assert_eq!(cut.len(), 3);
-        for batch in &cut {
-            let mut ids: Vec<i64> = batch.iter().map(|c| c.id).collect();
+        for group in &cut {
+            let mut ids: Vec<i64> = group.iter().map(|c| c.id).collect();
             ids.sort_unstable();
             ids.dedup();
-            assert_eq!(ids.len(), batch.len());
+            assert_eq!(ids.len(), group.len());
         }
         assert_eq!(cut.iter().map(Vec::len).sum::<usize>(), claims.len());
         let many: Vec<JobClaim> = (0..2500).map(claim).collect();
-        let sizes: Vec<usize> = batches(&many).iter().map(Vec::len).collect();
+        let sizes: Vec<usize> = claim_groups(&many).iter().map(Vec::len).collect();
         assert_eq!(sizes, vec![1000, 1000, 500]);
     }
 }

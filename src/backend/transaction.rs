@@ -1,5 +1,7 @@
-//! Transactions of the right kind per backend, and the guard for operations that need a bare
-//! connection.
+//! Transactions of the right kind per backend ([`transaction`], and the bare write
+//! transactions tenure's own operations open), the guard for operations that need a bare
+//! connection, SQLite writers' turns, and retries of transient errors. Below everything that
+//! writes: the backend files use it too.
 
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 

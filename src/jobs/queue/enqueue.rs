@@ -1,30 +1,31 @@
 //! Enqueueing one job (an upsert where it has a dedup key), and the statements and macros
-//! that [`super::batch`] shares for many.
+//! that [`super::bulk`] shares for many.
 
 use std::collections::HashMap;
 
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 
-use super::dependencies;
-use super::limits;
-use super::model::{IdRow, InsertedRow};
+use super::model::InsertedRow;
 use super::{DedupOver, Enqueued, NewJob, OnDuplicate};
 use crate::backend::statement::statement;
+use crate::backend::transaction::{in_transaction, retrying_transaction, write_turn};
 use crate::backend::{Dialect, Upsert, dispatch};
+use crate::jobs::flow::limits;
+use crate::jobs::workflows::dependencies;
+use crate::rows::IdRow;
 use crate::sql_types::Instant;
-use crate::transaction::{in_transaction, retrying_transaction, write_turn};
 use crate::wake;
 use crate::{Backend, Error, Result, TenureConnection};
 
-pub(super) const INSERT_HEAD: &str = "INSERT INTO tenure_jobs \
+pub(crate) const INSERT_HEAD: &str = "INSERT INTO tenure_jobs \
     (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, dedup_key, \
      limit_key, limit_max, dedup_window_micros, workflow_id, run_when, stripes_pending) \
     VALUES";
 
 /// One row; one shape for both kinds of due time: an instant, or NULL and a delay.
 /// A job with dependencies is inserted `blocked`, with its stripes and `run_when`.
-pub(super) const INSERT_ROW: &str =
+pub(crate) const INSERT_ROW: &str =
     "(?, ?, ?, ?, ?, 0, ?, COALESCE(?, {now+ttl}), {now}, ?, ?, ?, ?, ?, ?, ?)";
 
 /// PostgreSQL and SQLite: a job whose key a live job already has is not inserted; the live
@@ -33,7 +34,7 @@ pub(super) const INSERT_ROW: &str =
 /// larger of the two, and the mode's `{sets}` applied. Concurrent enqueues of one key wait
 /// for each other on the unique index: exactly one inserts, the others update in turn. The
 /// state and kind come back to say whether the mode applied (the upsert changes neither).
-pub(super) const INSERT_DEDUP_ON_CONFLICT: &str = " ON CONFLICT (queue, dedup_key) \
+pub(crate) const INSERT_DEDUP_ON_CONFLICT: &str = " ON CONFLICT (queue, dedup_key) \
     WHERE dedup_key IS NOT NULL AND state IN ('waiting', 'running') \
     DO UPDATE SET dedup_hits = tenure_jobs.dedup_hits + 1, \
     dedup_window_micros = {greatest}(\
@@ -42,14 +43,14 @@ pub(super) const INSERT_DEDUP_ON_CONFLICT: &str = " ON CONFLICT (queue, dedup_ke
     RETURNING id, dedup_hits, state, kind";
 
 /// What a plain insert returns where the backend can: the same row as the upsert's.
-pub(super) const INSERTED_RETURNING: &str = " RETURNING id, dedup_hits, state, kind";
+pub(crate) const INSERTED_RETURNING: &str = " RETURNING id, dedup_hits, state, kind";
 
 /// MySQL/MariaDB: the unique index is on the generated `live_dedup_key`. On a duplicate the
 /// live job's `dedup_hits` changes, so the statement reports 2 affected rows (1 for an
 /// insert, even with CLIENT_FOUND_ROWS), and `LAST_INSERT_ID(id)` makes its id the one
 /// `LAST_INSERT_ID()` returns. Assignments run left to right: the mode's `{sets}` read
 /// `state`, which none changes.
-pub(super) const INSERT_DEDUP_ON_DUPLICATE_KEY: &str = " ON DUPLICATE KEY UPDATE {sets}\
+pub(crate) const INSERT_DEDUP_ON_DUPLICATE_KEY: &str = " ON DUPLICATE KEY UPDATE {sets}\
     dedup_window_micros = GREATEST(COALESCE(dedup_window_micros, VALUES(dedup_window_micros)), \
         COALESCE(VALUES(dedup_window_micros), dedup_window_micros)), \
     dedup_hits = dedup_hits + 1, id = LAST_INSERT_ID(id)";
@@ -57,7 +58,7 @@ pub(super) const INSERT_DEDUP_ON_DUPLICATE_KEY: &str = " ON DUPLICATE KEY UPDATE
 /// What a mode changes on a live duplicate, with ON CONFLICT: only a waiting job of the same
 /// kind (a key shared by two kinds must never hand one kind's payload to the other's
 /// handler; a duplicate of another kind is folded unchanged).
-pub(super) fn on_conflict_sets(mode: OnDuplicate) -> &'static str {
+pub(crate) fn on_conflict_sets(mode: OnDuplicate) -> &'static str {
     match mode {
         OnDuplicate::Keep => "",
         OnDuplicate::Replace => {
@@ -74,7 +75,7 @@ pub(super) fn on_conflict_sets(mode: OnDuplicate) -> &'static str {
 }
 
 /// The same with ON DUPLICATE KEY UPDATE.
-pub(super) fn on_duplicate_key_sets(mode: OnDuplicate) -> &'static str {
+pub(crate) fn on_duplicate_key_sets(mode: OnDuplicate) -> &'static str {
     match mode {
         OnDuplicate::Keep => "",
         OnDuplicate::Replace => {
@@ -89,7 +90,7 @@ pub(super) fn on_duplicate_key_sets(mode: OnDuplicate) -> &'static str {
 }
 
 /// The larger of two values: SQLite's two-argument MAX, GREATEST on the servers.
-pub(super) fn greatest(backend: Backend) -> &'static str {
+pub(crate) fn greatest(backend: Backend) -> &'static str {
     match backend {
         Backend::Sqlite => "MAX",
         Backend::Postgres | Backend::Mysql => "GREATEST",
@@ -98,14 +99,14 @@ pub(super) fn greatest(backend: Backend) -> &'static str {
 
 /// MySQL/MariaDB: the state of the live job an upsert updated (it holds the row's lock until
 /// the enqueue's transaction ends, so this is the state the upsert saw).
-pub(super) const STATE_OF: &str = "SELECT state, kind FROM tenure_jobs WHERE id = ?";
+pub(crate) const STATE_OF: &str = "SELECT state, kind FROM tenure_jobs WHERE id = ?";
 
 #[derive(QueryableByName)]
-pub(super) struct StateKind {
+pub(crate) struct StateKind {
     #[diesel(sql_type = Text)]
-    pub(super) state: String,
+    pub(crate) state: String,
     #[diesel(sql_type = Text)]
-    pub(super) kind: String,
+    pub(crate) kind: String,
 }
 
 /// The newest job of the queue with the key that finished within the window (`{now+ttl}`
@@ -113,7 +114,7 @@ pub(super) struct StateKind {
 /// job comes first: the upsert folds into it). A plain read: a locking one would meet the
 /// finishers' and pruners' locks while it fetches rows (on MySQL/MariaDB a deadlock reported
 /// mid-fetch left the client waiting for rows that never came); the fold below re-checks.
-pub(super) const FIND_FINISHED_TWIN: &str = "SELECT id FROM tenure_jobs \
+pub(crate) const FIND_FINISHED_TWIN: &str = "SELECT id FROM tenure_jobs \
     WHERE queue = ? AND dedup_key = ? AND state IN {final_states} AND finished_at > {now+ttl} \
     AND NOT EXISTS (SELECT 1 FROM tenure_jobs live WHERE live.queue = ? AND live.dedup_key = ? \
         AND live.state IN ('waiting', 'running') AND live.id <> ?) \
@@ -123,13 +124,13 @@ pub(super) const FIND_FINISHED_TWIN: &str = "SELECT id FROM tenure_jobs \
 /// prune or a retry may have come between): counted, and kept by retention for the larger
 /// of the two windows. One row changed, or none (then there is no twin to fold into). By
 /// primary key, with the checks on the row it locks.
-pub(super) const FOLD_FINISHED: &str = "UPDATE tenure_jobs SET dedup_hits = dedup_hits + 1, \
+pub(crate) const FOLD_FINISHED: &str = "UPDATE tenure_jobs SET dedup_hits = dedup_hits + 1, \
     dedup_window_micros = {greatest}(COALESCE(dedup_window_micros, ?), ?) \
     WHERE id = ? AND state IN {final_states} AND finished_at > {now+ttl}";
 
 /// The id of the row a MySQL/MariaDB insert made (or, with `LAST_INSERT_ID(id)` in an
 /// upsert, found).
-pub(super) const LAST_INSERT_ID: &str = "SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id";
+pub(crate) const LAST_INSERT_ID: &str = "SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id";
 
 /// Binds one [`INSERT_ROW`] for `job` onto `$start` (a statement, or a row of a multi-row
 /// one): every insert of a job binds the same values in the same order.
@@ -306,13 +307,13 @@ macro_rules! insert_deduplicated {
         }
     }};
 }
-pub(super) use {fold_into_finished_twin, insert_deduplicated, insert_one, job_row};
+pub(crate) use {fold_into_finished_twin, insert_deduplicated, insert_one, job_row};
 
 /// Locks the dependencies of every job of a batch at once, in ascending id order (one
 /// order for every locker: two enqueues, or an enqueue and a finish, never wait for each
 /// other in a cycle), so none finishes unseen until the enqueue commits; refuses a missing
 /// one.
-pub(super) fn lock_dependencies<'j, C: TenureConnection>(
+pub(crate) fn lock_dependencies<'j, C: TenureConnection>(
     conn: &mut C,
     jobs: impl IntoIterator<Item = &'j NewJob>,
 ) -> Result<HashMap<i64, dependencies::Dependency>> {
@@ -335,7 +336,7 @@ pub(super) fn lock_dependencies<'j, C: TenureConnection>(
 /// dependencies locked ([`lock_dependencies`]): inserts it `blocked` in the workflow given
 /// or its first dependency's, writes its limits and dependencies, and settles those
 /// already finished (it may leave `blocked` at once).
-pub(super) fn insert_dependent<C: TenureConnection>(
+pub(crate) fn insert_dependent<C: TenureConnection>(
     conn: &mut C,
     job: &NewJob,
     backend: Backend,
@@ -419,11 +420,18 @@ pub fn enqueue<C: TenureConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueu
     wake::wake([job.queue.as_str()]);
     #[cfg(feature = "metrics")]
     if !enqueued.existing {
-        crate::metrics::record_enqueued(&job.queue, 1);
+        count_enqueued(&job.queue, 1);
     }
     Ok(enqueued)
 }
 
-pub(super) fn unexpected(message: String) -> Error {
+pub(crate) fn unexpected(message: String) -> Error {
     Error::Database(diesel::result::Error::DeserializationError(message.into()))
+}
+
+/// Counts enqueued jobs of `queue` (`tenure_jobs_enqueued_total`, see [`crate::metrics`]).
+#[cfg(feature = "metrics")]
+pub(crate) fn count_enqueued(queue: &str, n: usize) {
+    metrics::counter!("tenure_jobs_enqueued_total", "queue" => queue.to_string())
+        .increment(n as u64);
 }

@@ -1,5 +1,5 @@
 //! Enqueueing many jobs at once: plain jobs in multi-row inserts (on PostgreSQL, long runs
-//! by COPY: [`super::copy_in`]), keyed jobs in multi-row upserts where the backend returns
+//! by COPY: `copy_in`), keyed jobs in multi-row upserts where the backend returns
 //! rows, the rest one statement each, all in one transaction.
 
 use std::collections::{HashMap, HashSet};
@@ -13,13 +13,14 @@ use super::enqueue::{
     fold_into_finished_twin, greatest, insert_deduplicated, insert_dependent, insert_one, job_row,
     lock_dependencies, on_conflict_sets, on_duplicate_key_sets, unexpected,
 };
-use super::limits::{self, Limit};
-use super::model::{IdRow, InsertedRow};
+use super::model::InsertedRow;
 use super::{DedupOver, Enqueued, NewJob, OnDuplicate, ids_of};
 use crate::backend::statement::{Statement, row, statement};
+use crate::backend::transaction::{in_transaction, retrying_transaction};
 use crate::backend::{Dialect, Upsert, dispatch};
+use crate::jobs::flow::limits::{self, Limit};
+use crate::rows::IdRow;
 use crate::sql_types::Instant;
-use crate::transaction::{in_transaction, retrying_transaction};
 use crate::wake;
 use crate::{Error, Result, TenureConnection};
 
@@ -115,11 +116,11 @@ macro_rules! upsert_keyed_rows {
 /// Enqueues several jobs in one transaction (the caller's, if one is open: then in a
 /// savepoint of it) and returns one [`Enqueued`] per job, in the order given. Nothing is
 /// written if any job is invalid. Jobs with a dedup key are deduplicated against live jobs
-/// and against earlier jobs of the same batch, with their [`NewJob::on_duplicate`] mode and
-/// [`NewJob::dedup_window`], as [`enqueue`](super::enqueue) does.
+/// and against earlier jobs of the same call, with their [`NewJob::on_duplicate`] mode and
+/// [`NewJob::dedup_window`], as [`enqueue`](crate::jobs::enqueue) does.
 ///
-/// Jobs without a dedup key go in multi-row statements of up to [`INSERT_CHUNK_ROWS`] rows
-/// (and about [`INSERT_CHUNK_BYTES`] of payload). PostgreSQL and SQLite return their ids
+/// Jobs without a dedup key go in multi-row statements of up to `INSERT_CHUNK_ROWS` (1000) rows
+/// (and about `INSERT_CHUNK_BYTES` (4 MiB) of payload). PostgreSQL and SQLite return their ids
 /// (`RETURNING id`: within one statement rows are inserted in order and ids only grow, so the
 /// ascending ids are the jobs in order). MySQL/MariaDB has no RETURNING: there the ids are
 /// `LAST_INSERT_ID()` onwards, which holds only where InnoDB reserves one run of ids per
@@ -278,7 +279,7 @@ pub fn enqueue_many<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Resul
             .filter(|(job, e)| !e.existing && job.queue == *queue)
             .count();
         if n > 0 {
-            crate::metrics::record_enqueued(queue, n);
+            super::enqueue::count_enqueued(queue, n);
         }
     }
     wake::wake(fresh);
@@ -322,11 +323,11 @@ where
 
 /// Rows per multi-row insert: 11 parameters a row stays well under SQLite's 32,766 and
 /// PostgreSQL's 65,535 parameters per statement.
-pub const INSERT_CHUNK_ROWS: usize = 1000;
+pub(crate) const INSERT_CHUNK_ROWS: usize = 1000;
 /// Payload bytes per multi-row insert, past which a new statement starts.
-pub const INSERT_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) const INSERT_CHUNK_BYTES: usize = 4 * 1024 * 1024;
 
-/// Splits a batch into statements of at most [`INSERT_CHUNK_ROWS`] rows and about
+/// Splits a bulk enqueue into statements of at most `INSERT_CHUNK_ROWS` (1000) rows and about
 /// [`INSERT_CHUNK_BYTES`] of payload (one larger job goes alone).
 fn chunks(jobs: &[NewJob]) -> Vec<&[NewJob]> {
     let mut out = Vec::new();
@@ -349,7 +350,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn batches_are_cut_by_rows_and_bytes() {
+    fn bulk_enqueues_are_cut_by_rows_and_bytes() {
         let small = |n: usize| vec![NewJob::new("q", "k", vec![0u8; 10]); n];
         let sizes = |jobs: &[NewJob]| chunks(jobs).iter().map(|c| c.len()).collect::<Vec<_>>();
         assert_eq!(sizes(&small(1)), vec![1]);

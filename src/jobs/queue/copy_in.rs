@@ -14,14 +14,14 @@ use diesel::sql_types::BigInt;
 
 use super::NewJob;
 use super::enqueue::unexpected;
-use super::model::IdRow;
 use crate::backend::statement::statement;
+use crate::rows::IdRow;
 use crate::schema::tenure_jobs;
 use crate::sql_types::InstantValue;
 use crate::{Error, Result};
 
 /// Batches at least this long go by COPY; shorter ones are cheaper as one INSERT.
-pub(super) const COPY_MIN_ROWS: usize = 64;
+pub(crate) const COPY_MIN_ROWS: usize = 64;
 
 /// Whether this session may take ids from the identity sequence itself. An INSERT's
 /// identity default needs only INSERT on the table; an explicit `nextval` needs USAGE or UPDATE on the
@@ -59,7 +59,7 @@ struct CopyRow<'a> {
 
 /// Whether `jobs` go by COPY: long enough, and every one plain (a dedup key needs the
 /// upsert, a dependency its edges).
-pub(super) fn wanted(jobs: &[NewJob]) -> bool {
+pub(crate) fn wanted(jobs: &[NewJob]) -> bool {
     jobs.len() >= COPY_MIN_ROWS
         && jobs
             .iter()
@@ -69,7 +69,7 @@ pub(super) fn wanted(jobs: &[NewJob]) -> bool {
 /// Inserts `jobs` (all plain: see [`wanted`]) by COPY in the connection's transaction and
 /// returns their ids, in the jobs' order; `None` (nothing done) where the session may not
 /// take ids from the sequence: the caller inserts them as usual.
-pub(super) fn copy_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Option<Vec<i64>>> {
+pub(crate) fn copy_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Option<Vec<i64>>> {
     if statement(MAY_TAKE_IDS).get_result::<IdRow>(conn)?.id == 0 {
         return Ok(None);
     }

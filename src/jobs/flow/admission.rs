@@ -1,5 +1,5 @@
 //! Claim, step 2: which of the picked candidates may start now, within their queue's
-//! concurrency limit and every limit their keys carry ([`super::Limit`]), decided under the
+//! concurrency limit and every limit their keys carry ([`crate::jobs::Limit`]), decided under the
 //! locks of that queue and of those keys; and, after the claim, the starts it made.
 //!
 //! Locks are taken in one order by every claimer (the queue's row, then the keys' rows by
@@ -20,10 +20,10 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable, Text};
 
 use super::limits::{JobLimitRow, MAX_LIMIT};
-use super::manage::Count;
-use super::model::Candidate;
 use crate::backend::statement::{row, statement};
 use crate::backend::{Dialect, Upsert, dispatch};
+use crate::jobs::queue::model::Candidate;
+use crate::rows::{At, Count, NullableInt};
 use crate::schema::{tenure_job_limits, tenure_limit_keys};
 use crate::sql_types::Instant;
 use crate::{Result, TenureConnection};
@@ -76,18 +76,6 @@ const KEY_THROTTLE: &str = "\
 /// per `MAX_LIMIT` starts: cheap, and never a start any rate could need).
 const TRIM_AT: i64 = 2 * MAX_LIMIT as i64;
 
-#[derive(QueryableByName)]
-struct At {
-    #[diesel(sql_type = Instant)]
-    at: DateTime<Utc>,
-}
-
-#[derive(QueryableByName)]
-struct MaxRunning {
-    #[diesel(sql_type = Nullable<diesel::sql_types::Integer>)]
-    n: Option<i32>,
-}
-
 /// What a key's candidates ask of it, and what it has.
 #[derive(Default)]
 struct Key {
@@ -107,7 +95,7 @@ struct Key {
 }
 
 /// The candidates admitted, in the candidates' order, and what recording their starts needs.
-pub(super) struct Admission {
+pub(crate) struct Admission {
     pub ids: Vec<i64>,
     now: DateTime<Utc>,
     /// Keys with a rate, by key.
@@ -116,7 +104,7 @@ pub(super) struct Admission {
 
 /// Keeps the candidates that may start now (all of them where nothing limits them), in
 /// their order. Runs inside the claim's transaction, after the pick.
-pub(super) fn admit<C: TenureConnection>(
+pub(crate) fn admit<C: TenureConnection>(
     conn: &mut C,
     queue: &str,
     queue_room: Option<i64>,
@@ -172,7 +160,7 @@ pub(super) fn admit<C: TenureConnection>(
         let created = dispatch!(conn, c => {
             statement(c.syntax().render(QUEUE_LIMIT))
                 .bind::<Text, _>(queue)
-                .get_result::<MaxRunning>(c)
+                .get_result::<NullableInt>(c)
                 .optional()
         })?;
         if created.is_some() {
@@ -262,11 +250,11 @@ pub(super) fn admit<C: TenureConnection>(
 /// past this step binds it too if it waits for a key's lock (it reads the limit again after
 /// them); one created while a claim is between its last lock and its commit binds the
 /// claims after it.
-pub(super) fn lock_queue<C: TenureConnection>(conn: &mut C, queue: &str) -> Result<Option<i64>> {
+pub(crate) fn lock_queue<C: TenureConnection>(conn: &mut C, queue: &str) -> Result<Option<i64>> {
     let max = dispatch!(conn, c => {
         statement(c.syntax().render(QUEUE_LOCK))
             .bind::<Text, _>(queue)
-            .get_result::<MaxRunning>(c)
+            .get_result::<NullableInt>(c)
             .optional()
     })?;
     let Some(max) = max.and_then(|m| m.n) else {
@@ -304,7 +292,7 @@ fn lock_key<C: TenureConnection>(conn: &mut C, key: &str, capped: bool) -> Resul
 /// `claimed_at`), trims each rated key's starts to what any rate can need, sets its
 /// throttle hint, and says how long until the soonest full rate among them has room again.
 /// In the claim's transaction, under the keys' locks.
-pub(super) fn record_starts<C: TenureConnection>(
+pub(crate) fn record_starts<C: TenureConnection>(
     conn: &mut C,
     admission: &Admission,
     claimed: &[(i64, DateTime<Utc>)],

@@ -1,4 +1,4 @@
-//! Dependencies: a job that waits for other jobs ([`super::NewJob::depends_on`]), and its
+//! Dependencies: a job that waits for other jobs ([`crate::jobs::NewJob::depends_on`]), and its
 //! release in the transaction that finishes the last of them.
 //!
 //! A dependent job is `blocked`. Its dependencies still pending are counted in *stripes*
@@ -26,10 +26,10 @@ use diesel::prelude::*;
 use diesel::serialize::{self, Output, ToSql};
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
-use super::model::IdStateRow;
-use super::{JobState, MAX_BATCH};
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
+use crate::jobs::{JobState, MAX_BATCH};
+use crate::rows::{IdStateRow, NullableInt, QueueRow};
 use crate::schema::{tenure_dependency_stripes, tenure_job_dependencies};
 use crate::{Error, Result, TenureConnection};
 
@@ -105,14 +105,14 @@ where
 /// The most jobs one job may depend on.
 pub const MAX_DEPENDENCIES: usize = 100_000;
 /// About this many pending dependencies share a stripe.
-pub const STRIPE_SIZE: usize = 16;
+pub(crate) const STRIPE_SIZE: usize = 16;
 /// The most stripes a job's dependencies are spread over. Measured (BENCHMARKS.md,
 /// "Workflows"): 8 spread eight concurrent completers as well as 64 did, while a worker's
 /// batched completions touch at most 8 stripe rows per dependent instead of up to 64.
 pub const MAX_STRIPES: usize = 8;
 
 /// How many stripes `n` dependencies are spread over.
-pub(super) fn stripes_for(n: usize) -> i32 {
+pub(crate) fn stripes_for(n: usize) -> i32 {
     n.div_ceil(STRIPE_SIZE).clamp(1, MAX_STRIPES) as i32
 }
 
@@ -130,7 +130,7 @@ const LOCK_DEPENDENCIES: &str =
 const LOCK_AHEAD: &str = "UPDATE tenure_jobs SET dependents = dependents WHERE id IN {ids}";
 
 /// Locks job rows ahead of a locking read of them, where the backend needs it ([`LOCK_AHEAD`]).
-pub(super) fn lock_ahead<C: TenureConnection>(conn: &mut C, ids: &[i64]) -> Result<()> {
+pub(crate) fn lock_ahead<C: TenureConnection>(conn: &mut C, ids: &[i64]) -> Result<()> {
     if conn.backend() != crate::Backend::Mysql {
         return Ok(());
     }
@@ -149,7 +149,7 @@ const COUNT_DEPENDENT: &str =
 
 /// A dependency as locked.
 #[derive(QueryableByName)]
-pub(super) struct Dependency {
+pub(crate) struct Dependency {
     #[diesel(sql_type = BigInt)]
     pub id: i64,
     #[diesel(sql_type = Text)]
@@ -159,7 +159,7 @@ pub(super) struct Dependency {
 }
 
 /// Locks and reads the dependencies `ids` (sorted, no repeats): refuses a missing one.
-pub(super) fn lock<C: TenureConnection>(conn: &mut C, ids: &[i64]) -> Result<Vec<Dependency>> {
+pub(crate) fn lock<C: TenureConnection>(conn: &mut C, ids: &[i64]) -> Result<Vec<Dependency>> {
     lock_ahead(conn, ids)?;
     let mut found = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(MAX_BATCH) {
@@ -190,7 +190,7 @@ pub(super) fn lock<C: TenureConnection>(conn: &mut C, ids: &[i64]) -> Result<Vec
 /// `stripes_pending = stripes_for(deps.len())`, and settles at once those already finished
 /// (the job may be released or cancelled before the enqueue returns). In the enqueue's
 /// transaction, holding the dependencies' locks ([`lock`]).
-pub(super) fn record<C: TenureConnection>(
+pub(crate) fn record<C: TenureConnection>(
     conn: &mut C,
     job_id: i64,
     run_when: RunWhen,
@@ -298,18 +298,6 @@ const QUEUE_OF: &str = "SELECT queue FROM tenure_jobs WHERE id = ?";
 const CANCEL_BLOCKED: &str = "\
     UPDATE tenure_jobs SET state = 'cancelled', finished_at = {now}, last_error = ? \
     WHERE id = ? AND state = 'blocked'";
-
-#[derive(QueryableByName)]
-struct Count {
-    #[diesel(sql_type = Nullable<Integer>)]
-    n: Option<i32>,
-}
-
-#[derive(QueryableByName)]
-struct QueueRow {
-    #[diesel(sql_type = Text)]
-    queue: String,
-}
 
 /// Settles the dependents of jobs that just finished (`finished`: id and final state), in
 /// the transaction that finished them, which holds their rows' locks: counts each uncounted
@@ -432,13 +420,13 @@ fn count_down<C: TenureConnection>(
                 .bind::<BigInt, _>(id)
                 .bind::<Integer, _>(*stripe);
             let left = if returning {
-                decrement.get_result::<Count>(c).optional()?
+                decrement.get_result::<NullableInt>(c).optional()?
             } else {
                 decrement.execute(c)?;
                 statement(STRIPE_PENDING)
                     .bind::<BigInt, _>(id)
                     .bind::<Integer, _>(*stripe)
-                    .get_result::<Count>(c)
+                    .get_result::<NullableInt>(c)
                     .optional()?
             };
             if left.and_then(|l| l.n) == Some(0) {
@@ -452,12 +440,12 @@ fn count_down<C: TenureConnection>(
             .bind::<Integer, _>(emptied)
             .bind::<BigInt, _>(id);
         let left = if returning {
-            decrement.get_result::<Count>(c).optional()?
+            decrement.get_result::<NullableInt>(c).optional()?
         } else {
             decrement.execute(c)?;
             statement(STRIPES_PENDING)
                 .bind::<BigInt, _>(id)
-                .get_result::<Count>(c)
+                .get_result::<NullableInt>(c)
                 .optional()?
         };
         Ok::<bool, Error>(left.and_then(|l| l.n) == Some(0))
@@ -522,7 +510,7 @@ pub(crate) fn rearm<C: TenureConnection>(conn: &mut C, ids: &[i64]) -> Result<()
                 let now = statement(STRIPE_PENDING)
                     .bind::<BigInt, _>(edge.job_id)
                     .bind::<Integer, _>(edge.stripe)
-                    .get_result::<Count>(c)?;
+                    .get_result::<NullableInt>(c)?;
                 let entry = refilled.entry(edge.job_id).or_default();
                 if now.n == Some(1) {
                     *entry += 1;

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use super::{Backoff, DedupOver, Enqueued, Limit, NewJob, OnDuplicate, enqueue, enqueue_many};
+use super::{Backoff, DedupOver, Enqueued, NewJob, OnDuplicate, enqueue, enqueue_many};
+use crate::jobs::Limit;
 use crate::{Result, TenureConnection};
 
 /// A job's arguments as a Rust type: what it is (its kind), where it goes (its queue) and
@@ -134,7 +135,7 @@ pub trait JobArgs: serde::Serialize + serde::de::DeserializeOwned {
     }
 }
 
-/// Enqueues a typed job with its type's options: [`super::enqueue`] of
+/// Enqueues a typed job with its type's options: [`crate::jobs::enqueue`] of
 /// [`JobArgs::to_job`]. Joins the caller's transaction, so the job exists only if it
 /// commits.
 ///
@@ -159,7 +160,7 @@ pub fn enqueue_job<C: TenureConnection, T: JobArgs>(conn: &mut C, value: &T) -> 
     enqueue(conn, &value.to_job()?)
 }
 
-/// Enqueues typed jobs of one type in one transaction ([`super::enqueue_many`]): nothing is
+/// Enqueues typed jobs of one type in one transaction ([`crate::jobs::enqueue_many`]): nothing is
 /// written if any is invalid. One [`Enqueued`] per value, in order.
 pub fn enqueue_jobs<C: TenureConnection, T: JobArgs>(
     conn: &mut C,

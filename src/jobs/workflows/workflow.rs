@@ -7,12 +7,12 @@ use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
 
-use super::model::{IdRow, IdStateRow as IdState};
-use super::{Enqueued, JobState, NewJob, RunWhen, enqueue_many};
 use crate::backend::statement::statement;
+use crate::backend::transaction::retrying_transaction;
 use crate::backend::{Dialect, dispatch};
+use crate::jobs::{Enqueued, JobState, NewJob, RunWhen, enqueue_many};
+use crate::rows::{IdRow, IdStateRow};
 use crate::schema::{tenure_job_dependencies, tenure_jobs, tenure_workflows};
-use crate::transaction::retrying_transaction;
 use crate::{Error, Result, TenureConnection, validate};
 
 /// A step of a [`Workflow`], to make later steps depend on it.
@@ -191,7 +191,7 @@ pub fn enqueue_workflow<C: TenureConnection>(
         // The jobs outside the workflow that its jobs depend on, locked first and all at
         // once, in id order (see `enqueue::lock_dependencies`).
         let jobs = workflow.steps.iter().map(|(job, _)| job);
-        super::enqueue::lock_dependencies(
+        crate::jobs::queue::enqueue::lock_dependencies(
             conn,
             jobs.chain(workflow.callbacks().map(|(_, job)| job)),
         )?;
@@ -359,7 +359,7 @@ pub fn workflow_status<C: TenureConnection>(
     id: i64,
 ) -> Result<Option<WorkflowStatus>> {
     type Row = (String, DateTime<Utc>, Option<i64>, Option<i64>, Option<i64>);
-    let found: Option<(Row, Vec<StateCount>, Vec<IdState>)> = dispatch!(conn, c => {
+    let found: Option<(Row, Vec<StateCount>, Vec<IdStateRow>)> = dispatch!(conn, c => {
         let row: Option<Row> = tenure_workflows::table
             .find(id)
             .select((
@@ -381,7 +381,7 @@ pub fn workflow_status<C: TenureConnection>(
                 } else {
                     statement("SELECT id, state FROM tenure_jobs WHERE id IN {ids}")
                         .bind_ids(callbacks)
-                        .load::<IdState>(c)?
+                        .load::<IdStateRow>(c)?
                 };
                 Ok(Some((row, counts, states)))
             }
@@ -501,7 +501,7 @@ struct Unfinished {
 
 /// Cancels a whole workflow, in one transaction (the caller's, if open): every blocked or
 /// waiting job of it is cancelled and every running one asked to cancel (it is cancelled
-/// when its run ends, as with [`super::cancel`]), so that nothing of it is left runnable;
+/// when its run ends, as with [`crate::jobs::cancel`]), so that nothing of it is left runnable;
 /// then the jobs outside it that depend on its jobs follow their [`RunWhen`]. The jobs are
 /// locked first, all in id order, and their dependents settled once at the end, so a
 /// completion racing the cancel waits or goes first, never deadlocks with it. Returns how
@@ -532,7 +532,7 @@ pub fn cancel_workflow<C: TenureConnection>(conn: &mut C, id: i64) -> Result<usi
         .collect();
         super::dependencies::lock_ahead(conn, &ids)?;
         let mut locked: Vec<Unfinished> = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(super::MAX_BATCH) {
+        for chunk in ids.chunks(crate::jobs::MAX_BATCH) {
             let rows: Vec<Unfinished> = dispatch!(conn, c => {
                 statement(c.syntax().render(LOCK_UNFINISHED))
                     .bind_ids(chunk.iter().copied())
@@ -543,14 +543,14 @@ pub fn cancel_workflow<C: TenureConnection>(conn: &mut C, id: i64) -> Result<usi
         let mut cancelled = 0;
         let mut settle = Vec::new();
         for job in &locked {
-            if super::manage::cancel_locked(conn, job.id)? {
+            if crate::jobs::maintenance::admin::cancel_locked(conn, job.id)? {
                 cancelled += 1;
                 if job.state != "running" && job.n != 0 {
                     settle.push((job.id, JobState::Cancelled));
                 }
             }
         }
-        let released = super::settle(conn, settle)?;
+        let released = crate::jobs::workflows::dependencies::settle(conn, settle)?;
         Ok::<_, Error>((cancelled, released))
     })?;
     let (cancelled, released) = released;

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::limits::{Limit, MAX_LIMITS};
-use super::{MAX_ATTEMPTS, MAX_DEPENDENCIES, MAX_PAYLOAD_BYTES, RunWhen};
+use super::{MAX_ATTEMPTS, MAX_PAYLOAD_BYTES};
+use crate::jobs::flow::limits::{Limit, MAX_LIMITS};
+use crate::jobs::workflows::{MAX_DEPENDENCIES, RunWhen};
 use crate::{Error, Result, validate};
 
 /// When a new job becomes due.
@@ -91,7 +92,7 @@ pub struct NewJob {
     /// The jobs it waits for, sorted, without repeats.
     pub(crate) dependencies: Vec<i64>,
     pub(crate) run_when: RunWhen,
-    /// Its workflow (set by [`super::enqueue_workflow`], or taken from a dependency's).
+    /// Its workflow (set by [`crate::jobs::enqueue_workflow`], or taken from a dependency's).
     pub(crate) workflow_id: Option<i64>,
 }
 
@@ -177,7 +178,7 @@ impl NewJob {
     /// enqueue is refused with [`Error::InvalidInput`] and writes nothing.
     ///
     /// Retention: a job remembers the largest window of the enqueues folded into it
-    /// (`tenure_jobs.dedup_window_micros`), and [`prune`](super::prune) keeps it until
+    /// (`tenure_jobs.dedup_window_micros`), and [`prune`](crate::jobs::prune) keeps it until
     /// `finished_at + window` has passed, whatever its policy; then the policy applies. So
     /// give every enqueue of a key the same window: a later enqueue with a *longer* window
     /// than the finished job was kept for may find it already pruned.
@@ -263,7 +264,7 @@ impl NewJob {
 
     /// Adds a limit ([`Limit`]): the job starts only when every one of its limits has room.
     /// A second limit on the same key adds its caps to the first. At most
-    /// [`MAX_LIMITS`](super::MAX_LIMITS) keys.
+    /// [`MAX_LIMITS`] keys.
     pub fn with_limit(mut self, limit: Limit) -> Self {
         match self.limits.iter_mut().find(|l| l.key == limit.key) {
             Some(same_key) => same_key.merge(limit),
@@ -273,12 +274,12 @@ impl NewJob {
     }
 
     /// Waits for these jobs (which must exist, in this transaction or committed): the job
-    /// is [`JobState::Blocked`](super::JobState::Blocked) until they finish as
+    /// is [`JobState::Blocked`](crate::jobs::JobState::Blocked) until they finish as
     /// [`NewJob::run_when`] asks (by default: all completed; cancelled if one dies or is
     /// cancelled). Adds to the dependencies given before; repeats are harmless. At most
-    /// [`MAX_DEPENDENCIES`](super::MAX_DEPENDENCIES); not with a dedup key. The job joins the
+    /// [`MAX_DEPENDENCIES`]; not with a dedup key. The job joins the
     /// workflow of its first dependency that has one. Read their results with
-    /// [`super::dependency_results`].
+    /// [`crate::jobs::dependency_results`].
     ///
     /// ```
     /// # fn main() -> Result<(), tenure::Error> {
@@ -321,7 +322,9 @@ impl NewJob {
             (
                 "blocked",
                 Some(self.run_when.as_str()),
-                Some(super::dependencies::stripes_for(self.dependencies.len())),
+                Some(crate::jobs::workflows::dependencies::stripes_for(
+                    self.dependencies.len(),
+                )),
             )
         }
     }
@@ -433,7 +436,7 @@ impl NewJob {
     }
 }
 
-/// What [`super::enqueue`] did.
+/// What [`crate::jobs::enqueue`] did.
 ///
 /// ```
 /// # fn main() -> Result<(), tenure::Error> {

@@ -1,7 +1,7 @@
 //! A queue's depth for monitors that poll often: how many of its jobs wait, how many of
 //! those are due, how many run, each counted only up to a bound, so one call costs the same
 //! on a table of a thousand jobs or of ten million (and on a bloated one, the same as the
-//! live entries up to the bound it walks). [`super::stats`] is the whole picture; this is
+//! live entries up to the bound it walks). [`crate::jobs::stats`] is the whole picture; this is
 //! the cheap gauge.
 
 use diesel::prelude::*;
@@ -163,7 +163,7 @@ struct CountsRow {
 
 /// How many jobs of `queue` are in each state, each counted up to `bound` (1 to
 /// [`MAX_DEPTH_BOUND`]): what a dashboard shows per queue, at a cost that grows with the
-/// bound and not with the table ([`super::stats`] counts everything).
+/// bound and not with the table ([`crate::jobs::stats`] counts everything).
 ///
 /// ```
 /// # fn main() -> Result<(), tenure::Error> {

@@ -1,6 +1,6 @@
 //! Flow control: the limits a job carries (concurrency and rate, per key), queue-wide
 //! concurrency limits, and what they look like now. The claim enforces them
-//! ([`super::admission`]).
+//! (`super::admission`).
 
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ pub const MAX_LIMITS: usize = 8;
 /// The largest concurrency cap or rate count of a limit.
 pub const MAX_LIMIT: u32 = 10_000;
 
-/// A limit a job carries ([`super::NewJob::with_limit`]): on its key, at most so many
+/// A limit a job carries ([`crate::jobs::NewJob::with_limit`]): on its key, at most so many
 /// running jobs at once ([`Limit::concurrency`]), or at most so many starts in any window of
 /// a period ([`Limit::rate`]), or both ([`Limit::and_rate`]). Counted across every worker and
 /// process, on the database's clock, and enforced inside the claim: a job whose key has no
@@ -400,7 +400,7 @@ const KEYS_THROTTLED: &str = "\
     WHERE throttled_until > {now} ORDER BY limit_key LIMIT ?";
 
 /// The limit keys that are busy now: those with running jobs, and those whose rate window is
-/// full (throttled), by key, at most `limit` of each kind (1 to [`super::MAX_BATCH`]).
+/// full (throttled), by key, at most `max_keys` of each kind (1 to [`crate::jobs::MAX_BATCH`]).
 ///
 /// ```
 /// # fn main() -> Result<(), tenure::Error> {
@@ -414,15 +414,15 @@ const KEYS_THROTTLED: &str = "\
 /// assert_eq!((keys[0].key.as_str(), keys[0].running, keys[0].saturated()), ("a", 1, true));
 /// # Ok(()) }
 /// ```
-pub fn key_states<C: TenureConnection>(conn: &mut C, limit: usize) -> Result<Vec<KeyState>> {
-    let limit = super::check_limit(limit)?;
+pub fn key_states<C: TenureConnection>(conn: &mut C, max_keys: usize) -> Result<Vec<KeyState>> {
+    let max_keys = crate::jobs::queue::check_count(max_keys)?;
     let (running, throttled): (Vec<KeyRunning>, Vec<KeyThrottle>) = dispatch!(conn, c => {
         let syntax = c.syntax();
         let running = statement(syntax.render(KEYS_RUNNING))
-            .bind::<BigInt, _>(limit)
+            .bind::<BigInt, _>(max_keys)
             .load::<KeyRunning>(c)?;
         let throttled = statement(syntax.render(KEYS_THROTTLED))
-            .bind::<BigInt, _>(limit)
+            .bind::<BigInt, _>(max_keys)
             .load::<KeyThrottle>(c)?;
         Ok::<_, diesel::result::Error>((running, throttled))
     })?;

@@ -8,14 +8,18 @@ use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
-use super::dependencies;
-use super::model::{IdRow, StateRow};
-use super::results::{self, JobResult};
-use super::{JobClaim, JobState, MAX_BATCH, MAX_ERROR_BYTES, MAX_FREE_SNOOZES, Outcome, Retry};
+use super::model::StateRow;
+use super::{
+    JobClaim, JobState, MAX_BATCH, MAX_ERROR_BYTES, MAX_ERROR_HISTORY, MAX_FREE_SNOOZES, Outcome,
+    Retry,
+};
 use crate::backend::statement::statement;
+use crate::backend::transaction::retrying_transaction;
 use crate::backend::{Dialect, dispatch};
+use crate::jobs::workflows::dependencies;
+use crate::jobs::workflows::results::{self, JobResult};
+use crate::rows::IdRow;
 use crate::sql_types::Instant;
-use crate::transaction::retrying_transaction;
 use crate::{Error, Result, TenureConnection, validate};
 
 /// Finishing calls lock the rows they are about, then decide per job.
@@ -74,11 +78,12 @@ const RECORD_ERROR: &str = "\
     INSERT INTO tenure_job_errors (job_id, attempt, error, failed_at) \
     SELECT id, COALESCE(?, attempt), ?, {now} FROM tenure_jobs WHERE id = ?";
 
-/// The id of the newest error past the ones a job's history keeps: it and older ones go. A
+/// The id of the newest error past the [`MAX_ERROR_HISTORY`] a job's history keeps (the
+/// offset is bound): it and older ones go. A
 /// plain read, then a delete by range (in one statement, MySQL's subquery of the delete
 /// takes shared locks on the index, and two trims deadlocked in the rescue race test).
 const ERROR_CUTOFF: &str = "\
-    SELECT id FROM tenure_job_errors WHERE job_id = ? ORDER BY id DESC LIMIT 1 OFFSET 20";
+    SELECT id FROM tenure_job_errors WHERE job_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?";
 const TRIM_ERRORS: &str = "DELETE FROM tenure_job_errors WHERE job_id = ? AND id <= ?";
 
 /// What a finishing call does to the jobs it may act on.
@@ -361,7 +366,7 @@ fn out_of_attempts(snoozes: i64) -> String {
 
 /// Keeps the error of a failed run in the job's history (`attempt` None: the job's current
 /// attempt), then trims the history to the newest [`MAX_ERROR_HISTORY`] entries.
-pub(super) fn record_error<C: TenureConnection>(
+pub(crate) fn record_error<C: TenureConnection>(
     conn: &mut C,
     id: i64,
     attempt: Option<i32>,
@@ -376,6 +381,7 @@ pub(super) fn record_error<C: TenureConnection>(
             .execute(c)?;
         let cutoff = statement(syntax.render(ERROR_CUTOFF))
             .bind::<BigInt, _>(id)
+            .bind::<BigInt, _>(MAX_ERROR_HISTORY as i64)
             .get_result::<IdRow>(c)
             .optional()?;
         if let Some(cutoff) = cutoff {
@@ -390,7 +396,7 @@ pub(super) fn record_error<C: TenureConnection>(
 
 /// An error message any backend can store: PostgreSQL's text refuses NUL, which a panic
 /// message or an error from C can hold; it becomes U+FFFD, the replacement character.
-pub(super) fn storable(text: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn storable(text: &str) -> std::borrow::Cow<'_, str> {
     if text.contains('\0') {
         std::borrow::Cow::Owned(text.replace('\0', "\u{fffd}"))
     } else {
@@ -399,7 +405,7 @@ pub(super) fn storable(text: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// Cuts `text` to at most `max` bytes at a character boundary.
-pub(super) fn truncate(text: &str, max: usize) -> &str {
+pub(crate) fn truncate(text: &str, max: usize) -> &str {
     if text.len() <= max {
         return text;
     }
@@ -473,14 +479,14 @@ pub fn fail<C: TenureConnection>(
     error: &str,
     retry: Retry,
 ) -> Result<Outcome> {
-    validate::retry(&retry)?;
+    retry.check()?;
     let outcomes = finish(conn, &[claim], Finish::Fail { error, retry })?;
     Ok(outcomes.into_iter().next().unwrap_or(Outcome::Lost))
 }
 
 /// Puts a claimed job back for later: waiting again, due at the database's now + `delay`
 /// (zero: at once), its claim ended. The run does not use an attempt, for the job's first
-/// [`MAX_FREE_SNOOZES`] snoozes (counted in [`Job::snoozes`](super::Job::snoozes)); every
+/// [`MAX_FREE_SNOOZES`] snoozes (counted in [`Job::snoozes`](crate::jobs::Job::snoozes)); every
 /// further snooze uses one, and a job whose attempts are then used up is dead, with the error
 /// "snoozed N times; out of attempts". Fenced by the claim's token like [`fail`]: a repeat
 /// of the call answers [`Outcome::AlreadyDone`], a lost claim [`Outcome::Lost`], a job asked

@@ -1,17 +1,18 @@
-//! Retention: pruning finished jobs by policy, in bounded batches, never deleting one the
+//! Retention: pruning finished jobs by policy, a bounded number per call, never deleting one the
 //! policy keeps, however many pruners and finishers run at once.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::{BigInt, Text};
 
-use super::{IdRow, check_limit, ids_of};
 use crate::backend::statement::statement;
+use crate::backend::transaction::bare_write_transaction;
 use crate::backend::{Dialect, dispatch};
+use crate::jobs::queue::{check_count, ids_of};
+use crate::rows::{IdRow, IdStateRow, NullableAt};
 use crate::sql_types::Instant;
-use crate::transaction::bare_write_transaction;
 use crate::{Backend, Error, Result, TenureConnection, validate};
 
 /// Which finished jobs a policy is about.
@@ -103,26 +104,12 @@ fn window_over(backend: Backend) -> &'static str {
     }
 }
 
-#[derive(QueryableByName)]
-struct At {
-    #[diesel(sql_type = Nullable<Instant>)]
-    at: Option<DateTime<Utc>>,
-}
-
-#[derive(QueryableByName)]
-struct IdState {
-    #[diesel(sql_type = BigInt)]
-    id: i64,
-    #[diesel(sql_type = Text)]
-    state: String,
-}
-
-/// Deletes up to `batch` finished jobs of `queue` that `policy` does not keep (and their
-/// error history); returns how many. Call it again while it returns `batch`. Needs a bare
+/// Deletes up to `max_jobs` finished jobs of `queue` that `policy` does not keep (and their
+/// error history); returns how many. Call it again while it returns `max_jobs`. Needs a bare
 /// connection; each call is one short transaction.
 ///
 /// Dedup windows come first: a finished job with a
-/// [`dedup window`](super::NewJob::dedup_window) is kept until `finished_at + window` has
+/// [`dedup window`](crate::jobs::NewJob::dedup_window) is kept until `finished_at + window` has
 /// passed on the database's clock, whatever the policy (even [`Retention::DeleteAll`]), so
 /// that a prune never lets a duplicate through a window; after that the policy decides. A
 /// kept job still counts for [`Retention::KeepNewest`]'s N.
@@ -149,10 +136,10 @@ pub fn prune<C: TenureConnection>(
     queue: &str,
     finished: Finished,
     policy: Retention,
-    batch: usize,
+    max_jobs: usize,
 ) -> Result<usize> {
     validate::name("queue", queue)?;
-    let batch = check_limit(batch)?;
+    let max_jobs = check_count(max_jobs)?;
     let (newest, younger_than) = match policy {
         Retention::KeepAll => return Ok(0),
         Retention::DeleteAll => (None, None),
@@ -177,7 +164,7 @@ pub fn prune<C: TenureConnection>(
                     .bind::<Text, _>(queue)
                     .bind::<Text, _>(state)
                     .bind::<BigInt, _>(offset)
-                    .get_result::<At>(c)
+                    .get_result::<NullableAt>(c)
                     .optional()?;
                 match nth.and_then(|row| row.at) {
                     Some(at) => cutoff = Some(at),
@@ -187,7 +174,7 @@ pub fn prune<C: TenureConnection>(
             if let Some(micros) = age_micros {
                 let at = statement(syntax.render(NOW_PLUS))
                     .bind::<BigInt, _>(-micros)
-                    .get_result::<At>(c)?
+                    .get_result::<NullableAt>(c)?
                     .at;
                 // Keep if newest-N *or* younger: delete only what is older than both.
                 cutoff = match (cutoff, at) {
@@ -203,7 +190,7 @@ pub fn prune<C: TenureConnection>(
                 .bind::<Text, _>(queue)
                 .bind::<Text, _>(state)
                 .bind::<Instant, _>(clamp(before))
-                .bind::<BigInt, _>(batch)
+                .bind::<BigInt, _>(max_jobs)
                 .load::<IdRow>(c)
                 .map(ids_of)?;
             if picked.is_empty() {
@@ -213,7 +200,7 @@ pub fn prune<C: TenureConnection>(
                 &LOCK_PICKED.replace("{window_over}", window_over).replace("{not_needed}", NOT_NEEDED),
             ))
                 .bind_ids(picked)
-                .load::<IdState>(c)?
+                .load::<IdStateRow>(c)?
                 .into_iter()
                 .filter(|row| row.state == state)
                 .map(|row| row.id)

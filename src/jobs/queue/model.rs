@@ -1,4 +1,5 @@
-//! The queue's values: what is enqueued, what a claim hands out, what a call reports.
+//! The queue's values: a job as stored and its state, what a claim hands out, what a call
+//! reports, and the rows claims and finishes read.
 
 use std::time::Duration;
 
@@ -12,15 +13,15 @@ use diesel::{Queryable, QueryableByName, Selectable};
 use uuid::Uuid;
 
 use crate::sql_types::{Instant, Token};
-use crate::{Error, Result};
+use crate::{Error, Result, validate};
 
 /// Where a job is in its life. Stored as text (`tenure_jobs.state`); usable in diesel queries:
 /// `tenure_jobs::state.eq(JobState::Waiting)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, AsExpression, FromSqlRow)]
 #[diesel(sql_type = Text)]
 pub enum JobState {
-    /// Waiting for the jobs it depends on ([`super::NewJob::depends_on`]): not claimable
-    /// until they finish as its [`super::RunWhen`] asks.
+    /// Waiting for the jobs it depends on ([`crate::jobs::NewJob::depends_on`]): not claimable
+    /// until they finish as its [`crate::jobs::RunWhen`] asks.
     Blocked,
     /// Waiting to be claimed, now or at its due time (retries included).
     Waiting,
@@ -102,7 +103,7 @@ pub struct JobClaim {
     pub token: Uuid,
 }
 
-/// A job handed out by [`super::claim`].
+/// A job handed out by [`crate::jobs::claim`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimedJob {
     /// The job's id.
@@ -172,7 +173,7 @@ impl ClaimedJob {
 }
 
 /// A job as stored: the model of a `tenure_jobs` row ([`crate::schema::tenure_jobs`]), from
-/// [`super::get`] and [`super::list`], and for your own queries:
+/// [`crate::jobs::get`] and [`crate::jobs::list`], and for your own queries:
 /// `tenure_jobs::table.select(Job::as_select())`.
 #[derive(Debug, Clone, PartialEq, Queryable, Selectable)]
 #[diesel(table_name = crate::schema::tenure_jobs)]
@@ -216,25 +217,25 @@ pub struct Job {
     /// The most jobs of its limit key that run at once.
     pub limit_max: Option<i32>,
     /// How many of its claims lapsed (its worker died or stalled); dead at
-    /// [`super::MAX_LAPSES`].
+    /// [`crate::jobs::MAX_LAPSES`].
     #[diesel(deserialize_as = i32)]
     pub lapses: u32,
     /// When a cancel was asked for while it ran: it stays running until its worker stops the
     /// run (or the claim lapses), then it is cancelled.
     pub cancel_requested_at: Option<DateTime<Utc>>,
-    /// How often its runs were snoozed ([`super::snooze`]); past
-    /// [`super::MAX_FREE_SNOOZES`] a snooze uses an attempt.
+    /// How often its runs were snoozed ([`crate::jobs::snooze`]); past
+    /// [`crate::jobs::MAX_FREE_SNOOZES`] a snooze uses an attempt.
     #[diesel(deserialize_as = i32)]
     pub snoozes: u32,
     /// How long after it finishes it still folds enqueues of its dedup key, in microseconds
-    /// (the largest [`NewJob::dedup_window`](super::NewJob::dedup_window) of the enqueues
-    /// folded into it); `None`: only while live. [`super::prune`] keeps it until then.
+    /// (the largest [`NewJob::dedup_window`](crate::jobs::NewJob::dedup_window) of the enqueues
+    /// folded into it); `None`: only while live. [`crate::jobs::prune`] keeps it until then.
     pub dedup_window_micros: Option<i64>,
-    /// The workflow it belongs to ([`super::Workflow`]), if any.
+    /// The workflow it belongs to ([`crate::jobs::Workflow`]), if any.
     pub workflow_id: Option<i64>,
-    /// With dependencies: when it runs ([`super::RunWhen`]).
-    pub run_when: Option<super::RunWhen>,
-    /// What it last reported of its progress while running ([`super::record_progress`]),
+    /// With dependencies: when it runs ([`crate::jobs::RunWhen`]).
+    pub run_when: Option<crate::jobs::RunWhen>,
+    /// What it last reported of its progress while running ([`crate::jobs::record_progress`]),
     /// with a message.
     pub progress: Option<f64>,
     /// The message of that progress.
@@ -264,7 +265,7 @@ pub enum Retry {
     /// Retry after this long (attempts permitting).
     After(Duration),
     /// Retry at this instant (attempts permitting): from year 1 to year 9999, like
-    /// [`NewJob::at`](super::NewJob::at); [`super::fail`] refuses others with [`Error::InvalidInput`].
+    /// [`NewJob::at`](crate::jobs::NewJob::at); [`crate::jobs::fail`] refuses others with [`Error::InvalidInput`].
     At(DateTime<Utc>),
     /// Do not retry: the job is dead now.
     Never,
@@ -273,6 +274,19 @@ pub enum Retry {
 impl Default for Retry {
     fn default() -> Self {
         Retry::Backoff(Backoff::default())
+    }
+}
+
+impl Retry {
+    /// What to do with a failed run: an instant within the years 1 to 9999
+    /// ([`validate::instant`]), a delay of at most [`crate::MAX_TTL`]. (A backoff's delay
+    /// depends on the attempt and is checked when it is computed.)
+    pub(crate) fn check(&self) -> Result<()> {
+        match self {
+            Retry::At(at) => validate::instant("retry at", *at),
+            Retry::After(delay) => validate::delay_micros(*delay).map(|_| ()),
+            Retry::Backoff(_) | Retry::Never => Ok(()),
+        }
     }
 }
 
@@ -307,12 +321,12 @@ impl Backoff {
     }
 }
 
-/// What [`super::rescue`] did.
+/// What [`crate::jobs::rescue`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Rescued {
     /// Jobs whose claim lapsed (or whose worker died), back in the queue and due at once.
     pub requeued: Vec<i64>,
-    /// Jobs whose claim lapsed for the [`super::MAX_LAPSES`]th time: dead.
+    /// Jobs whose claim lapsed for the [`crate::jobs::MAX_LAPSES`]th time: dead.
     pub dead: Vec<i64>,
     /// Jobs asked to cancel while they ran, whose claim then lapsed: cancelled.
     pub cancelled: Vec<i64>,
@@ -396,20 +410,6 @@ pub(crate) struct InsertedRow {
     pub kind: String,
 }
 
-#[derive(QueryableByName)]
-pub(crate) struct IdRow {
-    #[diesel(sql_type = BigInt)]
-    pub id: i64,
-}
-
-#[derive(QueryableByName)]
-pub(crate) struct IdStateRow {
-    #[diesel(sql_type = BigInt)]
-    pub id: i64,
-    #[diesel(sql_type = Text)]
-    pub state: String,
-}
-
 /// A rescue candidate as locked: is it still a lapsed claim?
 #[derive(QueryableByName)]
 pub(crate) struct LockedClaim {
@@ -421,4 +421,20 @@ pub(crate) struct LockedClaim {
     pub claim_expires_at: Option<DateTime<Utc>>,
     #[diesel(sql_type = Instant)]
     pub db_now: DateTime<Utc>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_are_checked_like_instants_and_delays() {
+        assert!(Retry::At(DateTime::<Utc>::MAX_UTC).check().is_err());
+        assert!(
+            Retry::After(crate::MAX_TTL + Duration::from_secs(1))
+                .check()
+                .is_err()
+        );
+        assert!(Retry::Never.check().is_ok());
+    }
 }

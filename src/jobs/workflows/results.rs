@@ -4,10 +4,10 @@
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Binary, Double, Nullable, Text};
 
-use super::finish::storable;
-use super::{JobClaim, JobState, MAX_BATCH, Outcome};
 use crate::backend::dispatch;
 use crate::backend::statement::statement;
+use crate::jobs::queue::finish::storable;
+use crate::jobs::{JobClaim, JobState, MAX_BATCH, Outcome};
 use crate::schema::{tenure_job_dependencies, tenure_job_results, tenure_jobs};
 use crate::sql_types::Token;
 use crate::{Error, Result, TenureConnection, transaction};
@@ -87,7 +87,7 @@ impl JobResult {
 }
 
 /// Writes the results of jobs just completed, in the completing transaction.
-pub(super) fn store<C: TenureConnection>(
+pub(crate) fn store<C: TenureConnection>(
     conn: &mut C,
     results: &[(i64, &JobResult)],
 ) -> Result<()> {
@@ -132,7 +132,8 @@ pub fn complete_with_result<C: TenureConnection>(
     claim: JobClaim,
     result: &JobResult,
 ) -> Result<Outcome> {
-    let outcomes = super::finish::complete_with_results(conn, &[claim], &[(claim.id, result)])?;
+    let outcomes =
+        crate::jobs::queue::finish::complete_with_results(conn, &[claim], &[(claim.id, result)])?;
     Ok(outcomes.first().copied().unwrap_or(Outcome::Lost))
 }
 
@@ -243,7 +244,7 @@ pub fn dependency_results_after<C: TenureConnection>(
     after: Option<i64>,
     limit: usize,
 ) -> Result<Vec<DependencyResult>> {
-    let limit = super::check_limit(limit)?;
+    let limit = crate::jobs::queue::check_count(limit)?;
     let ids: Vec<i64> = dispatch!(conn, c => {
         tenure_job_dependencies::table
             .filter(tenure_job_dependencies::job_id.eq(id))
@@ -286,7 +287,7 @@ const RECORD_PROGRESS: &str = "\
 
 /// Records a running job's progress (a number, say a fraction or a count, and a short
 /// message cut to [`MAX_PROGRESS_MESSAGE_BYTES`]) for others to read
-/// ([`super::get`]'s `progress`). `Done` if the claim still holds the job, else `Lost`
+/// ([`crate::jobs::get`]'s `progress`). `Done` if the claim still holds the job, else `Lost`
 /// (nothing written). A worker's handlers call [`crate::worker::JobContext::set_progress`]
 /// instead, which costs no write per call. A number that is not finite is
 /// [`crate::Error::InvalidInput`].
@@ -316,7 +317,7 @@ pub fn record_progress<C: TenureConnection>(
         ));
     }
     let message = storable(message);
-    let message = super::finish::truncate(&message, MAX_PROGRESS_MESSAGE_BYTES);
+    let message = crate::jobs::queue::finish::truncate(&message, MAX_PROGRESS_MESSAGE_BYTES);
     let changed = transaction(conn, |conn| {
         dispatch!(conn, c => {
             statement(RECORD_PROGRESS)

@@ -1,0 +1,19 @@
+//! Workflows and results: jobs that wait for other jobs ([`dependencies`]: a blocked job's
+//! counters and its release by the transaction that finishes the last of them), workflows of
+//! jobs enqueued together, and batches (workflows with callback jobs) ([`workflow`]), and what
+//! runs leave for others to read: results and progress ([`results`]).
+
+pub(crate) mod dependencies;
+pub(crate) mod results;
+pub(crate) mod workflow;
+
+pub use dependencies::{MAX_DEPENDENCIES, MAX_STRIPES, RunWhen};
+pub use results::{
+    DependencyResult, JobResult, MAX_PROGRESS_MESSAGE_BYTES, MAX_RESULT_BYTES,
+    complete_with_result, dependency_results, dependency_results_after, progress, record_progress,
+    result,
+};
+pub use workflow::{
+    EnqueuedWorkflow, StateCounts, Step, Workflow, WorkflowJob, WorkflowStatus, cancel_workflow,
+    enqueue_workflow, workflow_jobs, workflow_status,
+};
