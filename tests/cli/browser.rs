@@ -13,8 +13,8 @@ use tenure::jobs::{self, JobState, NewJob, Retry};
 use tenure::schedules::{self, Schedule};
 use tenure::{AnyConnection, Backend};
 
+use crate::common::{TestDb, count};
 use crate::dashboard::{Served, serve};
-use crate::support::{TestDb, count};
 use crate::webdriver::{Browser, DEADLINE};
 
 const TTL: Duration = Duration::from_secs(600);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tenure::Backend;
 use tenure::jobs;
 
-use super::support::{TestDb, conformance};
+use super::common::{TestDb, conformance};
 use super::{Worker, json, ok, queue_figure, tenure};
 
 conformance!(

@@ -6,8 +6,8 @@ use std::time::Duration;
 use tenure::Backend;
 use tenure::jobs::{self, NewJob};
 
-use super::support::{TestDb, conformance};
 use super::{json, ok};
+use crate::common::{TestDb, conformance};
 
 conformance!(
     stats_show_queue_limits_and_busy_keys,

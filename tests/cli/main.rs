@@ -1,29 +1,29 @@
 //! End-to-end tests of the `tenure` command on every backend.
 
-#[path = "../conformance/support.rs"]
+// The harness shared by the three test binaries (see tests/common/mod.rs).
+#[path = "../common/mod.rs"]
 #[allow(dead_code, unused_macros, unused_imports)]
-mod support;
+mod common;
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{TestDb, conformance};
 use serde_json::Value;
 use tenure::Backend;
 
-use support::{TestDb, conformance};
-
-mod attacks17;
 mod browser;
 mod dashboard;
+mod database;
+mod enqueue;
 mod first_hour;
 mod flow_control;
-mod issue17;
+mod jobs_show;
 mod lease_run;
-mod lease_run_attacks;
+mod output;
+mod schedules;
 mod secrets;
 mod serve;
-mod serve_attacks;
-mod serve_attacks2;
 mod webdriver;
 mod work_logs;
 mod workflows;

@@ -5,10 +5,11 @@
 //! Found by the first-hour review (issue 31): the dashboard's job page printed
 //! `"TOKEN": "s3cr3t-value"`, and libpq's errors repeated malformed URLs, password included.
 
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Output};
 
-use super::dashboard::{get, serve};
-use super::{json, ok, tenure};
+use crate::dashboard::{get, serve};
+use crate::{json, ok, tenure};
 
 const SECRET: &str = "s3cr3t-value";
 
@@ -180,4 +181,84 @@ fn no_library_error_shows_the_password() {
             assert!(!leaks(&shown), "{url}: {shown}");
         }
     }
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Asserts exit code `code` and a message holding every one of `words`.
+fn fails(out: &Output, code: i32, words: &[&str]) {
+    let text = stderr(out);
+    assert_eq!(out.status.code(), Some(code), "{text}");
+    for word in words {
+        assert!(text.contains(word), "{word:?} missing from: {text}");
+    }
+}
+
+/// A migrated SQLite file in `dir`, and its path as a URL.
+fn migrated(dir: &Path) -> String {
+    let url = dir.join("jobs.db").display().to_string();
+    ok(&url, &["migrate"]);
+    url
+}
+
+fn job_count(url: &str) -> usize {
+    let out = ok(url, &["--json", "jobs", "list", "--limit", "1000"]);
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    list.as_array().unwrap().len()
+}
+
+// Found by the attacks on issue 17's promises after the polish pass (SQLite files only; cli/attacks17.rs).
+/// `--env =VALUE` repeated the value (often a secret) in its error, and so did a shell
+/// payload whose `env` was a string (serde's "invalid type: string \"TOKEN=...\"").
+#[test]
+fn env_values_are_not_repeated_in_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = migrated(dir.path());
+    let out = tenure(
+        &url,
+        &[
+            "enqueue",
+            "--queue",
+            "q",
+            "--command",
+            "true",
+            "--env",
+            "=hunter2",
+        ],
+    );
+    fails(&out, 2, &["--env", "NAME=VALUE"]);
+    assert!(!stderr(&out).contains("hunter2"), "{}", stderr(&out));
+    let out = tenure(
+        &url,
+        &[
+            "enqueue",
+            "--queue",
+            "q",
+            "--payload",
+            r#"{"command": "true", "env": "TOKEN=hunter2"}"#,
+        ],
+    );
+    fails(&out, 2, &["--payload of a `shell` job", "line 1 column"]);
+    assert!(!stderr(&out).contains("hunter2"), "{}", stderr(&out));
+    assert_eq!(job_count(&url), 0);
+}
+
+// Found by the attacks on issue 17's promises after the polish pass (SQLite files only; cli/attacks17.rs).
+/// A server URL without its scheme (`u:hunter2@localhost/db`) is taken as an SQLite file
+/// path, and the error names that path, password included. Refusing `USER:PASS@HOST` paths
+/// is a heuristic (such a file name is legal) that the library's URL parsing should own.
+#[test]
+fn a_url_without_its_scheme_does_not_echo_a_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .current_dir(dir.path())
+        .args(["--database-url", "u:hunter2@localhost/db", "stats"])
+        .env_remove("TENURE_DATABASE_URL")
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("hunter2"), "{}", stderr(&out));
 }

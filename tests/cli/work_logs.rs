@@ -1,17 +1,18 @@
 //! `tenure work` logs a line per job (human or JSON) and never claims kinds it cannot run.
 
 use std::io::Read;
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tenure::Backend;
 use tenure::jobs::{self, JobState, NewJob};
 
-use super::queue_figure;
-use super::support::{TestDb, conformance};
+use crate::common::{TestDb, conformance};
+use crate::{ok, queue_figure};
 
-conformance!(work_logs_each_job_and_leaves_other_kinds_alone);
+conformance!(work_logs_each_job_and_leaves_other_kinds_alone,);
 
 fn work_logs_each_job_and_leaves_other_kinds_alone(backend: Backend) {
     let db = TestDb::migrated(backend);
@@ -103,4 +104,51 @@ fn work_logs_each_job_and_leaves_other_kinds_alone(backend: Backend) {
         let job = jobs::get(&mut conn, other).unwrap().unwrap();
         assert_eq!((job.state, job.attempt), (JobState::Waiting, 0), "{job:?}");
     }
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A migrated SQLite file in `dir`, and its path as a URL.
+fn migrated(dir: &Path) -> String {
+    let url = dir.join("jobs.db").display().to_string();
+    ok(&url, &["migrate"]);
+    url
+}
+
+// Found by the attacks on issue 17's promises after the polish pass (SQLite files only; cli/attacks17.rs).
+/// `tenure work` said its grace period in Debug form ("grace 0ns", "grace 8639999999913600s").
+#[test]
+fn work_says_its_grace_as_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = migrated(dir.path());
+    let child = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .args([
+            "--database-url",
+            &url,
+            "work",
+            "--queue",
+            "q",
+            "--grace",
+            "90s",
+        ])
+        .env_remove("TENURE_DATABASE_URL")
+        .env_remove("DATABASE_URL")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("stopping (grace 90s)"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use tenure::Backend;
 use tenure::jobs::{self, EnqueuedWorkflow, JobResult, NewJob, Workflow};
 
-use super::support::{TestDb, conformance};
 use super::{json, ok, queue_figure, tenure};
+use crate::common::{TestDb, conformance};
 
 conformance!(
     show_draws_a_diamond_with_states_progress_and_results,

@@ -13,7 +13,7 @@ use tenure::jobs::{self, NewJob};
 use tenure::lease;
 use tenure::{AnyConnection, Backend, SessionSetup};
 
-use crate::support::{TestDb, conformance, count, placeholders};
+use crate::common::{TestDb, conformance, count, placeholders};
 
 conformance!(
     a_busy_writer_does_not_starve_the_other_writers_of_its_process,

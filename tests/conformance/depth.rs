@@ -2,15 +2,17 @@
 
 use std::time::Duration;
 
+use chrono::{TimeDelta, Utc};
 use tenure::jobs::{self, NewJob, QueueDepth};
 use tenure::{Backend, Error};
 
-use crate::support::{TestDb, conformance};
+use crate::common::{TestDb, conformance};
 
 conformance!(
     depth_counts_waiting_due_and_running_of_one_queue,
     depth_stops_at_its_bound,
     depth_refuses_bad_input,
+    attacks20_depth_agrees_with_the_table,
 );
 
 fn depth(waiting: u64, due: u64, running: u64) -> QueueDepth {
@@ -100,5 +102,55 @@ fn depth_refuses_bad_input(backend: Backend) {
             Err(Error::InvalidInput { .. }) => {}
             other => panic!("{queue:?}, {bound}: {other:?}"),
         }
+    }
+}
+
+// Found by the round-20 attacks on NOTIFY after commit, bulk enqueue by COPY and queue_depth (attacks20.rs).
+fn attacks20_depth_agrees_with_the_table(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let batch: Vec<NewJob> = (0..120)
+        .map(|i| {
+            let job = NewJob::new(if i % 10 == 0 { "Q" } else { "q" }, "k", vec![]);
+            match i % 3 {
+                0 => job.delay(Duration::from_secs(3600)),
+                1 => job.at(Utc::now() - TimeDelta::days(365 * 50)),
+                _ => job,
+            }
+        })
+        .collect();
+    jobs::enqueue_many(&mut conn, &batch).unwrap();
+    jobs::claim(&mut conn, "q", 7, Duration::from_secs(60)).unwrap();
+    let expect = |queue: &str, bound: u64| {
+        let of = |pred: &dyn Fn(usize) -> bool| {
+            (0..120)
+                .filter(|i| (i % 10 == 0) == (queue == "Q") && pred(*i))
+                .count() as u64
+        };
+        let waiting = of(&|_| true);
+        let due = of(&|i| i % 3 != 0);
+        let claimed = if queue == "q" { 7 } else { 0 };
+        QueueDepth {
+            waiting: (waiting - claimed).min(bound),
+            due: (due - claimed).min(bound),
+            running: claimed.min(bound),
+        }
+    };
+    for queue in ["q", "Q"] {
+        for bound in [1u32, 5, 70, 1000, jobs::MAX_DEPTH_BOUND] {
+            assert_eq!(
+                jobs::queue_depth(&mut conn, queue, bound).unwrap(),
+                expect(queue, u64::from(bound)),
+                "{queue} bound {bound}"
+            );
+        }
+    }
+    // Names that differ only in case, trailing space or a prefix are other queues.
+    for other in ["q ", "qq", "Q ", " q"] {
+        assert_eq!(
+            jobs::queue_depth(&mut conn, other, 100).unwrap(),
+            QueueDepth::default(),
+            "{other:?}"
+        );
     }
 }

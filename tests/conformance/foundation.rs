@@ -9,7 +9,7 @@ use diesel::sql_types::{BigInt, Text};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 use tenure::{AnyConnection, Backend, BackendConnection, Error, TenureConnection};
 
-use crate::support::{
+use crate::common::{
     TestDb, concrete, conformance, count, instant_column, placeholders, race, token_column,
 };
 
@@ -509,7 +509,7 @@ fn unreachable_server_is_a_fast_typed_error(backend: Backend) {
     }
     if backend != Backend::Sqlite {
         // A reachable server's own refusal comes through with its message.
-        let mut url = url::Url::parse(&crate::support::server_url(backend)).unwrap();
+        let mut url = url::Url::parse(&crate::common::server_url(backend)).unwrap();
         url.set_path("tenure_no_such_database");
         let err = AnyConnection::connect(url.as_str()).map(drop).unwrap_err();
         assert!(matches!(err, Error::Connect { .. }), "{err:?}");

@@ -11,7 +11,7 @@ use diesel::sql_types::Text;
 use tenure::jobs::{self, Backoff, JobClaim, JobState, NewJob, Outcome, Retry};
 use tenure::{AnyConnection, Backend, Error, TenureConnection};
 
-use crate::support::{TestDb, conformance, count, now_sql};
+use crate::common::{TestDb, conformance, count, now_sql};
 
 conformance!(
     enqueue_while_claiming_completes_every_job_once,
@@ -467,7 +467,7 @@ fn give_back_and_stalls_keep_the_attempt(backend: Backend) {
 
     // A stalled claim uses no attempt either (the worker may have died before the run
     // began); it counts a lapse, and a job is dead at MAX_LAPSES of them
-    // (worker_runs::a_job_whose_claims_keep_lapsing_ends_dead).
+    // (worker::runs::a_job_whose_claims_keep_lapsing_ends_dead).
     let ttl = Duration::from_millis(100);
     let first = jobs::claim(&mut conn, "g", 1, ttl).unwrap().remove(0);
     assert_eq!(first.attempt, 1);

@@ -2,7 +2,7 @@
 //! queue's order holds across the kinds given, bad input changes nothing, the kind index
 //! serves the pick; and what a claim reports of its times.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant as Clock};
@@ -11,7 +11,7 @@ use diesel::connection::SimpleConnection;
 use tenure::jobs::{self, JobState, NewJob, Outcome};
 use tenure::{AnyConnection, Backend, Error};
 
-use crate::support::{TestDb, conformance, count, now_sql};
+use crate::common::{TestDb, conformance, contest, count, now_sql};
 
 conformance!(
     a_kinds_claimer_never_claims_or_changes_other_kinds,
@@ -19,6 +19,9 @@ conformance!(
     bad_kinds_are_refused_and_change_nothing,
     a_claim_of_one_kind_reads_the_kind_index_past_other_kinds,
     a_claim_reports_when_the_job_was_enqueued_and_claimed,
+    overlapping_kind_sets_race_without_double_claims_or_strangers,
+    a_limit_key_shared_by_kinds_holds_across_kinds_and_claimers,
+    odd_kind_names_match_exactly,
 );
 
 const TTL: Duration = Duration::from_secs(60);
@@ -339,4 +342,175 @@ fn a_claim_reports_when_the_job_was_enqueued_and_claimed(backend: Backend) {
     check(&mut conn, &second);
     assert!(second.claimed_at > first.claimed_at);
     assert_eq!(second.created_at, first.created_at);
+}
+
+// Found by the round-5 attacks on the kinds claim, snooze, typed jobs, events and tenure::testing (attacks5.rs).
+/// Six claimers with overlapping kind sets race on one queue of five kinds (one of which no
+/// claimer takes): every job of a taken kind is claimed exactly once, by a claimer of its
+/// kind, each claim in queue order; the other kind is untouched.
+fn overlapping_kind_sets_race_without_double_claims_or_strangers(backend: Backend) {
+    const SETS: [&[&str]; 6] = [
+        &["a", "b"],
+        &["b", "c"],
+        &["c", "a"],
+        &["a"],
+        &["b", "c", "d", "b"],
+        &["d"],
+    ];
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let kinds = ["a", "b", "c", "d", "e"];
+    let mut by_kind: HashMap<i64, &str> = HashMap::new();
+    for i in 0..250 {
+        let kind = kinds[i % kinds.len()];
+        let job = NewJob::new("ov", kind, vec![]).priority((i * 7 % 5) as i32);
+        by_kind.insert(jobs::enqueue(&mut conn, &job).unwrap().id, kind);
+    }
+    let claimed: Arc<Mutex<Vec<(usize, i64)>>> = Arc::default();
+    let sink = claimed.clone();
+    contest(
+        &db,
+        SETS.len(),
+        60,
+        move |_, i, conn| {
+            let got = jobs::claim_kinds(conn, "ov", SETS[i], 3, Duration::from_secs(600))
+                .unwrap_or_else(|e| panic!("claimer {i}: {e}"));
+            let keys: Vec<_> = got.iter().map(|j| (j.priority, j.due_at, j.id)).collect();
+            let mut sorted = keys.clone();
+            sorted.sort();
+            assert_eq!(keys, sorted, "a claim out of order");
+            let mut sink = sink.lock().unwrap();
+            for job in got {
+                assert!(SETS[i].contains(&job.kind.as_str()), "{job:?} by {i}");
+                sink.push((i, job.id));
+            }
+        },
+        |_, _| {},
+    );
+    let claimed = claimed.lock().unwrap();
+    let mut once = HashSet::new();
+    for (i, id) in claimed.iter() {
+        assert!(once.insert(*id), "job {id} claimed twice (last by {i})");
+    }
+    for (id, kind) in &by_kind {
+        let job = jobs::get(&mut conn, *id).unwrap().unwrap();
+        if *kind == "e" {
+            assert_eq!((job.state, job.attempt), (JobState::Waiting, 0), "{job:?}");
+        } else {
+            assert!(once.contains(id), "{job:?} never claimed");
+            assert_eq!(job.state, JobState::Running, "{job:?}");
+        }
+    }
+}
+
+// Found by the round-5 attacks on the kinds claim, snooze, typed jobs, events and tenure::testing (attacks5.rs).
+/// Jobs of three kinds share one limit key (at most 2 running). Claimers of one kind each
+/// and one of all three race, many rounds: never more than 2 running; between rounds the
+/// judge completes what runs.
+fn a_limit_key_shared_by_kinds_holds_across_kinds_and_claimers(backend: Backend) {
+    const SETS: [&[&str]; 4] = [&["x"], &["y"], &["z"], &["x", "y", "z"]];
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    for i in 0..120 {
+        let kind = ["x", "y", "z"][i % 3];
+        jobs::enqueue(
+            &mut conn,
+            &NewJob::new("lk", kind, vec![]).limit("shared", 2),
+        )
+        .unwrap();
+    }
+    // One claim of all three kinds takes at most 2.
+    let first = jobs::claim_kinds(
+        &mut conn,
+        "lk",
+        &["x", "y", "z"],
+        10,
+        Duration::from_secs(600),
+    )
+    .unwrap();
+    assert_eq!(first.len(), 2, "{first:?}");
+    let claims: Vec<_> = first.iter().map(|j| j.claim()).collect();
+    jobs::complete(&mut conn, &claims).unwrap();
+    let held: Arc<Mutex<Vec<jobs::JobClaim>>> = Arc::default();
+    let sink = held.clone();
+    let mut judge_conn = db.connect();
+    contest(
+        &db,
+        SETS.len(),
+        40,
+        move |_, i, conn| {
+            let got = jobs::claim_kinds(conn, "lk", SETS[i], 5, Duration::from_secs(600))
+                .unwrap_or_else(|e| panic!("claimer {i}: {e}"));
+            sink.lock().unwrap().extend(got.iter().map(|j| j.claim()));
+            got.len()
+        },
+        move |round, got| {
+            let mut held = held.lock().unwrap();
+            assert!(held.len() <= 2, "round {round}: {got:?} claimed, limit 2");
+            if !held.is_empty() {
+                jobs::complete(&mut judge_conn, &held).unwrap();
+            }
+            held.clear();
+        },
+    );
+}
+
+// Found by the round-5 attacks on the kinds claim, snooze, typed jobs, events and tenure::testing (attacks5.rs).
+/// Kinds that differ by case, a trailing space, an accent, LIKE wildcards, quotes or
+/// backslashes are different kinds; a 255-byte kind and 100 kinds in one claim work; a
+/// repeated kind is harmless; 101 kinds are refused.
+fn odd_kind_names_match_exactly(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let long = "é".repeat(127) + "z";
+    let names: Vec<String> = vec![
+        "a".into(),
+        "A".into(),
+        "a ".into(),
+        " a".into(),
+        "á".into(),
+        "a%".into(),
+        "_".into(),
+        "'a'".into(),
+        "\"a\"".into(),
+        "a\\".into(),
+        "a'); DELETE FROM tenure_jobs; --".into(),
+        "日本".into(),
+        long.clone(),
+        "k".repeat(255),
+    ];
+    let mut ids = HashMap::new();
+    for name in &names {
+        let id = jobs::enqueue(&mut conn, &NewJob::new("odd", name.as_str(), vec![]))
+            .unwrap()
+            .id;
+        ids.insert(name.clone(), id);
+    }
+    for name in &names {
+        let got = jobs::claim_kinds(
+            &mut conn,
+            "odd",
+            &[name.as_str(), name.as_str()],
+            10,
+            Duration::from_secs(600),
+        )
+        .unwrap();
+        let got: Vec<i64> = got.iter().map(|j| j.id).collect();
+        assert_eq!(got, vec![ids[name]], "kind {name:?}");
+    }
+    let mut many: Vec<String> = (0..99).map(|i| format!("none-{i}")).collect();
+    many.push("later".into());
+    let later = jobs::enqueue(&mut conn, &NewJob::new("odd", "later", vec![]))
+        .unwrap()
+        .id;
+    let got = jobs::claim_kinds(&mut conn, "odd", &many, 10, Duration::from_secs(600)).unwrap();
+    assert_eq!(got.iter().map(|j| j.id).collect::<Vec<_>>(), vec![later]);
+    many.push("one-too-many".into());
+    let refused = jobs::claim_kinds(&mut conn, "odd", &many, 10, Duration::from_secs(600));
+    assert!(refused.unwrap_err().is_invalid_input());
+    // A paused queue gives nothing to a kinds claim either.
+    jobs::enqueue(&mut conn, &NewJob::new("odd", "a", vec![])).unwrap();
+    jobs::pause(&mut conn, "odd").unwrap();
+    let paused = jobs::claim_kinds(&mut conn, "odd", &["a"], 10, Duration::from_secs(600));
+    assert!(paused.unwrap().is_empty());
 }

@@ -1,23 +1,40 @@
 //! tenure's conformance suite: every test is written once and runs against SQLite, PostgreSQL
 //! and MySQL/MariaDB (each backend whose cargo feature is on).
+//!
+//! Each file (or folder of files) covers one subject and says so in its header; tests found by
+//! a review round keep a comment saying which round found them. The harness is
+//! `tests/common/` (shared with the `cli` and `faults` binaries). A test `m::t` runs as
+//! `m::sqlite::t`, `m::postgres::t` and `m::mysql::t`.
+//!
+//! ## Guarantee map
+//!
+//! Each guarantee of the crate root's "Guarantees" (`src/lib.rs`) and the tests that prove
+//! it. Paths are module paths in the binary named first (`conformance` unless `cli` or
+//! `faults` is said); `m::*` is every test of module `m`.
+//!
+//! | Guarantee | Proved by |
+//! |---|---|
+//! | The database's clock decides | `foundation::clock_is_utc_in_a_non_utc_session`, `leases::expiry_follows_the_clock_inside_long_transactions`, `contention::a_take_that_waited_for_the_row_is_stamped_when_it_won`, `kinds::a_claim_reports_when_the_job_was_enqueued_and_claimed`, `flow_control::a_rate_limit_holds_in_every_window_while_unlimited_jobs_drain`, `schedules::catch_up::*` |
+//! | Names are bytes | `foundation::names_are_byte_exact`, `leases::names_that_differ_in_case_or_spaces_are_different_leases`, `kinds::odd_kind_names_match_exactly`, `statements::shapes::names_and_values_that_look_like_sql_are_only_values`, `jobs::payloads_round_trip_byte_for_byte`; `faults`: `hostile::lease_names_and_ttls_round_trip_or_are_refused`, `hostile::job_fields_round_trip_or_are_refused` |
+//! | A lease has one holder | `leases::race_over_an_absent_row_has_one_winner`, `leases::race_over_a_released_row_has_one_winner`, `leases::race_over_an_expired_row_has_one_winner` (with the negative control `leases::naive_read_then_update_lets_several_win`), `leases::verify_commits_work_only_under_a_held_lease`, `leases::renewal_after_lapse_is_lost_and_repeated_renewal_succeeds`, `leases::release_is_idempotent_and_a_late_release_changes_nothing`, `leases::a_stalled_holder_is_taken_over_and_refused_everything`, `leases::holders::*`, `leases::releases::*`; `faults`: `processes::processes_take_turns_under_a_lease`, `processes::a_paused_lease_holder_is_fenced_out`; `cli`: `lease_run::lease_run_two_runner_loops_never_overlap`, `lease_run::lease_run_force_release_stops_the_command_and_the_next_runner_takes_over` |
+//! | A job has one worker at a time | `jobs::eight_claimers_never_share_a_job`, `jobs::enqueue_while_claiming_completes_every_job_once`, `jobs::a_lapsed_worker_is_refused_after_a_rescue`, `jobs::complete_in_a_rolled_back_transaction_changes_nothing`, `jobs::give_back_and_stalls_keep_the_attempt`, `kinds::overlapping_kind_sets_race_without_double_claims_or_strangers`, `snooze::a_snooze_is_fenced_by_the_claim_token`, `worker::four_threads_process_two_thousand_jobs_once`, `worker::three_batching_workers_run_each_job_once`, `worker::runs::a_lapsed_claim_uses_no_attempt`, `worker::runs::a_job_whose_claims_keep_lapsing_ends_dead` (`MAX_LAPSES`), `worker::claims::a_lost_claim_reclaimed_by_the_same_worker_runs_and_counts_once_each`, `worker::retries::two_workers_with_retries_due_at_once_run_each_attempt_once`, `statements::shapes::a_rescue_of_a_thousand_lapsed_claims_lists_each_once`; `faults`: `processes::killed_workers_lose_no_job` |
+//! | A dead worker is recognised by its process ending | `worker::liveness::*` (`a_worker_whose_lock_is_held_is_never_rescued`, `a_worker_whose_session_ended_is_rescued`, `two_rescuers_take_a_dead_workers_claims_back_once`, `*_heartbeats::a_worker_with_a_fresh_heartbeat_is_not_rescued_without_its_lock`); `faults`: `recovery::a_killed_workers_jobs_run_again_within_seconds`, `recovery::a_stopped_worker_is_never_taken_for_dead`, `recovery::*_sessions::a_worker_whose_lock_connection_is_killed_keeps_its_jobs`, `workflows::killed_workers_leave_a_batchs_callbacks_firing_once` |
+//! | A worker runs only kinds it has handlers for | `typed::a_worker_never_claims_kinds_it_has_no_handler_for`, `typed::eight_workers_of_one_kind_leave_the_other_kind_untouched`, `kinds::a_kinds_claimer_never_claims_or_changes_other_kinds`, `kinds::claims_of_several_kinds_follow_the_queue_order`, `kinds::overlapping_kind_sets_race_without_double_claims_or_strangers`; `cli`: `work_logs::work_logs_each_job_and_leaves_other_kinds_alone` |
+//! | A snooze uses no attempt, within a bound | `snooze::snoozes_use_no_attempt`, `snooze::past_the_free_snoozes_attempts_are_used_then_the_job_dies`, `snooze::a_snooze_that_uses_the_last_attempt_is_reported_dead`, `snooze::a_snooze_too_long_is_refused_and_changes_nothing`, `events::snoozes_use_no_attempt_and_are_counted` |
+//! | A run ends when its handler returns | `worker::runs::a_timed_out_run_holds_its_limit_until_the_handler_returns`, `worker::runs::a_cancelled_run_holds_its_limit_until_the_handler_returns`, `worker::a_handler_past_its_timeout_is_failed_without_extra_concurrency`, `worker::a_long_handler_keeps_its_job_through_heartbeats`, `worker::shutdown::shutdown_past_grace_keeps_the_limit_until_the_handler_returns`, `worker::shutdown::shutdown_past_grace_never_runs_a_job_twice_at_once`, `worker::claims::limits_hold_across_two_workers_with_timeouts`, `typed::a_timeout_too_long_for_an_instant_does_not_stop_the_heartbeat` |
+//! | A dependent job runs once, when its dependencies allow | `workflows::*` (policies, callbacks, results, retention), `workflows::races::dependencies_finishing_at_the_same_instant_release_their_dependent_exactly_once` (with the negative control `workflows::races::negative_control_a_plain_count_of_pending_dependencies_loses_releases`), `workflows::races::*`, `workflows::deadlocks::*`, `workflows::deadlock_victims::a_completion_retried_after_a_deadlock_releases_each_dependent_exactly_once`, `workflows::retry_cancel_prune::*`, `workflows::transactions::*`, `workflows::edges::*`, `workflows::worker::*`; `faults`: `workflows::killed_workers_leave_a_batchs_callbacks_firing_once`; `cli`: `workflows::cancel_stops_a_whole_workflow` |
+//! | Bad input changes nothing | `jobs::bad_input_is_refused_and_writes_nothing`, `leases::bad_input_is_refused_and_writes_nothing`, `queue_ops::bad_input_is_refused_and_writes_nothing`, `kinds::bad_kinds_are_refused_and_change_nothing`, `schedules::bad_schedules_are_refused_and_write_nothing`, `schedules::refusals_and_races::crons_that_never_fire_are_refused_and_write_nothing`, `dedup_windows::bad_windows_and_modes_are_refused_and_write_nothing`, `flow_control::bad_flow_control_input_is_refused_and_writes_nothing`, `flow_control::limits::bad_limits_are_refused`, `workflows::bad_workflow_input_is_refused_and_writes_nothing`, `workflows::edges::odd_dependency_lists_are_refused_or_normalised`, `depth::depth_refuses_bad_input`, `typed::bad_typed_consts_are_typed_errors_and_change_nothing`, `inputs::instants_outside_years_1_to_9999_are_refused_before_any_statement`, `inputs::instants::*`; `faults`: `hostile::*`; `cli`: `enqueue::*`, `serve::bad_input_gets_a_clear_error_and_changes_nothing`, `serve::pages::nul_and_oversized_names_are_bad_input_everywhere_else`, `lease_run::arguments::*` |
+//! | Errors are never "nothing there" | `foundation::lock_conflicts_are_retryable`, `foundation::other_errors_are_not_retryable`, `foundation::*_only::lost_connection_is_outcome_unknown`, `foundation::unreachable_server_is_a_fast_typed_error`, `errors::*`, `inputs::a_connection_killed_while_waiting_for_a_row_lock_is_outcome_unknown`, `statements::reuse::a_changed_column_type_costs_one_retryable_error`, `write_turns::a_write_on_a_second_connection_inside_a_transaction_fails_retryably_in_time`; `faults`: `serial::*` (connections cut, servers restarted); `cli`: `serve::pages::a_database_error_is_a_500_and_the_server_serves_on` |
 
-mod support;
+// The harness shared by the three test binaries (see tests/common/mod.rs).
+#[path = "../common/mod.rs"]
+mod common;
 
-mod attacks18;
-mod attacks18b;
-mod attacks18c;
-mod attacks19;
-mod attacks19b;
-mod attacks19c;
-mod attacks2;
-mod attacks20;
-mod attacks3;
-mod attacks4;
-mod attacks5;
 mod bulk;
 mod contention;
 mod dedup_windows;
 mod depth;
+mod errors;
 mod events;
 mod flow_control;
 mod foundation;
@@ -25,13 +42,14 @@ mod inputs;
 mod jobs;
 mod kinds;
 mod leases;
-mod limits;
+mod migrations;
 // Users and grants exist on the servers only.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod privileges;
 mod queue_ops;
 mod schedules;
 mod schema_contract;
+mod session_settings;
 mod snooze;
 mod statements;
 mod testing_helpers;
@@ -40,9 +58,5 @@ mod typed;
 #[cfg(feature = "postgres")]
 mod wakeups;
 mod worker;
-mod worker_attacks;
-mod worker_liveness;
-mod worker_runs;
-mod workflow_races;
-mod workflow_worker;
 mod workflows;
+mod write_turns;

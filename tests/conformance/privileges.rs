@@ -13,7 +13,7 @@ use tenure::jobs::{self, Backoff, Finished, JobArgs, Retention};
 use tenure::worker::{JobContext, JobError, Worker};
 use tenure::{AnyConnection, Backend, Pool};
 
-use crate::support::{TestDb, server_url};
+use crate::common::{TestDb, server_url};
 
 #[derive(Serialize, Deserialize)]
 struct Task {

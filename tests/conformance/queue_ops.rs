@@ -10,7 +10,7 @@ use tenure::jobs::{self, Finished, JobState, NewJob, Outcome, Retention, Retry};
 use tenure::worker::{JobContext, JobError, Worker};
 use tenure::{AnyConnection, Backend, Error, TenureConnection};
 
-use crate::support::{TestDb, conformance, count, now_sql, placeholders, race};
+use crate::common::{TestDb, conformance, count, now_sql, placeholders, race};
 
 conformance!(
     eight_enqueues_with_one_key_make_one_job,

@@ -17,7 +17,7 @@ use tenure::schema::{
 use tenure::sql_types::{DatabaseNow, InstantValue, TokenValue};
 use tenure::{AnyConnection, Backend, Error};
 
-use crate::support::{TestDb, conformance};
+use crate::common::{TestDb, conformance};
 
 conformance!(
     the_schema_matches_the_migrated_database,

@@ -2,12 +2,15 @@
 //! attempt, bounded by `MAX_FREE_SNOOZES`, fenced by the claim's token like the other
 //! finishing calls.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use diesel::RunQueryDsl;
 use tenure::jobs::{self, JobClaim, JobState, NewJob, Outcome};
+use tenure::worker::{Event, JobContext, JobError, RunOutcome, Worker};
 use tenure::{AnyConnection, Backend, Error};
 
-use crate::support::{TestDb, conformance};
+use crate::common::{TestDb, conformance};
 
 conformance!(
     snoozes_use_no_attempt,
@@ -16,6 +19,7 @@ conformance!(
     past_the_free_snoozes_attempts_are_used_then_the_job_dies,
     a_snooze_too_long_is_refused_and_changes_nothing,
     a_job_asked_to_cancel_is_cancelled_by_a_snooze,
+    a_snooze_that_uses_the_last_attempt_is_reported_dead,
 );
 
 const TTL: Duration = Duration::from_secs(60);
@@ -230,4 +234,67 @@ fn a_job_asked_to_cancel_is_cancelled_by_a_snooze(backend: Backend) {
     assert_eq!(stored.state, JobState::Cancelled);
     assert_eq!(stored.snoozes, 0);
     assert!(jobs::claim(&mut conn, "s", 1, TTL).unwrap().is_empty());
+}
+
+/// Collects a worker's run events.
+fn run_events() -> (
+    Arc<Mutex<Vec<tenure::worker::RunEvent>>>,
+    impl Fn(&Event) + Send + Sync + 'static,
+) {
+    let events: Arc<Mutex<Vec<tenure::worker::RunEvent>>> = Arc::default();
+    let sink = events.clone();
+    (events, move |event: &Event| {
+        if let Event::Run(run) = event {
+            sink.lock().unwrap().push(run.clone());
+        }
+    })
+}
+
+// Found by the round-5 attacks on the kinds claim, snooze, typed jobs, events and tenure::testing (attacks5.rs).
+/// A job one snooze short of the free ones, with two attempts, that always snoozes: a free
+/// snooze, a paid one (attempt 1 used), then a snooze with no attempt left kills it. The
+/// database says dead: so must the event and the report (not "snoozed").
+fn a_snooze_that_uses_the_last_attempt_is_reported_dead(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let pool = db.pool(2);
+    let mut conn = pool.get().unwrap();
+    let id = jobs::enqueue(&mut conn, &NewJob::new("sz", "nap", vec![]).max_attempts(2))
+        .unwrap()
+        .id;
+    let free_left = jobs::MAX_FREE_SNOOZES - 1;
+    diesel::sql_query(format!(
+        "UPDATE tenure_jobs SET snoozes = {free_left} WHERE id = {id}"
+    ))
+    .execute(&mut db.connect())
+    .unwrap();
+    drop(conn);
+    let (events, hook) = run_events();
+    let report = Worker::builder(pool.clone())
+        .queue("sz")
+        .raw_handler("nap", |_: &JobContext, _: &[u8]| {
+            Err(JobError::snooze(Duration::ZERO))
+        })
+        .on_event(hook)
+        .drain()
+        .unwrap();
+    let stored = jobs::get(&mut pool.get().unwrap(), id).unwrap().unwrap();
+    assert_eq!(stored.state, JobState::Dead, "{stored:?}");
+    assert_eq!(
+        (stored.attempt, stored.snoozes),
+        (2, jobs::MAX_FREE_SNOOZES + 2)
+    );
+    let events = events.lock().unwrap().clone();
+    let seen: Vec<(u32, RunOutcome)> = events.iter().map(|e| (e.attempt, e.outcome)).collect();
+    assert_eq!(
+        seen,
+        vec![
+            (1, RunOutcome::Snoozed),
+            (1, RunOutcome::Snoozed),
+            (2, RunOutcome::Dead)
+        ],
+        "the events must say what the database recorded; report {report:?}"
+    );
+    assert_eq!((report.snoozed, report.dead), (2, 1), "{report:?}");
+    let error = events[2].error.clone().unwrap_or_default();
+    assert!(error.contains("out of attempts"), "{error:?}");
 }

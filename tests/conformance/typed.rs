@@ -4,14 +4,14 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tenure::jobs::{self, Backoff, JobArgs, JobState, NewJob};
 use tenure::worker::{JobContext, JobError, Worker};
 use tenure::{Backend, Error};
 
-use crate::support::{TestDb, conformance, wait_for};
+use crate::common::{TestDb, conformance, wait_for};
 
 conformance!(
     a_typed_job_round_trips_with_its_options,
@@ -20,6 +20,8 @@ conformance!(
     eight_workers_of_one_kind_leave_the_other_kind_untouched,
     a_types_backoff_is_its_kinds_retry_policy,
     the_builder_refuses_a_kind_registered_twice,
+    a_timeout_too_long_for_an_instant_does_not_stop_the_heartbeat,
+    bad_typed_consts_are_typed_errors_and_change_nothing,
 );
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -322,4 +324,137 @@ fn the_builder_refuses_a_kind_registered_twice(backend: Backend) {
         matches!(err, Error::InvalidInput { .. }) && err.to_string().contains("two handlers"),
         "{err}"
     );
+}
+
+fn wait_state(pool: &tenure::Pool, id: i64, state: JobState, limit: Duration) -> jobs::Job {
+    let until = Instant::now() + limit;
+    loop {
+        let job = jobs::get(&mut pool.get().unwrap(), id).unwrap().unwrap();
+        if job.state == state || Instant::now() > until {
+            return job;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Forever;
+
+impl JobArgs for Forever {
+    const KIND: &'static str = "forever";
+    const QUEUE: &'static str = "to";
+    // "No real timeout": must not panic the heartbeat (Instant + Duration::MAX overflows).
+    const TIMEOUT: Option<Duration> = Some(Duration::MAX);
+}
+
+// Found by the round-5 attacks on the kinds claim, snooze, typed jobs, events and tenure::testing (attacks5.rs).
+/// A type whose TIMEOUT is too long for an `Instant`: either the builder refuses it (a typed
+/// error) or the worker runs it; its heartbeat must keep renewing the claim either way. The
+/// handler waits until it sees its claim renewed (or lapsed: rescued, a lapse counted).
+fn a_timeout_too_long_for_an_instant_does_not_stop_the_heartbeat(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let pool = db.pool(6);
+    let id = jobs::enqueue_job(&mut pool.get().unwrap(), &Forever)
+        .unwrap()
+        .id;
+    let ttl = Duration::from_secs(6);
+    let verdicts: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+    let (sink, handler_pool) = (verdicts.clone(), pool.clone());
+    let started = Worker::builder(pool.clone())
+        .threads(2)
+        .claim_ttl(ttl)
+        .register(move |ctx: &JobContext, _: Forever| {
+            let until = Instant::now() + Duration::from_secs(90);
+            let verdict = loop {
+                let job = jobs::get(&mut handler_pool.get()?, ctx.id)?.unwrap();
+                if job.lapses > 0 {
+                    break "lapsed";
+                }
+                let renewed = job
+                    .claim_expires_at
+                    .is_some_and(|at| at > ctx.claimed_at + ttl);
+                if renewed {
+                    break "renewed";
+                }
+                if Instant::now() > until {
+                    break "neither";
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            sink.lock().unwrap().push(verdict);
+            Ok(())
+        })
+        .start();
+    let worker = match started {
+        Err(e) => {
+            assert!(e.is_invalid_input(), "{e}");
+            return;
+        }
+        Ok(worker) => worker,
+    };
+    let job = wait_state(&pool, id, JobState::Completed, Duration::from_secs(120));
+    let report = worker.shutdown(Duration::from_secs(5));
+    assert_eq!(job.state, JobState::Completed, "{job:?} {report:?}");
+    assert_eq!(job.lapses, 0, "{job:?}");
+    assert_eq!(verdicts.lock().unwrap().first(), Some(&"renewed"));
+}
+
+macro_rules! bad_type {
+    ($name:ident, $kind:expr, $($rest:tt)*) => {
+        #[derive(Serialize, Deserialize)]
+        struct $name;
+        impl JobArgs for $name {
+            const KIND: &'static str = $kind;
+            const QUEUE: &'static str = "bad";
+            $($rest)*
+        }
+    };
+}
+bad_type!(NoKind, "",);
+bad_type!(NoAttempts, "no_attempts", const MAX_ATTEMPTS: u32 = 0;);
+bad_type!(
+    TooManyAttempts,
+    "too_many",
+    const MAX_ATTEMPTS: u32 = u32::MAX;
+);
+bad_type!(
+    ZeroTimeout,
+    "zero_timeout",
+    const TIMEOUT: Option<Duration> = Some(Duration::ZERO);
+);
+bad_type!(
+    LongBackoff,
+    "long_backoff",
+    const BACKOFF: Option<jobs::Backoff> = Some(jobs::Backoff {
+        base: Duration::from_secs(1),
+        max: Duration::from_secs(367 * 24 * 3600),
+    });
+);
+
+// Found by the round-5 attacks on the kinds claim, snooze, typed jobs, events and tenure::testing (attacks5.rs).
+/// Bad consts of a `JobArgs` type are typed errors where they are used (enqueue for the
+/// job's own options, the builder for the worker's), never a panic, and write nothing.
+fn bad_typed_consts_are_typed_errors_and_change_nothing(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let pool = db.pool(4);
+    let mut conn = pool.get().unwrap();
+    let ok = |_: &JobContext, _: NoKind| Ok(());
+    for refused in [
+        jobs::enqueue_job(&mut conn, &NoKind).map(|_| ()),
+        jobs::enqueue_job(&mut conn, &NoAttempts).map(|_| ()),
+        jobs::enqueue_job(&mut conn, &TooManyAttempts).map(|_| ()),
+        jobs::enqueue_jobs(&mut conn, &[TooManyAttempts]).map(|_| ()),
+    ] {
+        assert!(refused.unwrap_err().is_invalid_input());
+    }
+    let builders = [
+        Worker::builder(pool.clone()).register(ok),
+        Worker::builder(pool.clone()).register(|_: &JobContext, _: ZeroTimeout| Ok(())),
+        Worker::builder(pool.clone()).register(|_: &JobContext, _: LongBackoff| Ok(())),
+    ];
+    for builder in builders {
+        assert!(builder.drain().unwrap_err().is_invalid_input());
+    }
+    let n = crate::common::count(&mut db.connect(), "SELECT COUNT(*) AS n FROM tenure_jobs");
+    assert_eq!(n, 0);
 }

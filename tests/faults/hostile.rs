@@ -9,7 +9,7 @@ use proptest::test_runner::{Config, TestCaseResult, TestRunner};
 use tenure::jobs::{self, NewJob};
 use tenure::{AnyConnection, Backend};
 
-use crate::support::{TestDb, conformance, count};
+use crate::common::{TestDb, conformance, count};
 
 conformance!(
     job_fields_round_trip_or_are_refused,

@@ -6,9 +6,10 @@
 //! `serial::*` disturbs other tests (it restarts servers): CI runs it alone, after the
 //! parallel suite (see `.ci/run`).
 
-#[path = "../conformance/support.rs"]
+// The harness shared by the three test binaries (see tests/common/mod.rs).
+#[path = "../common/mod.rs"]
 #[allow(dead_code, unused_macros, unused_imports)]
-mod support;
+mod common;
 
 mod child;
 mod hostile;

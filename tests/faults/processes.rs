@@ -11,7 +11,7 @@ use tenure::jobs::{self, NewJob};
 use tenure::{AnyConnection, Backend};
 
 use crate::child::{Spawned, spawn};
-use crate::support::{TestDb, conformance, count};
+use crate::common::{TestDb, conformance, count};
 
 conformance!(
     killed_workers_lose_no_job,

@@ -14,7 +14,7 @@ use tenure::worker::{JobContext, Worker};
 use tenure::{AnyConnection, Backend, Pool};
 
 use crate::child::{Spawned, now_text, spawn, sql};
-use crate::support::{TestDb, conformance, count};
+use crate::common::{TestDb, conformance, count, wait_until};
 
 conformance!(
     a_killed_workers_jobs_run_again_within_seconds,
@@ -227,15 +227,17 @@ fn a_killed_workers_jobs_run_again_within_seconds(backend: Backend) {
         );
         std::thread::sleep(Duration::from_millis(20));
     };
-    let until = Instant::now() + Duration::from_secs(30);
-    while count(
-        &mut conn,
-        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'",
-    ) > 0
-    {
-        assert!(Instant::now() < until, "the rescued jobs never completed");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(
+        "the rescued jobs to complete",
+        Duration::from_secs(30),
+        || {
+            (count(
+                &mut conn,
+                "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'",
+            ) == 0)
+                .then_some(())
+        },
+    );
     assert_eq!(
         count(
             &mut conn,
@@ -304,23 +306,22 @@ fn a_stopped_worker_is_never_taken_for_dead(backend: Backend) {
         &mut conn,
         &format!(
             "SELECT COUNT(*) AS n FROM tenure_workers WHERE pid = {holder_pid} AND heartbeat_at < {}",
-            crate::support::now_sql(backend)
+            crate::common::now_sql(backend)
         ),
     );
     assert_eq!(silent, 1, "the stopped worker's row is there, silent");
     holder.signal("CONT");
-    let until = Instant::now() + Duration::from_secs(60);
-    while count(
-        &mut conn,
-        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'",
-    ) > 0
-    {
-        assert!(
-            Instant::now() < until,
-            "the stopped worker's jobs never completed"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(
+        "the stopped worker's jobs to complete",
+        Duration::from_secs(60),
+        || {
+            (count(
+                &mut conn,
+                "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'",
+            ) == 0)
+                .then_some(())
+        },
+    );
     let by_job = starts(&mut conn);
     for id in &held {
         assert_eq!(

@@ -16,7 +16,7 @@ use tenure::jobs::{self, JobState, NewJob, Outcome};
 use tenure::worker::{JobContext, Worker};
 use tenure::{AnyConnection, Backend, LeaseGuard};
 
-use crate::support::{TestDb, count};
+use crate::common::{TestDb, count, wait_until};
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -66,14 +66,11 @@ fn kill_when_waiting(admin: &mut AnyConnection, backend: Backend, id: i64, state
              WHERE id = {id} AND info LIKE '{statement}%' AND time_ms > 100"
         ),
     };
-    let until = Instant::now() + Duration::from_secs(20);
-    while count(admin, &waiting) == 0 {
-        assert!(
-            Instant::now() < until,
-            "connection {id} never waited for the lock"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until(
+        &format!("connection {id} to wait for the lock"),
+        Duration::from_secs(20),
+        || (count(admin, &waiting) > 0).then_some(()),
+    );
     let kill = match backend {
         Backend::Postgres => format!("SELECT pg_terminate_backend({id})"),
         _ => format!("KILL {id}"),

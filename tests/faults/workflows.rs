@@ -10,7 +10,7 @@ use tenure::Backend;
 use tenure::jobs::{self, JobState, NewJob, Workflow};
 
 use crate::child::{Spawned, spawn};
-use crate::support::{TestDb, conformance, count};
+use crate::common::{TestDb, conformance, count};
 
 conformance!(killed_workers_leave_a_batchs_callbacks_firing_once);
 

@@ -1,0 +1,373 @@
+//! The test harness shared by the three test binaries (`conformance`, `cli`, `faults`; each
+//! includes this folder by `#[path]`): a fresh database per test on each backend, the macro
+//! that instantiates every conformance test once per backend (`conformance!`), `concrete!`,
+//! threads released together (`race`, `contest`), small queries, and the one deadline-bounded
+//! wait (`wait_until`) every poll loop uses.
+
+mod wait;
+pub use wait::{poll_until, wait_until};
+
+use std::sync::{Arc, Barrier};
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use tenure::{AnyConnection, Backend, Pool, SessionSetup};
+
+const DEFAULT_POSTGRES_URL: &str = "postgres://root@127.0.0.1:5432/test";
+const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
+
+/// Instantiates each listed test, a `fn(Backend)` of the enclosing module, once per backend
+/// whose feature is on: `<module>::sqlite::<test>`, `<module>::postgres::<test>`,
+/// `<module>::mysql::<test>`.
+macro_rules! conformance {
+    ($($test:ident),+ $(,)?) => {
+        #[cfg(feature = "sqlite")]
+        mod sqlite {
+            $(#[test] fn $test() { super::$test(tenure::Backend::Sqlite) })+
+        }
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            $(#[test] fn $test() { super::$test(tenure::Backend::Postgres) })+
+        }
+        #[cfg(feature = "mysql")]
+        mod mysql {
+            $(#[test] fn $test() { super::$test(tenure::Backend::Mysql) })+
+        }
+    };
+}
+pub(crate) use conformance;
+
+/// Runs `$body` with `$c` bound to the concrete diesel connection behind `$conn`, for SQL that
+/// uses tenure's SQL types (which diesel's multi-connection backend does not know).
+macro_rules! concrete {
+    ($conn:expr, $c:ident => $body:expr) => {
+        match tenure::TenureConnection::backend_connection($conn) {
+            #[cfg(feature = "sqlite")]
+            tenure::BackendConnection::Sqlite($c) => $body,
+            #[cfg(feature = "postgres")]
+            tenure::BackendConnection::Postgres($c) => $body,
+            #[cfg(feature = "mysql")]
+            tenure::BackendConnection::Mysql($c) => $body,
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("a backend this build does not have"),
+        }
+    };
+}
+pub(crate) use concrete;
+
+/// The server URL a backend's tests use (from the environment, or the local default).
+pub fn server_url(backend: Backend) -> String {
+    match backend {
+        Backend::Postgres => std::env::var("TENURE_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| DEFAULT_POSTGRES_URL.to_string()),
+        Backend::Mysql => {
+            std::env::var("TENURE_TEST_MYSQL_URL").unwrap_or_else(|_| DEFAULT_MYSQL_URL.to_string())
+        }
+        Backend::Sqlite => unreachable!("SQLite has no server"),
+    }
+}
+
+/// A database of its own for one test, dropped afterwards: `tenure_t_<random>` on a server, a
+/// file in a temporary directory on SQLite (not `:memory:`, which gives each connection its
+/// own database).
+pub struct TestDb {
+    pub backend: Backend,
+    url: String,
+    server: Option<(String, String)>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestDb {
+    /// An empty database. Panics, naming the server and the variable to set, when the
+    /// backend's server cannot be reached: a backend is never skipped silently.
+    pub fn empty(backend: Backend) -> TestDb {
+        if backend == Backend::Sqlite {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let url = dir.path().join("tenure-test.db").display().to_string();
+            return TestDb {
+                backend,
+                url,
+                server: None,
+                _dir: Some(dir),
+            };
+        }
+        let server = server_url(backend);
+        let name = format!("tenure_t_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = AnyConnection::connect(&server).unwrap_or_else(|e| {
+            let var = if backend == Backend::Postgres {
+                "TENURE_TEST_POSTGRES_URL"
+            } else {
+                "TENURE_TEST_MYSQL_URL"
+            };
+            panic!(
+                "the {backend} test server is unreachable ({e}). Start it (see README.md) or \
+                 point {var} at one; tests never skip a backend."
+            )
+        });
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .expect("create the test database");
+        let mut url = url::Url::parse(&server).expect("a valid server URL");
+        url.set_path(&name);
+        TestDb {
+            backend,
+            url: url.to_string(),
+            server: Some((server, name)),
+            _dir: None,
+        }
+    }
+
+    /// A database with tenure's migrations applied.
+    pub fn migrated(backend: Backend) -> TestDb {
+        let db = TestDb::empty(backend);
+        let mut conn = db.connect();
+        tenure::run_migrations(&mut conn).expect("tenure's migrations");
+        db
+    }
+
+    #[allow(dead_code)]
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A new connection with tenure's session settings (which `AnyConnection::connect`
+    /// applies).
+    pub fn connect(&self) -> AnyConnection {
+        AnyConnection::connect(&self.url).expect("connect to the test database")
+    }
+
+    /// A new connection without any session settings, as a user's own connection may be.
+    pub fn connect_raw(&self) -> AnyConnection {
+        AnyConnection::connect_raw(&self.url).expect("connect to the test database")
+    }
+
+    /// A new connection with these session settings.
+    #[allow(dead_code)]
+    pub fn connect_with(&self, setup: &SessionSetup) -> AnyConnection {
+        let mut conn = self.connect_raw();
+        setup.apply(&mut conn).expect("session settings");
+        conn
+    }
+
+    pub fn pool(&self, max_size: u32) -> Pool {
+        Pool::options()
+            .max_size(max_size)
+            .open(&self.url)
+            .expect("open a pool on the test database")
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some((server, name)) = &self.server {
+            let sql = match self.backend {
+                Backend::Postgres => format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+                _ => format!("DROP DATABASE IF EXISTS {name}"),
+            };
+            match AnyConnection::connect(server) {
+                Ok(mut admin) => {
+                    if let Err(e) = admin.batch_execute(&sql) {
+                        eprintln!("could not drop test database {name}: {e}");
+                    }
+                }
+                Err(e) => eprintln!("could not drop test database {name}: {e}"),
+            }
+        }
+    }
+}
+
+/// Runs `f` on `n` threads released together by a barrier, each with its own connection, and
+/// returns their results in thread order.
+pub fn race<T: Send + 'static>(
+    db: &TestDb,
+    n: usize,
+    f: impl Fn(usize, &mut AnyConnection) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let f = Arc::new(f);
+    let barrier = Arc::new(Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let mut conn = db.connect();
+            let (f, barrier) = (f.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                f(i, &mut conn)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("a racing thread panicked"))
+        .collect()
+}
+
+/// Counts rows with a query returning one BIGINT column named `n`.
+pub fn count(conn: &mut AnyConnection, sql: &str) -> i64 {
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    diesel::sql_query(sql)
+        .get_result::<N>(conn)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .n
+}
+
+/// The SQL column type of `tenure::sql_types::Instant` on a backend.
+pub fn instant_column(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => "TEXT",
+        Backend::Postgres => "timestamptz",
+        Backend::Mysql => "DATETIME(6)",
+    }
+}
+
+/// The SQL column type of `tenure::sql_types::Token` on a backend.
+pub fn token_column(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => "BLOB",
+        Backend::Postgres => "uuid",
+        Backend::Mysql => "BINARY(16)",
+    }
+}
+
+/// `n` bind placeholders for a backend: `$1, $2` on PostgreSQL, `?, ?` elsewhere.
+pub fn placeholders(backend: Backend, n: usize) -> String {
+    (1..=n)
+        .map(|i| match backend {
+            Backend::Postgres => format!("${i}"),
+            _ => "?".to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Runs `rounds` rounds of a contest between `n` threads, each on its own connection kept
+/// across rounds. In each round the threads are released together by a barrier and call
+/// `attempt(round, thread)`; then `judge` runs alone, with every thread's result, before the
+/// next round starts.
+pub fn contest<T: Send + 'static>(
+    db: &TestDb,
+    n: usize,
+    rounds: usize,
+    attempt: impl Fn(usize, usize, &mut AnyConnection) -> T + Send + Sync + 'static,
+    mut judge: impl FnMut(usize, Vec<T>),
+) {
+    let attempt = Arc::new(attempt);
+    let start = Arc::new(Barrier::new(n + 1));
+    let (sender, results) = std::sync::mpsc::channel::<(usize, T)>();
+    let threads: Vec<_> = (0..n)
+        .map(|i| {
+            let mut conn = db.connect();
+            let (attempt, start, sender) = (attempt.clone(), start.clone(), sender.clone());
+            std::thread::spawn(move || {
+                for round in 0..rounds {
+                    start.wait();
+                    let outcome = attempt(round, i, &mut conn);
+                    if sender.send((i, outcome)).is_err() {
+                        return;
+                    }
+                }
+            })
+        })
+        .collect();
+    drop(sender);
+    for round in 0..rounds {
+        start.wait();
+        let mut outcomes: Vec<Option<T>> = (0..n).map(|_| None).collect();
+        for _ in 0..n {
+            let (i, outcome) = results.recv().expect("a contender died");
+            outcomes[i] = Some(outcome);
+        }
+        judge(
+            round,
+            outcomes
+                .into_iter()
+                .map(|o| o.expect("one result per thread"))
+                .collect(),
+        );
+    }
+    for thread in threads {
+        thread.join().expect("a contender panicked");
+    }
+}
+
+/// The database clock as SQL, for tests that write their own statements.
+pub fn now_sql(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f','now')",
+        Backend::Postgres => "statement_timestamp()",
+        Backend::Mysql => "UTC_TIMESTAMP(6)",
+    }
+}
+
+/// Handler runs as (job id, start, end), by this process's clock.
+pub type Intervals = Arc<std::sync::Mutex<Vec<(i64, std::time::Instant, std::time::Instant)>>>;
+
+/// The pairs of runs (by job id) whose intervals overlap.
+pub fn overlaps(intervals: &[(i64, std::time::Instant, std::time::Instant)]) -> Vec<(i64, i64)> {
+    let mut found = Vec::new();
+    for (i, a) in intervals.iter().enumerate() {
+        for b in &intervals[i + 1..] {
+            if a.1 < b.2 && b.1 < a.2 {
+                found.push((a.0, b.0));
+            }
+        }
+    }
+    found
+}
+
+/// Waits until `done(report)` or `limit` passes; returns the last report.
+pub fn wait_for(
+    worker: &tenure::worker::WorkerHandle,
+    limit: std::time::Duration,
+    done: impl Fn(&tenure::worker::Report) -> bool,
+) -> tenure::worker::Report {
+    let mut last = None;
+    poll_until(limit, std::time::Duration::from_millis(10), || {
+        let report = worker.report();
+        if done(&report) {
+            return Some(report);
+        }
+        last = Some(report);
+        None
+    })
+    .unwrap_or_else(|| last.expect("at least one report"))
+}
+
+/// Sleeps until the database's clock is past `at` (60 s at most): waits decided by the clock
+/// that decides expiry, never by the client's.
+#[allow(dead_code)]
+pub fn wait_for_db_clock(conn: &mut AnyConnection, at: chrono::DateTime<chrono::Utc>) {
+    wait_until(
+        &format!("the database clock to pass {at}"),
+        std::time::Duration::from_secs(60),
+        || (tenure::database_now(conn).unwrap() > at).then_some(()),
+    );
+}
+
+/// Claims the one due job of `kind` in `queue` (for 120 s); fails the test if the claim
+/// takes any other number.
+pub fn claim_one(conn: &mut AnyConnection, queue: &str, kind: &str) -> tenure::jobs::ClaimedJob {
+    let mut claimed = tenure::jobs::claim_kinds(
+        conn,
+        queue,
+        &[kind],
+        10,
+        std::time::Duration::from_secs(120),
+    )
+    .unwrap();
+    assert_eq!(claimed.len(), 1, "claimed {claimed:?}");
+    claimed.remove(0)
+}
+
+/// A job's state (the job must exist).
+pub fn job_state(conn: &mut AnyConnection, id: i64) -> tenure::jobs::JobState {
+    tenure::jobs::get(conn, id).unwrap().unwrap().state
+}
+
+/// Enqueues a job and gives its id.
+pub fn enqueue_id(conn: &mut AnyConnection, job: tenure::jobs::NewJob) -> i64 {
+    tenure::jobs::enqueue(conn, &job).unwrap().id
+}

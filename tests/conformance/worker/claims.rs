@@ -1,0 +1,376 @@
+//! A worker's claims: one lost and re-claimed by the same worker, a cancelled job claimed ahead,
+//! a cancelled run that panics, and limits across two workers with timeouts; exact report
+//! counts.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant as Clock};
+
+use diesel::connection::SimpleConnection;
+use tenure::Backend;
+use tenure::jobs::{self, Backoff, JobState, NewJob};
+use tenure::worker::{JobContext, Report, Worker};
+
+use crate::common::{TestDb, conformance, count, wait_for};
+
+conformance!(
+    a_lost_claim_reclaimed_by_the_same_worker_runs_and_counts_once_each,
+    a_cancelled_claimed_ahead_job_never_runs,
+    a_cancelled_run_that_panics_is_not_counted_as_retried_or_panicked_alone,
+    limits_hold_across_two_workers_with_timeouts,
+);
+
+fn wait_flag(flag: &AtomicBool, limit: Duration) {
+    let until = Clock::now() + limit;
+    while !flag.load(Ordering::SeqCst) {
+        assert!(Clock::now() < until, "timed out waiting for a flag");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+// Found by an outside tester's attacks on the worker's promises; fixed in the library (worker_attacks.rs).
+/// Forces a job's claim to lapse and rescues it (as if the worker stalled) while its handler
+/// still runs; the same worker claims it again (another entry: job id + new token) and runs
+/// it in a second thread. The stale run hears `should_stop`, returns later, and is counted
+/// lost; the new run completes. Several rounds, each old run returning before or after the
+/// new one.
+fn a_lost_claim_reclaimed_by_the_same_worker_runs_and_counts_once_each(backend: Backend) {
+    const ROUNDS: usize = 4;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let runs: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
+    let stale_saw_stop = Arc::new(AtomicUsize::new(0));
+    let new_done: Arc<Mutex<HashMap<i64, bool>>> = Arc::default();
+    let lost_claim = Arc::new(AtomicBool::new(false));
+    let (seen, stopped, done, lost) = (
+        runs.clone(),
+        stale_saw_stop.clone(),
+        new_done.clone(),
+        lost_claim.clone(),
+    );
+    let worker = Worker::builder(db.pool(8))
+        .queue("lost")
+        .threads(3)
+        .claim_ttl(Duration::from_millis(900))
+        .poll_interval(Duration::from_millis(10))
+        .raw_handler("k", move |ctx: &JobContext, payload: &[u8]| {
+            let n = {
+                let mut runs = seen.lock().unwrap();
+                let n = runs.entry(ctx.id).or_default();
+                *n += 1;
+                *n
+            };
+            if n == 1 {
+                // The stale run: wait until the test took the claim away and the worker
+                // told us, then (odd rounds) until the new run completed.
+                lost.store(true, Ordering::SeqCst);
+                let until = Clock::now() + Duration::from_secs(15);
+                while !ctx.should_stop() && Clock::now() < until {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                if ctx.should_stop() {
+                    stopped.fetch_add(1, Ordering::SeqCst);
+                }
+                if payload == b"late" {
+                    while !done.lock().unwrap().get(&ctx.id).copied().unwrap_or(false)
+                        && Clock::now() < until
+                    {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+                return Ok(());
+            }
+            if payload == b"early" {
+                std::thread::sleep(Duration::from_millis(400));
+            }
+            done.lock().unwrap().insert(ctx.id, true);
+            Ok(())
+        })
+        .start()
+        .unwrap();
+    let mut ids = Vec::new();
+    for round in 0..ROUNDS {
+        lost_claim.store(false, Ordering::SeqCst);
+        let payload: &[u8] = if round % 2 == 0 { b"late" } else { b"early" };
+        let id = jobs::enqueue(&mut conn, &NewJob::new("lost", "k", payload.to_vec()))
+            .unwrap()
+            .id;
+        ids.push(id);
+        wait_flag(&lost_claim, Duration::from_secs(20));
+        // Take the claim away: lapse it (the heartbeat may renew it in between: again).
+        let until = Clock::now() + Duration::from_secs(20);
+        loop {
+            conn.batch_execute(&format!(
+                "UPDATE tenure_jobs SET claim_expires_at = created_at WHERE id = {id}"
+            ))
+            .unwrap();
+            let rescued = jobs::rescue(&mut conn, 10).unwrap();
+            if rescued.requeued == vec![id] {
+                break;
+            }
+            assert!(Clock::now() < until, "could not rescue job {id}");
+        }
+        let until = Clock::now() + Duration::from_secs(20);
+        while jobs::get(&mut conn, id).unwrap().unwrap().state != JobState::Completed {
+            assert!(Clock::now() < until, "job {id} did not complete");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let report = wait_for(&worker, Duration::from_secs(20), |r| {
+        r.lost >= ROUNDS && r.completed >= ROUNDS
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let final_report = worker.shutdown(Duration::from_secs(5));
+    assert_eq!(report, final_report, "nothing after the rounds");
+    let runs = runs.lock().unwrap();
+    for id in &ids {
+        assert_eq!(
+            runs.get(id),
+            Some(&2),
+            "job {id}: {runs:?}, {final_report:?}"
+        );
+        let job = jobs::get(&mut conn, *id).unwrap().unwrap();
+        assert_eq!(job.state, JobState::Completed, "{job:?}");
+        assert_eq!(job.attempt, 1, "the lapse used no attempt: {job:?}");
+    }
+    assert_eq!(stale_saw_stop.load(Ordering::SeqCst), ROUNDS);
+    assert_eq!(
+        final_report,
+        Report {
+            completed: ROUNDS,
+            lost: ROUNDS,
+            ..Report::default()
+        }
+    );
+}
+
+// Found by an outside tester's attacks on the worker's promises; fixed in the library (worker_attacks.rs).
+/// A worker with one thread claims short jobs ahead; one of the claimed-ahead jobs is
+/// cancelled (a cancel request: it is `running` in the database) while a long job holds the
+/// thread. It must never run, end cancelled, and use no attempt.
+fn a_cancelled_claimed_ahead_job_never_runs(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    // Warm-up: short runs make the worker claim ahead.
+    let warm: Vec<NewJob> = (0..200)
+        .map(|_| NewJob::new("ahead", "quick", vec![]))
+        .collect();
+    jobs::enqueue_many(&mut conn, &warm).unwrap();
+    let ran: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let blocking = Arc::new(AtomicBool::new(false));
+    let release = Arc::new(AtomicBool::new(false));
+    let (seen, b, r) = (ran.clone(), blocking.clone(), release.clone());
+    let worker = Worker::builder(db.pool(8))
+        .queue("ahead")
+        .threads(1)
+        .claim_ttl(Duration::from_millis(600))
+        .poll_interval(Duration::from_millis(10))
+        .raw_handler("quick", |_: &JobContext, _: &[u8]| Ok(()))
+        .raw_handler("block", move |_: &JobContext, _: &[u8]| {
+            b.store(true, Ordering::SeqCst);
+            let until = Clock::now() + Duration::from_secs(20);
+            while !r.load(Ordering::SeqCst) && Clock::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(())
+        })
+        .raw_handler("target", move |ctx: &JobContext, _: &[u8]| {
+            seen.lock().unwrap().push(ctx.id);
+            Ok(())
+        })
+        .start()
+        .unwrap();
+    wait_for(&worker, Duration::from_secs(20), |r| r.completed >= 200);
+    // The blocker first, then targets behind it in one claim. Whether a claim takes targets
+    // ahead depends on the moving average of run times: a round with none is run again.
+    let mut claimed_ahead: Vec<i64> = Vec::new();
+    let mut rounds = 0;
+    for _round in 0..5 {
+        rounds += 1;
+        let mut batch = vec![NewJob::new("ahead", "block", vec![]).priority(-1)];
+        batch.extend((0..20).map(|_| NewJob::new("ahead", "target", vec![])));
+        let ids: Vec<i64> = jobs::enqueue_many(&mut conn, &batch)
+            .unwrap()
+            .iter()
+            .map(|e| e.id)
+            .collect();
+        wait_flag(&blocking, Duration::from_secs(20));
+        // Some targets are claimed ahead (running in the database, not started).
+        std::thread::sleep(Duration::from_millis(200));
+        claimed_ahead = ids[1..]
+            .iter()
+            .copied()
+            .filter(|id| jobs::get(&mut conn, *id).unwrap().unwrap().state == JobState::Running)
+            .collect();
+        if !claimed_ahead.is_empty() {
+            break;
+        }
+        release.store(true, Ordering::SeqCst);
+        let until = Clock::now() + Duration::from_secs(20);
+        while count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
+        ) > 0
+            && Clock::now() < until
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        blocking.store(false, Ordering::SeqCst);
+        release.store(false, Ordering::SeqCst);
+    }
+    for id in &claimed_ahead {
+        assert!(jobs::cancel(&mut conn, *id).unwrap());
+    }
+    // Past a few heartbeats (ttl/3 = 200 ms).
+    std::thread::sleep(Duration::from_millis(1000));
+    release.store(true, Ordering::SeqCst);
+    let until = Clock::now() + Duration::from_secs(20);
+    while count(
+        &mut conn,
+        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
+    ) > 0
+        && Clock::now() < until
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let report = worker.shutdown(Duration::from_secs(5));
+    let ran = ran.lock().unwrap();
+    let wrongly_ran: Vec<_> = claimed_ahead.iter().filter(|id| ran.contains(id)).collect();
+    assert!(
+        !claimed_ahead.is_empty(),
+        "no job was claimed ahead: {report:?}"
+    );
+    assert!(
+        wrongly_ran.is_empty(),
+        "{wrongly_ran:?} of {claimed_ahead:?}; {report:?}"
+    );
+    for id in &claimed_ahead {
+        let job = jobs::get(&mut conn, *id).unwrap().unwrap();
+        assert_eq!(job.state, JobState::Cancelled, "{job:?}");
+    }
+    assert_eq!(
+        report.completed,
+        // Every round enqueued a blocker and 20 targets; rounds without targets claimed
+        // ahead ran them all.
+        200 + rounds * (1 + 20) - claimed_ahead.len(),
+        "{report:?}"
+    );
+    assert_eq!(report.cancelled, claimed_ahead.len(), "{report:?}");
+}
+
+// Found by an outside tester's attacks on the worker's promises; fixed in the library (worker_attacks.rs).
+/// A cancelled run whose handler then panics (and another that passes its timeout): the job
+/// ends cancelled. The report documents panicked and timed_out as "also counted as retried
+/// or dead"; here neither is retried nor dead, so the counts do not add up.
+fn a_cancelled_run_that_panics_is_not_counted_as_retried_or_panicked_alone(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let id = jobs::enqueue(&mut conn, &NewJob::new("cp", "k", vec![]))
+        .unwrap()
+        .id;
+    let started = Arc::new(AtomicBool::new(false));
+    let s = started.clone();
+    let worker = Worker::builder(db.pool(8))
+        .queue("cp")
+        .threads(1)
+        .claim_ttl(Duration::from_millis(600))
+        .poll_interval(Duration::from_millis(10))
+        .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
+            s.store(true, Ordering::SeqCst);
+            let until = Clock::now() + Duration::from_secs(20);
+            while !ctx.should_stop() && Clock::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            panic!("stopping badly");
+        })
+        .start()
+        .unwrap();
+    wait_flag(&started, Duration::from_secs(20));
+    assert!(jobs::cancel(&mut conn, id).unwrap());
+    wait_for(&worker, Duration::from_secs(20), |r| r.cancelled == 1);
+    std::thread::sleep(Duration::from_millis(200));
+    let report = worker.shutdown(Duration::from_secs(5));
+    assert_eq!(
+        jobs::get(&mut conn, id).unwrap().unwrap().state,
+        JobState::Cancelled
+    );
+    assert_eq!(report.cancelled, 1, "{report:?}");
+    assert!(
+        report.panicked <= report.retried + report.dead + report.cancelled + report.lost,
+        "panicked is documented as also counted under how the run was recorded: {report:?}"
+    );
+}
+
+// Found by an outside tester's attacks on the worker's promises; fixed in the library (worker_attacks.rs).
+/// Two workers, limit(key, 2), a timeout every handler overruns (ignoring should_stop for
+/// a while), retries due almost at once: at no moment do more than 2 handlers of the key run,
+/// across both workers.
+fn limits_hold_across_two_workers_with_timeouts(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let batch: Vec<NewJob> = (0..8)
+        .map(|_| {
+            NewJob::new("lim2", "slow", vec![])
+                .limit("two", 2)
+                // Room for extra timeouts on a loaded machine: runs are counted, not timed.
+                .max_attempts(20)
+        })
+        .collect();
+    jobs::enqueue_many(&mut conn, &batch).unwrap();
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let start = || {
+        let (running, most, ran) = (running.clone(), most.clone(), ran.clone());
+        Worker::builder(db.pool(8))
+            .queue("lim2")
+            .threads(3)
+            .claim_ttl(Duration::from_millis(600))
+            .poll_interval(Duration::from_millis(5))
+            .raw_handler("slow", move |ctx: &JobContext, _: &[u8]| {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                let dur = if ctx.attempt == 1 { 400 } else { 0 };
+                std::thread::sleep(Duration::from_millis(dur));
+                running.fetch_sub(1, Ordering::SeqCst);
+                ran.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            })
+            .kind_backoff(
+                "slow",
+                Backoff {
+                    base: Duration::from_millis(1),
+                    max: Duration::from_millis(1),
+                },
+            )
+            .timeout("slow", Duration::from_millis(100))
+            .start()
+            .unwrap()
+    };
+    let (a, b) = (start(), start());
+    let until = Clock::now() + Duration::from_secs(60);
+    while count(
+        &mut conn,
+        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
+    ) > 0
+        && Clock::now() < until
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (ra, rb) = (
+        a.shutdown(Duration::from_secs(5)),
+        b.shutdown(Duration::from_secs(5)),
+    );
+    assert!(
+        most.load(Ordering::SeqCst) <= 2,
+        "{} handlers of a limit-2 key at once; A {ra:?}, B {rb:?}",
+        most.load(Ordering::SeqCst)
+    );
+    // Every first run times out; a later one may too on a loaded machine. Each run is
+    // recorded once: timed out or completed.
+    let timed_out = ra.timed_out + rb.timed_out;
+    assert!(timed_out >= 8, "A {ra:?}, B {rb:?}");
+    assert_eq!(ra.completed + rb.completed, 8, "A {ra:?}, B {rb:?}");
+    assert_eq!(ran.load(Ordering::SeqCst), timed_out + 8);
+}
