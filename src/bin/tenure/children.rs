@@ -60,10 +60,10 @@ pub struct GroupWatchdog {
     pipe: Option<ChildStdin>,
 }
 
-/// The watchdog's script: `$1` is the group. `read` fails at end-of-file; a line `done`
-/// dismisses it.
+/// The watchdog's script: `$1` is the group (`kill -s KILL --`: dash takes `kill -KILL --`
+/// for a number). `read` fails at end-of-file; a line `done` dismisses it.
 const WATCHDOG: &str =
-    r#"read -r line; [ "$line" = done ] || kill -KILL -- "-$1" 2>/dev/null; exit 0"#;
+    r#"read -r line; [ "$line" = done ] || kill -s KILL -- "-$1" 2>/dev/null; exit 0"#;
 
 impl GroupWatchdog {
     pub fn start(pgid: u32) -> std::io::Result<GroupWatchdog> {
