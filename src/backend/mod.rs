@@ -13,6 +13,8 @@ use diesel::result::QueryResult;
 
 use crate::{Error, Result};
 
+#[cfg(all(feature = "mysql", unix))]
+mod descriptors;
 #[cfg(feature = "sqlite")]
 pub(crate) mod file_lock;
 #[cfg(feature = "mysql")]
@@ -398,9 +400,14 @@ impl AnyConnection {
                 .map(AnyConnection::Postgres)
                 .map_err(connect_error),
             #[cfg(feature = "mysql")]
-            Backend::Mysql => MysqlConnection::establish(&target)
-                .map(AnyConnection::Mysql)
-                .map_err(connect_error),
+            Backend::Mysql => {
+                #[cfg(unix)]
+                let before = descriptors::open_descriptors();
+                let connected = MysqlConnection::establish(&target);
+                #[cfg(unix)]
+                descriptors::close_on_exec_since(&before);
+                connected.map(AnyConnection::Mysql).map_err(connect_error)
+            }
             #[allow(unreachable_patterns)]
             other => Err(other.not_enabled()),
         }

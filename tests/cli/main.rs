@@ -25,6 +25,7 @@ mod schedules;
 mod secrets;
 mod serve;
 mod webdriver;
+mod work_children;
 mod work_logs;
 mod workflows;
 

@@ -285,6 +285,8 @@ pub fn run(target: &database::Target, args: RunArgs) -> Outcome {
         // A background process group reading the terminal would be stopped (SIGTTIN).
         command.stdin(Stdio::null());
     }
+    // Nothing of this process (its database connections) reaches the command.
+    crate::children::inherit_only_stdio(&mut command);
     #[cfg(target_os = "linux")]
     {
         let parent = std::process::id() as libc::pid_t;

@@ -1,5 +1,6 @@
 //! `tenure`: see and steer tenure's tables, run shell-command jobs, and watch a demo.
 
+mod children;
 mod database;
 mod demo;
 mod duration;

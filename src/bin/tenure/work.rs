@@ -16,7 +16,7 @@ use tenure::jobs::{self, Backoff};
 use tenure::worker::{JobContext, JobError, Worker};
 
 use crate::duration::{format_duration, parse_flag};
-use crate::{Failure, Outcome, database};
+use crate::{Failure, Outcome, children, database};
 
 /// The kind of job `tenure work` runs.
 pub const SHELL: &str = "shell";
@@ -272,7 +272,8 @@ fn run_command(pool: &Pool, ctx: &JobContext, job: &ShellJob) -> Result<(), JobE
         })?;
         passed_on.push((name, value));
     }
-    let mut child = Command::new("/bin/sh")
+    let mut command = Command::new("/bin/sh");
+    command
         .arg("-c")
         .arg(&job.command)
         .envs(&job.env)
@@ -280,9 +281,34 @@ fn run_command(pool: &Pool, ctx: &JobContext, job: &ShellJob) -> Result<(), JobE
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
+        .process_group(0);
+    // Nothing of this process (its database connections) reaches the command.
+    children::inherit_only_stdio(&mut command);
+    #[cfg(target_os = "linux")]
+    // SAFETY: only an async-signal-safe system call between fork and exec.
+    unsafe {
+        // The shell at least dies with this thread even before the watchdog below is up.
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let mut child = command
         .spawn()
         .map_err(|e| JobError::retry(format!("cannot start /bin/sh: {e}")))?;
+    let group = child.id();
+    // The command's group ends when this worker dies, even by SIGKILL: before its job can be
+    // rescued and run again beside it.
+    let watchdog = match children::GroupWatchdog::start(group) {
+        Ok(watchdog) => watchdog,
+        Err(e) => {
+            children::kill_group(group);
+            let _ = child.wait();
+            return Err(JobError::retry(format!(
+                "cannot start the command's watchdog: {e}"
+            )));
+        }
+    };
     let output: Arc<Mutex<Vec<u8>>> = Arc::default();
     let readers: Vec<_> = [
         child
@@ -324,17 +350,29 @@ fn run_command(pool: &Pool, ctx: &JobContext, job: &ShellJob) -> Result<(), JobE
         }
         if ctx.should_stop() && !killed {
             // The whole group: the shell and what it started.
-            let _ = Command::new("kill")
-                .args(["-KILL", "--", &format!("-{}", child.id())])
-                .status();
+            children::kill_group(group);
             let _ = child.kill();
             killed = true;
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    // A child the command put in the background may hold the output open after the shell
+    // exited: a timeout or a cancel still ends it.
+    while readers.iter().any(|reader| !reader.is_finished()) {
+        if ctx.should_stop() && !killed {
+            children::kill_group(group);
+            killed = true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     for reader in readers {
         let _ = reader.join();
     }
+    // The run ends here, and nothing of it outlives it: what is left of its group (a child
+    // that closed its output and went on) is ended too. A command that must leave something
+    // running detaches it into a session of its own (setsid).
+    children::kill_group(group);
+    watchdog.dismiss();
     let output = std::mem::take(&mut *output.lock().unwrap_or_else(|e| e.into_inner()));
     let code = status.and_then(|s| s.code());
     jobs::record_output(&mut pool.get()?, ctx.id, ctx.attempt, code, &output)?;
