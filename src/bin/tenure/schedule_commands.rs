@@ -29,7 +29,7 @@ pub enum SchedulesCommand {
         #[arg(long, default_value = "UTC")]
         time_zone: String,
         #[command(flatten)]
-        job: JobArgs,
+        job: Box<JobArgs>,
     },
     /// Pause a schedule.
     Pause { name: String },
