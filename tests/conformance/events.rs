@@ -12,11 +12,20 @@ use tenure::worker::{Event, JobContext, JobError, RunOutcome, Worker};
 
 use crate::common::{TestDb, conformance, wait_for};
 
+#[cfg(feature = "metrics")]
 conformance!(
     events_count_runs_retries_dead_rescues_and_snoozes,
     snoozes_use_no_attempt_and_are_counted,
     tracing_has_a_span_per_run_and_a_line_per_recorded_job,
     metrics_count_what_the_worker_did,
+    a_panicking_event_hook_neither_wedges_the_worker_nor_loses_runs,
+    job_context_times_are_the_rows_and_the_events,
+);
+#[cfg(not(feature = "metrics"))]
+conformance!(
+    events_count_runs_retries_dead_rescues_and_snoozes,
+    snoozes_use_no_attempt_and_are_counted,
+    tracing_has_a_span_per_run_and_a_line_per_recorded_job,
     a_panicking_event_hook_neither_wedges_the_worker_nor_loses_runs,
     job_context_times_are_the_rows_and_the_events,
 );
