@@ -7,27 +7,59 @@ use diesel::ConnectionError;
 /// What a redacted secret shows instead.
 const MASK: &str = "•••";
 
-/// Passwords shorter than this are not searched for inside a message (replacing every `ab`
-/// would garble it): a message that holds one is withheld whole.
+/// Passwords (and pieces of them) shorter than this are not masked inside a message
+/// (replacing every `ab` would garble it): a message that holds one as a word of its own is
+/// withheld whole.
 const SHORTEST_MASKED: usize = 4;
 
 /// The secrets a URL may carry, longest first: the whole URL, its user-info (`user:password`,
 /// everything before the last `@` after the scheme) and the password, as written and
 /// percent-decoded. For a malformed URL these are guesses that err on hiding more.
+///
+/// A password is also taken from the query (libpq's `password=` and `sslpassword=`, their
+/// names percent-decoded as libpq decodes them), and each piece of a password between URL
+/// delimiters is a secret too: drivers split a URL differently (libpq ends the user-info at
+/// the first `@` or `/`, so `u:hunter2/secret@h` gives the port "hunter2", and
+/// `u:hunter2@secret@h` the host "secret@h"), and may echo one piece alone.
 fn secrets_of(url: &str) -> Vec<String> {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let mut secrets = vec![url.to_string()];
+    let mut passwords = Vec::new();
     if let Some((userinfo, _)) = rest.rsplit_once('@') {
         secrets.push(userinfo.to_string());
         if let Some((_, password)) = userinfo.split_once(':') {
-            secrets.push(password.to_string());
-            secrets.push(percent_decoded(password));
+            passwords.push(password);
+        }
+    }
+    if let Some((_, query)) = rest.split_once('?') {
+        for (name, value) in query.split('&').filter_map(|pair| pair.split_once('=')) {
+            if matches!(percent_decoded(name).as_str(), "password" | "sslpassword") {
+                passwords.push(value);
+            }
+        }
+    }
+    for password in passwords {
+        for piece in std::iter::once(password).chain(password.split(['@', '/', '?', '#', ':'])) {
+            secrets.push(piece.to_string());
+            secrets.push(percent_decoded(piece));
         }
     }
     secrets.retain(|s| !s.is_empty());
     secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
     secrets.dedup();
     secrets
+}
+
+/// Whether `secret` occurs in `text` as a word of its own: not inside a longer run of
+/// letters and digits (a driver echoes a URL's pieces between its delimiters or quotes; a
+/// short password found only inside words, like `nn` in "Connection refused", is not echoed).
+fn stands_alone(text: &str, secret: &str) -> bool {
+    let word = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    (0..text.len())
+        .filter(|&at| text.is_char_boundary(at) && text[at..].starts_with(secret))
+        .any(|at| {
+            !word(text[..at].chars().next_back()) && !word(text[at + secret.len()..].chars().next())
+        })
 }
 
 /// `%XX` decoded where it is well formed, the rest kept (lossy for bytes that are not UTF-8).
@@ -62,7 +94,11 @@ pub(crate) fn redact(message: &str, url: &str) -> String {
             continue;
         }
         if secret.chars().count() < SHORTEST_MASKED {
-            return "the driver's message is withheld: it repeats the URL's password".to_string();
+            if stands_alone(&text, &secret) {
+                return "the driver's message is withheld: it repeats the URL's password"
+                    .to_string();
+            }
+            continue;
         }
         text = text.replace(&secret, MASK);
     }
@@ -101,6 +137,28 @@ mod tests {
     fn a_short_password_withholds_the_message() {
         let redacted = redact("no access for pw", "postgres://u:pw@host/db");
         assert!(!redacted.contains("pw"), "{redacted}");
+    }
+
+    #[test]
+    fn a_short_password_inside_words_keeps_the_message() {
+        let message = "Connection refused: is the server running on that host?";
+        assert_eq!(redact(message, "postgres://u:nn@host/db"), message);
+    }
+
+    #[test]
+    fn pieces_and_query_passwords_are_masked() {
+        let port = "invalid integer value \"hunter2\" for connection option \"port\"";
+        assert!(!redact(port, "postgres://u:hunter2/secret@h/db").contains("hunter2"));
+        let host = "could not translate host name \"secret@h\" to address";
+        assert!(!redact(host, "postgres://u:hunter2@secret@h/db").contains("secret"));
+        let token = "invalid percent-encoded token: \"hunter2%zz\"";
+        for url in [
+            "postgres://u@h/db?password=hunter2%zz",
+            "postgres://u@h/db?sslmode=disable&sslpassword=hunter2%zz",
+            "postgres://u@h/db?pass%77ord=hunter2%zz",
+        ] {
+            assert!(!redact(token, url).contains("hunter2"), "{url}");
+        }
     }
 
     #[test]

@@ -23,6 +23,7 @@ mod lease_run;
 mod output;
 mod schedules;
 mod secrets;
+mod secrets_attacks;
 mod serve;
 mod webdriver;
 mod work_children;

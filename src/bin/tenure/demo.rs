@@ -434,8 +434,8 @@ fn program() -> String {
     }
 }
 
-/// A server URL with its password (in the authority, or a `password=` query parameter)
-/// replaced by PASSWORD, to print.
+/// A server URL with its password (in the authority, or a `password=` or `sslpassword=`
+/// query parameter) replaced by PASSWORD, to print.
 fn without_password(url: &str) -> String {
     let url = without_user_password(url);
     let Some((base, query)) = url.split_once('?') else {
@@ -444,7 +444,13 @@ fn without_password(url: &str) -> String {
     let query: Vec<String> = query
         .split('&')
         .map(|pair| match pair.split_once('=') {
-            Some((name, _)) if name.eq_ignore_ascii_case("password") => {
+            // libpq percent-decodes a parameter's name too (`pass%77ord=` is a password).
+            Some((name, _))
+                if ["password", "sslpassword"].iter().any(|secret| {
+                    form_urlencoded::parse(name.as_bytes())
+                        .any(|(decoded, _)| decoded.eq_ignore_ascii_case(secret))
+                }) =>
+            {
                 format!("{name}=PASSWORD")
             }
             _ => pair.to_string(),
@@ -488,6 +494,8 @@ mod tests {
             "postgres://u:hunter2@h/db",
             "postgres://u@h/db?password=hunter2",
             "postgres://u@h/db?sslmode=disable&PASSWORD=hunter2",
+            "postgres://u@h/db?pass%77ord=hunter2",
+            "postgres://u@h/db?sslpassword=hunter2",
         ] {
             let text = next_steps(url, "tenure", 1);
             assert!(!text.contains("hunter2"), "{text}");

@@ -30,12 +30,14 @@ pub fn mask_env(kind: &str, payload: &mut serde_json::Value) {
     if kind != SHELL {
         return;
     }
-    if let Some(env) = payload
-        .get_mut("env")
-        .and_then(serde_json::Value::as_object_mut)
-    {
-        env.values_mut()
-            .for_each(|v| *v = serde_json::Value::from(MASK));
+    match payload.get_mut("env") {
+        Some(serde_json::Value::Object(env)) => env
+            .values_mut()
+            .for_each(|v| *v = serde_json::Value::from(MASK)),
+        // Not a map (a payload the worker refuses, enqueued through the library): it may
+        // still hold `NAME=VALUE` text, so it is masked whole.
+        Some(env) => *env = serde_json::Value::from(MASK),
+        None => {}
     }
 }
 
@@ -171,7 +173,8 @@ impl ShellJob {
         for (name, value) in &self.env {
             if name.is_empty() || name.contains(['=', '\0']) {
                 return Err(format!(
-                    "the environment variable name {name:?} is empty or holds `=` or a NUL byte"
+                    "the environment variable name {} is empty or holds `=` or a NUL byte",
+                    shown_name(name)
                 ));
             }
             if value.contains('\0') {
@@ -181,7 +184,8 @@ impl ShellJob {
         for name in &self.env_from {
             if name.is_empty() || name.contains(['=', '\0']) {
                 return Err(format!(
-                    "the --env-from name {name:?} is empty or holds `=` or a NUL byte"
+                    "the --env-from name {} is empty or holds `=` or a NUL byte",
+                    shown_name(name)
                 ));
             }
         }
@@ -189,24 +193,36 @@ impl ShellJob {
     }
 }
 
+/// A variable name as an error may show it: what follows a `=` in it is left out, since
+/// `--env-from TOKEN=s3cr3t` (taken for `--env`) puts a value there.
+fn shown_name(name: &str) -> String {
+    match name.split_once('=') {
+        Some((before, _)) => format!("{before:?}=…"),
+        None => format!("{name:?}"),
+    }
+}
+
 /// Whether `payload` is a shell job's (`{"command": ..., "env": {...}}`), and if not why.
 pub fn check_shell_payload(payload: &[u8]) -> Result<(), String> {
-    serde_json::from_slice::<ShellJob>(payload)
-        .map_err(|e| {
-            // serde repeats a value of the wrong type ("invalid type: string \"TOKEN=...\""),
-            // which may be a secret: say where it is instead.
-            let text = e.to_string();
-            if text.starts_with("invalid type") || text.starts_with("invalid value") {
-                format!(
-                    "a value of the wrong type at line {} column {}",
-                    e.line(),
-                    e.column()
-                )
-            } else {
-                text
-            }
-        })?
-        .runnable()
+    decode_shell(payload)?.runnable()
+}
+
+/// A shell job's payload decoded, or why not in words that repeat no value of it.
+fn decode_shell(payload: &[u8]) -> Result<ShellJob, String> {
+    serde_json::from_slice::<ShellJob>(payload).map_err(|e| {
+        // serde repeats a value of the wrong type ("invalid type: string \"TOKEN=...\""),
+        // which may be a secret: say where it is instead.
+        let text = e.to_string();
+        if text.starts_with("invalid type") || text.starts_with("invalid value") {
+            format!(
+                "a value of the wrong type at line {} column {}",
+                e.line(),
+                e.column()
+            )
+        } else {
+            text
+        }
+    })
 }
 
 pub fn run(target: &database::Target, args: WorkArgs) -> Outcome {
@@ -227,7 +243,13 @@ pub fn run(target: &database::Target, args: WorkArgs) -> Outcome {
             base: retry_after,
             max: Duration::from_secs(3600),
         })
-        .handler(SHELL, move |ctx: &JobContext, job: ShellJob| {
+        // Decoded here, not by `handler`, whose error for an undecodable payload repeats
+        // serde's, values included (an `env` given as "TOKEN=..." text): it would be the
+        // job's error, on every page and in the log.
+        .raw_handler(SHELL, move |ctx: &JobContext, payload: &[u8]| {
+            let job = decode_shell(payload).map_err(|why| {
+                JobError::dead(format!("the payload is not a shell job's: {why}"))
+            })?;
             run_command(&outputs, ctx, &job)
         })
         .timeout(SHELL, timeout);
