@@ -153,6 +153,10 @@ mod validate;
 mod wake;
 pub mod worker;
 
+/// The diesel tenure is built with, for your own queries beside tenure's (`use
+/// tenure::diesel::prelude::*`): its version and features always match tenure's.
+pub use diesel;
+
 pub use backend::{
     AnyConnection, Backend, BackendConnection, SessionSetup, Synchronous, TenureConnection,
 };

@@ -81,7 +81,41 @@ impl TestDb {
     /// An empty database. Panics, naming the server and the variable to set, when the
     /// backend's server cannot be reached: a backend is never skipped silently.
     pub fn empty(backend: Backend) -> TestDb {
-        if backend == Backend::Sqlite {
+        let var = if backend == Backend::Postgres {
+            "TENURE_TEST_POSTGRES_URL"
+        } else {
+            "TENURE_TEST_MYSQL_URL"
+        };
+        let server = (backend != Backend::Sqlite).then(|| server_url(backend));
+        TestDb::empty_on(backend, server, var)
+    }
+
+    /// A migrated database on the server a test may restart and whose connections it may
+    /// kill: never the one the other tests share, but the private server `scripts/test`
+    /// starts (`TENURE_TEST_RESTARTABLE_POSTGRES_URL`, `TENURE_TEST_RESTARTABLE_MYSQL_URL`).
+    /// Panics when the variable is unset.
+    #[allow(dead_code)]
+    pub fn restartable(backend: Backend) -> TestDb {
+        let var = if backend == Backend::Postgres {
+            "TENURE_TEST_RESTARTABLE_POSTGRES_URL"
+        } else {
+            "TENURE_TEST_RESTARTABLE_MYSQL_URL"
+        };
+        let server = std::env::var(var).unwrap_or_else(|_| {
+            panic!(
+                "{var} is unset: it names the private {backend} server this test may restart \
+                 (scripts/test starts one: scripts/private-servers)"
+            )
+        });
+        let db = TestDb::empty_on(backend, Some(server), var);
+        let mut conn = db.connect();
+        tenure::run_migrations(&mut conn).expect("tenure's migrations");
+        db
+    }
+
+    /// An empty database on `server` (`None` for SQLite); `var` names where its URL came from.
+    fn empty_on(backend: Backend, server: Option<String>, var: &str) -> TestDb {
+        let Some(server) = server else {
             let dir = tempfile::tempdir().expect("a temporary directory");
             let url = dir.path().join("tenure-test.db").display().to_string();
             return TestDb {
@@ -90,15 +124,9 @@ impl TestDb {
                 server: None,
                 _dir: Some(dir),
             };
-        }
-        let server = server_url(backend);
+        };
         let name = format!("tenure_t_{}", uuid::Uuid::new_v4().simple());
         let mut admin = AnyConnection::connect(&server).unwrap_or_else(|e| {
-            let var = if backend == Backend::Postgres {
-                "TENURE_TEST_POSTGRES_URL"
-            } else {
-                "TENURE_TEST_MYSQL_URL"
-            };
             panic!(
                 "the {backend} test server is unreachable ({e}). Start it (see README.md) or \
                  point {var} at one; tests never skip a backend."

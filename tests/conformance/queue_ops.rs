@@ -22,6 +22,7 @@ conformance!(
     retry_dead_jobs,
     paused_queues_are_skipped,
     error_history_is_kept_and_bounded,
+    a_dead_jobs_last_failed_run_is_when_it_finished,
     stats_count_every_state,
     the_test_helper_runs_due_jobs_on_the_calling_thread,
     bad_input_is_refused_and_writes_nothing,
@@ -528,6 +529,43 @@ fn error_history_is_kept_and_bounded(backend: Backend) {
     assert!(history[18].error.len() <= jobs::MAX_ERROR_BYTES && history[18].error.starts_with('ü'));
     assert_eq!(history.last().unwrap().attempt, 26);
     assert!(history.last().unwrap().error.contains("lapsed"));
+}
+
+/// A dead job's page showed "finished .224" but "run 3 failed at .225": the history's instant
+/// was read by the next statement. Found by the first-hour review (issue 31, item 9).
+fn a_dead_jobs_last_failed_run_is_when_it_finished(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    for round in 0..20 {
+        let id = jobs::enqueue(&mut conn, &NewJob::new("d", "k", vec![]).max_attempts(2))
+            .unwrap()
+            .id;
+        let first = jobs::claim(&mut conn, "d", 1, TTL).unwrap().remove(0);
+        jobs::fail(
+            &mut conn,
+            first.claim(),
+            "once",
+            Retry::After(Duration::ZERO),
+        )
+        .unwrap();
+        let second = jobs::claim(&mut conn, "d", 1, TTL).unwrap().remove(0);
+        let retry_ended = if round % 2 == 0 {
+            Retry::Never
+        } else {
+            Retry::After(Duration::ZERO)
+        };
+        jobs::fail(&mut conn, second.claim(), "for good", retry_ended).unwrap();
+        let job = jobs::get(&mut conn, id).unwrap().unwrap();
+        assert_eq!(job.state, JobState::Dead);
+        let history = jobs::history(&mut conn, id).unwrap();
+        assert_eq!(history.len(), 2);
+        assert_eq!(
+            Some(history[1].failed_at),
+            job.finished_at,
+            "round {round}: {history:?}"
+        );
+        assert!(history[0].failed_at <= history[1].failed_at);
+    }
 }
 
 fn stats_count_every_state(backend: Backend) {

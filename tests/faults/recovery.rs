@@ -96,7 +96,12 @@ pub fn holding_worker(url: &str, cap: u64) {
 /// The database with the starts table and the jobs: warm-up, slow (sleeping `slow_ms`),
 /// tail; one attempt each (a kill must use none). Enqueued in that order: claimed in it.
 pub(crate) fn setup(backend: Backend, slow_ms: u64) -> (TestDb, AnyConnection) {
-    let db = TestDb::migrated(backend);
+    setup_on(TestDb::migrated(backend), slow_ms)
+}
+
+/// [`setup`] on a database of the caller's (a server a test may restart).
+pub(crate) fn setup_on(db: TestDb, slow_ms: u64) -> (TestDb, AnyConnection) {
+    let backend = db.backend;
     let mut conn = db.connect();
     let text = if backend == Backend::Mysql {
         "VARCHAR(64)"

@@ -1,9 +1,9 @@
-//! `scripts/test` itself: a failure of the parallel suite does not skip the serial fault
-//! scenarios; both stages are reported and the script fails if either failed (item 13:
-//! `set -e` used to end the script at the first failing stage).
+//! `scripts/test` itself: the whole suite, fault scenarios included, in one nextest run whose
+//! failure fails the script (it used to run two stages, and `set -e` once ended it at the
+//! first failing one, skipping the fault scenarios).
 //!
-//! The script runs against a stand-in `cargo` (first on `PATH`) that records its arguments
-//! and fails the stage it is told to; the servers' URLs are set, so the script starts none.
+//! The script runs against a stand-in `cargo` (first on `PATH`) that records its arguments and
+//! exits as told; the servers' URLs and restart commands are given, so it starts no server.
 
 use std::path::Path;
 use std::process::Command;
@@ -11,8 +11,7 @@ use std::process::Command;
 const FAKE_CARGO: &str = r#"#!/bin/sh
 echo "$*" >> "$FAKE_CARGO_LOG"
 case "$*" in
-    *"not test(/^serial::/)"*) exit "$FAKE_PARALLEL_EXIT" ;;
-    *"test(/^serial::/)"*) exit "$FAKE_SERIAL_EXIT" ;;
+    "nextest run"*) exit "$FAKE_NEXTEST_EXIT" ;;
 esac
 exit 0
 "#;
@@ -20,11 +19,11 @@ exit 0
 struct Run {
     success: bool,
     stdout: String,
-    /// The `cargo nextest run` stages the script started, in order.
-    stages: Vec<&'static str>,
+    /// The filter of each `cargo nextest run` the script started (empty: none).
+    runs: Vec<String>,
 }
 
-fn run_script(parallel_exit: i32, serial_exit: i32) -> Run {
+fn run_script(nextest_exit: i32) -> Run {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let cargo = dir.path().join("cargo");
     std::fs::write(&cargo, FAKE_CARGO).expect("write the stand-in cargo");
@@ -41,74 +40,58 @@ fn run_script(parallel_exit: i32, serial_exit: i32) -> Run {
         .arg(&script)
         .env("PATH", path)
         .env("FAKE_CARGO_LOG", &log)
-        .env("FAKE_PARALLEL_EXIT", parallel_exit.to_string())
-        .env("FAKE_SERIAL_EXIT", serial_exit.to_string())
+        .env("FAKE_NEXTEST_EXIT", nextest_exit.to_string())
         .env(
             "TENURE_TEST_POSTGRES_URL",
             "postgres://unused@127.0.0.1:1/unused",
         )
         .env("TENURE_TEST_MYSQL_URL", "mysql://unused@127.0.0.1:1/unused")
-        // The stand-in cargo needs no servers: none are started for it.
-        .env("TENURE_TEST_SERIAL_SERVERS", "given")
+        // Servers to restart are given: the script starts no private ones.
+        .env("TENURE_TEST_RESTART_POSTGRES", "true")
+        .env("TENURE_TEST_RESTART_MYSQL", "true")
+        .env(
+            "TENURE_TEST_RESTARTABLE_POSTGRES_URL",
+            "postgres://unused@127.0.0.1:1/unused",
+        )
+        .env(
+            "TENURE_TEST_RESTARTABLE_MYSQL_URL",
+            "mysql://unused@127.0.0.1:1/unused",
+        )
         .output()
         .expect("run scripts/test");
     let calls = std::fs::read_to_string(&log).unwrap_or_default();
-    let stages = calls
+    let runs = calls
         .lines()
         .filter(|line| line.starts_with("nextest run"))
         .map(|line| {
-            if line.contains("not test(/^serial::/)") {
-                "parallel"
-            } else {
-                "serial"
-            }
+            line.split_once(" -E ")
+                .map_or(String::new(), |(_, f)| f.to_string())
         })
         .collect();
     Run {
         success: output.status.success(),
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stages,
+        runs,
     }
 }
 
 #[test]
-fn scripts_test_runs_the_serial_stage_after_a_failure_and_reports_both() {
-    let failed_first = run_script(100, 0);
-    assert_eq!(
-        failed_first.stages,
-        ["parallel", "serial"],
+fn scripts_test_runs_everything_once_and_fails_when_it_fails() {
+    let failed = run_script(100);
+    assert_eq!(failed.runs, [""], "one run, no filter: {}", failed.stdout);
+    assert!(!failed.success, "a failed run fails the script");
+    assert!(
+        failed.stdout.contains("== the suite: FAILED (exit 100)"),
         "{}",
-        failed_first.stdout
-    );
-    assert!(
-        !failed_first.success,
-        "a failed parallel stage fails the script"
-    );
-    assert!(
-        failed_first
-            .stdout
-            .contains("== parallel suite: FAILED (exit 100)")
-    );
-    assert!(
-        failed_first
-            .stdout
-            .contains("== serial fault scenarios: passed")
+        failed.stdout
     );
 
-    let failed_second = run_script(0, 100);
-    assert_eq!(failed_second.stages, ["parallel", "serial"]);
-    assert!(
-        !failed_second.success,
-        "a failed serial stage fails the script"
-    );
-    assert!(failed_second.stdout.contains("== parallel suite: passed"));
-    assert!(
-        failed_second
-            .stdout
-            .contains("== serial fault scenarios: FAILED (exit 100)")
-    );
-
-    let passed = run_script(0, 0);
-    assert_eq!(passed.stages, ["parallel", "serial"]);
+    let passed = run_script(0);
+    assert_eq!(passed.runs, [""]);
     assert!(passed.success, "{}", passed.stdout);
+    assert!(
+        passed.stdout.contains("== the suite: passed"),
+        "{}",
+        passed.stdout
+    );
 }

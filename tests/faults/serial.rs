@@ -1,8 +1,8 @@
-//! Scenarios that cut connections or restart the database server. A restart disturbs every
-//! test running at the time, so CI runs `serial::` alone, after the parallel suite
-//! (`scripts/test`). The restart commands come from `TENURE_TEST_RESTART_POSTGRES` and
-//! `TENURE_TEST_RESTART_MYSQL` (set by `scripts/test` for the local services); a restart test
-//! fails loudly when its variable is unset.
+//! Scenarios that cut connections or restart the database server. They run on the private
+//! servers `scripts/test` starts (`TestDb::restartable`), one at a time (nextest's
+//! `restarts` group), beside the rest of the suite, which uses the other servers. The restart
+//! commands come from `TENURE_TEST_RESTART_POSTGRES` and `TENURE_TEST_RESTART_MYSQL` (set by
+//! `scripts/test` for its private servers); a restart test fails loudly when one is unset.
 
 #![cfg(any(feature = "postgres", feature = "mysql"))]
 
@@ -81,7 +81,7 @@ fn kill_when_waiting(admin: &mut AnyConnection, backend: Backend, id: i64, state
 /// A claim killed while it waits for a limit key's lock (held by the test) leaves nothing
 /// half-applied: the job is still waiting, with no attempt used, and the next claim takes it.
 fn a_claim_killed_mid_way_changes_nothing(backend: Backend) {
-    let db = TestDb::migrated(backend);
+    let db = TestDb::restartable(backend);
     let mut admin = db.connect();
     let id = jobs::enqueue(&mut admin, &NewJob::new("q", "k", vec![]).limit("key", 5))
         .unwrap()
@@ -123,7 +123,7 @@ fn a_claim_killed_mid_way_changes_nothing(backend: Backend) {
 /// A completion killed while it waits for the job's row lock (held by the test) leaves the
 /// job running under the same claim; completing again with that claim succeeds.
 fn a_completion_killed_mid_way_changes_nothing(backend: Backend) {
-    let db = TestDb::migrated(backend);
+    let db = TestDb::restartable(backend);
     let mut admin = db.connect();
     jobs::enqueue(&mut admin, &NewJob::new("q", "k", vec![])).unwrap();
     let job = jobs::claim(&mut admin, "q", 1, TTL).unwrap().remove(0);
@@ -173,7 +173,7 @@ fn survives_a_server_restart(backend: Backend) {
     let restart = std::env::var(variable).unwrap_or_else(|_| {
         panic!("{variable} is unset: set it to the command that restarts the {backend} server (scripts/test does)")
     });
-    let db = TestDb::migrated(backend);
+    let db = TestDb::restartable(backend);
     let pool = tenure::Pool::options()
         .max_size(10)
         .connection_timeout(Duration::from_secs(5))
@@ -271,7 +271,7 @@ fn a_restart_does_not_make_live_workers_look_dead(backend: Backend) {
     // Each stage is logged with its time, so that a run that hangs shows where.
     let began = Instant::now();
     let stage = |what: &str| eprintln!("[{:>6.1?}] {what}", began.elapsed());
-    let (db, mut conn) = crate::recovery::setup(backend, 20_000);
+    let (db, mut conn) = crate::recovery::setup_on(TestDb::restartable(backend), 20_000);
     stage("jobs enqueued");
     let (holder, held) = crate::recovery::start_holding(&db, &mut conn, u64::MAX);
     stage("the first worker holds its jobs");

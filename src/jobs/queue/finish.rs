@@ -74,9 +74,13 @@ const FAIL_DEAD: &str = "\
         claim_expires_at = NULL \
     WHERE id = ?";
 
+/// A run that ended its job (dead) failed when the job finished: the same instant in the
+/// history as on the job, not the next statement's clock.
 const RECORD_ERROR: &str = "\
     INSERT INTO tenure_job_errors (job_id, attempt, error, failed_at) \
-    SELECT id, COALESCE(?, attempt), ?, {now} FROM tenure_jobs WHERE id = ?";
+    SELECT id, COALESCE(?, attempt), ?, \
+        CASE WHEN state = 'dead' AND finished_at IS NOT NULL THEN finished_at ELSE {now} END \
+    FROM tenure_jobs WHERE id = ?";
 
 /// The id of the newest error past the [`MAX_ERROR_HISTORY`] a job's history keeps (the
 /// offset is bound): it and older ones go. A
