@@ -9,7 +9,7 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use super::model::{Candidate, JobRow};
 use super::{ClaimedJob, MAX_KINDS, check_count};
 use crate::backend::statement::statement;
-use crate::backend::transaction::bare_write_transaction;
+use crate::backend::transaction::{bare_write_transaction, retry_transient};
 use crate::backend::{Dialect, dispatch};
 use crate::jobs::flow::admission;
 use crate::{Error, Result, TenureConnection, validate};
@@ -179,78 +179,82 @@ fn claim_of<C: TenureConnection>(
     validate::name("queue", queue)?;
     let micros = validate::ttl(ttl)?;
     let max_jobs = check_count(max_jobs)?;
-    let (rows, throttled_for): (Vec<JobRow>, Option<Duration>) = dispatch!(conn, c => {
-        bare_write_transaction(c, "claiming jobs", |c| {
-            let syntax = c.syntax();
-            // Step 0: a limited queue's lock, before any job row is locked (one order for
-            // every claimer: queue, jobs, keys), and its room; none left, nothing to pick.
-            let queue_room = admission::lock_queue(c, queue)?;
-            let max_jobs = match queue_room {
-                Some(room) if room <= 0 => return Ok((Vec::new(), None)),
-                Some(room) => max_jobs.min(room),
-                None => max_jobs,
-            };
-            // A paused queue yields no candidates (the pick's NOT EXISTS), in the same
-            // statement.
-            let candidates = match kinds {
-                None => {
-                    let pick = CLAIM_PICK.replace("{index}", "{claim_index}").replace("{kinds}", "");
-                    statement(syntax.render(&pick))
-                        .bind::<Text, _>(queue)
-                        .bind::<Text, _>(queue)
-                        .bind::<BigInt, _>(max_jobs)
-                        .load::<Candidate>(c)?
-                }
-                Some(kinds) => {
-                    let pick = syntax.render(
-                        &CLAIM_PICK.replace("{index}", "{claim_kind_index}").replace("{kinds}", KIND_FILTER),
-                    );
-                    let mut candidates = Vec::new();
-                    for kind in kinds {
-                        candidates.extend(
-                            statement(pick.clone())
-                                .bind::<Text, _>(queue)
-                                .bind::<Text, _>(*kind)
-                                .bind::<Text, _>(queue)
-                                .bind::<BigInt, _>(max_jobs)
-                                .load::<Candidate>(c)?,
-                        );
+    // A deadlock or serialization failure (MariaDB, many claimers on one limit key) runs the
+    // whole claim again: nothing of the failed attempt was committed.
+    let (rows, throttled_for): (Vec<JobRow>, Option<Duration>) = retry_transient(|| {
+        dispatch!(conn, c => {
+            bare_write_transaction(c, "claiming jobs", |c| {
+                let syntax = c.syntax();
+                // Step 0: a limited queue's lock, before any job row is locked (one order for
+                // every claimer: queue, jobs, keys), and its room; none left, nothing to pick.
+                let queue_room = admission::lock_queue(c, queue)?;
+                let max_jobs = match queue_room {
+                    Some(room) if room <= 0 => return Ok((Vec::new(), None)),
+                    Some(room) => max_jobs.min(room),
+                    None => max_jobs,
+                };
+                // A paused queue yields no candidates (the pick's NOT EXISTS), in the same
+                // statement.
+                let candidates = match kinds {
+                    None => {
+                        let pick = CLAIM_PICK.replace("{index}", "{claim_index}").replace("{kinds}", "");
+                        statement(syntax.render(&pick))
+                            .bind::<Text, _>(queue)
+                            .bind::<Text, _>(queue)
+                            .bind::<BigInt, _>(max_jobs)
+                            .load::<Candidate>(c)?
                     }
-                    candidates.sort_by_key(|c| (c.priority, c.due_at, c.id));
-                    candidates.truncate(usize::try_from(max_jobs).unwrap_or(usize::MAX));
-                    candidates
+                    Some(kinds) => {
+                        let pick = syntax.render(
+                            &CLAIM_PICK.replace("{index}", "{claim_kind_index}").replace("{kinds}", KIND_FILTER),
+                        );
+                        let mut candidates = Vec::new();
+                        for kind in kinds {
+                            candidates.extend(
+                                statement(pick.clone())
+                                    .bind::<Text, _>(queue)
+                                    .bind::<Text, _>(*kind)
+                                    .bind::<Text, _>(queue)
+                                    .bind::<BigInt, _>(max_jobs)
+                                    .load::<Candidate>(c)?,
+                            );
+                        }
+                        candidates.sort_by_key(|c| (c.priority, c.due_at, c.id));
+                        candidates.truncate(usize::try_from(max_jobs).unwrap_or(usize::MAX));
+                        candidates
+                    }
+                };
+                let admission = admission::admit(c, queue, queue_room, &candidates)?;
+                if admission.ids.is_empty() {
+                    // Rates whose windows filled meanwhile still get their hints.
+                    let throttled_for = admission::record_starts(c, &admission, &[])?;
+                    return Ok((Vec::new(), throttled_for));
                 }
-            };
-            let admission = admission::admit(c, queue, queue_room, &candidates)?;
-            if admission.ids.is_empty() {
-                // Rates whose windows filled meanwhile still get their hints.
-                let throttled_for = admission::record_starts(c, &admission, &[])?;
-                return Ok((Vec::new(), throttled_for));
-            }
-            let ids = admission.ids.clone();
-            let mark = syntax.render(CLAIM_MARK);
-            let rows = if syntax.returning {
-                statement(format!("{mark} RETURNING {CLAIMED_COLUMNS}"))
-                    .bind::<BigInt, _>(micros)
-                    .bind::<Nullable<BigInt>, _>(worker)
-                    .bind_ids(ids)
-                    .load::<JobRow>(c)?
-            } else {
-                statement(mark)
-                    .bind::<BigInt, _>(micros)
-                    .bind::<Nullable<BigInt>, _>(worker)
-                    .bind_ids(ids.iter().copied())
-                    .execute(c)?;
-                statement(format!("SELECT {CLAIMED_COLUMNS} FROM tenure_jobs WHERE id IN {{ids}}"))
-                    .bind_ids(ids)
-                    .load::<JobRow>(c)?
-            };
-            let starts: Vec<_> = rows
-                .iter()
-                .filter_map(|row| row.claimed_at.map(|at| (row.id, at)))
-                .collect();
-            let throttled_for = admission::record_starts(c, &admission, &starts)?;
-            Ok((rows, throttled_for))
+                let ids = admission.ids.clone();
+                let mark = syntax.render(CLAIM_MARK);
+                let rows = if syntax.returning {
+                    statement(format!("{mark} RETURNING {CLAIMED_COLUMNS}"))
+                        .bind::<BigInt, _>(micros)
+                        .bind::<Nullable<BigInt>, _>(worker)
+                        .bind_ids(ids)
+                        .load::<JobRow>(c)?
+                } else {
+                    statement(mark)
+                        .bind::<BigInt, _>(micros)
+                        .bind::<Nullable<BigInt>, _>(worker)
+                        .bind_ids(ids.iter().copied())
+                        .execute(c)?;
+                    statement(format!("SELECT {CLAIMED_COLUMNS} FROM tenure_jobs WHERE id IN {{ids}}"))
+                        .bind_ids(ids)
+                        .load::<JobRow>(c)?
+                };
+                let starts: Vec<_> = rows
+                    .iter()
+                    .filter_map(|row| row.claimed_at.map(|at| (row.id, at)))
+                    .collect();
+                let throttled_for = admission::record_starts(c, &admission, &starts)?;
+                Ok((rows, throttled_for))
+            })
         })
     })?;
     let mut claimed = rows
