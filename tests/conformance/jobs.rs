@@ -11,7 +11,7 @@ use diesel::sql_types::Text;
 use tenure::jobs::{self, Backoff, JobClaim, JobState, NewJob, Outcome, Retry};
 use tenure::{AnyConnection, Backend, Error, TenureConnection};
 
-use crate::common::{TestDb, conformance, count, now_sql};
+use crate::common::{TestDb, conformance, count, now_sql, wait_for_db_clock};
 
 conformance!(
     enqueue_while_claiming_completes_every_job_once,
@@ -401,10 +401,11 @@ fn failed_runs_retry_then_die(backend: Backend) {
         .unwrap()
         .id;
     let job = jobs::claim(&mut conn, "r", 1, TTL).unwrap().remove(0);
-    let at = tenure::database_now(&mut conn).unwrap() + chrono::Duration::milliseconds(300);
+    // Seconds ahead, not milliseconds: at load 10 the next statement came 300 ms later.
+    let at = tenure::database_now(&mut conn).unwrap() + chrono::Duration::seconds(5);
     jobs::fail(&mut conn, job.claim(), "later", Retry::At(at)).unwrap();
     assert!(jobs::claim(&mut conn, "r", 1, TTL).unwrap().is_empty());
-    std::thread::sleep(Duration::from_millis(400));
+    wait_for_db_clock(&mut conn, at);
     let again = jobs::claim(&mut conn, "r", 1, TTL).unwrap();
     assert_eq!(again.first().map(|j| (j.id, j.attempt)), Some((id, 2)));
 }
@@ -485,24 +486,25 @@ fn give_back_and_stalls_keep_the_attempt(backend: Backend) {
 fn delays_priorities_and_queues(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    let late = jobs::enqueue(
-        &mut conn,
-        &NewJob::new("d", "k", vec![]).delay(Duration::from_millis(400)),
-    )
-    .unwrap()
-    .id;
+    // Delays of seconds, and waits on the database's clock: at load 10 a 400 ms delay had
+    // passed before the next statement ran.
+    let delay = Duration::from_secs(5);
+    let late = jobs::enqueue(&mut conn, &NewJob::new("d", "k", vec![]).delay(delay))
+        .unwrap()
+        .id;
     assert!(
         jobs::claim(&mut conn, "d", 10, TTL).unwrap().is_empty(),
         "claimed before its due time"
     );
-    std::thread::sleep(Duration::from_millis(500));
+    let due = jobs::get(&mut conn, late).unwrap().unwrap().due_at;
+    wait_for_db_clock(&mut conn, due);
     assert_eq!(jobs::claim(&mut conn, "d", 10, TTL).unwrap()[0].id, late);
     // The same in one batch: each job keeps its own due time.
-    let at = tenure::database_now(&mut conn).unwrap() + chrono::Duration::milliseconds(400);
+    let at = tenure::database_now(&mut conn).unwrap() + chrono::Duration::seconds(5);
     let batch = [
         NewJob::new("d", "k", b"later".to_vec()).at(at),
         NewJob::new("d", "k", b"now".to_vec()),
-        NewJob::new("d", "k", b"delayed".to_vec()).delay(Duration::from_millis(400)),
+        NewJob::new("d", "k", b"delayed".to_vec()).delay(delay),
     ];
     let ids = jobs::enqueue_many(&mut conn, &batch)
         .unwrap()
@@ -515,7 +517,8 @@ fn delays_priorities_and_queues(backend: Backend) {
         .map(|j| j.id)
         .collect();
     assert_eq!(now, vec![ids[1]]);
-    std::thread::sleep(Duration::from_millis(500));
+    let delayed_due = jobs::get(&mut conn, ids[2]).unwrap().unwrap().due_at;
+    wait_for_db_clock(&mut conn, delayed_due.max(at));
     let later: Vec<Vec<u8>> = jobs::claim(&mut conn, "d", 10, TTL)
         .unwrap()
         .into_iter()

@@ -169,7 +169,9 @@ fn two_workers_with_retries_due_at_once_run_each_attempt_once(backend: Backend) 
         Worker::builder(db.pool(12))
             .queue("again")
             .threads(4)
-            .claim_ttl(Duration::from_secs(1))
+            // 5 s, not 1: at load 10 heartbeats missed 1 s windows, so claims lapsed and
+            // runs were (rightly) repeated, which is not what this test looks at.
+            .claim_ttl(Duration::from_secs(5))
             .poll_interval(Duration::from_millis(10))
             .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
                 runs.lock()
@@ -199,7 +201,7 @@ fn two_workers_with_retries_due_at_once_run_each_attempt_once(backend: Backend) 
         std::thread::sleep(Duration::from_millis(20));
     }
     // Past a ttl and a rescue period: an orphaned claim would have lapsed and rerun.
-    std::thread::sleep(Duration::from_millis(2500));
+    std::thread::sleep(Duration::from_millis(7500));
     let (ra, rb) = (
         a.shutdown(Duration::from_secs(5)),
         b.shutdown(Duration::from_secs(5)),
