@@ -29,9 +29,11 @@ pub(super) fn run_handlers(shared: &Shared, inbox: &Mutex<Receiver<Task>>) {
         let settle = run_one(shared, &task);
         let took = started.elapsed();
         let mut state = shared.lock();
+        // Past its timeout by the heartbeat's mark or by its own clock: a heartbeat starved
+        // on a loaded machine may not have looked before the handler returned.
         let timed_out = state.runs.get(&claim).and_then(|run| {
-            run.timed_out
-                .then(|| (run.timeout.unwrap_or_default(), run.info.kind.clone()))
+            let past = run.timed_out || run.timeout.is_some_and(|timeout| took >= timeout);
+            past.then(|| (run.timeout.unwrap_or_default(), run.info.kind.clone()))
         });
         let settle = match timed_out {
             // Shutdown asked it to stop: its job goes back to the queue, no attempt used.

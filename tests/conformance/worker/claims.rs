@@ -326,7 +326,9 @@ fn limits_hold_across_two_workers_with_timeouts(backend: Backend) {
         Worker::builder(db.pool(8))
             .queue("lim2")
             .threads(3)
-            .claim_ttl(Duration::from_millis(600))
+            // 5 s, not 600 ms: at load 10 the heartbeat missed a 600 ms window, the claim
+            // lapsed and a second run (rightly) started: not what this test looks at.
+            .claim_ttl(Duration::from_secs(5))
             .poll_interval(Duration::from_millis(5))
             .raw_handler("slow", move |ctx: &JobContext, _: &[u8]| {
                 let now = running.fetch_add(1, Ordering::SeqCst) + 1;

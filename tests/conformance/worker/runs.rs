@@ -295,7 +295,9 @@ fn a_timed_out_run_holds_its_limit_until_the_handler_returns(backend: Backend) {
     let worker = Worker::builder(db.pool(8))
         .queue("lim")
         .threads(3)
-        .claim_ttl(Duration::from_millis(600))
+        // 5 s, not 600 ms: at load 10 the heartbeat missed a 600 ms window, the claim
+        // lapsed and a second run (rightly) started: not what this test looks at.
+        .claim_ttl(Duration::from_secs(5))
         .poll_interval(Duration::from_millis(10))
         .raw_handler("slow", move |ctx: &JobContext, _: &[u8]| {
             let start = Clock::now();
