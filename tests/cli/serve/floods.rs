@@ -4,9 +4,8 @@
 //! Every wait here is bounded by a deadline of tens of seconds, so a server that stops
 //! answering fails a test instead of hanging it.
 
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -15,122 +14,7 @@ use tenure::Backend;
 
 use crate::common::TestDb;
 
-/// How long a test waits for any one answer: far longer than a loaded machine needs.
-const PATIENCE: Duration = Duration::from_secs(30);
-
-/// A `tenure serve` whose process id is known; killed when dropped.
-// Shared by serve/{slow_readers,framing,floods}.rs, each of which uses part of it.
-#[allow(dead_code)]
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    log: tempfile::NamedTempFile,
-}
-
-#[allow(dead_code)]
-impl Server {
-    fn start(url: &str, args: &[&str]) -> Server {
-        let log = tempfile::NamedTempFile::new().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tenure"))
-            .args(["--database-url", url, "serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .env_remove("TENURE_DATABASE_URL")
-            .env_remove("DATABASE_URL")
-            .env_remove("TENURE_SERVE_TOKEN")
-            .env_remove("TENURE_SERVE_BASIC_AUTH")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log.reopen().unwrap())
-            .spawn()
-            .expect("run tenure serve");
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut first)
-            .unwrap();
-        let addr = first
-            .split_whitespace()
-            .find_map(|word| word.strip_prefix("http://"))
-            .unwrap_or_else(|| panic!("tenure serve did not start: {first}"))
-            .trim_end_matches('/')
-            .parse()
-            .unwrap();
-        Server { child, addr, log }
-    }
-
-    /// A figure of `/proc/PID/status` (kB for memory).
-    fn status_field(&self, field: &str) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(field))
-            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {field} in {status}"))
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.log.path()).unwrap_or_default()
-    }
-
-    fn connect(&self) -> TcpStream {
-        let stream = TcpStream::connect(self.addr).expect("connect to tenure serve");
-        stream.set_read_timeout(Some(PATIENCE)).unwrap();
-        stream.set_write_timeout(Some(PATIENCE)).unwrap();
-        stream
-    }
-
-    /// Sends `request`, half-closes, and reads everything until the server closes.
-    fn raw(&self, request: &[u8]) -> std::io::Result<String> {
-        let mut stream = self.connect();
-        let _ = stream.write_all(request);
-        let _ = stream.shutdown(std::net::Shutdown::Write);
-        let mut out = Vec::new();
-        match stream.read_to_end(&mut out) {
-            Ok(_) => Ok(String::from_utf8_lossy(&out).into_owned()),
-            Err(e) if e.kind() == ErrorKind::ConnectionReset => {
-                Ok(String::from_utf8_lossy(&out).into_owned())
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// `GET path` with a loopback Host: the whole answer, or an error after `PATIENCE`.
-    fn get(&self, path: &str) -> std::io::Result<String> {
-        self.raw(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
-    }
-
-    /// Sends SIGTERM; how long until it exited, and how (None: not within `within`).
-    fn terminate(&mut self, within: Duration) -> Option<(Duration, std::process::ExitStatus)> {
-        let sent = Instant::now();
-        let signalled = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(signalled.success());
-        while sent.elapsed() < within {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some((sent.elapsed(), status));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The status of a raw answer (0 when the server closed without one).
-fn status(answer: &str) -> u16 {
-    answer
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|rest| rest.get(..3))
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0)
-}
+use super::raw_server::{PATIENCE, Server, status};
 
 /// `GET path` on a new connection, answered whole within `limit` (or the read error).
 fn get_within(addr: SocketAddr, path: &str, limit: Duration) -> std::io::Result<String> {

@@ -6,6 +6,7 @@ mod floods;
 mod framing;
 mod log;
 mod pages;
+mod raw_server;
 mod requests;
 mod slow_readers;
 
