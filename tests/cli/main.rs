@@ -23,7 +23,7 @@ mod lease_run;
 mod output;
 mod schedules;
 mod secrets;
-mod secrets_attacks;
+mod secrets_masking;
 mod serve;
 mod webdriver;
 mod work_children;

@@ -1,6 +1,8 @@
-//! Attacks on issue 31's two promises (no database password in any error, log or page; a
-//! shell job's environment values masked everywhere), after the first fix. Each test says
-//! what it attacks; each failed on the code before the fix beside it.
+//! How secrets are masked at the edges: passwords in a URL's query, holding URL delimiters or
+//! only a few characters long; env values given to `--env-from` by mistake, an `env` that is
+//! not a map, and a shell payload that does not decode. Found by the attack pass on issue 31's
+//! promises (no database password in any error, log or page; a shell job's env values masked
+//! everywhere); each test failed on the code before its fix.
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
