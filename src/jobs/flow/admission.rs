@@ -47,11 +47,12 @@ const KEY_LOCK_ON_DUPLICATE_KEY: &str = "\
 
 /// A key's running jobs: read through the index of running jobs with limits
 /// (`tenure_jobs_limit`), so the cost is the running limited jobs, not the key's waiting ones.
+/// With the smallest cap among them: no job starts past it, whatever its own cap.
 const KEY_RUNNING: &str = "\
-    SELECT COUNT(*) AS n FROM tenure_jobs r \
-    WHERE r.state = 'running' AND r.limit_key IS NOT NULL AND EXISTS ( \
-        SELECT 1 FROM tenure_job_limits l \
-        WHERE l.job_id = r.id AND l.limit_key = ? AND l.max_running IS NOT NULL)";
+    SELECT COUNT(*) AS n, MIN(l.max_running) AS least FROM tenure_jobs r \
+    JOIN tenure_job_limits l ON l.job_id = r.id \
+    WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
+      AND l.limit_key = ? AND l.max_running IS NOT NULL";
 
 /// A key's newest starts, newest first (the primary key's range, read backwards). A rate of
 /// `max` starts per period needs only the newest `max`, whatever the period: if they all
@@ -76,11 +77,23 @@ const KEY_THROTTLE: &str = "\
 /// per `MAX_LIMIT` starts: cheap, and never a start any rate could need).
 const TRIM_AT: i64 = 2 * MAX_LIMIT as i64;
 
+/// [`KEY_RUNNING`]'s row.
+#[derive(QueryableByName)]
+struct KeyRunning {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+    #[diesel(sql_type = Nullable<diesel::sql_types::Integer>)]
+    least: Option<i32>,
+}
+
 /// What a key's candidates ask of it, and what it has.
 #[derive(Default)]
 struct Key {
     /// Its running jobs (known where a candidate has a concurrency cap on it).
     running: i64,
+    /// The smallest cap among its running jobs (and those this claim admitted): no job
+    /// starts past it, so a job with a small cap never runs beside more than it allows.
+    least_cap: Option<i64>,
     /// Its newest starts (as many as its largest rate's count), oldest first (where a
     /// candidate has a rate).
     starts: Vec<DateTime<Utc>>,
@@ -151,7 +164,7 @@ pub(crate) fn admit<C: TenureConnection>(
         let capped = rows
             .iter()
             .any(|r| r.limit_key == *name && r.max_running.is_some());
-        key.running = lock_key(conn, name, capped)?;
+        (key.running, key.least_cap) = lock_key(conn, name, capped)?;
     }
     // A claim may have waited for the keys' locks: a queue limit created meanwhile binds it
     // (it holds no lock of the queue's, so a claim under the new limit would not count its
@@ -205,9 +218,12 @@ pub(crate) fn admit<C: TenureConnection>(
             let Some(key) = keys.get(&limit.limit_key) else {
                 return false;
             };
-            let running_ok = limit
-                .max_running
-                .is_none_or(|max| key.running < i64::from(max));
+            let running_ok = limit.max_running.is_none_or(|max| {
+                let cap = key
+                    .least_cap
+                    .map_or(i64::from(max), |least| least.min(max.into()));
+                key.running < cap
+            });
             let rate_ok = match (limit.rate_max, limit.rate_period_us) {
                 (Some(max), Some(per)) => {
                     let since = before(now, per);
@@ -223,8 +239,10 @@ pub(crate) fn admit<C: TenureConnection>(
         }
         for limit in limits {
             if let Some(key) = keys.get_mut(&limit.limit_key) {
-                if limit.max_running.is_some() {
+                if let Some(max) = limit.max_running {
                     key.running += 1;
+                    let max = i64::from(max);
+                    key.least_cap = Some(key.least_cap.map_or(max, |least| least.min(max)));
                 }
                 if limit.rate_max.is_some() && !key.admitted.contains(&candidate.id) {
                     key.admitted.push(candidate.id);
@@ -268,8 +286,13 @@ pub(crate) fn lock_queue<C: TenureConnection>(conn: &mut C, queue: &str) -> Resu
     Ok(Some((i64::from(max) - running.n).max(0)))
 }
 
-/// Takes a key's lock and, where `capped`, counts its running jobs.
-fn lock_key<C: TenureConnection>(conn: &mut C, key: &str, capped: bool) -> Result<i64> {
+/// Takes a key's lock and, where `capped`, counts its running jobs and finds the smallest
+/// cap among them.
+fn lock_key<C: TenureConnection>(
+    conn: &mut C,
+    key: &str,
+    capped: bool,
+) -> Result<(i64, Option<i64>)> {
     Ok(dispatch!(conn, c => {
         let syntax = c.syntax();
         let lock = match syntax.upsert {
@@ -280,10 +303,10 @@ fn lock_key<C: TenureConnection>(conn: &mut C, key: &str, capped: bool) -> Resul
         if capped {
             statement(syntax.render(KEY_RUNNING))
                 .bind::<Text, _>(key)
-                .get_result::<Count>(c)
-                .map(|count| count.n)
+                .get_result::<KeyRunning>(c)
+                .map(|row| (row.n, row.least.map(i64::from)))
         } else {
-            Ok(0)
+            Ok((0, None))
         }
     })?)
 }

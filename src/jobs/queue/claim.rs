@@ -21,10 +21,12 @@ const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_
 /// Claim, step 1 of 3: lock the jobs to claim, in order, skipping rows other claimers hold
 /// (SQLite: the IMMEDIATE transaction serializes claimers), at most as many as a limited
 /// queue has room for (step 0). Nothing from a paused queue. Subqueries are plain reads: a locking
-/// clause does not lock what they read. Jobs with a key that has no room now (its running
-/// jobs fill the smallest cap among them, or the rate it is throttled on is full and the job's
-/// rate on it is as strict or stricter: `throttled_until`) are left out, so they do not crowd
-/// out the others; these reads are only a filter (step 2 decides under the locks).
+/// clause does not lock what they read. Jobs with a key that has no room now for them (its
+/// running jobs fill the smallest cap among them or the job's own cap, or the rate it is
+/// throttled on is full and the job's rate on it is as strict or stricter: `throttled_until`)
+/// are left out, so they do not crowd out the others; these reads are only a filter (step 2
+/// decides, by the same rule, under the locks). The own-cap count runs only for capped
+/// candidates, over the running capped jobs (`tenure_jobs_limit`), never the waiting ones.
 /// A job without limits (`limit_key IS NULL`) never reads `tenure_job_limits`. The index on
 /// `(queue, [state,] priority, due_at, id)` serves filter and order, so InnoDB reads (and
 /// locks) only the rows it returns. MySQL rejects LIMIT in an `IN (subquery)`, hence
@@ -39,10 +41,14 @@ const CLAIM_PICK: &str = "\
                   SELECT 1 FROM tenure_limit_keys t WHERE t.limit_key = l.limit_key \
                   AND t.throttled_until > {now} AND l.rate_max <= t.throttled_max \
                   AND l.rate_period_us >= t.throttled_period_us)) \
-              OR (l.max_running IS NOT NULL AND l.limit_key IN ( \
+              OR (l.max_running IS NOT NULL AND (l.limit_key IN ( \
                   SELECT s.limit_key FROM tenure_jobs r JOIN tenure_job_limits s ON s.job_id = r.id \
                   WHERE r.state = 'running' AND r.limit_key IS NOT NULL AND s.max_running IS NOT NULL \
-                  GROUP BY s.limit_key HAVING COUNT(*) >= MIN(s.max_running)))))) \
+                  GROUP BY s.limit_key HAVING COUNT(*) >= MIN(s.max_running)) \
+                OR l.max_running <= ( \
+                  SELECT COUNT(*) FROM tenure_jobs r JOIN tenure_job_limits s ON s.job_id = r.id \
+                  WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
+                  AND s.limit_key = l.limit_key AND s.max_running IS NOT NULL)))))) \
     ORDER BY priority, due_at, id LIMIT ?{skip_locked}";
 
 /// A claim of some kinds picks per kind, served by `tenure_jobs_claim_kind`

@@ -15,6 +15,8 @@ conformance!(
     a_job_without_a_rate_is_not_held_back_by_another_jobs_rate_on_its_key,
     a_job_with_a_short_rate_is_not_held_to_another_jobs_long_window,
     a_long_window_still_counts_starts_a_short_window_has_forgotten,
+    jobs_over_their_own_lower_cap_do_not_block_the_jobs_behind_them,
+    no_job_starts_past_the_smallest_cap_among_the_running_whatever_its_own,
 );
 
 const TTL: Duration = Duration::from_secs(600);
@@ -22,8 +24,8 @@ const TTL: Duration = Duration::from_secs(600);
 /// Key `k`: job A (at most 1 running) runs; job B (at most 5 running) waits. Documented
 /// (`Limit`): the pick counts a key full at the smallest cap among its running jobs, so B
 /// waits while A runs (it is never admitted past its own cap), and is claimed as soon as A
-/// finishes. Found by the attack as "B is held to A's cap"; kept as the documented rule
-/// (comparing each job's own cap in the pick would cost every scanned row a count).
+/// finishes. Found by the attack as "B is held to A's cap"; kept as the documented rule: A
+/// promises at most 1 running on `k`, and B starting beside it would break that.
 fn a_job_with_a_larger_cap_waits_for_a_smaller_capped_running_job_then_runs(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
@@ -139,4 +141,56 @@ fn a_long_window_still_counts_starts_a_short_window_has_forgotten(backend: Backe
         second[0].claimed_at,
         third[0].claimed_at
     );
+}
+
+/// Key `acct`: one job capped at 5 runs; 50 jobs capped at 1 (a deploy lowered the cap)
+/// wait ahead of an unlimited job. The key has no room for any of the 50 (one runs, their
+/// cap is 1): they cost the others nothing, so a claim of 10 takes the unlimited job. Found
+/// by issue 32's review: the pick judged the key by the smallest cap among its *running*
+/// jobs (5), admission refused every candidate by its own cap (1), and nothing re-picked:
+/// every claim came back empty.
+fn jobs_over_their_own_lower_cap_do_not_block_the_jobs_behind_them(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    jobs::enqueue(&mut conn, &NewJob::new("q", "old", vec![]).limit("acct", 5)).unwrap();
+    assert_eq!(jobs::claim(&mut conn, "q", 1, TTL).unwrap().len(), 1);
+    for _ in 0..50 {
+        jobs::enqueue(&mut conn, &NewJob::new("q", "new", vec![]).limit("acct", 1)).unwrap();
+    }
+    let free = jobs::enqueue(&mut conn, &NewJob::new("q", "free", vec![]))
+        .unwrap()
+        .id;
+    for round in 0..3 {
+        let claimed = jobs::claim(&mut conn, "q", 10, TTL).unwrap();
+        let ids: Vec<i64> = claimed.iter().map(|j| j.id).collect();
+        if round == 0 {
+            assert_eq!(
+                ids,
+                vec![free],
+                "the unlimited job behind the full key was not claimed"
+            );
+        } else {
+            assert!(ids.is_empty(), "claimed past a cap of 1: {ids:?}");
+        }
+    }
+}
+
+/// Key `k`: a job capped at 2 runs, then one capped at 5 is claimed beside it (2 running).
+/// A job capped at 5 waits: its own cap has room (2 of 5), but the job capped at 2 runs,
+/// and no job starts past the smallest cap among the running ones (so the job capped at 2
+/// never runs with more than 2 on its key). Admission decides this, not only the pick.
+fn no_job_starts_past_the_smallest_cap_among_the_running_whatever_its_own(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    jobs::enqueue(&mut conn, &NewJob::new("q", "two", vec![]).limit("k", 2)).unwrap();
+    assert_eq!(jobs::claim(&mut conn, "q", 1, TTL).unwrap().len(), 1);
+    jobs::enqueue(&mut conn, &NewJob::new("q", "five", vec![]).limit("k", 5)).unwrap();
+    jobs::enqueue(&mut conn, &NewJob::new("q", "five", vec![]).limit("k", 5)).unwrap();
+    let claimed = jobs::claim(&mut conn, "q", 10, TTL).unwrap();
+    assert_eq!(
+        claimed.len(),
+        1,
+        "two running on k, whose smallest running cap is 2"
+    );
+    assert!(jobs::claim(&mut conn, "q", 10, TTL).unwrap().is_empty());
 }
