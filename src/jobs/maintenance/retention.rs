@@ -67,18 +67,20 @@ const NTH_NEWEST: &str = "\
 const NOW_PLUS: &str = "SELECT {now+ttl} AS at";
 
 /// Finished jobs the policy does not keep, oldest first, leaving out those still inside
-/// their dedup window (`{window_over}`) and those a job that has not finished depends on
-/// (`{needed}`: it may still read their results).
+/// their dedup window (`{window_over}`) and those a job that has not finished (or died, and
+/// may be revived) depends on (`{needed}`: it may still read their results).
 const OLDER_THAN: &str = "\
     SELECT id FROM tenure_jobs WHERE queue = ? AND state = ? AND finished_at < ? \
     AND (dedup_window_micros IS NULL OR {window_over}) AND {not_needed} \
     ORDER BY finished_at, id LIMIT ?";
 
-/// No unfinished job depends on it. Dependencies are added only under the lock of the job
-/// they point to, which the prune's lock (skipping locked rows) re-checks this under.
+/// No unfinished job depends on it, nor a dead one (`retry_dead` may revive it, and it then
+/// reads its dependencies' results again: they go once it is pruned itself). Dependencies
+/// are added only under the lock of the job they point to, which the prune's lock
+/// (skipping locked rows) re-checks this under.
 const NOT_NEEDED: &str = "(dependents = 0 OR NOT EXISTS (\
     SELECT 1 FROM tenure_job_dependencies d JOIN tenure_jobs w ON w.id = d.job_id \
-    WHERE d.depends_on = tenure_jobs.id AND w.state IN ('blocked', 'waiting', 'running')))";
+    WHERE d.depends_on = tenure_jobs.id AND w.state IN ('blocked', 'waiting', 'running', 'dead')))";
 
 /// Locks the picked rows by primary key alone (see `CLAIM_MARK` on why not by state), to
 /// re-check their state before deleting; a job whose window an enqueue widened meanwhile (it

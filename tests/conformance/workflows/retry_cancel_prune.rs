@@ -1,6 +1,7 @@
 //! Dependencies retried, cancelled and pruned while they finish: a retried dead dependency is
 //! waited for again, a cancel racing the last dependency is decided once, a prune never deletes
-//! a dependency being enqueued against, and `retry_dead` never strands a dependent.
+//! a dependency being enqueued against (nor one a dead dependent could be revived to read),
+//! and `retry_dead` never strands a dependent.
 
 use std::sync::Arc;
 
@@ -17,6 +18,7 @@ conformance!(
     prune_racing_an_enqueue_of_a_dependent_never_deletes_its_dependency,
     retry_dead_racing_the_last_other_dependency_never_strands_the_dependent,
     retry_then_death_then_retry_keeps_an_all_finished_dependent_waiting,
+    a_dead_dependents_inputs_outlive_a_prune_so_its_revival_reads_them,
 );
 
 // Found by the round-19 attacks on workflows: REPEATABLE READ callers, a retried dead dependency, lock orders, races with a dependency's finish (attacks19.rs).
@@ -248,4 +250,51 @@ fn retry_then_death_then_retry_keeps_an_all_finished_dependent_waiting(backend: 
         ),
         0
     );
+}
+
+/// C reads A's result. C dies; a prune of every completed job runs; an operator revives C.
+/// C must read A's result as before. Found by issue 32's review: the prune deleted A and its
+/// result (only blocked, waiting and running dependents kept a dependency), `retry_dead`
+/// revived C, and C ran reading no result and no error. A dead dependent keeps its
+/// dependencies until it is pruned itself; then they go at the next prune.
+fn a_dead_dependents_inputs_outlive_a_prune_so_its_revival_reads_them(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let a = enqueue(&mut conn, NewJob::new("q", "a", vec![]));
+    let c = enqueue(&mut conn, NewJob::new("q", "c", vec![]).depends_on([a]));
+    let job_a = claim_one(&mut conn, "q", "a");
+    let result = JobResult::json(&"from A").unwrap();
+    assert_eq!(
+        jobs::complete_with_result(&mut conn, job_a.claim(), &result).unwrap(),
+        Outcome::Done
+    );
+    let job_c = claim_one(&mut conn, "q", "c");
+    assert_eq!(jobs::dependency_results(&mut conn, c).unwrap().len(), 1);
+    jobs::fail(&mut conn, job_c.claim(), "boom", jobs::Retry::Never).unwrap();
+    assert_eq!(state(&mut conn, c), JobState::Dead);
+    let prune = |conn: &mut _, finished| {
+        jobs::prune(conn, "q", finished, Retention::DeleteAll, 1000).unwrap()
+    };
+    assert_eq!(
+        prune(&mut conn, Finished::Completed),
+        0,
+        "A, which dead C reads, was pruned"
+    );
+    assert!(jobs::retry_dead(&mut conn, c).unwrap());
+    let job_c = claim_one(&mut conn, "q", "c");
+    let inputs = jobs::dependency_results(&mut conn, c).unwrap();
+    assert_eq!(inputs.len(), 1, "the revived C reads no result of A");
+    assert_eq!(inputs[0].id, a);
+    let read: String = inputs[0]
+        .result
+        .as_ref()
+        .expect("A's result")
+        .decode()
+        .unwrap();
+    assert_eq!(read, "from A");
+    // Dead again and pruned itself, C no longer keeps A: the next prune takes A.
+    jobs::fail(&mut conn, job_c.claim(), "boom", jobs::Retry::Never).unwrap();
+    assert_eq!(prune(&mut conn, Finished::Dead), 1);
+    assert_eq!(prune(&mut conn, Finished::Completed), 1);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 0);
 }
