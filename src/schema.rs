@@ -100,7 +100,8 @@ diesel::table! {
         limit_key -> Nullable<Text>,
         /// The most jobs of its limit key that run at once.
         limit_max -> Nullable<Integer>,
-        /// Claims of it that lapsed.
+        /// Lapses charged to it (the first, then those of runs that began); dead at
+        /// [`MAX_LAPSES`](crate::jobs::MAX_LAPSES).
         lapses -> Integer,
         /// When a cancel was asked for while it ran.
         cancel_requested_at -> Nullable<Instant>,
@@ -127,6 +128,10 @@ diesel::table! {
         /// last ran) under; NULL for a claim made outside a worker
         /// ([`claim`](crate::jobs::claim)).
         claimed_by -> Nullable<BigInt>,
+        /// When the current claim's run began, where that is recorded: at the claim for a
+        /// claim made outside a worker, by the worker for a job whose claims lapsed before.
+        /// A lapse counts against a job the first time, then only for a run that began.
+        started_at -> Nullable<Instant>,
     }
 }
 

@@ -55,7 +55,8 @@ pub use queue::{
     MAX_LAPSES, MAX_PAYLOAD_BYTES,
 };
 pub(crate) use queue::{
-    claim_kinds_throttled, complete_with_results, rescue_dead, rescue_lapsed, snooze_noting_death,
+    claim_kinds_throttled, complete_with_results, record_start, rescue_dead, rescue_lapsed,
+    snooze_noting_death,
 };
 
 // Flow control: limits a job carries, queue-wide limits, pauses, a queue's depth.

@@ -4,14 +4,16 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc::Receiver;
 use std::sync::{Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::job::WorkerPool;
 use super::runs::{Settle, Shared, Start};
 use super::{Action, HandlerFailure, JobContext, JobError, Task};
 use crate::jobs::{ClaimedJob, Retry};
 
-/// Runs tasks until the claimer closes the channel.
+/// Runs tasks until the claimer closes the channel. A job whose claims lapsed before (a
+/// suspect) runs alone among suspects, its start recorded first: if it takes the worker down,
+/// the crash is charged to it; the jobs claimed ahead beside it never started and are not.
 pub(super) fn run_handlers(shared: &Shared, inbox: &Mutex<Receiver<Task>>) {
     loop {
         let task = {
@@ -19,41 +21,82 @@ pub(super) fn run_handlers(shared: &Shared, inbox: &Mutex<Receiver<Task>>) {
             inbox.recv()
         };
         let Ok(task) = task else { return };
-        let claim = task.job.claim();
-        let start = shared.lock().start(claim);
-        shared.changed.notify_all();
-        if !matches!(start, Start::Run) {
+        if task.job.lapses == 0 {
+            handle(shared, &task, false);
             continue;
         }
-        let started = Instant::now();
-        let settle = run_one(shared, &task);
-        let took = started.elapsed();
-        let mut state = shared.lock();
-        // Past its timeout by the heartbeat's mark or by its own clock: a heartbeat starved
-        // on a loaded machine may not have looked before the handler returned.
-        let timed_out = state.runs.get(&claim).and_then(|run| {
-            let past = run.timed_out || run.timeout.is_some_and(|timeout| took >= timeout);
-            past.then(|| (run.timeout.unwrap_or_default(), run.info.kind.clone()))
-        });
-        let settle = match timed_out {
-            // Shutdown asked it to stop: its job goes back to the queue, no attempt used.
-            _ if state.past_grace => Settle::GiveBack(claim),
-            // Past its timeout the run is a failure, whatever the handler returned late.
-            Some((timeout, kind)) => {
-                state.report.timed_out += 1;
-                failed(
-                    shared,
-                    &task.job,
-                    &kind,
-                    JobError::retry(format!("timed out after {timeout:?}")),
-                )
+        {
+            let mut state = shared.lock();
+            if state.suspect_running {
+                state.suspects.push_back(task);
+                continue;
             }
-            None => settle,
-        };
-        state.returned(claim, settle, took);
-        drop(state);
-        shared.changed.notify_all();
+            state.suspect_running = true;
+        }
+        // This thread runs the suspects that waited for it, one after another.
+        let mut next = Some(task);
+        while let Some(task) = next.take() {
+            handle(shared, &task, true);
+            // Until its outcome is recorded: a crash before that would lapse its claim too,
+            // with its start recorded, and charge it beside the next suspect.
+            let claim = task.job.claim();
+            let mut state = shared.lock();
+            while state.runs.contains_key(&claim) && !state.closing {
+                state = shared.wait(state, Duration::from_millis(100));
+            }
+            next = state.suspects.pop_front();
+            state.suspect_running = next.is_some();
+        }
     }
+}
+
+/// Starts, runs and hands over one task (a suspect's start recorded first).
+fn handle(shared: &Shared, task: &Task, suspect: bool) {
+    let claim = task.job.claim();
+    let start = shared.lock().start(claim);
+    shared.changed.notify_all();
+    if !matches!(start, Start::Run) {
+        return;
+    }
+    if suspect {
+        let recorded = shared
+            .config
+            .pool
+            .get()
+            .and_then(|mut conn| crate::jobs::record_start(&mut conn, claim));
+        if let Err(e) = recorded {
+            // Run it anyway: a lapse of this run then counts only as the first did.
+            tracing::warn!(job.id = claim.id, error = %e, "recording a run's start failed");
+        }
+    }
+    let started = Instant::now();
+    let settle = run_one(shared, task);
+    let took = started.elapsed();
+    let mut state = shared.lock();
+    // Past its timeout by the heartbeat's mark or by its own clock: a heartbeat starved
+    // on a loaded machine may not have looked before the handler returned.
+    let timed_out = state.runs.get(&claim).and_then(|run| {
+        let past = run.timed_out || run.timeout.is_some_and(|timeout| took >= timeout);
+        past.then(|| (run.timeout.unwrap_or_default(), run.info.kind.clone()))
+    });
+    let settle = match timed_out {
+        // Shutdown asked it to stop: its job goes back to the queue, no attempt used.
+        _ if state.past_grace => Settle::GiveBack(claim),
+        // Past its timeout the run is a failure, whatever the handler returned late.
+        Some((timeout, kind)) => {
+            state.report.timed_out += 1;
+            failed(
+                shared,
+                &task.job,
+                &kind,
+                JobError::retry(format!("timed out after {timeout:?}")),
+            )
+        }
+        None => settle,
+    };
+    state.returned(claim, settle, took);
+    drop(state);
+    shared.changed.notify_all();
 }
 
 /// Runs one job's handler (catching a panic) and says how to record the run.

@@ -14,13 +14,13 @@
 //! so a job stays `running` in the database (and holds its limit key) for as long as a
 //! handler runs it, and a retry of the same job is another claim: another entry.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::Handler;
 use super::job::RunNotes;
+use super::{Handler, Task};
 use crate::events::{self, Event, Hook, RunEvent, RunOutcome};
 use crate::jobs::{Backoff, ClaimedJob, JobClaim, JobResult, Retry};
 use crate::{Pool, jobs};
@@ -210,6 +210,11 @@ pub(super) struct State {
     pub woken: bool,
     /// Moving average of a handler's run time, in seconds: it sizes the prefetch.
     pub average_run: Option<f64>,
+    /// A job whose claims lapsed before (a suspect: it may be what took a worker down) is
+    /// running: others wait in `suspects`, so that a crash is charged to one job only.
+    pub suspect_running: bool,
+    /// Suspects waiting for the one running, in claim order (still queued: not started).
+    pub suspects: VecDeque<Task>,
     pub report: Report,
 }
 
@@ -229,6 +234,8 @@ impl State {
             closing: false,
             woken: false,
             average_run: None,
+            suspect_running: false,
+            suspects: VecDeque::new(),
             report: Report::default(),
         }
     }

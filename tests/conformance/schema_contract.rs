@@ -124,6 +124,7 @@ fn schema_tables() -> Vec<TableSpec> {
             progress,
             progress_message,
             claimed_by,
+            started_at,
         }),
         table_spec!(tenure_job_errors {
             id,

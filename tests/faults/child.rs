@@ -91,6 +91,7 @@ fn role() {
         "counter" => counter(&args[0], args[1].parse().expect("iterations")),
         "sqlite-load" => sqlite_load(&args[0], args[1].parse().expect("operations")),
         "sqlite-stuck-writer" => sqlite_stuck_writer(&args[0]),
+        "poison-worker" => crate::poison::poison_worker(&args[0]),
         "holding-worker" => {
             crate::recovery::holding_worker(&args[0], args[1].parse().expect("cap"))
         }

@@ -303,7 +303,24 @@ fn a_restart_does_not_make_live_workers_look_dead(backend: Backend) {
         "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'",
     ) > 0
     {
-        assert!(Instant::now() < until, "the jobs never completed");
+        if Instant::now() >= until {
+            let mut left = |state: &str| {
+                count(
+                    &mut conn,
+                    &format!("SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = '{state}'"),
+                )
+            };
+            let (waiting, running) = (left("waiting"), left("running"));
+            let lapsed = count(
+                &mut conn,
+                "SELECT COUNT(*) AS n FROM tenure_jobs WHERE lapses > 0",
+            );
+            let workers = count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_workers");
+            panic!(
+                "the jobs never completed: {waiting} waiting, {running} running, {lapsed} \
+                 lapsed; {workers} workers registered"
+            );
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
     stage("every job completed");

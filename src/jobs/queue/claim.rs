@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::{BigInt, Bool, Nullable, Text};
 
 use super::model::{Candidate, JobRow};
 use super::{ClaimedJob, MAX_KINDS, check_count};
@@ -16,7 +16,7 @@ use crate::{Error, Result, TenureConnection, validate};
 
 /// What a claim reads back of the jobs it claimed ([`super::model::JobRow`]).
 const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_attempts, \
-    due_at, created_at, claim_token, claimed_at, claim_expires_at";
+    due_at, created_at, claim_token, claimed_at, claim_expires_at, lapses";
 
 /// Claim, step 1 of 3: lock the jobs to claim, in order, skipping rows other claimers hold
 /// (SQLite: the IMMEDIATE transaction serializes claimers), at most as many as a limited
@@ -64,11 +64,12 @@ const KIND_FILTER: &str = " AND kind = ?";
 /// each with its own random token, recording the worker that claims (NULL outside a worker).
 /// The WHERE is the primary key alone, so no other index can serve it (a `state = ...`
 /// condition could be served by the stalled-claims index on MySQL, locking other rows).
-/// RETURNING where there is one; MySQL reads them back.
+/// RETURNING where there is one; MySQL reads them back. A claim outside a worker is its run's
+/// start (its caller runs it); a worker records the starts it must (`worker::runs`).
 const CLAIM_MARK: &str = "\
     UPDATE tenure_jobs SET state = 'running', attempt = attempt + 1, \
         claim_token = {random_token}, claimed_at = {now}, claim_expires_at = {now+ttl}, \
-        claimed_by = ? \
+        claimed_by = ?, started_at = CASE WHEN ? THEN {now} ELSE NULL END \
     WHERE id IN {ids}";
 
 /// Claims up to `max_jobs` due jobs of `queue` for `ttl`, by priority, then due time, then id.
@@ -242,12 +243,14 @@ fn claim_of<C: TenureConnection>(
                     statement(format!("{mark} RETURNING {CLAIMED_COLUMNS}"))
                         .bind::<BigInt, _>(micros)
                         .bind::<Nullable<BigInt>, _>(worker)
+                        .bind::<Bool, _>(worker.is_none())
                         .bind_ids(ids)
                         .load::<JobRow>(c)?
                 } else {
                     statement(mark)
                         .bind::<BigInt, _>(micros)
                         .bind::<Nullable<BigInt>, _>(worker)
+                        .bind::<Bool, _>(worker.is_none())
                         .bind_ids(ids.iter().copied())
                         .execute(c)?;
                     statement(format!("SELECT {CLAIMED_COLUMNS} FROM tenure_jobs WHERE id IN {{ids}}"))

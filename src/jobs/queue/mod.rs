@@ -24,7 +24,7 @@ pub(crate) use claim::claim_kinds_throttled;
 pub use claim::{claim, claim_kinds};
 pub use enqueue::enqueue;
 pub use finish::{complete, fail, give_back, renew, snooze};
-pub(crate) use finish::{complete_with_results, snooze_noting_death};
+pub(crate) use finish::{complete_with_results, record_start, snooze_noting_death};
 pub use model::{Backoff, ClaimedJob, Job, JobClaim, JobState, Outcome, Rescued, Retry};
 pub use new_job::{DedupOver, Due, Enqueued, NewJob, OnDuplicate};
 pub use rescue::rescue;
@@ -36,9 +36,12 @@ pub const MAX_ERROR_HISTORY: usize = 20;
 
 /// The largest payload, in bytes (MariaDB's default `max_allowed_packet` is 16 MiB).
 pub const MAX_PAYLOAD_BYTES: usize = 8 * 1024 * 1024;
-/// A job whose claim lapsed this many times (its worker died or stalled holding it each
-/// time) is dead: a job that takes its worker down cannot loop forever. A lapsed claim uses
-/// no attempt, since the worker may have died before the run began.
+/// A job charged this many lapses (its worker died or stalled holding it each time) is dead:
+/// a job that takes its worker down cannot loop forever. A lapsed claim uses no attempt, since
+/// the worker may have died before the run began. A job's first lapse is always charged;
+/// later ones only for a run that began (a worker records the start of a job with lapses,
+/// and runs one such job at a time), so jobs claimed ahead of a crashing one never die of
+/// its crashes.
 pub const MAX_LAPSES: u32 = 5;
 /// A job's runs may be snoozed ([`snooze`]) this many times without using an attempt; every
 /// further snooze uses one (and a job out of attempts is then dead), so a job that snoozes

@@ -130,6 +130,10 @@ pub struct ClaimedJob {
     pub claimed_at: DateTime<Utc>,
     /// When the claim lapses unless renewed (database clock).
     pub claim_expires_at: DateTime<Utc>,
+    /// Lapses counted against it before this claim ([`crate::jobs::MAX_LAPSES`]). A worker
+    /// runs a job with lapses alone among such jobs, and records its start first: a crash
+    /// during that run is charged to it, and not to the jobs claimed ahead beside it.
+    pub lapses: u32,
 }
 
 impl ClaimedJob {
@@ -168,6 +172,7 @@ impl ClaimedJob {
             attempt: u32::try_from(row.attempt).unwrap_or(0),
             max_attempts: u32::try_from(row.max_attempts).unwrap_or(0),
             due_at: row.due_at,
+            lapses: u32::try_from(row.lapses).unwrap_or(0),
         })
     }
 }
@@ -216,8 +221,8 @@ pub struct Job {
     pub limit_key: Option<String>,
     /// The most jobs of its limit key that run at once.
     pub limit_max: Option<i32>,
-    /// How many of its claims lapsed (its worker died or stalled); dead at
-    /// [`crate::jobs::MAX_LAPSES`].
+    /// Lapses charged to it (its worker died or stalled): its first, then those of runs that
+    /// began; dead at [`crate::jobs::MAX_LAPSES`].
     #[diesel(deserialize_as = i32)]
     pub lapses: u32,
     /// When a cancel was asked for while it ran: it stays running until its worker stops the
@@ -359,6 +364,8 @@ pub(crate) struct JobRow {
     pub claimed_at: Option<DateTime<Utc>>,
     #[diesel(sql_type = Nullable<Instant>)]
     pub claim_expires_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Integer)]
+    pub lapses: i32,
 }
 
 /// What finishing calls read (and lock) before deciding.

@@ -56,16 +56,23 @@ use crate::{Backend, Result, TenureConnection};
 /// an index on `state` and lock rows other transactions hold (that deadlocked with
 /// heartbeats in the race test). MySQL assigns left to right, reading the values assigned
 /// before: `state` and `lapses` come last, so every CASE reads the row as it was.
+///
+/// A lapse counts against a job (`lapses`) the first time, and after that only when its run
+/// had begun (`started_at`, recorded by a worker before it runs a job with lapses, one such
+/// run at a time per worker, and by a claim made outside a worker): the jobs a crashing
+/// worker claimed ahead never started, and are never charged its crashes.
 const RESCUE_SET: &str = "\
     UPDATE tenure_jobs SET \
-        finished_at = CASE WHEN cancel_requested_at IS NOT NULL OR lapses + 1 >= ? \
+        finished_at = CASE WHEN cancel_requested_at IS NOT NULL \
+            OR ((lapses = 0 OR started_at IS NOT NULL) AND lapses + 1 >= ?) \
             THEN {now} ELSE NULL END, \
         last_error = ?, \
         attempt = attempt - 1, \
         claim_token = NULL, claim_expires_at = NULL, due_at = {now}, \
         state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' \
-            WHEN lapses + 1 >= ? THEN 'dead' ELSE 'waiting' END, \
-        lapses = lapses + 1 \
+            WHEN (lapses = 0 OR started_at IS NOT NULL) AND lapses + 1 >= ? THEN 'dead' \
+            ELSE 'waiting' END, \
+        lapses = CASE WHEN lapses = 0 OR started_at IS NOT NULL THEN lapses + 1 ELSE lapses END \
     WHERE id IN {ids}";
 
 /// The error a rescued run leaves in the job's history (and as its `last_error`).

@@ -1,0 +1,1 @@
+ALTER TABLE tenure_jobs DROP COLUMN started_at;
