@@ -150,7 +150,7 @@ fn a_poison_job_dies_alone(backend: Backend) {
         .unwrap()
         .expect("the poison job");
     assert_eq!(job.state, JobState::Dead);
-    assert_eq!(job.lapses, jobs::MAX_LAPSES as u32);
+    assert_eq!(job.lapses, jobs::MAX_LAPSES);
     assert_eq!(
         crashes,
         jobs::MAX_LAPSES as usize,
