@@ -145,7 +145,10 @@ impl Error {
     /// True for transient conflicts after which the whole call can be repeated as it is:
     /// serialization failures and deadlocks (PostgreSQL 40001, 40P01; MySQL/MariaDB 1213),
     /// lock timeouts (PostgreSQL 55P03; MySQL/MariaDB 1205), MariaDB's 1020 ("record has
-    /// changed"), SQLite's `SQLITE_BUSY`, and a pool that had no free connection in time.
+    /// changed"), SQLite's `SQLITE_BUSY`, a pool that had no free connection in time, and
+    /// a call refused, before it sent anything, on a connection whose transaction an earlier
+    /// lost connection left broken (diesel's `BrokenTransactionManager`: repeat it on a new
+    /// connection; a pool discards that one).
     ///
     /// diesel exposes the code only for 40001 and 1213; the others are recognised by the
     /// server's message, which PostgreSQL translates when `lc_messages` is not English.
@@ -201,6 +204,9 @@ fn is_transient(error: &DieselError) -> bool {
             commit_error,
             rollback_error,
         } => is_transient(commit_error) && !is_lost_connection(rollback_error),
+        // An earlier call lost the connection mid-transaction: this one sent nothing. It
+        // goes through on a new connection (a pool discards this one).
+        DieselError::BrokenTransactionManager => true,
         _ => false,
     }
 }

@@ -131,6 +131,17 @@ fn a_commit_on_a_killed_connection_is_outcome_unknown(backend: Backend) {
         err.is_outcome_unknown(),
         "a lost COMMIT is not outcome-unknown: {err:?}"
     );
+    // The next call on that connection is refused before it sends anything (on PostgreSQL
+    // diesel's BrokenTransactionManager): it says to try again on a new connection, never
+    // a plain failure. Found by issue 32's review (issue 14's note).
+    let err = jobs::enqueue(&mut victim, &NewJob::new("q", "k", vec![]))
+        .expect_err("a call on the killed connection succeeded");
+    assert!(
+        err.is_retryable() || err.is_outcome_unknown(),
+        "the call after a lost COMMIT is neither retryable nor outcome-unknown: {err:?}"
+    );
+    let mut fresh = db.connect();
+    assert_eq!(lease::inspect(&mut fresh, "l").unwrap().map(|l| l.held), Some(true));
 }
 
 // Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).

@@ -82,6 +82,16 @@ const NOT_NEEDED: &str = "(dependents = 0 OR NOT EXISTS (\
     SELECT 1 FROM tenure_job_dependencies d JOIN tenure_jobs w ON w.id = d.job_id \
     WHERE d.depends_on = tenure_jobs.id AND w.state IN ('blocked', 'waiting', 'running', 'dead')))";
 
+/// The workflows of the jobs a prune deletes.
+const WORKFLOWS_OF: &str = "\
+    SELECT DISTINCT workflow_id AS id FROM tenure_jobs WHERE id IN {ids} AND workflow_id IS NOT NULL";
+/// Those workflows left without a job: their rows go with their last job. A job joins a
+/// workflow only at enqueue, by a dependency it locks (which a prune skips) or with the
+/// workflow it is created in, so no job joins a workflow this deletes.
+const EMPTY_WORKFLOWS: &str = "\
+    DELETE FROM tenure_workflows WHERE id IN {ids} \
+    AND NOT EXISTS (SELECT 1 FROM tenure_jobs j WHERE j.workflow_id = tenure_workflows.id)";
+
 /// Locks the picked rows by primary key alone (see `CLAIM_MARK` on why not by state), to
 /// re-check their state before deleting; a job whose window an enqueue widened meanwhile (it
 /// folded into the job, holding its lock) is no longer picked. Skipping rows another
@@ -211,7 +221,11 @@ pub fn prune<C: TenureConnection>(
                 return Ok(0);
             }
             let ids = || doomed.iter().copied();
+            let workflows: Vec<i64> = statement(WORKFLOWS_OF).bind_ids(ids()).load::<IdRow>(c).map(ids_of)?;
             let deleted = statement("DELETE FROM tenure_jobs WHERE id IN {ids}").bind_ids(ids()).execute(c)?;
+            if !workflows.is_empty() {
+                statement(EMPTY_WORKFLOWS).bind_ids(workflows).execute(c)?;
+            }
             statement("DELETE FROM tenure_job_errors WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
             statement("DELETE FROM tenure_job_outputs WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
             statement("DELETE FROM tenure_job_limits WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;

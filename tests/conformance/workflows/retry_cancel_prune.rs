@@ -19,6 +19,7 @@ conformance!(
     retry_dead_racing_the_last_other_dependency_never_strands_the_dependent,
     retry_then_death_then_retry_keeps_an_all_finished_dependent_waiting,
     a_dead_dependents_inputs_outlive_a_prune_so_its_revival_reads_them,
+    a_workflows_row_goes_with_its_last_job,
 );
 
 // Found by the round-19 attacks on workflows: REPEATABLE READ callers, a retried dead dependency, lock orders, races with a dependency's finish (attacks19.rs).
@@ -297,4 +298,37 @@ fn a_dead_dependents_inputs_outlive_a_prune_so_its_revival_reads_them(backend: B
     assert_eq!(prune(&mut conn, Finished::Dead), 1);
     assert_eq!(prune(&mut conn, Finished::Completed), 1);
     assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 0);
+}
+
+/// Two workflows of two jobs each; all four complete; a prune keeping the newest one deletes
+/// the three others: the workflow left without a job loses its row, the one with a job kept
+/// keeps it (and its status). Found by issue 32's review: `tenure_workflows` rows were never
+/// pruned.
+fn a_workflows_row_goes_with_its_last_job(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let mut made = Vec::new();
+    for name in ["first", "second"] {
+        let mut workflow = jobs::Workflow::new(name);
+        workflow.add(NewJob::new("q", "a", vec![]));
+        workflow.add(NewJob::new("q", "b", vec![]));
+        made.push(jobs::enqueue_workflow(&mut conn, &workflow).unwrap().id);
+    }
+    for _ in 0..4 {
+        let job = jobs::claim(&mut conn, "q", 1, std::time::Duration::from_secs(60))
+            .unwrap()
+            .remove(0);
+        jobs::complete(&mut conn, &[job.claim()]).unwrap();
+    }
+    let deleted = jobs::prune(&mut conn, "q", Finished::Completed, Retention::KeepNewest(1), 1000);
+    assert_eq!(deleted.unwrap(), 3);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_workflows"), 1);
+    assert!(jobs::workflow_status(&mut conn, made[0]).unwrap().is_none());
+    let kept = jobs::workflow_status(&mut conn, made[1]).unwrap().expect("its row");
+    assert_eq!(kept.counts.completed, 1);
+    assert_eq!(
+        jobs::prune(&mut conn, "q", Finished::Completed, Retention::DeleteAll, 1000).unwrap(),
+        1
+    );
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_workflows"), 0);
 }
