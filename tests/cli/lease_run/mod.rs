@@ -5,6 +5,7 @@
 mod arguments;
 mod database;
 mod processes;
+mod stopped;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
