@@ -15,6 +15,17 @@ use crate::lease_run::{LONG, Runner, group_alive, read, read_number, wait_until}
 
 conformance!(lease_run_stopped_supervisor_stops_its_command_at_the_deadline);
 
+/// The watchdog is `tenure __watchdog`, which tenure runs itself: not in the help.
+#[test]
+fn lease_run_watchdog_subcommand_is_hidden() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(help.status.success());
+    assert!(!String::from_utf8_lossy(&help.stdout).contains("watchdog"));
+}
+
 /// A command that beats into `$DIR/beats` as `TAG UPTIME` every 50 ms until `$DIR/TAG.stop`
 /// exists, notes a SIGTERM (`TAG-term UPTIME`) and goes on: the worst case, which only SIGKILL
 /// stops. It records its pid and what tenure gave it in its environment.
@@ -100,7 +111,11 @@ fn lease_run_stopped_supervisor_stops_its_command_at_the_deadline(backend: Backe
         a.stderr()
     );
     assert_eq!(a_status.code(), Some(76), "{}", a.stderr());
-    assert!(a.stderr().contains("lost the lease"), "{}", a.stderr());
+    assert!(
+        a.stderr().contains("lost the lease") && a.stderr().contains("watchdog"),
+        "{}",
+        a.stderr()
+    );
     assert!(
         !group_alive(a_pgid),
         "the first command outlived its runner"
