@@ -250,6 +250,16 @@ impl LeaseGuard {
         !self.shared.lock().check_deadline(Clock::now())
     }
 
+    /// The local monotonic instant until which the lease is surely held: the deadline
+    /// [`LeaseGuard::is_held`] checks (when the last successful take or renewal was sent, plus
+    /// the ttl, minus ttl/10); `None` once the lease is lost. It moves later with each
+    /// renewal. For work that must end by then even if this process cannot say so: `tenure
+    /// lease run` hands it to a watchdog process that stops the command when it passes.
+    pub fn held_until(&self) -> Option<Clock> {
+        let mut state = self.shared.lock();
+        (!state.check_deadline(Clock::now())).then_some(state.deadline)
+    }
+
     /// Blocks until the lease is lost or `timeout` passes; returns whether it was lost.
     pub fn wait_lost(&self, timeout: Duration) -> bool {
         let until = Clock::now() + timeout;

@@ -1,11 +1,11 @@
 //! What `tenure work` and `tenure lease run` promise about the commands they start: a command
 //! inherits no descriptor of theirs (a database connection inherited would keep its session,
 //! and a worker's liveness lock, alive after the worker died), and a command's whole process
-//! group ends when the process that started it dies, even by SIGKILL, which no handler sees.
+//! group ends when the process that started it dies, even by SIGKILL, which no handler sees
+//! (the watchdog, watchdog.rs, does that).
 
-use std::io::Write;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::Command;
 
 /// Makes `command` start with only its standard streams: every other descriptor is marked
 /// close-on-exec between fork and exec.
@@ -51,58 +51,39 @@ fn mark_close_on_exec_from(first: libc::c_int) {
     }
 }
 
-/// A process that kills process group `pgid` when this process dies: a shell reading a pipe
-/// whose only writer is this process. At this process's death (however it dies) the pipe
-/// reads end-of-file and the watchdog kills the group; [`GroupWatchdog::dismiss`] (the run
-/// ended, the group is already dealt with) tells it to leave quietly.
-pub struct GroupWatchdog {
-    child: Child,
-    pipe: Option<ChildStdin>,
-}
-
-/// The watchdog's script: `$1` is the group (`kill -s KILL --`: dash takes `kill -KILL --`
-/// for a number). `read` fails at end-of-file; a line `done` dismisses it.
-const WATCHDOG: &str =
-    r#"read -r line; [ "$line" = done ] || kill -s KILL -- "-$1" 2>/dev/null; exit 0"#;
-
-impl GroupWatchdog {
-    pub fn start(pgid: u32) -> std::io::Result<GroupWatchdog> {
-        let mut command = Command::new("/bin/sh");
-        command
-            .args(["-c", WATCHDOG, "tenure-watchdog", &pgid.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            // Its own group: killing the command's group does not kill it, and a terminal's
-            // Ctrl-C does not either.
-            .process_group(0);
-        inherit_only_stdio(&mut command);
-        let mut child = command.spawn()?;
-        let pipe = child.stdin.take();
-        Ok(GroupWatchdog { child, pipe })
-    }
-
-    /// The run is over: the watchdog exits without killing anything.
-    pub fn dismiss(mut self) {
-        if let Some(mut pipe) = self.pipe.take() {
-            let _ = pipe.write_all(b"done\n");
-        }
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for GroupWatchdog {
-    fn drop(&mut self) {
-        // Not dismissed (an early return): closing the pipe makes it kill the group.
-        drop(self.pipe.take());
-        let _ = self.child.wait();
-    }
-}
-
 /// Sends SIGKILL to process group `pgid` (the command and what it started).
 pub fn kill_group(pgid: u32) {
     // SAFETY: kill(2) with a negative pid names a process group.
     unsafe {
         libc::kill(-(pgid as libc::pid_t), libc::SIGKILL);
     }
+}
+
+/// Sends `signal` to every process of the group `pgid`; false if there is none left.
+pub fn signal_group(pgid: i32, signal: libc::c_int) -> bool {
+    // SAFETY: plain system call; a negative pid names a process group.
+    unsafe { libc::kill(-pgid, signal) == 0 }
+}
+
+/// Whether a live process is left in the group `pgid`. Zombies do not count: one whose parent
+/// died waits for init to reap it, which some containers' init does late.
+pub fn group_lives(pgid: i32) -> bool {
+    #[cfg(target_os = "linux")]
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        let pgid = pgid.to_string();
+        return dir.flatten().any(|entry| {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                return false;
+            };
+            // pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                return false;
+            };
+            let mut fields = rest.split_whitespace();
+            let state = fields.next().unwrap_or("Z");
+            let group = fields.nth(1).unwrap_or("");
+            !matches!(state, "Z" | "X") && group == pgid
+        });
+    }
+    signal_group(pgid, 0)
 }

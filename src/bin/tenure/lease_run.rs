@@ -5,12 +5,18 @@ use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use tenure::{LeaseGuard, Pool};
 
+use crate::children::{group_lives, signal_group};
+use crate::lease_signals::{
+    COMMAND_STARTED, catch_signals, signal_name, take_signals,
+    watch_signals_until_the_command_starts,
+};
+use crate::watchdog::Watchdog;
 use crate::{Failure, Outcome, database, duration::parse_flag};
 
 /// Not run: someone else holds the lease (at once with `--no-wait`, or after `--wait`).
@@ -21,28 +27,39 @@ pub const LOST: u8 = 76;
 /// What `tenure lease run --help` ends with.
 pub const ABOUT: &str = "\
 Takes the lease NAME (waiting up to --wait for its holder to let go), runs COMMAND in its
-own process group with TENURE_LEASE_NAME, TENURE_LEASE_FENCE and TENURE_LEASE_TOKEN in its
-environment, renews the lease every ttl/3 while it runs, and releases it when it exits. So
-two `tenure lease run` of the same name, on any hosts sharing the database, do not run their
-commands at once while each keeps the lease; one that loses it stops its command (below),
-and the next holder may start during that command's grace.
+own process group with TENURE_LEASE_NAME, TENURE_LEASE_FENCE, TENURE_LEASE_TOKEN,
+TENURE_LEASE_TTL and TENURE_LEASE_GRACE (both in seconds) in its environment, renews the
+lease every ttl/3 while it runs, and releases it when it exits. So two `tenure lease run` of
+the same name, on any hosts sharing the database, do not run their commands at once while
+each keeps the lease; one that loses it stops its command (below), and the next holder may
+start during that command's grace.
 
-If the lease is lost while the command runs (renewals did not succeed in time, this process
-was paused past the ttl, or an operator ran `tenure leases release NAME --force`), the command
-gets SIGTERM, then SIGKILL after --grace, and tenure exits 76 saying why. SIGINT, SIGTERM and
-SIGHUP sent to tenure are forwarded to the command (SIGKILL after --grace if it keeps
-running); the lease is released once it stopped.
+If the lease is lost while the command runs (renewals did not succeed in time, or an operator
+ran `tenure leases release NAME --force`), the command gets SIGTERM, then SIGKILL after
+--grace, and tenure exits 76 saying why. SIGINT, SIGTERM and SIGHUP sent to tenure are
+forwarded to the command (SIGKILL after --grace if it keeps running); the lease is released
+once it stopped.
+
+While tenure itself is stopped (SIGSTOP, Ctrl-Z) or starved, it cannot stop the command; a
+watchdog process does. After each renewal tenure tells it until when the lease is surely held
+(0.9 ttl after that renewal was sent); if no newer word has come by then, the command's group
+gets SIGTERM at that deadline, before the lease can expire, and SIGKILL --grace later, so the
+command overlaps the next holder by less than the grace; tenure exits 76 once it continues.
+The watchdog has a process group of its own: if it is stopped as well (SIGSTOP sent to it
+too, or to its group), nothing stops the command until they continue. If tenure dies, even by
+SIGKILL, the watchdog kills the command's group at once.
 
 A command writing to the same database can check that its fence is still current in the
-statement that writes (see the README: \"The fence check from a shell\").
+statement that writes (see docs/guide.md: \"The fence check from a shell\").
 
 Exit codes:
   the command's own    it ran with the lease held throughout (128+N if signal N ended it)
   75                   not run: the lease is held by someone else (--no-wait, or --wait ran out)
-  76                   the lease was lost while the command ran; the command was stopped
+  76                   the lease was lost while the command ran (or tenure was stopped past its
+                       deadline); the command was stopped
   126, 127             the command could not be started (127: not found)
   128+N                signal N (SIGINT 130, SIGTERM 143) arrived while waiting: not run
-  1                    a database error before the command started
+  1                    a database error before the command started, or no watchdog could start
   2                    bad arguments (empty name, bad --ttl, no command)
   3, 4                 cannot connect; the database has no tenure tables (run `tenure migrate`)";
 
@@ -81,129 +98,13 @@ pub struct RunArgs {
 
 /// Writes a line to stderr, ignoring a stderr that is gone (a closed pipe): tenure's statuses
 /// must not become a panic's.
-fn warn(text: &str) {
+pub fn warn(text: &str) {
     let _ = writeln!(std::io::stderr(), "tenure lease run: {text}");
 }
 
 /// How long to wait for the database to say why a lease was lost before saying what this
 /// process knows: a partitioned network can hang a query for as long as TCP keeps trying.
 const WHY_WAIT: Duration = Duration::from_secs(5);
-
-/// Set once the command runs: until then a signal the main thread does not pick up (it is
-/// stuck connecting or asking for the lease on an unreachable database) ends the process.
-static COMMAND_STARTED: AtomicBool = AtomicBool::new(false);
-
-/// Signals received and not yet handled, one bit per signal number.
-static PENDING: AtomicU64 = AtomicU64::new(0);
-
-extern "C" fn on_signal(signal: libc::c_int) {
-    // Async-signal-safe: one lock-free atomic operation.
-    PENDING.fetch_or(1 << signal, Ordering::SeqCst);
-}
-
-const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
-
-fn catch_signals() -> Result<(), Failure> {
-    for signal in FORWARDED {
-        // SAFETY: a zeroed sigaction with a handler that only does an atomic fetch_or.
-        let failed = unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            action.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(signal, &action, std::ptr::null_mut()) != 0
-        };
-        if failed {
-            return Err(Failure::new(
-                1,
-                format!(
-                    "cannot catch {}: {}",
-                    signal_name(signal),
-                    std::io::Error::last_os_error()
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Before the command runs, a signal left unhandled for a second means the main thread is
-/// stuck (connecting, or asking for the lease, on a database that does not answer): end the
-/// process with 128 + the signal, as if it had not been caught. No command runs yet; a lease
-/// a stuck request may still grant expires after its ttl.
-fn watch_signals_until_the_command_starts() {
-    std::thread::spawn(|| {
-        let mut seen_since: Option<Instant> = None;
-        while !COMMAND_STARTED.load(Ordering::SeqCst) {
-            let pending = PENDING.load(Ordering::SeqCst);
-            match (pending, seen_since) {
-                (0, _) => seen_since = None,
-                (_, None) => seen_since = Some(Instant::now()),
-                (bits, Some(since)) if since.elapsed() >= Duration::from_secs(1) => {
-                    let signal = FORWARDED
-                        .into_iter()
-                        .find(|s| bits & (1 << s) != 0)
-                        .unwrap_or(libc::SIGTERM);
-                    warn(&format!(
-                        "{} while the database did not answer: the command did not run",
-                        signal_name(signal)
-                    ));
-                    std::process::exit(128 + signal);
-                }
-                _ => {}
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    });
-}
-
-/// The signals received since the last call.
-fn take_signals() -> Vec<libc::c_int> {
-    let bits = PENDING.swap(0, Ordering::SeqCst);
-    FORWARDED
-        .into_iter()
-        .filter(|s| bits & (1 << s) != 0)
-        .collect()
-}
-
-fn signal_name(signal: libc::c_int) -> String {
-    match signal {
-        libc::SIGHUP => "SIGHUP".into(),
-        libc::SIGINT => "SIGINT".into(),
-        libc::SIGKILL => "SIGKILL".into(),
-        libc::SIGTERM => "SIGTERM".into(),
-        other => format!("signal {other}"),
-    }
-}
-
-/// Sends `signal` to every process of the group `pgid`; false if there is none left.
-fn signal_group(pgid: i32, signal: libc::c_int) -> bool {
-    // SAFETY: plain system call; a negative pid names a process group.
-    unsafe { libc::kill(-pgid, signal) == 0 }
-}
-
-/// Whether a live process is left in the group `pgid`. Zombies do not count: one whose parent
-/// died waits for init to reap it, which some containers' init does late.
-fn group_lives(pgid: i32) -> bool {
-    #[cfg(target_os = "linux")]
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        let pgid = pgid.to_string();
-        return dir.flatten().any(|entry| {
-            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-                return false;
-            };
-            // pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
-            let Some((_, rest)) = stat.rsplit_once(')') else {
-                return false;
-            };
-            let mut fields = rest.split_whitespace();
-            let state = fields.next().unwrap_or("Z");
-            let group = fields.nth(1).unwrap_or("");
-            !matches!(state, "Z" | "X") && group == pgid
-        });
-    }
-    signal_group(pgid, 0)
-}
 
 fn hostname() -> String {
     let mut buffer = [0u8; 256];
@@ -271,6 +172,17 @@ pub fn run(target: &database::Target, args: RunArgs) -> Outcome {
     let fence = guard.fence();
     say(format!("took {name:?} (fence {fence}) as {holder:?}"));
 
+    // Started before the command, so that the command never runs unwatched.
+    let mut watchdog = match Watchdog::start(grace) {
+        Ok(watchdog) => watchdog,
+        Err(e) => {
+            let _ = guard.release();
+            return Err(Failure::new(
+                1,
+                format!("cannot start the command's watchdog: {e}; the command did not run"),
+            ));
+        }
+    };
     let program = &args.command[0];
     let mut command = Command::new(program);
     command
@@ -278,6 +190,10 @@ pub fn run(target: &database::Target, args: RunArgs) -> Outcome {
         .env("TENURE_LEASE_NAME", name)
         .env("TENURE_LEASE_FENCE", fence.to_string())
         .env("TENURE_LEASE_TOKEN", guard.lease().token().to_string())
+        // So that the command can bound its own steps: it is stopped within 0.9 ttl of the
+        // last renewal, and has the grace after SIGTERM.
+        .env("TENURE_LEASE_TTL", ttl.as_secs_f64().to_string())
+        .env("TENURE_LEASE_GRACE", grace.as_secs_f64().to_string())
         // Its own group: we signal it and what it started as one, and a terminal's Ctrl-C
         // reaches tenure, which forwards it.
         .process_group(0);
@@ -307,7 +223,7 @@ pub fn run(target: &database::Target, args: RunArgs) -> Outcome {
         }
     }
     COMMAND_STARTED.store(true, Ordering::SeqCst);
-    let child = match command.spawn() {
+    let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
             let code = if e.kind() == std::io::ErrorKind::NotFound {
@@ -322,7 +238,16 @@ pub fn run(target: &database::Target, args: RunArgs) -> Outcome {
             ));
         }
     };
-    supervise(&pool, guard, child, name, ttl, grace, &say)
+    if let Err(e) = watchdog.watch(child.id(), guard.held_until()) {
+        signal_group(child.id() as i32, libc::SIGKILL);
+        let _ = child.wait();
+        let _ = guard.release();
+        return Err(Failure::new(
+            1,
+            format!("the command's watchdog is gone ({e}); the command was killed"),
+        ));
+    }
+    supervise(&pool, guard, child, watchdog, name, (ttl, grace), &say)
 }
 
 /// The checks the library makes of a lease name, a holder label and a ttl, made here so that
@@ -424,25 +349,42 @@ enum Stop {
     Signal(libc::c_int),
 }
 
-/// Waits for the command while the guard renews; stops it when the lease is lost or a signal
-/// arrives; releases the lease once it is gone.
+/// Waits for the command while the guard renews, passing each renewal's deadline to the
+/// watchdog; stops it when the lease is lost or a signal arrives; releases the lease once it
+/// is gone.
 fn supervise(
     pool: &Pool,
     guard: LeaseGuard,
     mut child: Child,
+    mut watchdog: Watchdog,
     name: &str,
-    ttl: Duration,
-    grace: Duration,
+    (ttl, grace): (Duration, Duration),
     say: &dyn Fn(String),
 ) -> Outcome {
     let pgid = child.id() as i32;
     let fence = guard.fence();
     let mut stop: Option<(Stop, Instant)> = None;
     let mut killed = false;
+    // Whether the watchdog still listens; if it died, this process stops the command alone.
+    let mut watched = true;
+    let mut tell = |sent: std::io::Result<()>| {
+        if watched && let Err(e) = sent {
+            watched = false;
+            warn(&format!(
+                "the command's watchdog is gone ({e}): if this process is stopped, nothing \
+                 stops the command"
+            ));
+        }
+        watched
+    };
     // The longest this loop did not run: a paused process finds out here why it lost.
     let mut last_tick = Instant::now();
     let mut longest_gap = Duration::ZERO;
     let status = loop {
+        // Measured first: a command the watchdog ended during a stop has exited by now.
+        let now = Instant::now();
+        longest_gap = longest_gap.max(now - last_tick);
+        last_tick = now;
         match child.try_wait() {
             Ok(Some(status)) => break Some(status),
             Ok(None) => {}
@@ -451,9 +393,6 @@ fn supervise(
                 break child.wait().ok();
             }
         }
-        let now = Instant::now();
-        longest_gap = longest_gap.max(now - last_tick);
-        last_tick = now;
         for signal in take_signals() {
             signal_group(pgid, signal);
             say(format!("forwarded {} to the command", signal_name(signal)));
@@ -461,9 +400,17 @@ fn supervise(
                 stop = Some((Stop::Signal(signal), now + grace));
             }
         }
-        let lost = !guard.is_held();
+        let held_until = guard.held_until();
+        if let Some(until) = held_until {
+            tell(watchdog.hold_until(until));
+        }
+        let lost = held_until.is_none();
         if lost && !matches!(stop, Some((Stop::Lost, _))) {
-            signal_group(pgid, libc::SIGTERM);
+            // The watchdog sends the SIGTERM, once, whether it saw the deadline pass itself
+            // or is told now; this process only when the watchdog is gone.
+            if !tell(watchdog.lost()) {
+                signal_group(pgid, libc::SIGTERM);
+            }
             // A lost lease shortens a grace already running for a forwarded signal, never
             // lengthens it.
             let kill_at = stop
@@ -486,21 +433,35 @@ fn supervise(
         }
     };
     // What the command left running in its group goes too: the next holder must not run
-    // beside it.
+    // beside it. The watchdog keeps hearing the deadlines meanwhile.
     if group_lives(pgid) {
         signal_group(pgid, libc::SIGTERM);
         let until = Instant::now() + grace;
         while group_lives(pgid) && Instant::now() < until {
+            if let Some(held_until) = guard.held_until() {
+                tell(watchdog.hold_until(held_until));
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
         if group_lives(pgid) {
             signal_group(pgid, libc::SIGKILL);
         }
     }
+    let report = watchdog.dismiss();
+    killed |= report.killed;
     let exited = status.map_or("no exit status".into(), describe);
     // Held now means held throughout: loss is sticky.
-    if matches!(stop, Some((Stop::Lost, _))) || !guard.is_held() {
+    // Stopped by the watchdog at the deadline: not "held throughout" either (this process
+    // may think the lease held, after a suspend its clock did not count).
+    if matches!(stop, Some((Stop::Lost, _))) || !guard.is_held() || report.term_at_deadline {
         let how = match (&stop, killed) {
+            _ if report.term_at_deadline => format!(
+                "the watchdog sent the command SIGTERM at the lease's local deadline{} ({exited})",
+                match killed {
+                    true => format!(" and SIGKILL after the {grace:?} grace"),
+                    false => String::new(),
+                }
+            ),
             (Some((Stop::Lost, _)), true) => format!(
                 "the command got SIGTERM and was killed (SIGKILL) after the {grace:?} grace"
             ),
@@ -526,7 +487,8 @@ fn supervise(
             return Err(Failure::new(
                 LOST,
                 format!(
-                    "lost the lease {name:?} (fence {fence}): {why}; found at the release,                      after the command had ended ({exited})"
+                    "lost the lease {name:?} (fence {fence}): {why}; found at the release, \
+                     after the command had ended ({exited})"
                 ),
             ));
         }
@@ -570,7 +532,8 @@ fn why_lost(pool: &Pool, name: &str, fence: i64, ttl: Duration, gap: Duration) -
     });
     let Ok(info) = answer.recv_timeout(WHY_WAIT) else {
         return format!(
-            "{paused}renewals did not succeed before its local deadline, and the database              does not answer now"
+            "{paused}renewals did not succeed before its local deadline, and the database \
+             does not answer now"
         );
     };
     let now = match info {

@@ -9,11 +9,13 @@ mod job_commands;
 mod job_links;
 mod lease_commands;
 mod lease_run;
+mod lease_signals;
 mod output;
 mod queue_commands;
 mod schedule_commands;
 mod serve;
 mod stats;
+mod watchdog;
 mod work;
 mod workflow_commands;
 
@@ -91,6 +93,10 @@ enum Command {
     /// (TENURE_DATABASE_URL and DATABASE_URL are ignored, so that a demo never writes into the
     /// database your environment points at).
     Demo(demo::DemoArgs),
+    /// The watchdog of a command `work` or `lease run` starts (watchdog.rs): tenure runs it
+    /// itself, people do not.
+    #[command(name = "__watchdog", hide = true)]
+    Watchdog { grace_ms: u64 },
 }
 
 /// A failure with its exit code.
@@ -146,6 +152,12 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli, out: &Out) -> Outcome {
+    if let Command::Watchdog { grace_ms } = cli.command {
+        return match watchdog::serve(grace_ms) {
+            0 => Ok(()),
+            code => Err(Failure::new(code, String::new())),
+        };
+    }
     if let Command::Demo(args) = cli.command {
         return demo::run(args, cli.database_url);
     }
@@ -166,7 +178,9 @@ fn run(cli: Cli, out: &Out) -> Outcome {
         Command::Enqueue(args) => enqueue::enqueue(open, args, out),
         Command::Work(args) => work::run(&target, args),
         Command::Serve(args) => serve::run(&target, args),
-        Command::Demo(_) => Err(Failure::new(1, "`demo` reached the wrong place")),
+        Command::Demo(_) | Command::Watchdog { .. } => {
+            Err(Failure::new(1, "a command reached the wrong place"))
+        }
     }
 }
 

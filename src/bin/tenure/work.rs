@@ -294,6 +294,11 @@ fn run_command(pool: &Pool, ctx: &JobContext, job: &ShellJob) -> Result<(), JobE
         })?;
         passed_on.push((name, value));
     }
+    // Started before the command, so that the command never runs unwatched: it ends the
+    // command's group when this worker dies, even by SIGKILL, before its job can be rescued
+    // and run again beside it.
+    let mut watchdog = crate::watchdog::Watchdog::start(Duration::ZERO)
+        .map_err(|e| JobError::retry(format!("cannot start the command's watchdog: {e}")))?;
     let mut command = Command::new("/bin/sh");
     command
         .arg("-c")
@@ -319,18 +324,13 @@ fn run_command(pool: &Pool, ctx: &JobContext, job: &ShellJob) -> Result<(), JobE
         .spawn()
         .map_err(|e| JobError::retry(format!("cannot start /bin/sh: {e}")))?;
     let group = child.id();
-    // The command's group ends when this worker dies, even by SIGKILL: before its job can be
-    // rescued and run again beside it.
-    let watchdog = match children::GroupWatchdog::start(group) {
-        Ok(watchdog) => watchdog,
-        Err(e) => {
-            children::kill_group(group);
-            let _ = child.wait();
-            return Err(JobError::retry(format!(
-                "cannot start the command's watchdog: {e}"
-            )));
-        }
-    };
+    if let Err(e) = watchdog.watch(group, None) {
+        children::kill_group(group);
+        let _ = child.wait();
+        return Err(JobError::retry(format!(
+            "the command's watchdog is gone: {e}"
+        )));
+    }
     let output: Arc<Mutex<Vec<u8>>> = Arc::default();
     let readers: Vec<_> = [
         child
@@ -394,7 +394,7 @@ fn run_command(pool: &Pool, ctx: &JobContext, job: &ShellJob) -> Result<(), JobE
     // that closed its output and went on) is ended too. A command that must leave something
     // running detaches it into a session of its own (setsid).
     children::kill_group(group);
-    watchdog.dismiss();
+    let _ = watchdog.dismiss();
     let output = std::mem::take(&mut *output.lock().unwrap_or_else(|e| e.into_inner()));
     let code = status.and_then(|s| s.code());
     jobs::record_output(&mut pool.get()?, ctx.id, ctx.attempt, code, &output)?;

@@ -66,9 +66,10 @@ fn kill_group(pgid: i64) {
 }
 
 // Found by the attacks on `tenure lease run` (cli/lease_run_attacks.rs).
-/// The runner is SIGKILLed (it cannot catch that): its command (exec'd, so the runner's
-/// direct child) dies with it (PR_SET_PDEATHSIG), and the lease is not held forever: a
-/// waiting runner takes it once it expired, with a higher fence.
+/// The runner is SIGKILLed (it cannot catch that): its command's whole group dies with it
+/// (the shell by PR_SET_PDEATHSIG, its child `sleep` by the watchdog, which the runner's death
+/// wakes), and the lease is not held forever: a waiting runner takes it once it expired, with
+/// a higher fence.
 fn lease_run_attack_sigkilled_runner_kills_its_command_and_the_lease_expires(backend: Backend) {
     let db = TestDb::migrated(backend);
     let url = db.url();
@@ -85,7 +86,7 @@ fn lease_run_attack_sigkilled_runner_kills_its_command_and_the_lease_expires(bac
             "--",
             "sh",
             "-c",
-            "echo $TENURE_LEASE_FENCE > \"$DIR/a.fence\"; echo $$ > \"$DIR/a.pid\"; exec sleep 120",
+            "echo $TENURE_LEASE_FENCE > \"$DIR/a.fence\"; sleep 120 & echo $$ > \"$DIR/a.pid\"; wait",
         ],
     );
     let pgid = read_number(&d.join("a.pid"));

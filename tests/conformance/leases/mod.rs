@@ -563,7 +563,11 @@ fn guard_keeps_the_lease_across_several_ttls(backend: Backend) {
         .expect("free");
     let mut rival = db.connect();
     let until = Clock::now() + ttl * 4;
-    let (mut attempts, mut renewals) = (0, 0);
+    // held_until: within a ttl from now, only ever later (`tenure lease run`'s watchdog
+    // stops its command by it).
+    let mut held_until = guard.held_until().expect("held");
+    assert!(held_until <= Clock::now() + ttl);
+    let (mut attempts, mut renewals, mut moved) = (0, 0, 0);
     let mut last = raw_lease(&mut rival, "guarded");
     while Clock::now() < until {
         assert!(
@@ -572,6 +576,10 @@ fn guard_keeps_the_lease_across_several_ttls(backend: Backend) {
                 .is_none()
         );
         assert!(guard.is_held());
+        let now_held_until = guard.held_until().expect("held");
+        assert!(now_held_until >= held_until && now_held_until <= Clock::now() + ttl);
+        moved += usize::from(now_held_until > held_until);
+        held_until = now_held_until;
         let row = raw_lease(&mut rival, "guarded");
         assert_eq!(
             (row.fence, row.token),
@@ -590,6 +598,7 @@ fn guard_keeps_the_lease_across_several_ttls(backend: Backend) {
     // Held across 4 ttls, so renewed about 12 times (every ttl/3 when on time); a slow
     // observer may see several renewals as one change.
     assert!(renewals >= 2, "{renewals} renewals seen");
+    assert!(moved >= 2, "held_until moved {moved} times");
     let fence = guard.fence();
     assert!(last.token.is_some());
     drop(guard);
@@ -647,6 +656,7 @@ fn guard_reports_loss_at_its_deadline_when_renewals_hang(backend: Backend) {
     .unwrap();
     let lost_after = started.elapsed();
     assert!(!guard.is_held());
+    assert_eq!(guard.held_until(), None, "lost: held until nothing");
     // Deadline = sent + ttl - ttl/10: lost no later than the ttl, with a 10x margin on top.
     assert!(lost_after <= ttl * 10, "{lost_after:?}");
     drop(guard);
