@@ -5,7 +5,9 @@
 //! foundation; the lease and job modules have their own). The only `match` on the backend is
 //! [`dispatch!`], which hands the concrete diesel connection to that implementation.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{OnceLock, PoisonError, RwLock};
 
 use chrono::{DateTime, Utc};
 use diesel::connection::{AnsiTransactionManager, Connection};
@@ -467,6 +469,47 @@ pub(crate) struct Syntax {
     /// `{claim_kind_index}`: the same for a claim of some kinds, which the kind-leading claim
     /// index serves (one range per kind, in claim order within it).
     pub claim_kind_index: &'static str,
+    /// `{greatest}`: the larger of two values (SQLite's two-argument MAX, GREATEST on the
+    /// servers).
+    pub greatest: &'static str,
+    /// `{window_over}`: a finished job's dedup window is over by the database's clock
+    /// (`finished_at + dedup_window_micros <= now`).
+    pub window_over: &'static str,
+    /// MySQL/MariaDB: a locking read that may wait is preceded by an UPDATE of the same rows
+    /// (a locking read chosen as a deadlock's victim after sending some rows leaves the
+    /// MariaDB client waiting for rows that never come; an UPDATE fails cleanly).
+    pub lock_ahead: bool,
+    /// SQLite: a worker's lock (a file lock) is freed only when its process ends, so a free
+    /// lock alone says it died. On a server a session can end while its process lives.
+    pub lock_ends_with_process: bool,
+    /// Every text rendered for this backend, kept for the process's life.
+    pub(crate) rendered: Rendered,
+}
+
+/// The statements [`Syntax::render`] made, by template text: each template is rendered once
+/// per backend, then looked up (templates are the crate's constants and the few shapes
+/// composed of them, so this holds a bounded set).
+pub(crate) struct Rendered(OnceLock<RwLock<HashMap<Box<str>, &'static str>>>);
+
+impl Rendered {
+    pub(crate) const fn new() -> Rendered {
+        Rendered(OnceLock::new())
+    }
+}
+
+impl fmt::Debug for Rendered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rendered").finish_non_exhaustive()
+    }
+}
+
+/// `template` with `part` in place of `{name}`, for each `(name, part)`.
+fn with_parts(template: &str, parts: &[(&str, &str)]) -> String {
+    let mut text = template.to_string();
+    for (name, part) in parts {
+        text = text.replace(&format!("{{{name}}}"), part);
+    }
+    text
 }
 
 /// The database's clock, as each backend's `database_now` reads it.
@@ -481,9 +524,42 @@ pub(crate) struct Now {
 pub(crate) const NOTIFY_CHANNEL: &str = "tenure_jobs";
 
 impl Syntax {
-    /// Renders a statement template for this backend.
-    pub fn render(&self, template: &str) -> String {
+    /// Renders a statement template for this backend, once: later calls with the same text
+    /// look it up. For the crate's templates (constants, and the few shapes composed of
+    /// them); a text made per call (a bulk insert's rows) goes through [`Syntax::fill`].
+    pub fn render(&self, template: &str) -> &'static str {
+        let cache = self.rendered.0.get_or_init(RwLock::default);
+        if let Some(sql) = cache
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(template)
+        {
+            return sql;
+        }
+        let sql: &'static str = Box::leak(self.fill(template).into_boxed_str());
+        let mut cache = cache.write().unwrap_or_else(PoisonError::into_inner);
+        cache.entry(template.into()).or_insert(sql)
+    }
+
+    /// [`Syntax::render`] of a template with the caller's own parts: `{name}` is `part` for
+    /// each `(name, part)` (a mode's assignments, a list of states), then this backend's.
+    pub fn render_with(&self, template: &str, parts: &[(&str, &str)]) -> &'static str {
+        self.render(&with_parts(template, parts))
+    }
+
+    /// [`Syntax::fill`] of a template with the caller's own parts (see
+    /// [`Syntax::render_with`]).
+    pub fn fill_with(&self, template: &str, parts: &[(&str, &str)]) -> String {
+        self.fill(&with_parts(template, parts))
+    }
+
+    /// The template with this backend's fragments in place of its placeholders, made anew
+    /// (for a text that is not kept: see [`Syntax::render`]). Fragments may hold
+    /// placeholders of their own (`{window_over}` holds `{now}`): those come first.
+    pub fn fill(&self, template: &str) -> String {
         template
+            .replace("{window_over}", self.window_over)
+            .replace("{greatest}", self.greatest)
             .replace("{now+ttl}", self.now_plus_micros)
             .replace("{now}", self.now)
             .replace("{grant_times}", self.grant_times)

@@ -10,7 +10,7 @@ use diesel::{QueryResult, RunQueryDsl};
 
 use super::SessionSetup;
 use super::statement::statement;
-use super::{Dialect, Liveness, Probe, Syntax, Upsert, WorkerLock};
+use super::{Dialect, Liveness, Probe, Rendered, Syntax, Upsert, WorkerLock};
 use crate::backend::transaction::require_bare;
 use crate::sql_types::{Instant, Token, token_from_bytes};
 use crate::{Error, Result, migrate};
@@ -35,6 +35,11 @@ static SYNTAX: Syntax = Syntax {
     notify_queue_unflushed: None,
     notify_in_returning: "",
     claim_index: " FORCE INDEX (tenure_jobs_claim)",
+    greatest: "GREATEST",
+    window_over: "finished_at + INTERVAL dedup_window_micros MICROSECOND <= {now}",
+    lock_ahead: true,
+    lock_ends_with_process: false,
+    rendered: Rendered::new(),
     claim_kind_index: " FORCE INDEX (tenure_jobs_claim_kind)",
 };
 

@@ -12,7 +12,7 @@ use diesel::{QueryResult, RunQueryDsl};
 
 use super::SessionSetup;
 use super::statement::statement;
-use super::{Dialect, Liveness, Probe, Syntax, Upsert, WorkerLock};
+use super::{Dialect, Liveness, Probe, Rendered, Syntax, Upsert, WorkerLock};
 use crate::backend::transaction::bare_write_transaction;
 use crate::error::DatabaseFailure;
 use crate::sql_types::{Instant, Token, token_from_bytes};
@@ -44,6 +44,11 @@ static SYNTAX: Syntax = Syntax {
     ),
     notify_in_returning: ", pg_notify('tenure_jobs', queue)",
     claim_index: "",
+    greatest: "GREATEST",
+    window_over: "finished_at + dedup_window_micros * interval '1 microsecond' <= {now}",
+    lock_ahead: false,
+    lock_ends_with_process: false,
+    rendered: Rendered::new(),
     claim_kind_index: "",
 };
 

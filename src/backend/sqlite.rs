@@ -14,7 +14,7 @@ use diesel::{QueryResult, RunQueryDsl};
 use super::file_lock::{self, FileLock};
 use super::statement::statement;
 use super::turns::{self, Turn};
-use super::{Dialect, Liveness, Probe, Syntax, Upsert, WorkerLock};
+use super::{Dialect, Liveness, Probe, Rendered, Syntax, Upsert, WorkerLock};
 use super::{SessionSetup, Synchronous};
 use crate::backend::transaction::bare_write_transaction;
 use crate::sql_types::{Instant, SQLITE_INSTANT_FORMAT, Token, token_from_bytes};
@@ -37,6 +37,12 @@ static SYNTAX: Syntax = Syntax {
     notify_queue_unflushed: None,
     notify_in_returning: "",
     claim_index: " INDEXED BY tenure_jobs_claim",
+    greatest: "MAX",
+    window_over: "strftime('%Y-%m-%d %H:%M:%f', finished_at, \
+                printf('%+.3f seconds', dedup_window_micros / 1000000.0)) <= {now}",
+    lock_ahead: false,
+    lock_ends_with_process: true,
+    rendered: Rendered::new(),
     claim_kind_index: " INDEXED BY tenure_jobs_claim_kind",
 };
 

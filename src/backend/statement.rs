@@ -22,6 +22,7 @@
 //! A list of names (`{names}`, e.g. the kinds a claim takes) is bound the same way, padded by
 //! repeating its last name, in the same lengths: `(?, ?, ...)` of text.
 
+use std::borrow::Cow;
 use std::marker::PhantomData;
 
 use diesel::backend::Backend;
@@ -51,13 +52,13 @@ fn placeholder_list(n: usize) -> String {
 /// A statement with `?` placeholders and typed binds, cacheable by diesel.
 #[must_use = "a statement does nothing until it is executed or loaded"]
 pub(crate) struct Statement<B = ()> {
-    sql: String,
+    sql: Cow<'static, str>,
     binds: B,
     cache: bool,
 }
 
 /// A statement of this text (already rendered for the backend: see `Syntax::render`).
-pub(crate) fn statement(sql: impl Into<String>) -> Statement {
+pub(crate) fn statement(sql: impl Into<Cow<'static, str>>) -> Statement {
     Statement {
         sql: sql.into(),
         binds: (),
@@ -122,7 +123,10 @@ impl<B> Statement<B> {
             ids.resize(padded_len(ids.len()), last);
         }
         Statement {
-            sql: self.sql.replacen(IDS, &placeholder_list(ids.len()), 1),
+            sql: self
+                .sql
+                .replacen(IDS, &placeholder_list(ids.len()), 1)
+                .into(),
             binds: (self.binds, Ids(ids)),
             cache: self.cache,
         }

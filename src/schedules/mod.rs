@@ -376,11 +376,11 @@ pub fn upsert<C: TenureConnection>(conn: &mut C, schedule: &Schedule) -> Result<
     let _turn = write_turn(conn)?;
     dispatch!(conn, c => {
         let syntax = c.syntax();
-        let mut sql = syntax.render(UPSERT_HEAD);
-        sql.push_str(match syntax.upsert {
+        let tail = match syntax.upsert {
             Upsert::OnConflictWhere => UPSERT_ON_CONFLICT,
             Upsert::OnDuplicateKey => UPSERT_ON_DUPLICATE_KEY,
-        });
+        };
+        let sql = syntax.render_with("{head}{tail}", &[("head", UPSERT_HEAD), ("tail", tail)]);
         statement(sql)
             .bind::<Text, _>(&schedule.name)
             .bind::<Nullable<Text>, _>(cron)

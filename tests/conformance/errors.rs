@@ -141,7 +141,10 @@ fn a_commit_on_a_killed_connection_is_outcome_unknown(backend: Backend) {
         "the call after a lost COMMIT is neither retryable nor outcome-unknown: {err:?}"
     );
     let mut fresh = db.connect();
-    assert_eq!(lease::inspect(&mut fresh, "l").unwrap().map(|l| l.held), Some(true));
+    assert_eq!(
+        lease::inspect(&mut fresh, "l").unwrap().map(|l| l.held),
+        Some(true)
+    );
 }
 
 // Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).

@@ -13,7 +13,7 @@ use crate::backend::{Dialect, dispatch};
 use crate::jobs::queue::{check_count, ids_of};
 use crate::rows::{IdRow, IdStateRow, NullableAt};
 use crate::sql_types::Instant;
-use crate::{Backend, Error, Result, TenureConnection, validate};
+use crate::{Error, Result, TenureConnection, validate};
 
 /// Which finished jobs a policy is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -66,21 +66,27 @@ const NTH_NEWEST: &str = "\
 
 const NOW_PLUS: &str = "SELECT {now+ttl} AS at";
 
-/// Finished jobs the policy does not keep, oldest first, leaving out those still inside
-/// their dedup window (`{window_over}`) and those a job that has not finished (or died, and
-/// may be revived) depends on (`{needed}`: it may still read their results).
-const OLDER_THAN: &str = "\
-    SELECT id FROM tenure_jobs WHERE queue = ? AND state = ? AND finished_at < ? \
-    AND (dedup_window_micros IS NULL OR {window_over}) AND {not_needed} \
-    ORDER BY finished_at, id LIMIT ?";
-
 /// No unfinished job depends on it, nor a dead one (`retry_dead` may revive it, and it then
 /// reads its dependencies' results again: they go once it is pruned itself). Dependencies
 /// are added only under the lock of the job they point to, which the prune's lock
 /// (skipping locked rows) re-checks this under.
-const NOT_NEEDED: &str = "(dependents = 0 OR NOT EXISTS (\
+macro_rules! not_needed {
+    () => {
+        "(dependents = 0 OR NOT EXISTS (\
     SELECT 1 FROM tenure_job_dependencies d JOIN tenure_jobs w ON w.id = d.job_id \
-    WHERE d.depends_on = tenure_jobs.id AND w.state IN ('blocked', 'waiting', 'running', 'dead')))";
+    WHERE d.depends_on = tenure_jobs.id AND w.state IN ('blocked', 'waiting', 'running', 'dead')))"
+    };
+}
+
+/// Finished jobs the policy does not keep, oldest first, leaving out those still inside
+/// their dedup window (`{window_over}`) and those a job that has not finished (or died, and
+/// may be revived) depends on (`not_needed!`: it may still read their results).
+const OLDER_THAN: &str = concat!(
+    "SELECT id FROM tenure_jobs WHERE queue = ? AND state = ? AND finished_at < ? \
+    AND (dedup_window_micros IS NULL OR {window_over}) AND ",
+    not_needed!(),
+    " ORDER BY finished_at, id LIMIT ?"
+);
 
 /// The workflows of the jobs a prune deletes.
 const WORKFLOWS_OF: &str = "\
@@ -98,23 +104,11 @@ const EMPTY_WORKFLOWS: &str = "\
 /// transaction holds (a fold, a finisher; the next prune takes them), never waiting for
 /// them: a locking read that waits meets those holders' locks while it fetches rows, and on
 /// MariaDB a deadlock reported mid-fetch left the connection hanging on its next prune.
-const LOCK_PICKED: &str = "SELECT id, state FROM tenure_jobs \
-    WHERE (dedup_window_micros IS NULL OR {window_over}) AND {not_needed} \
-    AND id IN {ids}{skip_locked}";
-
-/// A finished job's dedup window is over (database clock): `finished_at + window <= now`.
-fn window_over(backend: Backend) -> &'static str {
-    match backend {
-        Backend::Sqlite => {
-            "strftime('%Y-%m-%d %H:%M:%f', finished_at, \
-                printf('%+.3f seconds', dedup_window_micros / 1000000.0)) <= {now}"
-        }
-        Backend::Postgres => {
-            "finished_at + dedup_window_micros * interval '1 microsecond' <= {now}"
-        }
-        Backend::Mysql => "finished_at + INTERVAL dedup_window_micros MICROSECOND <= {now}",
-    }
-}
+const LOCK_PICKED: &str = concat!(
+    "SELECT id, state FROM tenure_jobs WHERE (dedup_window_micros IS NULL OR {window_over}) AND ",
+    not_needed!(),
+    " AND id IN {ids}{skip_locked}"
+);
 
 /// Deletes up to `max_jobs` finished jobs of `queue` that `policy` does not keep (and their
 /// error history); returns how many. Call it again while it returns `max_jobs`. Needs a bare
@@ -164,7 +158,6 @@ pub fn prune<C: TenureConnection>(
     };
     let age_micros = younger_than.map(validate::delay_micros).transpose()?;
     let state = finished.state();
-    let window_over = window_over(conn.backend());
     dispatch!(conn, c => {
         bare_write_transaction(c, "pruning jobs", |c| {
             let syntax = c.syntax();
@@ -197,7 +190,7 @@ pub fn prune<C: TenureConnection>(
             // DeleteAll: no cutoff; the far future stands in for "any finish time".
             let before = cutoff.unwrap_or(DateTime::<Utc>::MAX_UTC);
             let picked: Vec<i64> = statement(syntax.render(
-                &OLDER_THAN.replace("{window_over}", window_over).replace("{not_needed}", NOT_NEEDED),
+                OLDER_THAN,
             ))
                 .bind::<Text, _>(queue)
                 .bind::<Text, _>(state)
@@ -209,7 +202,7 @@ pub fn prune<C: TenureConnection>(
                 return Ok(0);
             }
             let doomed: Vec<i64> = statement(syntax.render(
-                &LOCK_PICKED.replace("{window_over}", window_over).replace("{not_needed}", NOT_NEEDED),
+                LOCK_PICKED,
             ))
                 .bind_ids(picked)
                 .load::<IdStateRow>(c)?

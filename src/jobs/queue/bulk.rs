@@ -10,7 +10,7 @@ use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 use super::enqueue::{
     FIND_FINISHED_TWIN, FOLD_FINISHED, INSERT_DEDUP_ON_CONFLICT, INSERT_DEDUP_ON_DUPLICATE_KEY,
     INSERT_HEAD, INSERT_ROW, INSERTED_RETURNING, LAST_INSERT_ID, STATE_OF, StateKind,
-    fold_into_finished_twin, greatest, insert_deduplicated, insert_dependent, insert_one, job_row,
+    fold_into_finished_twin, insert_deduplicated, insert_dependent, insert_one, job_row,
     lock_dependencies, on_conflict_sets, on_duplicate_key_sets, unexpected,
 };
 use super::model::InsertedRow;
@@ -69,15 +69,16 @@ struct UpsertedRow {
 /// RETURNING) and evaluates to `Result<Vec<Enqueued>>`, in the chunk's order, with the same
 /// outcome per job as [`insert_one!`].
 macro_rules! upsert_keyed_rows {
-    ($c:ident, $chunk:expr, $backend:expr) => {{
+    ($c:ident, $chunk:expr) => {{
         let chunk: &[NewJob] = $chunk;
         let syntax = $c.syntax();
         let mode = chunk[0].on_duplicate;
         let rows = vec![INSERT_ROW; chunk.len()].join(", ");
-        let conflict = INSERT_DEDUP_ON_CONFLICT
-            .replace("{greatest}", greatest($backend))
-            .replace("{sets}", on_conflict_sets(mode));
-        let sql = syntax.render(&format!("{INSERT_HEAD} {rows}{conflict}, queue, dedup_key"));
+        // Made anew: the text changes with the row count (not kept, not prepared).
+        let sql = syntax.fill_with(
+            &format!("{INSERT_HEAD} {rows}{INSERT_DEDUP_ON_CONFLICT}, queue, dedup_key"),
+            &[("sets", on_conflict_sets(mode))],
+        );
         let rows = chunk.iter().map(|job| job_row!(row(), job)).collect();
         // The text changes with the row count: not kept prepared.
         statement(sql)
@@ -134,7 +135,6 @@ pub fn enqueue_many<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Resul
     for job in jobs {
         job.validate()?;
     }
-    let backend = conn.backend();
     let inline = in_transaction(conn);
     let enqueued = retrying_transaction(conn, |conn| {
         #[cfg(feature = "postgres")]
@@ -187,7 +187,7 @@ pub fn enqueue_many<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Resul
                 let keyed = if syntax.returning { keyed_run(rest) } else { 0 };
                 if run == 0 && keyed >= 2 {
                     for chunk in chunks(&rest[..keyed]) {
-                        let enqueued = upsert_keyed_rows!(c, chunk, backend)?;
+                        let enqueued = upsert_keyed_rows!(c, chunk)?;
                         let limited: Vec<(i64, &[Limit])> = enqueued
                             .iter()
                             .zip(chunk.iter())
@@ -205,11 +205,11 @@ pub fn enqueue_many<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Resul
                 if run == 0 {
                     if let Some((job, tail)) = rest.split_first() {
                         if !job.dependencies.is_empty() {
-                            out.push(insert_dependent(c, job, backend, &locked)?);
+                            out.push(insert_dependent(c, job, &locked)?);
                             rest = tail;
                             continue;
                         }
-                        let enqueued = insert_deduplicated!(c, job, backend, false)?;
+                        let enqueued = insert_deduplicated!(c, job, false)?;
                         if !enqueued.existing && !job.limits.is_empty() {
                             limits::record(c, &[(enqueued.id, &job.limits)])?;
                         }
@@ -221,7 +221,7 @@ pub fn enqueue_many<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Resul
                 for chunk in chunks(&rest[..run]) {
                     let rows = vec![INSERT_ROW; chunk.len()].join(", ");
                     let returning = if syntax.returning { " RETURNING id" } else { "" };
-                    let sql = syntax.render(&format!("{INSERT_HEAD} {rows}{returning}"));
+                    let sql = syntax.fill(&format!("{INSERT_HEAD} {rows}{returning}"));
                     let rows = chunk
                         .iter()
                         .map(|job| job_row!(row(), job))

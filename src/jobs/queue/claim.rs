@@ -30,10 +30,16 @@ const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_
 /// A job without limits (`limit_key IS NULL`) never reads `tenure_job_limits`. The index on
 /// `(queue, [state,] priority, due_at, id)` serves filter and order, so InnoDB reads (and
 /// locks) only the rows it returns. MySQL rejects LIMIT in an `IN (subquery)`, hence
-/// separate statements. `{kinds}` is empty for a claim of any kind (see [`KIND_FILTER`]).
-const CLAIM_PICK: &str = "\
-    SELECT id, priority, due_at, limit_key FROM tenure_jobs{index} \
-    WHERE queue = ? AND state = 'waiting' AND due_at <= {now}{kinds} \
+/// separate statements. Its two shapes: of any kind ([`CLAIM_PICK`]), of one kind
+/// ([`CLAIM_PICK_KIND`], see below).
+macro_rules! claim_pick {
+    ($index:literal, $kinds:literal) => {
+        concat!(
+            "SELECT id, priority, due_at, limit_key FROM tenure_jobs",
+            $index,
+            " WHERE queue = ? AND state = 'waiting' AND due_at <= {now}",
+            $kinds,
+            " \
       AND NOT EXISTS (SELECT 1 FROM tenure_queue_pauses p WHERE p.queue = ?) \
       AND (limit_key IS NULL OR NOT EXISTS ( \
           SELECT 1 FROM tenure_job_limits l WHERE l.job_id = tenure_jobs.id AND ( \
@@ -49,8 +55,13 @@ const CLAIM_PICK: &str = "\
                   SELECT COUNT(*) FROM tenure_jobs r JOIN tenure_job_limits s ON s.job_id = r.id \
                   WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
                   AND s.limit_key = l.limit_key AND s.max_running IS NOT NULL)))))) \
-    ORDER BY priority, due_at, id LIMIT ?{skip_locked}";
+    ORDER BY priority, due_at, id LIMIT ?{skip_locked}"
+        )
+    };
+}
 
+/// [`claim_pick!`] of any kind, through the claim index.
+const CLAIM_PICK: &str = claim_pick!("{claim_index}", "");
 /// A claim of some kinds picks per kind, served by `tenure_jobs_claim_kind`
 /// `(queue, [state,] kind, priority, due_at, id)`: one kind is one range of it, read in claim
 /// order and skipping rows other claimers hold, so waiting jobs of other kinds are never read
@@ -58,7 +69,7 @@ const CLAIM_PICK: &str = "\
 /// rows each), merged in claim order and cut to `max_jobs`: the same jobs one pick over the
 /// listed kinds would take, without sorting (or, on MySQL/MariaDB, locking) every due job
 /// of those kinds. Rows picked and not kept stay locked only until the claim commits.
-const KIND_FILTER: &str = " AND kind = ?";
+const CLAIM_PICK_KIND: &str = claim_pick!("{claim_kind_index}", " AND kind = ?");
 
 /// Claim, step 3: claim exactly the accepted ids (a bound list, see `backend::statement`),
 /// each with its own random token, recording the worker that claims (NULL outside a worker).
@@ -204,21 +215,18 @@ fn claim_of<C: TenureConnection>(
                 // statement.
                 let candidates = match kinds {
                     None => {
-                        let pick = CLAIM_PICK.replace("{index}", "{claim_index}").replace("{kinds}", "");
-                        statement(syntax.render(&pick))
+                        statement(syntax.render(CLAIM_PICK))
                             .bind::<Text, _>(queue)
                             .bind::<Text, _>(queue)
                             .bind::<BigInt, _>(max_jobs)
                             .load::<Candidate>(c)?
                     }
                     Some(kinds) => {
-                        let pick = syntax.render(
-                            &CLAIM_PICK.replace("{index}", "{claim_kind_index}").replace("{kinds}", KIND_FILTER),
-                        );
+                        let pick = syntax.render(CLAIM_PICK_KIND);
                         let mut candidates = Vec::new();
                         for kind in kinds {
                             candidates.extend(
-                                statement(pick.clone())
+                                statement(pick)
                                     .bind::<Text, _>(queue)
                                     .bind::<Text, _>(*kind)
                                     .bind::<Text, _>(queue)

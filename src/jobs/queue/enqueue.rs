@@ -16,7 +16,7 @@ use crate::jobs::workflows::dependencies;
 use crate::rows::IdRow;
 use crate::sql_types::Instant;
 use crate::wake;
-use crate::{Backend, Error, Result, TenureConnection};
+use crate::{Error, Result, TenureConnection};
 
 pub(crate) const INSERT_HEAD: &str = "INSERT INTO tenure_jobs \
     (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, dedup_key, \
@@ -89,14 +89,6 @@ pub(crate) fn on_duplicate_key_sets(mode: OnDuplicate) -> &'static str {
     }
 }
 
-/// The larger of two values: SQLite's two-argument MAX, GREATEST on the servers.
-pub(crate) fn greatest(backend: Backend) -> &'static str {
-    match backend {
-        Backend::Sqlite => "MAX",
-        Backend::Postgres | Backend::Mysql => "GREATEST",
-    }
-}
-
 /// MySQL/MariaDB: the state of the live job an upsert updated (it holds the row's lock until
 /// the enqueue's transaction ends, so this is the state the upsert saw).
 pub(crate) const STATE_OF: &str = "SELECT state, kind FROM tenure_jobs WHERE id = ?";
@@ -166,24 +158,37 @@ macro_rules! job_row {
 /// On MySQL a mode other than `Keep` needs a transaction around this (see
 /// [`needs_transaction`]).
 macro_rules! insert_one {
-    ($c:ident, $job:expr, $backend:expr, $notify_inline:expr) => {{
+    ($c:ident, $job:expr, $notify_inline:expr) => {{
         let job: &NewJob = $job;
         let syntax = $c.syntax();
-        let mut sql = syntax.render(&format!("{INSERT_HEAD} {INSERT_ROW}"));
         // Only a keyed job can meet a twin: a plain one is a plain insert (the upsert's
         // arbiter check and, on MySQL, its locks cost concurrent enqueuers).
-        sql.push_str(&match (job.dedup_key.is_some(), syntax.upsert) {
-            (true, Upsert::OnConflictWhere) => INSERT_DEDUP_ON_CONFLICT
-                .replace("{greatest}", greatest($backend))
-                .replace("{sets}", on_conflict_sets(job.on_duplicate)),
-            (true, Upsert::OnDuplicateKey) => INSERT_DEDUP_ON_DUPLICATE_KEY
-                .replace("{sets}", on_duplicate_key_sets(job.on_duplicate)),
-            (false, _) if syntax.returning => INSERTED_RETURNING.to_string(),
-            (false, _) => String::new(),
-        });
-        if syntax.returning && $notify_inline {
-            sql.push_str(syntax.notify_in_returning);
-        }
+        let (tail, sets) = match (job.dedup_key.is_some(), syntax.upsert) {
+            (true, Upsert::OnConflictWhere) => {
+                (INSERT_DEDUP_ON_CONFLICT, on_conflict_sets(job.on_duplicate))
+            }
+            (true, Upsert::OnDuplicateKey) => (
+                INSERT_DEDUP_ON_DUPLICATE_KEY,
+                on_duplicate_key_sets(job.on_duplicate),
+            ),
+            (false, _) if syntax.returning => (INSERTED_RETURNING, ""),
+            (false, _) => ("", ""),
+        };
+        let notify = if syntax.returning && $notify_inline {
+            syntax.notify_in_returning
+        } else {
+            ""
+        };
+        let sql = syntax.render_with(
+            "{head} {row}{tail}{notify}",
+            &[
+                ("head", INSERT_HEAD),
+                ("row", INSERT_ROW),
+                ("tail", tail),
+                ("sets", sets),
+                ("notify", notify),
+            ],
+        );
         let insert = job_row!(statement(sql), job);
         let moded = job.on_duplicate != OnDuplicate::Keep;
         if syntax.returning {
@@ -219,7 +224,7 @@ macro_rules! insert_one {
 /// finished within its window (`None`: there is none, or a live job other than `$new_id`
 /// has the key). Inside the enqueue's transaction.
 macro_rules! fold_into_finished_twin {
-    ($c:ident, $job:expr, $backend:expr, $new_id:expr) => {{
+    ($c:ident, $job:expr, $new_id:expr) => {{
         let job: &NewJob = $job;
         match (
             job.dedup_key.as_deref(),
@@ -231,8 +236,10 @@ macro_rules! fold_into_finished_twin {
                     DedupOver::Completed => "('completed')",
                     DedupOver::AnyFinal => "('completed', 'dead', 'cancelled')",
                 };
-                let find = FIND_FINISHED_TWIN.replace("{final_states}", states);
-                statement($c.syntax().render(&find))
+                let find = $c
+                    .syntax()
+                    .render_with(FIND_FINISHED_TWIN, &[("final_states", states)]);
+                statement(find)
                     .bind::<Text, _>(&job.queue)
                     .bind::<Text, _>(key)
                     .bind::<BigInt, _>(-window)
@@ -244,10 +251,10 @@ macro_rules! fold_into_finished_twin {
                     .and_then(|twin| match twin {
                         None => Ok(None),
                         Some(twin) => {
-                            let fold = FOLD_FINISHED
-                                .replace("{greatest}", greatest($backend))
-                                .replace("{final_states}", states);
-                            statement($c.syntax().render(&fold))
+                            let fold = $c
+                                .syntax()
+                                .render_with(FOLD_FINISHED, &[("final_states", states)]);
+                            statement(fold)
                                 .bind::<BigInt, _>(window)
                                 .bind::<BigInt, _>(window)
                                 .bind::<BigInt, _>(twin.id)
@@ -281,22 +288,22 @@ macro_rules! fold_into_finished_twin {
 /// since the transaction has not committed, is deleted. So two jobs of one key never both
 /// stand inside a window.
 macro_rules! insert_deduplicated {
-    ($c:ident, $job:expr, $backend:expr, $notify_inline:expr) => {{
+    ($c:ident, $job:expr, $notify_inline:expr) => {{
         let job: &NewJob = $job;
         'done: {
             if job.dedup_window.is_none() {
-                break 'done insert_one!($c, job, $backend, $notify_inline);
+                break 'done insert_one!($c, job, $notify_inline);
             }
-            match fold_into_finished_twin!($c, job, $backend, -1i64) {
+            match fold_into_finished_twin!($c, job, -1i64) {
                 Ok(Some(twin)) => break 'done Ok(twin),
                 Ok(None) => {}
                 Err(e) => break 'done Err(e),
             }
-            let new = match insert_one!($c, job, $backend, $notify_inline) {
+            let new = match insert_one!($c, job, $notify_inline) {
                 Ok(new) if !new.existing => new,
                 other => break 'done other,
             };
-            match fold_into_finished_twin!($c, job, $backend, new.id) {
+            match fold_into_finished_twin!($c, job, new.id) {
                 Ok(Some(twin)) => statement("DELETE FROM tenure_jobs WHERE id = ?")
                     .bind::<BigInt, _>(new.id)
                     .execute($c)
@@ -339,7 +346,6 @@ pub(crate) fn lock_dependencies<'j, C: TenureConnection>(
 pub(crate) fn insert_dependent<C: TenureConnection>(
     conn: &mut C,
     job: &NewJob,
-    backend: Backend,
     locked: &HashMap<i64, dependencies::Dependency>,
 ) -> Result<Enqueued> {
     let deps: Vec<&dependencies::Dependency> = job
@@ -358,7 +364,7 @@ pub(crate) fn insert_dependent<C: TenureConnection>(
         }
         _ => job,
     };
-    let enqueued = dispatch!(conn, c => insert_one!(c, job, backend, false))?;
+    let enqueued = dispatch!(conn, c => insert_one!(c, job, false))?;
     if !job.limits.is_empty() {
         limits::record(conn, &[(enqueued.id, &job.limits)])?;
     }
@@ -368,13 +374,13 @@ pub(crate) fn insert_dependent<C: TenureConnection>(
 
 /// Whether an enqueue of this job needs a transaction of its own: a window's checks and
 /// insert go together; a job and its limits commit together (a job must never be claimable
-/// without the limits that hold it back); on MySQL a mode's state read must see the row the
-/// upsert locked.
-fn needs_transaction(job: &NewJob, backend: Backend) -> bool {
+/// without the limits that hold it back); without RETURNING (MySQL) a mode's state read must
+/// see the row the upsert locked.
+fn needs_transaction(job: &NewJob, returning: bool) -> bool {
     job.dedup_window.is_some()
         || !job.dependencies.is_empty()
         || !job.limits.is_empty()
-        || (job.on_duplicate != OnDuplicate::Keep && backend == Backend::Mysql)
+        || (job.on_duplicate != OnDuplicate::Keep && !returning)
 }
 
 /// Enqueues one job on `conn`, inside the caller's transaction if there is one (so a
@@ -385,21 +391,21 @@ fn needs_transaction(job: &NewJob, backend: Backend) -> bool {
 /// within it.
 pub fn enqueue<C: TenureConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued> {
     job.validate()?;
-    let backend = conn.backend();
+    let returning = dispatch!(any conn, c => c.syntax().returning);
     // Other processes' idle workers are woken by a NOTIFY: in the insert's RETURNING list
     // inside a caller's transaction (delivered if it commits), else after the commit.
     let inline = in_transaction(conn);
-    let enqueued = if needs_transaction(job, backend) {
+    let enqueued = if needs_transaction(job, returning) {
         retrying_transaction(conn, |conn| {
             if !job.dependencies.is_empty() {
                 let locked = lock_dependencies(conn, std::slice::from_ref(job))?;
-                let enqueued = insert_dependent(conn, job, backend, &locked)?;
+                let enqueued = insert_dependent(conn, job, &locked)?;
                 if inline {
                     wake::notify(conn, [job.queue.as_str()])?;
                 }
                 return Ok(enqueued);
             }
-            let enqueued = dispatch!(conn, c => insert_deduplicated!(c, job, backend, inline))?;
+            let enqueued = dispatch!(conn, c => insert_deduplicated!(c, job, inline))?;
             if !enqueued.existing && !job.limits.is_empty() {
                 limits::record(conn, &[(enqueued.id, &job.limits)])?;
             }
@@ -409,7 +415,7 @@ pub fn enqueue<C: TenureConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueu
         // SQLite: this process's writers take turns (see `tenure::transaction`); the insert is
         // one statement, so the turn is held only around it.
         let turn = write_turn(conn)?;
-        let enqueued = dispatch!(conn, c => insert_one!(c, job, backend, inline))?;
+        let enqueued = dispatch!(conn, c => insert_one!(c, job, inline))?;
         drop(turn);
         enqueued
     };

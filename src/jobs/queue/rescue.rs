@@ -44,7 +44,7 @@ use crate::jobs::registry::{FORGET, HELD_JOBS, held_here};
 use crate::jobs::workflows::dependencies::settle;
 use crate::rows::{IdRow, IdStateRow};
 use crate::sql_types::Instant;
-use crate::{Backend, Result, TenureConnection};
+use crate::{Result, TenureConnection};
 
 /// Rescue, step 3: return lapsed claims (or a dead worker's) to the queue without using an
 /// attempt (the worker may have died before the run began: jobs claimed ahead never start,
@@ -279,10 +279,11 @@ struct Pass {
 /// Takes back the claims of dead workers (see the module's docs), up to `max_jobs` jobs.
 pub(crate) fn rescue_dead<C: TenureConnection>(conn: &mut C, max_jobs: usize) -> Result<Rescued> {
     let max_jobs = check_count(max_jobs)?;
-    let backend = conn.backend();
+    let syntax = dispatch!(any conn, c => c.syntax());
     // SQLite: the lock alone decides (its workers are never silent for long enough to
     // matter, and nothing but their death frees their locks), so every worker is looked at.
-    let silent = if backend == Backend::Sqlite {
+    let by_lock_alone = syntax.lock_ends_with_process;
+    let silent = if by_lock_alone {
         Duration::ZERO
     } else {
         SILENT_AFTER
@@ -306,7 +307,7 @@ pub(crate) fn rescue_dead<C: TenureConnection>(conn: &mut C, max_jobs: usize) ->
         }
         // SQLite: every worker is a candidate, and a write transaction takes the file's one
         // write lock: look at its lock file first (it is looked at again in the transaction).
-        if backend == Backend::Sqlite
+        if by_lock_alone
             && !matches!(
                 dispatch!(conn, c => c.probe_worker_lock(id))?,
                 Probe::Free(_)
@@ -317,7 +318,7 @@ pub(crate) fn rescue_dead<C: TenureConnection>(conn: &mut C, max_jobs: usize) ->
         let pass = retry_transient(|| {
             dispatch!(conn, c => {
                 bare_write_transaction(c, "rescuing a dead worker's jobs", |c| {
-                    look_at(c, id, backend, left)
+                    look_at(c, id, by_lock_alone, left)
                 })
             })
         })?;
@@ -351,7 +352,7 @@ fn execute_for<C: TenureConnection>(c: &mut C, template: &str, id: i64) -> Resul
 fn look_at<C: TenureConnection>(
     c: &mut C,
     id: i64,
-    backend: Backend,
+    by_lock_alone: bool,
     max_jobs: i64,
 ) -> Result<Pass> {
     let nothing = || Pass {
@@ -378,7 +379,7 @@ fn look_at<C: TenureConnection>(
         }
         Probe::Free(file) => file,
     };
-    if backend != Backend::Sqlite {
+    if !by_lock_alone {
         let ago = |d: Duration| row.db_now - chrono::Duration::from_std(d).unwrap_or_default();
         let silent = row.heartbeat_at <= ago(SILENT_AFTER);
         let free_long = row

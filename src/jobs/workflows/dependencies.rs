@@ -131,7 +131,7 @@ const LOCK_AHEAD: &str = "UPDATE tenure_jobs SET dependents = dependents WHERE i
 
 /// Locks job rows ahead of a locking read of them, where the backend needs it ([`LOCK_AHEAD`]).
 pub(crate) fn lock_ahead<C: TenureConnection>(conn: &mut C, ids: &[i64]) -> Result<()> {
-    if conn.backend() != crate::Backend::Mysql {
+    if !dispatch!(any conn, c => c.syntax().lock_ahead) {
         return Ok(());
     }
     for chunk in ids.chunks(MAX_BATCH) {

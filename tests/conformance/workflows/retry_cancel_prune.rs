@@ -320,15 +320,36 @@ fn a_workflows_row_goes_with_its_last_job(backend: Backend) {
             .remove(0);
         jobs::complete(&mut conn, &[job.claim()]).unwrap();
     }
-    let deleted = jobs::prune(&mut conn, "q", Finished::Completed, Retention::KeepNewest(1), 1000);
+    let deleted = jobs::prune(
+        &mut conn,
+        "q",
+        Finished::Completed,
+        Retention::KeepNewest(1),
+        1000,
+    );
     assert_eq!(deleted.unwrap(), 3);
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_workflows"), 1);
-    assert!(jobs::workflow_status(&mut conn, made[0]).unwrap().is_none());
-    let kept = jobs::workflow_status(&mut conn, made[1]).unwrap().expect("its row");
-    assert_eq!(kept.counts.completed, 1);
     assert_eq!(
-        jobs::prune(&mut conn, "q", Finished::Completed, Retention::DeleteAll, 1000).unwrap(),
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_workflows"),
         1
     );
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_workflows"), 0);
+    assert!(jobs::workflow_status(&mut conn, made[0]).unwrap().is_none());
+    let kept = jobs::workflow_status(&mut conn, made[1])
+        .unwrap()
+        .expect("its row");
+    assert_eq!(kept.counts.completed, 1);
+    assert_eq!(
+        jobs::prune(
+            &mut conn,
+            "q",
+            Finished::Completed,
+            Retention::DeleteAll,
+            1000
+        )
+        .unwrap(),
+        1
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_workflows"),
+        0
+    );
 }
