@@ -289,8 +289,7 @@ fn a_job_that_ran_beside_fresh_poison_jobs_is_not_charged_their_crashes(backend:
         // S runs in this process (its crashed claim came back, the rescue's seconds).
         loop {
             let state = jobs::get(&mut conn, slow).unwrap().unwrap().state;
-            if started(&mut conn) > round || matches!(state, JobState::Dead | JobState::Completed)
-            {
+            if started(&mut conn) > round || matches!(state, JobState::Dead | JobState::Completed) {
                 break;
             }
             assert!(Instant::now() < until, "S did not start in round {round}");
@@ -355,7 +354,10 @@ fn a_claim_outside_a_worker_that_crashes_charges_only_the_job_it_was_running(bac
         "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
     ) > 0
     {
-        assert!(crashes <= 2 * jobs::MAX_LAPSES, "{crashes} crashes and not done");
+        assert!(
+            crashes <= 2 * jobs::MAX_LAPSES,
+            "{crashes} crashes and not done"
+        );
         let mut child = spawn("claim-and-run", &[db.url()]);
         let status = child.child.wait().unwrap();
         if !status.success() {
@@ -436,7 +438,12 @@ fn suspects_waiting_their_turn_leave_the_workers_other_threads_to_fresh_jobs(bac
                 .id
         })
         .collect();
-    assert_eq!(jobs::claim(&mut conn, "s", 10, Duration::from_millis(1)).unwrap().len(), 4);
+    assert_eq!(
+        jobs::claim(&mut conn, "s", 10, Duration::from_millis(1))
+            .unwrap()
+            .len(),
+        4
+    );
     std::thread::sleep(Duration::from_millis(50));
     let mut back = 0;
     while back < 4 {
