@@ -2,6 +2,9 @@
 //! documentation: "Jobs that share a key share its count: give them the same limits (where
 //! they differ, each job is held to its own)."
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::TimeDelta;
@@ -17,6 +20,9 @@ conformance!(
     a_long_window_still_counts_starts_a_short_window_has_forgotten,
     jobs_over_their_own_lower_cap_do_not_block_the_jobs_behind_them,
     no_job_starts_past_the_smallest_cap_among_the_running_whatever_its_own,
+    capped_jobs_one_claim_fills_their_key_with_do_not_take_the_places_of_the_jobs_behind,
+    jobs_of_a_full_rate_the_throttle_hint_does_not_name_do_not_block_the_jobs_behind,
+    eight_claimers_never_exceed_the_smallest_running_cap_nor_come_back_empty_past_a_full_key,
 );
 
 const TTL: Duration = Duration::from_secs(600);
@@ -193,4 +199,171 @@ fn no_job_starts_past_the_smallest_cap_among_the_running_whatever_its_own(backen
         "two running on k, whose smallest running cap is 2"
     );
     assert!(jobs::claim(&mut conn, "q", 10, TTL).unwrap().is_empty());
+}
+
+/// Key `k`, nothing running: 10 jobs capped at 1 on `k`, then an unlimited job F. A claim of
+/// 10: the key has room for the first (its cap 1, none running), none for the 9 behind it
+/// (the first fills it), so they cost the others nothing and F is claimed beside the first.
+/// Found by the attack on issue 32's promise: the pick judged each candidate against the
+/// key as it was before the claim (all 10 fit), took 10 rows, admission kept one and refused
+/// 9, and nothing picked again: F waits for the next claim (with 100 such jobs it waits for
+/// 10 claims, each taking one job).
+fn capped_jobs_one_claim_fills_their_key_with_do_not_take_the_places_of_the_jobs_behind(
+    backend: Backend,
+) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let mut first = None;
+    for _ in 0..10 {
+        let id = jobs::enqueue(&mut conn, &NewJob::new("q", "capped", vec![]).limit("k", 1))
+            .unwrap()
+            .id;
+        first.get_or_insert(id);
+    }
+    let free = jobs::enqueue(&mut conn, &NewJob::new("q", "free", vec![]))
+        .unwrap()
+        .id;
+    let claimed = jobs::claim(&mut conn, "q", 10, TTL).unwrap();
+    let ids: Vec<i64> = claimed.iter().map(|j| j.id).collect();
+    assert_eq!(
+        ids,
+        vec![first.unwrap(), free],
+        "a claim of 10 with room for 2 admissible jobs (one capped job on k, the unlimited F)"
+    );
+}
+
+/// Key `k`: job Y (1 start per 2 hours) and job X1 (2 starts an hour) start in one claim.
+/// Both rates of `k` are full now; the throttle hint names one, the one that frees last (Y's,
+/// (1, 2 h)). Ten more jobs like X (2 an hour) wait, then an unlimited job F. X's rate is not
+/// "as strict or stricter" than the hint's (2 > 1), so the pick keeps them; admission refuses
+/// each (2 starts in their hour): a claim of 10 comes back empty while F is due, and does for
+/// the hour. Found by the attack on issue 32's promise ("a claim never comes back empty
+/// while an admissible job is due").
+fn jobs_of_a_full_rate_the_throttle_hint_does_not_name_do_not_block_the_jobs_behind(
+    backend: Backend,
+) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let hour = Duration::from_secs(3600);
+    let x = NewJob::new("q", "x", vec![]).rate_limit("k", 2, hour);
+    jobs::enqueue(
+        &mut conn,
+        &NewJob::new("q", "y", vec![]).rate_limit("k", 1, 2 * hour),
+    )
+    .unwrap();
+    jobs::enqueue(&mut conn, &x).unwrap();
+    let started = jobs::claim(&mut conn, "q", 10, TTL).unwrap();
+    assert_eq!(started.len(), 2, "Y and X1 fit k's rates together");
+    for _ in 0..10 {
+        jobs::enqueue(&mut conn, &x).unwrap();
+    }
+    let free = jobs::enqueue(&mut conn, &NewJob::new("q", "free", vec![]))
+        .unwrap()
+        .id;
+    let claimed = jobs::claim(&mut conn, "q", 10, TTL).unwrap();
+    assert_eq!(
+        claimed.iter().map(|j| j.id).collect::<Vec<_>>(),
+        vec![free],
+        "the unlimited job behind ten jobs of a full rate was not claimed"
+    );
+}
+
+/// 8 claimers on their own connections, each claiming 1 job at a time, over one queue: 120
+/// jobs on key `k` with caps 1, 2 and 3 in turn (as caps lowered and raised between
+/// enqueues), some also capped on key `j` (at most 2) or rated on it, ahead of 4,000
+/// unlimited jobs. A claimer that gets a job on `k` holds it a moment and completes it. Two
+/// things are counted: the jobs running on `k` beside each other (from the claimers' own
+/// books, a subset of what runs: a claimer adds a job after its claim committed and drops it
+/// before completing it), which must never exceed the smallest cap among them; and claims
+/// that came back empty, of which there must be none: thousands of unlimited jobs are due
+/// throughout. Found by the attack on issue 32's promise: a claim that picks a job on `k`
+/// while the key looks free, then finds it full under the key's lock (another claimer took
+/// it between its pick and its lock), returns nothing though the unlimited jobs behind are
+/// due (PostgreSQL, MariaDB; SQLite serializes claims).
+fn eight_claimers_never_exceed_the_smallest_running_cap_nor_come_back_empty_past_a_full_key(
+    backend: Backend,
+) {
+    const KEYED: usize = 120;
+    const FREE: usize = 4000;
+    const CLAIMS: usize = 100;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let mut batch = Vec::new();
+    for i in 0..KEYED {
+        let cap = 1 + (i % 3) as u32;
+        let mut job = NewJob::new("q", "k", vec![]).priority(0).limit("k", cap);
+        match i % 4 {
+            1 => job = job.limit("j", 2),
+            3 => job = job.rate_limit("j", 1000, Duration::from_secs(1)),
+            _ => {}
+        }
+        batch.push(job);
+    }
+    for _ in 0..FREE {
+        batch.push(NewJob::new("q", "free", vec![]).priority(1));
+    }
+    jobs::enqueue_many(&mut conn, &batch).unwrap();
+    let caps: Arc<Mutex<HashMap<i64, u32>>> = Arc::default();
+    let running: Arc<Mutex<Vec<(i64, u32)>>> = Arc::default();
+    let over: Arc<Mutex<Vec<String>>> = Arc::default();
+    let empty = Arc::new(AtomicUsize::new(0));
+    let keyed = Arc::new(AtomicUsize::new(0));
+    {
+        let mut caps = caps.lock().unwrap();
+        let ids = crate::common::count(&mut conn, "SELECT MIN(id) AS n FROM tenure_jobs");
+        for i in 0..KEYED {
+            caps.insert(ids + i as i64, 1 + (i % 3) as u32);
+        }
+    }
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let mut conn = db.connect();
+            let (caps, running, over, empty, keyed) = (
+                caps.clone(),
+                running.clone(),
+                over.clone(),
+                empty.clone(),
+                keyed.clone(),
+            );
+            std::thread::spawn(move || {
+                for _ in 0..CLAIMS {
+                    let claimed = jobs::claim(&mut conn, "q", 1, TTL).expect("claim");
+                    let Some(job) = claimed.first() else {
+                        empty.fetch_add(1, Ordering::SeqCst);
+                        continue;
+                    };
+                    if job.kind != "k" {
+                        continue;
+                    }
+                    keyed.fetch_add(1, Ordering::SeqCst);
+                    let cap = caps.lock().unwrap()[&job.id];
+                    {
+                        let mut r = running.lock().unwrap();
+                        r.push((job.id, cap));
+                        let least = r.iter().map(|(_, c)| *c).min().unwrap() as usize;
+                        if r.len() > least {
+                            over.lock().unwrap().push(format!("{r:?}"));
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                    running.lock().unwrap().retain(|(id, _)| *id != job.id);
+                    jobs::complete(&mut conn, &[job.claim()]).expect("complete");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a claimer failed");
+    }
+    let over = over.lock().unwrap();
+    let empty = empty.load(Ordering::SeqCst);
+    assert!(
+        over.is_empty() && empty == 0,
+        "{} times more jobs ran on k than the smallest cap among them (first: {:?}); {empty} \
+         of {} claims came back empty while unlimited jobs were due ({} jobs of k ran)",
+        over.len(),
+        over.first(),
+        8 * CLAIMS,
+        keyed.load(Ordering::SeqCst)
+    );
 }

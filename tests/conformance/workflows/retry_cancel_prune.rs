@@ -20,6 +20,9 @@ conformance!(
     retry_then_death_then_retry_keeps_an_all_finished_dependent_waiting,
     a_dead_dependents_inputs_outlive_a_prune_so_its_revival_reads_them,
     a_workflows_row_goes_with_its_last_job,
+    concurrent_prunes_of_a_workflows_last_jobs_delete_its_row,
+    a_dependent_enqueued_while_a_prune_runs_keeps_its_dependency_every_round,
+    a_chain_whose_middle_died_keeps_its_inputs_through_prunes_racing_its_revival,
 );
 
 // Found by the round-19 attacks on workflows: REPEATABLE READ callers, a retried dead dependency, lock orders, races with a dependency's finish (attacks19.rs).
@@ -351,5 +354,238 @@ fn a_workflows_row_goes_with_its_last_job(backend: Backend) {
     assert_eq!(
         count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_workflows"),
         0
+    );
+}
+
+/// In each of 100 rounds a workflow has two completed jobs, one in queue `x{round}` and one
+/// in `y{round}`; two threads prune those two queues at once (`DeleteAll`). Both jobs go, so
+/// the workflow's row must go with the last of them. Found by the attack on issue 32's
+/// promise ("a workflow's row goes with its last job"): each prune deletes its job and then
+/// `EMPTY_WORKFLOWS` looks for jobs left in the workflow, under READ COMMITTED, and sees the
+/// other prune's job, deleted but not yet committed: neither deletes the row, and no later
+/// prune looks at it again (only the workflows of the jobs a prune deletes are looked at).
+/// A workflow row is left with no job (PostgreSQL). On MariaDB the two prunes deadlock
+/// instead (the subquery locks the other prune's row), and the error reaches the caller
+/// (prune does not retry it): retried here; a prune that then skips the job still held by
+/// the other returns 0, and a prune after the round takes it.
+fn concurrent_prunes_of_a_workflows_last_jobs_delete_its_row(backend: Backend) {
+    const ROUNDS: usize = 100;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    for round in 0..ROUNDS {
+        let mut workflow = jobs::Workflow::new(format!("w{round}"));
+        workflow.add(NewJob::new(format!("x{round}"), "a", vec![]));
+        workflow.add(NewJob::new(format!("y{round}"), "a", vec![]));
+        jobs::enqueue_workflow(&mut conn, &workflow).unwrap();
+        for queue in [format!("x{round}"), format!("y{round}")] {
+            let job = claim_one(&mut conn, &queue, "a");
+            jobs::complete(&mut conn, &[job.claim()]).unwrap();
+        }
+    }
+    let orphans = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = orphans.clone();
+    let deadlocks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let retried = deadlocks.clone();
+    contest(
+        &db,
+        2,
+        ROUNDS,
+        move |round, thread, c| {
+            let queue = if thread == 0 {
+                format!("x{round}")
+            } else {
+                format!("y{round}")
+            };
+            // A deadlock between the two (MariaDB) is the caller's to retry: retried here.
+            let mut deadlocks = 0;
+            loop {
+                match jobs::prune(c, &queue, Finished::Completed, Retention::DeleteAll, 100) {
+                    Err(e) if e.is_retryable() && deadlocks < 20 => deadlocks += 1,
+                    other => return (other, deadlocks),
+                }
+            }
+        },
+        move |round, results| {
+            for (r, deadlocks) in &results {
+                // 0: a retried prune skipped the job the other one still held; it stays for
+                // the next prune (below).
+                assert!(matches!(r, Ok(0 | 1)), "round {round}: {results:?}");
+                retried.fetch_add(*deadlocks, std::sync::atomic::Ordering::SeqCst);
+            }
+            for queue in [format!("x{round}"), format!("y{round}")] {
+                jobs::prune(
+                    &mut conn,
+                    &queue,
+                    Finished::Completed,
+                    Retention::DeleteAll,
+                    100,
+                )
+                .unwrap();
+            }
+            assert_eq!(
+                count(
+                    &mut conn,
+                    "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue LIKE 'x%' OR queue LIKE 'y%'"
+                ) as usize,
+                2 * (ROUNDS - round - 1)
+            );
+            let left = count(
+                &mut conn,
+                "SELECT COUNT(*) AS n FROM tenure_workflows w WHERE NOT EXISTS \
+                 (SELECT 1 FROM tenure_jobs j WHERE j.workflow_id = w.id)",
+            );
+            seen.lock().unwrap().push(left);
+        },
+    );
+    let orphans = orphans.lock().unwrap();
+    let last = *orphans.last().unwrap();
+    assert_eq!(
+        last,
+        0,
+        "{last} of {ROUNDS} workflows kept their row after both their jobs were pruned by \
+         two prunes at once ({} prunes failed on a deadlock and were retried)",
+        deadlocks.load(std::sync::atomic::Ordering::SeqCst)
+    );
+}
+
+/// Like `prune_racing_an_enqueue_of_a_dependent_never_deletes_its_dependency`, but every round
+/// races over its own dependency A (its own queue), so every round is a race (there, the first
+/// round's prune deletes every A, and the later rounds' enqueues are all refused), with the
+/// enqueue started a little later each round (0 to 1.2 ms) to sweep the prune's window. A
+/// belongs to a workflow (the dependent joins it). The dependent enqueued must find A (and
+/// A's result) until it finishes.
+fn a_dependent_enqueued_while_a_prune_runs_keeps_its_dependency_every_round(backend: Backend) {
+    const ROUNDS: usize = 120;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let mut done = Vec::new();
+    for round in 0..ROUNDS {
+        let mut workflow = jobs::Workflow::new(format!("w{round}"));
+        workflow.add(NewJob::new(format!("a{round}"), "a", vec![]));
+        jobs::enqueue_workflow(&mut conn, &workflow).unwrap();
+        let job = claim_one(&mut conn, &format!("a{round}"), "a");
+        jobs::complete_with_result(&mut conn, job.claim(), &JobResult::json(&round).unwrap())
+            .unwrap();
+        done.push(job.id);
+    }
+    let done = Arc::new(done);
+    let shared = done.clone();
+    let broken = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = broken.clone();
+    let enqueued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = enqueued.clone();
+    contest(
+        &db,
+        2,
+        ROUNDS,
+        move |round, thread, c| {
+            if thread == 0 {
+                std::thread::sleep(std::time::Duration::from_micros((round % 25) as u64 * 50));
+                let job = NewJob::new("d", "d", vec![]).depends_on([shared[round]]);
+                jobs::enqueue(c, &job).map(|e| e.id)
+            } else {
+                jobs::prune(
+                    c,
+                    &format!("a{round}"),
+                    Finished::Completed,
+                    Retention::DeleteAll,
+                    10,
+                )
+                .map(|n| n as i64)
+            }
+        },
+        move |round, results| {
+            let a = done[round];
+            assert!(results[1].is_ok(), "round {round}: prune {:?}", results[1]);
+            match &results[0] {
+                Ok(d) => {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let inputs = jobs::dependency_results(&mut conn, *d).unwrap().len();
+                    if jobs::get(&mut conn, a).unwrap().is_none() || inputs != 1 {
+                        seen.lock().unwrap().push((round, a, *d, inputs));
+                    }
+                }
+                Err(e) => assert!(e.is_invalid_input(), "round {round}: enqueue {e}"),
+            }
+        },
+    );
+    let broken = broken.lock().unwrap();
+    assert!(
+        broken.is_empty(),
+        "{} of {} dependents enqueued lost their dependency to the prune racing them \
+         (round, A, D, inputs): {:?}",
+        broken.len(),
+        enqueued.load(std::sync::atomic::Ordering::SeqCst),
+        &broken[..broken.len().min(5)]
+    );
+}
+
+/// Chains A -> B -> C, 40 of them. A completes with a result, B dies (C is cancelled). In
+/// each round one thread revives the round's B (`retry_dead`, or `retry_dead_of_kind` on the
+/// round's own queue every other round) while another prunes completed and cancelled jobs
+/// of that queue: whatever the order, a revived B finds A's result.
+fn a_chain_whose_middle_died_keeps_its_inputs_through_prunes_racing_its_revival(backend: Backend) {
+    const ROUNDS: usize = 40;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let mut bs = Vec::new();
+    for round in 0..ROUNDS {
+        let q = format!("c{round}");
+        let a = enqueue(&mut conn, NewJob::new(q.clone(), "a", vec![]));
+        let b = enqueue(
+            &mut conn,
+            NewJob::new(q.clone(), "b", vec![]).depends_on([a]),
+        );
+        let c = enqueue(
+            &mut conn,
+            NewJob::new(q.clone(), "c", vec![]).depends_on([b]),
+        );
+        let job = claim_one(&mut conn, &q, "a");
+        jobs::complete_with_result(&mut conn, job.claim(), &JobResult::json(&round).unwrap())
+            .unwrap();
+        let job = claim_one(&mut conn, &q, "b");
+        jobs::fail(&mut conn, job.claim(), "boom", jobs::Retry::Never).unwrap();
+        assert_eq!(state(&mut conn, b), JobState::Dead);
+        assert_eq!(state(&mut conn, c), JobState::Cancelled);
+        bs.push(b);
+    }
+    let bs = Arc::new(bs);
+    let shared = bs.clone();
+    contest(
+        &db,
+        2,
+        ROUNDS,
+        move |round, thread, c| {
+            let q = format!("c{round}");
+            if thread == 0 {
+                if round % 2 == 0 {
+                    jobs::retry_dead(c, shared[round]).map(usize::from)
+                } else {
+                    jobs::retry_dead_of_kind(c, &q, "b")
+                }
+            } else {
+                let n = jobs::prune(c, &q, Finished::Completed, Retention::DeleteAll, 10)?;
+                Ok(n + jobs::prune(c, &q, Finished::Cancelled, Retention::DeleteAll, 10)?)
+            }
+        },
+        move |round, results| {
+            assert_eq!(
+                results[0].as_ref().ok(),
+                Some(&1),
+                "round {round}: {results:?}"
+            );
+            assert!(results[1].is_ok(), "round {round}: {results:?}");
+            let b = bs[round];
+            let job = claim_one(&mut conn, &format!("c{round}"), "b");
+            assert_eq!(job.id, b);
+            let inputs = jobs::dependency_results(&mut conn, b).unwrap();
+            assert_eq!(
+                inputs.len(),
+                1,
+                "round {round}: the revived B reads no result of A"
+            );
+            assert!(inputs[0].result.is_some(), "round {round}: A's result gone");
+            jobs::complete(&mut conn, &[job.claim()]).unwrap();
+        },
     );
 }
