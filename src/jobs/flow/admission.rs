@@ -116,13 +116,15 @@ pub(crate) struct Admission {
 }
 
 /// Keeps the candidates that may start now (all of them where nothing limits them), in
-/// their order. Runs inside the claim's transaction, after the pick.
+/// their order, at most `max`. Runs inside the claim's transaction, after the pick.
 pub(crate) fn admit<C: TenureConnection>(
     conn: &mut C,
     queue: &str,
     queue_room: Option<i64>,
     candidates: &[Candidate],
+    max: i64,
 ) -> Result<Admission> {
+    let max = usize::try_from(max).unwrap_or(0);
     let limited: Vec<i64> = candidates
         .iter()
         .filter(|c| c.limit_key.is_some())
@@ -130,7 +132,7 @@ pub(crate) fn admit<C: TenureConnection>(
         .collect();
     if limited.is_empty() && queue_room.is_none() {
         return Ok(Admission {
-            ids: candidates.iter().map(|c| c.id).collect(),
+            ids: candidates.iter().take(max).map(|c| c.id).collect(),
             now: DateTime::<Utc>::MIN_UTC,
             rated: BTreeMap::new(),
         });
@@ -210,7 +212,7 @@ pub(crate) fn admit<C: TenureConnection>(
     }
     let mut ids = Vec::with_capacity(candidates.len());
     for candidate in candidates {
-        if queue_room == 0 {
+        if queue_room == 0 || ids.len() >= max {
             break;
         }
         let limits = by_job.get(&candidate.id).map(Vec::as_slice).unwrap_or(&[]);
