@@ -8,10 +8,10 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
 
 use crate::backend::statement::statement;
-use crate::backend::transaction::bare_write_transaction;
+use crate::backend::transaction::{bare_write_transaction, retry_transient};
 use crate::backend::{Dialect, dispatch};
 use crate::jobs::queue::{check_count, ids_of};
-use crate::rows::{IdRow, IdStateRow, NullableAt};
+use crate::rows::{IdRow, NullableAt};
 use crate::sql_types::Instant;
 use crate::{Error, Result, TenureConnection, validate};
 
@@ -88,9 +88,9 @@ const OLDER_THAN: &str = concat!(
     " ORDER BY finished_at, id LIMIT ?"
 );
 
-/// The workflows of the jobs a prune deletes.
-const WORKFLOWS_OF: &str = "\
-    SELECT DISTINCT workflow_id AS id FROM tenure_jobs WHERE id IN {ids} AND workflow_id IS NOT NULL";
+/// The workflows of the jobs a prune deletes, locked in id order.
+const LOCK_WORKFLOWS: &str =
+    "SELECT id FROM tenure_workflows WHERE id IN {ids} ORDER BY id{for_update}";
 /// Those workflows left without a job: their rows go with their last job. A job joins a
 /// workflow only at enqueue, by a dependency it locks (which a prune skips) or with the
 /// workflow it is created in, so no job joins a workflow this deletes.
@@ -105,7 +105,7 @@ const EMPTY_WORKFLOWS: &str = "\
 /// them: a locking read that waits meets those holders' locks while it fetches rows, and on
 /// MariaDB a deadlock reported mid-fetch left the connection hanging on its next prune.
 const LOCK_PICKED: &str = concat!(
-    "SELECT id, state FROM tenure_jobs WHERE (dedup_window_micros IS NULL OR {window_over}) AND ",
+    "SELECT id, state, workflow_id FROM tenure_jobs WHERE (dedup_window_micros IS NULL OR {window_over}) AND ",
     not_needed!(),
     " AND id IN {ids}{skip_locked}"
 );
@@ -158,77 +158,96 @@ pub fn prune<C: TenureConnection>(
     };
     let age_micros = younger_than.map(validate::delay_micros).transpose()?;
     let state = finished.state();
-    dispatch!(conn, c => {
-        bare_write_transaction(c, "pruning jobs", |c| {
-            let syntax = c.syntax();
-            // The newest-N cutoff, if the policy has one (None: fewer than N, keep all).
-            let mut cutoff: Option<DateTime<Utc>> = None;
-            if let Some(n) = newest.filter(|n| *n > 0) {
-                let offset = i64::try_from(n - 1).map_err(|_| Error::invalid("newest", "too large"))?;
-                let nth = statement(syntax.render(NTH_NEWEST))
+    // A deadlock with another prune (MariaDB, two prunes of one workflow's jobs) runs it again.
+    retry_transient(|| {
+        dispatch!(conn, c => {
+            bare_write_transaction(c, "pruning jobs", |c| {
+                let syntax = c.syntax();
+                // The newest-N cutoff, if the policy has one (None: fewer than N, keep all).
+                let mut cutoff: Option<DateTime<Utc>> = None;
+                if let Some(n) = newest.filter(|n| *n > 0) {
+                    let offset = i64::try_from(n - 1).map_err(|_| Error::invalid("newest", "too large"))?;
+                    let nth = statement(syntax.render(NTH_NEWEST))
+                        .bind::<Text, _>(queue)
+                        .bind::<Text, _>(state)
+                        .bind::<BigInt, _>(offset)
+                        .get_result::<NullableAt>(c)
+                        .optional()?;
+                    match nth.and_then(|row| row.at) {
+                        Some(at) => cutoff = Some(at),
+                        None => return Ok(0),
+                    }
+                }
+                if let Some(micros) = age_micros {
+                    let at = statement(syntax.render(NOW_PLUS))
+                        .bind::<BigInt, _>(-micros)
+                        .get_result::<NullableAt>(c)?
+                        .at;
+                    // Keep if newest-N *or* younger: delete only what is older than both.
+                    cutoff = match (cutoff, at) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+                // DeleteAll: no cutoff; the far future stands in for "any finish time".
+                let before = cutoff.unwrap_or(DateTime::<Utc>::MAX_UTC);
+                let picked: Vec<i64> = statement(syntax.render(
+                    OLDER_THAN,
+                ))
                     .bind::<Text, _>(queue)
                     .bind::<Text, _>(state)
-                    .bind::<BigInt, _>(offset)
-                    .get_result::<NullableAt>(c)
-                    .optional()?;
-                match nth.and_then(|row| row.at) {
-                    Some(at) => cutoff = Some(at),
-                    None => return Ok(0),
+                    .bind::<Instant, _>(clamp(before))
+                    .bind::<BigInt, _>(max_jobs)
+                    .load::<IdRow>(c)
+                    .map(ids_of)?;
+                if picked.is_empty() {
+                    return Ok(0);
                 }
-            }
-            if let Some(micros) = age_micros {
-                let at = statement(syntax.render(NOW_PLUS))
-                    .bind::<BigInt, _>(-micros)
-                    .get_result::<NullableAt>(c)?
-                    .at;
-                // Keep if newest-N *or* younger: delete only what is older than both.
-                cutoff = match (cutoff, at) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-            }
-            // DeleteAll: no cutoff; the far future stands in for "any finish time".
-            let before = cutoff.unwrap_or(DateTime::<Utc>::MAX_UTC);
-            let picked: Vec<i64> = statement(syntax.render(
-                OLDER_THAN,
-            ))
-                .bind::<Text, _>(queue)
-                .bind::<Text, _>(state)
-                .bind::<Instant, _>(clamp(before))
-                .bind::<BigInt, _>(max_jobs)
-                .load::<IdRow>(c)
-                .map(ids_of)?;
-            if picked.is_empty() {
-                return Ok(0);
-            }
-            let doomed: Vec<i64> = statement(syntax.render(
-                LOCK_PICKED,
-            ))
-                .bind_ids(picked)
-                .load::<IdStateRow>(c)?
-                .into_iter()
-                .filter(|row| row.state == state)
-                .map(|row| row.id)
-                .collect();
-            if doomed.is_empty() {
-                return Ok(0);
-            }
-            let ids = || doomed.iter().copied();
-            let workflows: Vec<i64> = statement(WORKFLOWS_OF).bind_ids(ids()).load::<IdRow>(c).map(ids_of)?;
-            let deleted = statement("DELETE FROM tenure_jobs WHERE id IN {ids}").bind_ids(ids()).execute(c)?;
-            if !workflows.is_empty() {
-                statement(EMPTY_WORKFLOWS).bind_ids(workflows).execute(c)?;
-            }
-            statement("DELETE FROM tenure_job_errors WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
-            statement("DELETE FROM tenure_job_outputs WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
-            statement("DELETE FROM tenure_job_limits WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
-            statement("DELETE FROM tenure_job_results WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
-            statement("DELETE FROM tenure_dependency_stripes WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
-            statement("DELETE FROM tenure_job_dependencies WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
-            statement("DELETE FROM tenure_job_dependencies WHERE depends_on IN {ids}").bind_ids(ids()).execute(c)?;
-            Ok(deleted)
+                let locked: Vec<PickedRow> = statement(syntax.render(LOCK_PICKED))
+                    .bind_ids(picked)
+                    .load::<PickedRow>(c)?
+                    .into_iter()
+                    .filter(|row| row.state == state)
+                    .collect();
+                if locked.is_empty() {
+                    return Ok(0);
+                }
+                let doomed: Vec<i64> = locked.iter().map(|row| row.id).collect();
+                let mut workflows: Vec<i64> = locked.iter().filter_map(|row| row.workflow_id).collect();
+                workflows.sort_unstable();
+                workflows.dedup();
+                // Their workflows' rows locked before their jobs go: two prunes of one workflow's
+                // last jobs take turns, so the later one sees the earlier one's deletes.
+                if !workflows.is_empty() {
+                    statement(syntax.render(LOCK_WORKFLOWS)).bind_ids(workflows.iter().copied()).load::<IdRow>(c)?;
+                }
+                let ids = || doomed.iter().copied();
+                let deleted = statement("DELETE FROM tenure_jobs WHERE id IN {ids}").bind_ids(ids()).execute(c)?;
+                if !workflows.is_empty() {
+                    statement(EMPTY_WORKFLOWS).bind_ids(workflows).execute(c)?;
+                }
+                statement("DELETE FROM tenure_job_errors WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+                statement("DELETE FROM tenure_job_outputs WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+                statement("DELETE FROM tenure_job_limits WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+                statement("DELETE FROM tenure_job_results WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+                statement("DELETE FROM tenure_dependency_stripes WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+                statement("DELETE FROM tenure_job_dependencies WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+                statement("DELETE FROM tenure_job_dependencies WHERE depends_on IN {ids}").bind_ids(ids()).execute(c)?;
+                Ok(deleted)
+            })
         })
     })
+}
+
+/// A job a prune picked, as locked.
+#[derive(QueryableByName)]
+struct PickedRow {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Text)]
+    state: String,
+    #[diesel(sql_type = diesel::sql_types::Nullable<BigInt>)]
+    workflow_id: Option<i64>,
 }
 
 /// The latest whole second every backend stores (MySQL's DATETIME ends in year 9999; see
