@@ -49,11 +49,14 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
                     return;
                 }
                 let prefetch = state.prefetch(config.threads, config.prefetch);
-                let in_hand = state.active + state.queued;
+                // Suspects waiting for the one running (see `handlers::run_handlers`) leave
+                // their threads free: up to one per thread, they do not count against claims.
+                let waiting = state.suspects.len().min(config.threads);
+                let in_hand = (state.active + state.queued).saturating_sub(waiting);
                 let wanted = (config.threads + prefetch).saturating_sub(in_hand);
                 // Claim again once the prefetched jobs run low (not for every freed
                 // thread: fewer, bigger claims), and not while the finisher is far behind.
-                let low = state.queued <= prefetch / 2;
+                let low = state.queued.saturating_sub(waiting) <= prefetch / 2;
                 let backlog = state.settle.len() + state.settling;
                 if wanted > 0 && low && backlog < jobs::MAX_BATCH {
                     break wanted.min(jobs::MAX_BATCH);
