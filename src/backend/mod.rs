@@ -5,9 +5,7 @@
 //! foundation; the lease and job modules have their own). The only `match` on the backend is
 //! [`dispatch!`], which hands the concrete diesel connection to that implementation.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{OnceLock, PoisonError, RwLock};
 
 use chrono::{DateTime, Utc};
 use diesel::connection::{AnsiTransactionManager, Connection};
@@ -27,6 +25,8 @@ mod session;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 pub(crate) mod statement;
+mod syntax;
+pub(crate) use syntax::{Rendered, Syntax, Upsert};
 pub(crate) mod transaction;
 pub(crate) mod turns;
 
@@ -416,102 +416,6 @@ impl AnyConnection {
     }
 }
 
-/// How an upsert that may leave an existing row alone is spelled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Upsert {
-    /// `INSERT ... ON CONFLICT (key) DO UPDATE SET ... WHERE ...` (PostgreSQL, SQLite).
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
-    OnConflictWhere,
-    /// `INSERT ... ON DUPLICATE KEY UPDATE col = IF(...)` (MySQL/MariaDB: no WHERE there).
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    OnDuplicateKey,
-}
-
-/// The fragments of SQL that differ per backend. Statements are written once as templates
-/// with `?` parameters (numbered by diesel where the backend wants `$1`: see
-/// [`statement`]), `{now}` (the database clock) and `{now+ttl}` (the clock plus a
-/// parameter in microseconds), and rendered per backend by [`Syntax::render`].
-#[derive(Debug)]
-pub(crate) struct Syntax {
-    /// The database clock, an [`Instant`](crate::sql_types::Instant).
-    pub now: &'static str,
-    /// The clock plus `?` microseconds (a BIGINT parameter).
-    pub now_plus_micros: &'static str,
-    /// `{grant_times}`: in a lease take's `ON CONFLICT ... DO UPDATE SET`, the grant's
-    /// `acquired_at` and `expires_at`, read once the statement holds the row (the inserted
-    /// values are from the statement's start, which is before any wait for the row lock).
-    pub grant_times: &'static str,
-    /// How conditional upserts are written.
-    pub upsert: Upsert,
-    /// Whether `INSERT`/`UPDATE ... RETURNING` exists (not on MySQL/MariaDB).
-    pub returning: bool,
-    /// Appended to a SELECT that locks the rows it reads: `{for_update}` ("" on SQLite, where
-    /// the IMMEDIATE transaction already holds the database's write lock).
-    pub for_update: &'static str,
-    /// `{skip_locked}`: like `for_update`, skipping rows other transactions have locked.
-    pub skip_locked: &'static str,
-    /// `{random_token}`: 16 random bytes made by the database, for tokens made in bulk.
-    pub random_token: &'static str,
-    /// A statement that wakes idle workers of the queue bound to it (PostgreSQL NOTIFY; sent
-    /// at commit, so a rolled-back enqueue wakes nobody).
-    pub notify_queue: Option<&'static str>,
-    /// [`Syntax::notify_queue`] for a transaction of its own, after an enqueue committed:
-    /// its commit need not wait for the log to reach the disk (a crash can lose a wake-up,
-    /// never a job).
-    pub notify_queue_unflushed: Option<&'static str>,
-    /// The same wake-up as a column of an insert's RETURNING list (empty where there is
-    /// none), so a single enqueue is one round trip.
-    pub notify_in_returning: &'static str,
-    /// `{claim_index}`, after `FROM tenure_jobs` in the claim: pins the claim index where the
-    /// planner might otherwise pick another (SQLite's skip-scan plus a sort; MySQL, whose
-    /// locking reads must follow the index order). PostgreSQL has no hints and needs none.
-    pub claim_index: &'static str,
-    /// `{claim_kind_index}`: the same for a claim of some kinds, which the kind-leading claim
-    /// index serves (one range per kind, in claim order within it).
-    pub claim_kind_index: &'static str,
-    /// `{greatest}`: the larger of two values (SQLite's two-argument MAX, GREATEST on the
-    /// servers).
-    pub greatest: &'static str,
-    /// `{window_over}`: a finished job's dedup window is over by the database's clock
-    /// (`finished_at + dedup_window_micros <= now`).
-    pub window_over: &'static str,
-    /// MySQL/MariaDB: a locking read that may wait is preceded by an UPDATE of the same rows
-    /// (a locking read chosen as a deadlock's victim after sending some rows leaves the
-    /// MariaDB client waiting for rows that never come; an UPDATE fails cleanly).
-    pub lock_ahead: bool,
-    /// SQLite: a worker's lock (a file lock) is freed only when its process ends, so a free
-    /// lock alone says it died. On a server a session can end while its process lives.
-    pub lock_ends_with_process: bool,
-    /// Every text rendered for this backend, kept for the process's life.
-    pub(crate) rendered: Rendered,
-}
-
-/// The statements [`Syntax::render`] made, by template text: each template is rendered once
-/// per backend, then looked up (templates are the crate's constants and the few shapes
-/// composed of them, so this holds a bounded set).
-pub(crate) struct Rendered(OnceLock<RwLock<HashMap<Box<str>, &'static str>>>);
-
-impl Rendered {
-    pub(crate) const fn new() -> Rendered {
-        Rendered(OnceLock::new())
-    }
-}
-
-impl fmt::Debug for Rendered {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Rendered").finish_non_exhaustive()
-    }
-}
-
-/// `template` with `part` in place of `{name}`, for each `(name, part)`.
-fn with_parts(template: &str, parts: &[(&str, &str)]) -> String {
-    let mut text = template.to_string();
-    for (name, part) in parts {
-        text = text.replace(&format!("{{{name}}}"), part);
-    }
-    text
-}
-
 /// The database's clock, as each backend's `database_now` reads it.
 #[derive(diesel::QueryableByName)]
 pub(crate) struct Now {
@@ -522,54 +426,6 @@ pub(crate) struct Now {
 /// The PostgreSQL channel that enqueues notify and idle workers listen to.
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) const NOTIFY_CHANNEL: &str = "tenure_jobs";
-
-impl Syntax {
-    /// Renders a statement template for this backend, once: later calls with the same text
-    /// look it up. For the crate's templates (constants, and the few shapes composed of
-    /// them); a text made per call (a bulk insert's rows) goes through [`Syntax::fill`].
-    pub fn render(&self, template: &str) -> &'static str {
-        let cache = self.rendered.0.get_or_init(RwLock::default);
-        if let Some(sql) = cache
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(template)
-        {
-            return sql;
-        }
-        let sql: &'static str = Box::leak(self.fill(template).into_boxed_str());
-        let mut cache = cache.write().unwrap_or_else(PoisonError::into_inner);
-        cache.entry(template.into()).or_insert(sql)
-    }
-
-    /// [`Syntax::render`] of a template with the caller's own parts: `{name}` is `part` for
-    /// each `(name, part)` (a mode's assignments, a list of states), then this backend's.
-    pub fn render_with(&self, template: &str, parts: &[(&str, &str)]) -> &'static str {
-        self.render(&with_parts(template, parts))
-    }
-
-    /// [`Syntax::fill`] of a template with the caller's own parts (see
-    /// [`Syntax::render_with`]).
-    pub fn fill_with(&self, template: &str, parts: &[(&str, &str)]) -> String {
-        self.fill(&with_parts(template, parts))
-    }
-
-    /// The template with this backend's fragments in place of its placeholders, made anew
-    /// (for a text that is not kept: see [`Syntax::render`]). Fragments may hold
-    /// placeholders of their own (`{window_over}` holds `{now}`): those come first.
-    pub fn fill(&self, template: &str) -> String {
-        template
-            .replace("{window_over}", self.window_over)
-            .replace("{greatest}", self.greatest)
-            .replace("{now+ttl}", self.now_plus_micros)
-            .replace("{now}", self.now)
-            .replace("{grant_times}", self.grant_times)
-            .replace("{for_update}", self.for_update)
-            .replace("{skip_locked}", self.skip_locked)
-            .replace("{random_token}", self.random_token)
-            .replace("{claim_index}", self.claim_index)
-            .replace("{claim_kind_index}", self.claim_kind_index)
-    }
-}
 
 /// The foundation's per-backend SQL: session settings, the transaction tenure's writes run in,
 /// the database clock, and migrations under a lock. One implementation per backend file.
