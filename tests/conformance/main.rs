@@ -49,6 +49,7 @@ mod privileges;
 mod queue_ops;
 mod schedules;
 mod schema_contract;
+mod schema_models;
 mod session_settings;
 mod snooze;
 mod statements;
