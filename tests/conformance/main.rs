@@ -31,6 +31,7 @@
 mod common;
 
 mod bulk;
+mod claim_races;
 mod contention;
 mod dedup_windows;
 mod depth;
