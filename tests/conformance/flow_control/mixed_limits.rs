@@ -268,9 +268,9 @@ fn jobs_of_a_full_rate_the_throttle_hint_does_not_name_do_not_block_the_jobs_beh
     );
 }
 
-/// 8 claimers on their own connections, each claiming 1 job at a time, over one queue: 120
+/// 8 claimers on their own connections, each making 50 claims of 1 job, over one queue: 120
 /// jobs on key `k` with caps 1, 2 and 3 in turn (as caps lowered and raised between
-/// enqueues), some also capped on key `j` (at most 2) or rated on it, ahead of 4,000
+/// enqueues), some also capped on key `j` (at most 2) or rated on it, ahead of 2,000
 /// unlimited jobs. A claimer that gets a job on `k` holds it a moment and completes it. Two
 /// things are counted: the jobs running on `k` beside each other (from the claimers' own
 /// books, a subset of what runs: a claimer adds a job after its claim committed and drops it
@@ -284,8 +284,8 @@ fn eight_claimers_never_exceed_the_smallest_running_cap_nor_come_back_empty_past
     backend: Backend,
 ) {
     const KEYED: usize = 120;
-    const FREE: usize = 4000;
-    const CLAIMS: usize = 100;
+    const FREE: usize = 2000;
+    const CLAIMS: usize = 50;
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let mut batch = Vec::new();
