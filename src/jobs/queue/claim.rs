@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text};
+use diesel::sql_types::{BigInt, Bool, Nullable, Text};
 
 use super::model::{Candidate, JobRow};
 use super::{ClaimedJob, MAX_BATCH, MAX_KINDS, check_count};
@@ -12,7 +12,6 @@ use crate::backend::statement::statement;
 use crate::backend::transaction::{bare_write_transaction, retry_transient};
 use crate::backend::{Dialect, dispatch};
 use crate::jobs::flow::admission;
-use crate::sql_types::Instant;
 use crate::{Error, Result, TenureConnection, validate};
 
 /// What a claim reads back of the jobs it claimed ([`super::model::JobRow`]).
@@ -34,13 +33,12 @@ const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_
 /// separate statements. Its two shapes: of any kind ([`CLAIM_PICK`]), of one kind
 /// ([`CLAIM_PICK_KIND`], see below).
 macro_rules! claim_pick {
-    ($index:literal, $kinds:literal, $after:expr) => {
+    ($index:literal, $kinds:literal) => {
         concat!(
             "SELECT id, priority, due_at, limit_key FROM tenure_jobs",
             $index,
             " WHERE queue = ? AND state = 'waiting' AND due_at <= {now}",
             $kinds,
-            $after,
             " \
       AND NOT EXISTS (SELECT 1 FROM tenure_queue_pauses p WHERE p.queue = ?) \
       AND (limit_key IS NULL OR NOT EXISTS ( \
@@ -63,7 +61,7 @@ macro_rules! claim_pick {
 }
 
 /// [`claim_pick!`] of any kind, through the claim index.
-const CLAIM_PICK: &str = claim_pick!("{claim_index}", "", "");
+const CLAIM_PICK: &str = claim_pick!("{claim_index}", "");
 /// A claim of some kinds picks per kind, served by `tenure_jobs_claim_kind`
 /// `(queue, [state,] kind, priority, due_at, id)`: one kind is one range of it, read in claim
 /// order and skipping rows other claimers hold, so waiting jobs of other kinds are never read
@@ -71,17 +69,7 @@ const CLAIM_PICK: &str = claim_pick!("{claim_index}", "", "");
 /// rows each), merged in claim order and cut to `max_jobs`: the same jobs one pick over the
 /// listed kinds would take, without sorting (or, on MySQL/MariaDB, locking) every due job
 /// of those kinds. Rows picked and not kept stay locked only until the claim commits.
-const CLAIM_PICK_KIND: &str = claim_pick!("{claim_kind_index}", " AND kind = ?", "");
-
-/// The pick again, past a candidate in claim order (priority, due time, id: bound after the
-/// kind), for the jobs behind those admission refused (see `claim_of`).
-macro_rules! past {
-    () => {
-        " AND (priority > ? OR (priority = ? AND (due_at > ? OR (due_at = ? AND id > ?))))"
-    };
-}
-const CLAIM_PICK_PAST: &str = claim_pick!("{claim_index}", "", past!());
-const CLAIM_PICK_KIND_PAST: &str = claim_pick!("{claim_kind_index}", " AND kind = ?", past!());
+const CLAIM_PICK_KIND: &str = claim_pick!("{claim_kind_index}", " AND kind = ?");
 
 /// Claim, step 3: claim exactly the accepted ids (a bound list, see `backend::statement`),
 /// each with its own random token, recording the worker that claims (NULL outside a worker).
@@ -225,76 +213,52 @@ fn claim_of<C: TenureConnection>(
                 };
                 // A paused queue yields no candidates (the pick's NOT EXISTS), in the same
                 // statement.
-                // One pick: the first `limit` due jobs in claim order, or those past `after`.
-                let pick = |c: &mut _, limit: i64, after: Option<&Candidate>| -> Result<Vec<Candidate>> {
-                    let one = |c: &mut _, kind: Option<&str>| -> Result<Vec<Candidate>> {
-                        let template = match (kind.is_some(), after.is_some()) {
-                            (false, false) => CLAIM_PICK,
-                            (true, false) => CLAIM_PICK_KIND,
-                            (false, true) => CLAIM_PICK_PAST,
-                            (true, true) => CLAIM_PICK_KIND_PAST,
-                        };
-                        let st = statement(syntax.render(template)).bind::<Text, _>(queue);
-                        Ok(match (kind, after) {
-                            (None, None) => st.bind::<Text, _>(queue).bind::<BigInt, _>(limit).load::<Candidate>(c)?,
-                            (Some(kind), None) => st
-                                .bind::<Text, _>(kind)
-                                .bind::<Text, _>(queue)
-                                .bind::<BigInt, _>(limit)
-                                .load::<Candidate>(c)?,
-                            (None, Some(a)) => st
-                                .bind::<Integer, _>(a.priority)
-                                .bind::<Integer, _>(a.priority)
-                                .bind::<Instant, _>(a.due_at)
-                                .bind::<Instant, _>(a.due_at)
-                                .bind::<BigInt, _>(a.id)
-                                .bind::<Text, _>(queue)
-                                .bind::<BigInt, _>(limit)
-                                .load::<Candidate>(c)?,
-                            (Some(kind), Some(a)) => st
-                                .bind::<Text, _>(kind)
-                                .bind::<Integer, _>(a.priority)
-                                .bind::<Integer, _>(a.priority)
-                                .bind::<Instant, _>(a.due_at)
-                                .bind::<Instant, _>(a.due_at)
-                                .bind::<BigInt, _>(a.id)
-                                .bind::<Text, _>(queue)
-                                .bind::<BigInt, _>(limit)
-                                .load::<Candidate>(c)?,
-                        })
-                    };
-                    match kinds {
-                        None => one(c, None),
+                // One pick: the first `limit` due jobs in claim order.
+                let pick = |c: &mut _, limit: i64| -> Result<Vec<Candidate>> {
+                    Ok(match kinds {
+                        None => statement(syntax.render(CLAIM_PICK))
+                            .bind::<Text, _>(queue)
+                            .bind::<Text, _>(queue)
+                            .bind::<BigInt, _>(limit)
+                            .load::<Candidate>(c)?,
                         Some(kinds) => {
+                            let pick = syntax.render(CLAIM_PICK_KIND);
                             let mut candidates = Vec::new();
                             for kind in kinds {
-                                candidates.extend(one(c, Some(kind))?);
+                                candidates.extend(
+                                    statement(pick)
+                                        .bind::<Text, _>(queue)
+                                        .bind::<Text, _>(*kind)
+                                        .bind::<Text, _>(queue)
+                                        .bind::<BigInt, _>(limit)
+                                        .load::<Candidate>(c)?,
+                                );
                             }
                             candidates.sort_by_key(|c| (c.priority, c.due_at, c.id));
                             candidates.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-                            Ok(candidates)
+                            candidates
                         }
-                    }
+                    })
                 };
                 let mut limit = max_jobs;
-                let mut candidates = pick(c, limit, None)?;
+                let mut candidates = pick(c, limit)?;
                 let mut admission = admission::admit(c, queue, queue_room, &candidates, max_jobs)?;
                 // The pick's filter reads the keys before their locks (and a key's hint names
                 // one full rate): candidates admission refused may fill a full pick while
-                // admissible jobs wait behind them. Then the jobs past the last candidate are
-                // picked once more, four times as many (up to MAX_BATCH), and admission decides
-                // over those it admitted and the new ones (those it refused stay refused: this
-                // transaction holds their keys' locks). Once: a key that is full for all its
-                // jobs (a rate's window) must not make every claim read deep into them. Never
+                // admissible jobs wait behind them. Then the pick is made once more, four times
+                // as large (up to MAX_BATCH; this transaction holds the refused rows' locks, so
+                // SKIP LOCKED returns them again), and admission decides over it all. Once: a
+                // key full for all its jobs (a rate's window) must not make every claim read
+                // deep into them. The same statement with a larger LIMIT (a keyset "past the
+                // last candidate" cost PostgreSQL a plan that read every waiting row). Never
                 // for a queue whose candidates are all admitted (no limits): no cost there.
-                if (admission.ids.len() as i64) < max_jobs && candidates.len() as i64 >= limit {
-                    if let Some(last) = candidates.last() {
-                        limit = (limit * 4).min(MAX_BATCH as i64);
-                        let picked = pick(c, limit, Some(last))?;
-                        candidates.retain(|c| admission.ids.contains(&c.id));
-                        candidates.extend(picked);
-                        admission = admission::admit(c, queue, queue_room, &candidates, max_jobs)?;
-                    }
+                if (admission.ids.len() as i64) < max_jobs
+                    && candidates.len() as i64 >= limit
+                    && limit < MAX_BATCH as i64
+                {
+                    limit = (limit * 4).min(MAX_BATCH as i64);
+                    candidates = pick(c, limit)?;
+                    admission = admission::admit(c, queue, queue_room, &candidates, max_jobs)?;
                 }
                 if admission.ids.is_empty() {
                     // Rates whose windows filled meanwhile still get their hints.
