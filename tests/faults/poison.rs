@@ -46,17 +46,7 @@ pub fn poison_worker(url: &str) {
             },
         )
         .raw_handler("work", move |ctx: &JobContext, _: &[u8]| {
-            let backend = starts.backend();
-            let mut conn = starts.get()?;
-            let at = now_text(&mut conn, backend)?;
-            diesel::sql_query(sql(
-                backend,
-                "INSERT INTO fault_starts (job_id, pid, at) VALUES (?, ?, ?)",
-            ))
-            .bind::<BigInt, _>(ctx.id)
-            .bind::<BigInt, _>(pid)
-            .bind::<Text, _>(at)
-            .execute(&mut *conn)?;
+            crate::recovery::record_start(&mut *starts.get()?, ctx.id, pid)?;
             std::thread::sleep(Duration::from_millis(2));
             Ok(())
         })

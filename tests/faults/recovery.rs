@@ -66,18 +66,7 @@ pub fn holding_worker(url: &str, cap: u64) {
             if payload == b"w" {
                 return Ok(());
             }
-            let backend = starts.backend();
-            let mut conn = starts.get()?;
-            let at = now_text(&mut conn, backend)?;
-            diesel::sql_query(sql(
-                backend,
-                "INSERT INTO fault_starts (job_id, pid, at) VALUES (?, ?, ?)",
-            ))
-            .bind::<BigInt, _>(ctx.id)
-            .bind::<BigInt, _>(pid)
-            .bind::<Text, _>(at)
-            .execute(&mut *conn)?;
-            drop(conn);
+            record_start(&mut *starts.get()?, ctx.id, pid)?;
             let wanted: u64 = std::str::from_utf8(payload)
                 .ok()
                 .and_then(|p| p.parse().ok())
@@ -91,6 +80,21 @@ pub fn holding_worker(url: &str, cap: u64) {
     loop {
         std::thread::sleep(Duration::from_secs(1));
     }
+}
+
+/// Records in `fault_starts` that job `id` began in process `pid`, at the database's now.
+pub(crate) fn record_start(conn: &mut AnyConnection, id: i64, pid: i64) -> QueryResult<()> {
+    let backend = tenure::TenureConnection::backend(conn);
+    let at = now_text(conn, backend)?;
+    diesel::sql_query(sql(
+        backend,
+        "INSERT INTO fault_starts (job_id, pid, at) VALUES (?, ?, ?)",
+    ))
+    .bind::<BigInt, _>(id)
+    .bind::<BigInt, _>(pid)
+    .bind::<Text, _>(at)
+    .execute(conn)?;
+    Ok(())
 }
 
 /// The database with the starts table and the jobs: warm-up, slow (sleeping `slow_ms`),
