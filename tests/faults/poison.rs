@@ -4,7 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
 use tenure::jobs::{self, JobState, NewJob};
@@ -68,15 +67,7 @@ pub fn poison_worker(url: &str) {
 fn a_poison_job_dies_alone(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    let text = if backend == Backend::Mysql {
-        "VARCHAR(64)"
-    } else {
-        "TEXT"
-    };
-    conn.batch_execute(&format!(
-        "CREATE TABLE fault_starts (job_id BIGINT NOT NULL, pid BIGINT NOT NULL, at {text} NOT NULL)"
-    ))
-    .unwrap();
+    crate::recovery::create_fault_starts(&mut conn, backend);
     let work = || NewJob::new("poison", "work", vec![]).max_attempts(1);
     let batch: Vec<NewJob> = (0..WARM_UP)
         .map(|_| work())
@@ -124,16 +115,7 @@ fn a_poison_job_dies_alone(backend: Backend) {
         );
     }
     let dead: Vec<i64> = dead_ids(&mut conn);
-    let never_ran = dead
-        .iter()
-        .filter(|id| **id != poison)
-        .filter(|id| {
-            count(
-                &mut conn,
-                &format!("SELECT COUNT(*) AS n FROM fault_starts WHERE job_id = {id}"),
-            ) == 0
-        })
-        .count();
+    let never_ran = never_ran(&mut conn, dead.iter().filter(|id| **id != poison));
     assert_eq!(
         dead,
         vec![poison],
@@ -171,6 +153,17 @@ fn a_poison_job_dies_alone(backend: Backend) {
     );
 }
 
+/// How many of `ids` never recorded a start.
+fn never_ran<'a>(conn: &mut AnyConnection, ids: impl Iterator<Item = &'a i64>) -> usize {
+    ids.filter(|id| {
+        count(
+            conn,
+            &format!("SELECT COUNT(*) AS n FROM fault_starts WHERE job_id = {id}"),
+        ) == 0
+    })
+    .count()
+}
+
 fn dead_ids(conn: &mut AnyConnection) -> Vec<i64> {
     #[derive(QueryableByName)]
     struct Id {
@@ -185,18 +178,6 @@ fn dead_ids(conn: &mut AnyConnection) -> Vec<i64> {
         .collect()
 }
 
-fn fault_starts_table(conn: &mut AnyConnection, backend: Backend) {
-    let text = if backend == Backend::Mysql {
-        "VARCHAR(64)"
-    } else {
-        "TEXT"
-    };
-    conn.batch_execute(&format!(
-        "CREATE TABLE fault_starts (job_id BIGINT NOT NULL, pid BIGINT NOT NULL, at {text} NOT NULL)"
-    ))
-    .unwrap();
-}
-
 /// A process claims 10 jobs outside a worker one at a time (`jobs::claim`, ttl 1 s) and
 /// runs each; the second is a poison job that aborts it. The process is started again after
 /// each crash, once a rescue has returned the lapsed claim. The poison job dies alone after
@@ -206,7 +187,7 @@ fn fault_starts_table(conn: &mut AnyConnection, backend: Backend) {
 fn a_claim_outside_a_worker_that_crashes_charges_only_the_job_it_was_running(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    fault_starts_table(&mut conn, backend);
+    crate::recovery::create_fault_starts(&mut conn, backend);
     let batch: Vec<NewJob> = (0..10)
         .map(|i| NewJob::new("poison", if i == 1 { "poison" } else { "work" }, vec![]))
         .collect();
@@ -240,15 +221,7 @@ fn a_claim_outside_a_worker_that_crashes_charges_only_the_job_it_was_running(bac
         }
     }
     let dead = dead_ids(&mut conn);
-    let never_ran = dead
-        .iter()
-        .filter(|id| {
-            count(
-                &mut conn,
-                &format!("SELECT COUNT(*) AS n FROM fault_starts WHERE job_id = {id}"),
-            ) == 0
-        })
-        .count();
+    let never_ran = never_ran(&mut conn, dead.iter());
     assert_eq!(
         dead,
         vec![poison],

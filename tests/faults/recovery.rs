@@ -82,6 +82,19 @@ pub fn holding_worker(url: &str, cap: u64) {
     }
 }
 
+/// The table of runs' starts that [`record_start`] writes.
+pub(crate) fn create_fault_starts(conn: &mut AnyConnection, backend: Backend) {
+    let text = if backend == Backend::Mysql {
+        "VARCHAR(64)"
+    } else {
+        "TEXT"
+    };
+    conn.batch_execute(&format!(
+        "CREATE TABLE fault_starts (job_id BIGINT NOT NULL, pid BIGINT NOT NULL, at {text} NOT NULL)"
+    ))
+    .unwrap();
+}
+
 /// Records in `fault_starts` that job `id` began in process `pid`, at the database's now.
 pub(crate) fn record_start(conn: &mut AnyConnection, id: i64, pid: i64) -> QueryResult<()> {
     let backend = tenure::TenureConnection::backend(conn);
@@ -107,15 +120,7 @@ pub(crate) fn setup(backend: Backend, slow_ms: u64) -> (TestDb, AnyConnection) {
 pub(crate) fn setup_on(db: TestDb, slow_ms: u64) -> (TestDb, AnyConnection) {
     let backend = db.backend;
     let mut conn = db.connect();
-    let text = if backend == Backend::Mysql {
-        "VARCHAR(64)"
-    } else {
-        "TEXT"
-    };
-    conn.batch_execute(&format!(
-        "CREATE TABLE fault_starts (job_id BIGINT NOT NULL, pid BIGINT NOT NULL, at {text} NOT NULL)"
-    ))
-    .unwrap();
+    create_fault_starts(&mut conn, backend);
     let job = |payload: String| NewJob::new("held", "hold", payload.into_bytes()).max_attempts(1);
     let batch: Vec<NewJob> = (0..WARM_UP)
         .map(|_| job("w".into()))
