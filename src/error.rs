@@ -235,12 +235,13 @@ fn is_lost_connection(error: &DieselError) -> bool {
 const STALE_PLAN: &str = "cached plan must not change result type";
 
 /// The error or the result of a call that might carry a database error.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) trait DatabaseFailure {
     /// The database error behind it, if there is one.
     fn database_error(&self) -> Option<&DieselError>;
 
     /// Whether it is PostgreSQL refusing a prepared statement after a column type changed.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn is_stale_plan(&self) -> bool {
         match self.database_error() {
             Some(DieselError::DatabaseError(_, info)) => info.message().contains(STALE_PLAN),

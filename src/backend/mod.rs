@@ -18,7 +18,7 @@ mod descriptors;
 #[cfg(feature = "sqlite")]
 pub(crate) mod file_lock;
 #[cfg(feature = "mysql")]
-mod mysql;
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 mod session;
@@ -175,8 +175,9 @@ pub trait TenureConnection: sealed::Sealed + Send {
 /// once and compiled per backend, so it calls a trait that each backend implements.
 ///
 /// On PostgreSQL a result that is a refused stale prepared statement makes the connection
-/// forget its prepared statements (see `postgres::forget_stale_plans`). `dispatch!(any ...)`
-/// skips that, for a body whose error type tenure cannot look into (a caller's own).
+/// forget its prepared statements (see `postgres::forget_stale_plans`); on MySQL/MariaDB any
+/// database error does (see `mysql::forget_failed_statements`). `dispatch!(any ...)` skips
+/// that, for a body whose error type tenure cannot look into (a caller's own).
 macro_rules! dispatch {
     (any $conn:expr, $c:ident => $body:expr) => {
         match $crate::TenureConnection::backend_connection($conn) {
@@ -199,7 +200,11 @@ macro_rules! dispatch {
                 result
             }
             #[cfg(feature = "mysql")]
-            $crate::BackendConnection::Mysql($c) => $body,
+            $crate::BackendConnection::Mysql($c) => {
+                let result = $body;
+                $crate::backend::mysql::forget_failed_statements($c, &result);
+                result
+            }
         }
     };
 }

@@ -1,7 +1,7 @@
 //! MySQL/MariaDB: the foundation's SQL and type mappings.
 
 use chrono::{DateTime, NaiveDateTime, Utc};
-use diesel::connection::{AnsiTransactionManager, SimpleConnection};
+use diesel::connection::{AnsiTransactionManager, CacheSize, Connection, SimpleConnection};
 use diesel::deserialize::{self, FromSql};
 use diesel::mysql::{Mysql, MysqlConnection, MysqlValue};
 use diesel::serialize::{self, Output, ToSql};
@@ -12,11 +12,32 @@ use super::SessionSetup;
 use super::statement::statement;
 use super::{Dialect, Liveness, Probe, Rendered, Syntax, Upsert, WorkerLock};
 use crate::backend::transaction::require_bare;
+use crate::error::DatabaseFailure;
 use crate::sql_types::{Instant, Token, token_from_bytes};
 use crate::{Error, Result, migrate};
 
 /// The database clock in UTC with microseconds, whatever the session's time zone.
 pub(crate) const NOW: &str = "UTC_TIMESTAMP(6)";
+
+/// After a statement failed with a database error, forgets every statement this connection
+/// prepared, so that none is executed again. The MariaDB client leaves a prepared statement
+/// whose result failed part-way (a locking read chosen as a deadlock's victim after the
+/// server had sent the result's head, a lock wait timeout, a killed query) expecting the
+/// rest of that result: its next execution reads for it before sending anything, and waits
+/// forever while the server waits for a command (issue 32 item 8: a finisher that hung
+/// holding its jobs' locks when its transaction ran again after a deadlock). diesel keeps
+/// such a statement in its cache; closing it instead is safe. The statements are prepared
+/// again as they are next used (one round trip each).
+pub(crate) fn forget_failed_statements(conn: &mut MysqlConnection, result: &impl DatabaseFailure) {
+    if !matches!(
+        result.database_error(),
+        Some(diesel::result::Error::DatabaseError(..))
+    ) {
+        return;
+    }
+    conn.set_prepared_statement_cache_size(CacheSize::Disabled);
+    conn.set_prepared_statement_cache_size(CacheSize::Unbounded);
+}
 
 /// How long a migrator waits for another one to finish, in seconds.
 const MIGRATION_LOCK_WAIT_SECONDS: i32 = 300;
@@ -37,7 +58,6 @@ static SYNTAX: Syntax = Syntax {
     claim_index: " FORCE INDEX (tenure_jobs_claim)",
     greatest: "GREATEST",
     window_over: "finished_at + INTERVAL dedup_window_micros MICROSECOND <= {now}",
-    lock_ahead: true,
     lock_ends_with_process: false,
     rendered: Rendered::new(),
     claim_kind_index: " FORCE INDEX (tenure_jobs_claim_kind)",

@@ -46,7 +46,6 @@ static SYNTAX: Syntax = Syntax {
     claim_index: "",
     greatest: "GREATEST",
     window_over: "finished_at + dedup_window_micros * interval '1 microsecond' <= {now}",
-    lock_ahead: false,
     lock_ends_with_process: false,
     rendered: Rendered::new(),
     claim_kind_index: "",

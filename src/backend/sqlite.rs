@@ -40,7 +40,6 @@ static SYNTAX: Syntax = Syntax {
     greatest: "MAX",
     window_over: "strftime('%Y-%m-%d %H:%M:%f', finished_at, \
                 printf('%+.3f seconds', dedup_window_micros / 1000000.0)) <= {now}",
-    lock_ahead: false,
     lock_ends_with_process: true,
     rendered: Rendered::new(),
     claim_kind_index: " INDEXED BY tenure_jobs_claim_kind",

@@ -64,10 +64,6 @@ pub(crate) struct Syntax {
     /// `{window_over}`: a finished job's dedup window is over by the database's clock
     /// (`finished_at + dedup_window_micros <= now`).
     pub window_over: &'static str,
-    /// MySQL/MariaDB: a locking read that may wait is preceded by an UPDATE of the same rows
-    /// (a locking read chosen as a deadlock's victim after sending some rows leaves the
-    /// MariaDB client waiting for rows that never come; an UPDATE fails cleanly).
-    pub lock_ahead: bool,
     /// SQLite: a worker's lock (a file lock) is freed only when its process ends, so a free
     /// lock alone says it died. On a server a session can end while its process lives.
     pub lock_ends_with_process: bool,

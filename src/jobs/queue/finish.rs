@@ -158,17 +158,8 @@ fn finish_noting<C: TenureConnection>(
     died: &mut Vec<(i64, String)>,
 ) -> Result<Vec<Outcome>> {
     check_claims(claims)?;
-    let mut ids: Vec<i64> = claims.iter().map(|claim| claim.id).collect();
-    ids.sort_unstable();
     let released = retrying_transaction(conn, |conn| {
         died.clear();
-        // MariaDB: the rows' locks first, by a statement that returns no rows (see
-        // `dependencies::lock_ahead`): a locking read of several rows that waits mid-fetch
-        // and loses a deadlock (a cancel in a caller's transaction holding one of them)
-        // would leave the client hanging. A read of one row waits before it sends any.
-        if ids.len() > 1 {
-            dependencies::lock_ahead(conn, &ids)?;
-        }
         let states: Vec<StateRow> = dispatch!(conn, c => {
             statement(c.syntax().render(LOCK_STATES))
                 .bind_ids(claims.iter().map(|claim| claim.id))

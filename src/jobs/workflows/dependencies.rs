@@ -122,24 +122,6 @@ pub(crate) fn stripes_for(n: usize) -> i32 {
 const LOCK_DEPENDENCIES: &str =
     "SELECT id, state, workflow_id FROM tenure_jobs WHERE id IN {ids} ORDER BY id{for_update}";
 
-/// MySQL/MariaDB: takes the rows' locks with a statement that returns no rows, before the
-/// locking read that reads them. A locking read that waits for a lock after sending some of
-/// its rows and is then chosen as a deadlock's victim leaves the MariaDB client waiting
-/// for rows that never come; an UPDATE that waits fails cleanly, and its transaction runs
-/// again. (InnoDB locks the rows an UPDATE matches, changed or not, in primary-key order.)
-const LOCK_AHEAD: &str = "UPDATE tenure_jobs SET dependents = dependents WHERE id IN {ids}";
-
-/// Locks job rows ahead of a locking read of them, where the backend needs it ([`LOCK_AHEAD`]).
-pub(crate) fn lock_ahead<C: TenureConnection>(conn: &mut C, ids: &[i64]) -> Result<()> {
-    if !dispatch!(any conn, c => c.syntax().lock_ahead) {
-        return Ok(());
-    }
-    for chunk in ids.chunks(MAX_BATCH) {
-        dispatch!(conn, c => statement(LOCK_AHEAD).bind_ids(chunk.iter().copied()).execute(c))?;
-    }
-    Ok(())
-}
-
 /// Counts a new dependent on each locked dependency: finishing it then looks for dependents.
 /// Every such enqueue writes the dependency's row, so on PostgreSQL a finish in an older
 /// REPEATABLE READ snapshot (a caller's transaction) fails with a serialization error when
@@ -160,7 +142,6 @@ pub(crate) struct Dependency {
 
 /// Locks and reads the dependencies `ids` (sorted, no repeats): refuses a missing one.
 pub(crate) fn lock<C: TenureConnection>(conn: &mut C, ids: &[i64]) -> Result<Vec<Dependency>> {
-    lock_ahead(conn, ids)?;
     let mut found = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(MAX_BATCH) {
         let rows: Vec<Dependency> = dispatch!(conn, c => {

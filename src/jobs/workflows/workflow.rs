@@ -530,7 +530,6 @@ pub fn cancel_workflow<C: TenureConnection>(conn: &mut C, id: i64) -> Result<usi
         .into_iter()
         .map(|row| row.id)
         .collect();
-        super::dependencies::lock_ahead(conn, &ids)?;
         let mut locked: Vec<Unfinished> = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(crate::jobs::MAX_BATCH) {
             let rows: Vec<Unfinished> = dispatch!(conn, c => {

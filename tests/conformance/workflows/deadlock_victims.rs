@@ -25,7 +25,10 @@ const TTL: Duration = Duration::from_secs(120);
 /// caller's transaction holds (it asked B to cancel). That transaction then asks A to
 /// cancel: a deadlock, whose victim (on MariaDB the one that changed nothing yet: the
 /// completion) is waiting in the middle of its locking read. The completion must come back
-/// (retried: both jobs then asked to cancel, so both Cancelled), not hang.
+/// (retried: both jobs then asked to cancel, so both Cancelled), not hang. On MariaDB the
+/// retry runs the same prepared read again, which the client had left expecting the rest of
+/// the failed result: without `mysql::forget_failed_statements` it waits forever (issue 32
+/// item 8's stall).
 fn a_batch_completion_waiting_mid_fetch_in_a_deadlock_with_cancels_does_not_hang(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
