@@ -3,7 +3,10 @@
 //! locks of that queue and of those keys; and, after the claim, the starts it made.
 //!
 //! Locks are taken in one order by every claimer (the queue's row, then the keys' rows by
-//! key), so claimers never wait on each other in a cycle; nothing else locks them. Under a
+//! key), so claimers never wait on each other in a cycle; nothing else locks them. A claim
+//! that admits twice (its wider second pick) already holds keys: it waits only for keys
+//! that sort after all of them, and takes one that sorts before only if no one holds it
+//! (`SKIP LOCKED`), else refuses that key's candidates this time. Under a
 //! key's lock its counts cannot be overtaken: every claim of the key holds the lock while it
 //! decides and records, and finishing jobs only lower a running count.
 //!
@@ -13,7 +16,7 @@
 //! makes is at or after it: "fewer than `max` starts in `(now - per, now]`, plus those it
 //! admits" holds for the window ending at its own starts, and so for every window.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use diesel::prelude::*;
@@ -36,6 +39,10 @@ const QUEUE_LIMIT: &str = "SELECT max_running AS n FROM tenure_queue_limits WHER
 /// The queue's running jobs (`tenure_jobs_queue_state`; on MySQL the claim index).
 const QUEUE_RUNNING: &str =
     "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = ? AND state = 'running'";
+
+/// A key's lock if it is free, without waiting (see [`admit`]).
+const KEY_TRY_LOCK: &str =
+    "SELECT starts_kept AS n FROM tenure_limit_keys WHERE limit_key = ?{skip_locked}";
 
 /// Take a key's lock: an upsert locks its row until commit.
 const KEY_LOCK_ON_CONFLICT: &str = "\
@@ -105,11 +112,17 @@ struct Key {
     rates: Vec<(i64, i64)>,
     /// Starts this claim admitted (counted at `now` until their instants are known).
     admitted: Vec<i64>,
+    /// Its lock could not be taken in key order and another transaction holds it (or it
+    /// has no row yet): its candidates wait for another claim.
+    unavailable: bool,
 }
 
 /// The candidates admitted, in the candidates' order, and what recording their starts needs.
 pub(crate) struct Admission {
     pub ids: Vec<i64>,
+    /// Some candidates were refused only because their key was held by another claimer and
+    /// could not be waited for in key order (a wider pick may find others).
+    pub busy_keys: bool,
     now: DateTime<Utc>,
     /// Keys with a rate, by key.
     rated: BTreeMap<String, Key>,
@@ -117,12 +130,15 @@ pub(crate) struct Admission {
 
 /// Keeps the candidates that may start now (all of them where nothing limits them), in
 /// their order, at most `max`. Runs inside the claim's transaction, after the pick.
+/// `held`: the keys this transaction has locked already (by an earlier admission in it),
+/// to which the keys it locks now are added.
 pub(crate) fn admit<C: TenureConnection>(
     conn: &mut C,
     queue: &str,
     queue_room: Option<i64>,
     candidates: &[Candidate],
     max: i64,
+    held: &mut BTreeSet<String>,
 ) -> Result<Admission> {
     let max = usize::try_from(max).unwrap_or(0);
     let limited: Vec<i64> = candidates
@@ -133,6 +149,7 @@ pub(crate) fn admit<C: TenureConnection>(
     if limited.is_empty() && queue_room.is_none() {
         return Ok(Admission {
             ids: candidates.iter().take(max).map(|c| c.id).collect(),
+            busy_keys: false,
             now: DateTime::<Utc>::MIN_UTC,
             rated: BTreeMap::new(),
         });
@@ -166,7 +183,17 @@ pub(crate) fn admit<C: TenureConnection>(
         let capped = rows
             .iter()
             .any(|r| r.limit_key == *name && r.max_running.is_some());
+        // Waiting for a key that sorts before one this transaction holds could close a
+        // cycle with a claimer that holds it and waits for ours (on PostgreSQL each such
+        // deadlock costs the server's deadlock_timeout: an eight-claimer test over two keys
+        // took 52 s instead of 2).
+        let in_order = held.contains(name) || held.last().is_none_or(|last| name > last);
+        if !in_order && !try_lock_key(conn, name)? {
+            key.unavailable = true;
+            continue;
+        }
         (key.running, key.least_cap) = lock_key(conn, name, capped)?;
+        held.insert(name.clone());
     }
     // A claim may have waited for the keys' locks: a queue limit created meanwhile binds it
     // (it holds no lock of the queue's, so a claim under the new limit would not count its
@@ -182,14 +209,17 @@ pub(crate) fn admit<C: TenureConnection>(
             queue_room = 0;
         }
     }
-    let rated = keys.values().any(|k| !k.rates.is_empty());
+    let rated = keys.values().any(|k| !k.rates.is_empty() && !k.unavailable);
     // Read after every lock is held: no start recorded by another claim is later.
     let now = if rated {
         crate::database_now(conn)?
     } else {
         DateTime::<Utc>::MIN_UTC
     };
-    for (name, key) in keys.iter_mut().filter(|(_, k)| !k.rates.is_empty()) {
+    for (name, key) in keys
+        .iter_mut()
+        .filter(|(_, k)| !k.rates.is_empty() && !k.unavailable)
+    {
         key.kept = dispatch!(conn, c => {
             tenure_limit_keys::table
                 .find(name.as_str())
@@ -217,7 +247,7 @@ pub(crate) fn admit<C: TenureConnection>(
         }
         let limits = by_job.get(&candidate.id).map(Vec::as_slice).unwrap_or(&[]);
         let fits = limits.iter().all(|limit| {
-            let Some(key) = keys.get(&limit.limit_key) else {
+            let Some(key) = keys.get(&limit.limit_key).filter(|k| !k.unavailable) else {
                 return false;
             };
             let running_ok = limit.max_running.is_none_or(|max| {
@@ -254,9 +284,11 @@ pub(crate) fn admit<C: TenureConnection>(
         queue_room -= 1;
         ids.push(candidate.id);
     }
-    keys.retain(|_, k| !k.rates.is_empty());
+    let busy_keys = keys.values().any(|k| k.unavailable);
+    keys.retain(|_, k| !k.rates.is_empty() && !k.unavailable);
     Ok(Admission {
         ids,
+        busy_keys,
         now,
         rated: keys,
     })
@@ -286,6 +318,18 @@ pub(crate) fn lock_queue<C: TenureConnection>(conn: &mut C, queue: &str) -> Resu
             .get_result::<Count>(c)
     })?;
     Ok(Some((i64::from(max) - running.n).max(0)))
+}
+
+/// Takes a key's lock if no other transaction holds it, without waiting; false if one does
+/// (or the key has no row yet).
+fn try_lock_key<C: TenureConnection>(conn: &mut C, key: &str) -> Result<bool> {
+    Ok(dispatch!(conn, c => {
+        statement(c.syntax().render(KEY_TRY_LOCK))
+            .bind::<Text, _>(key)
+            .get_result::<Count>(c)
+            .optional()
+    })?
+    .is_some())
 }
 
 /// Takes a key's lock and, where `capped`, counts its running jobs and finds the smallest

@@ -1,6 +1,7 @@
 //! Claiming due jobs, within their flow control (the queue's limit, pauses, and the limits
 //! of their keys: `flow::admission` decides), by kind or of any kind.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use diesel::prelude::*;
@@ -242,7 +243,9 @@ fn claim_of<C: TenureConnection>(
                 };
                 let mut limit = max_jobs;
                 let mut candidates = pick(c, limit)?;
-                let mut admission = admission::admit(c, queue, queue_room, &candidates, max_jobs)?;
+                let mut held = BTreeSet::new();
+                let mut admission =
+                    admission::admit(c, queue, queue_room, &candidates, max_jobs, &mut held)?;
                 // The pick's filter reads the keys before their locks (and a key's hint names
                 // one full rate): candidates admission refused may fill a full pick while
                 // admissible jobs wait behind them. Then the pick is made once more, four times
@@ -252,13 +255,20 @@ fn claim_of<C: TenureConnection>(
                 // deep into them. The same statement with a larger LIMIT (a keyset "past the
                 // last candidate" cost PostgreSQL a plan that read every waiting row). Never
                 // for a queue whose candidates are all admitted (no limits): no cost there.
-                if (admission.ids.len() as i64) < max_jobs
+                // Again (four times larger each time, up to MAX_BATCH) while candidates were
+                // refused only because another claimer held their key, which this transaction
+                // could not wait for in key order (`admission::admit`).
+                let mut widened = false;
+                while (admission.ids.len() as i64) < max_jobs
                     && candidates.len() as i64 >= limit
                     && limit < MAX_BATCH as i64
+                    && (!widened || admission.busy_keys)
                 {
+                    widened = true;
                     limit = (limit * 4).min(MAX_BATCH as i64);
                     candidates = pick(c, limit)?;
-                    admission = admission::admit(c, queue, queue_room, &candidates, max_jobs)?;
+                    admission =
+                        admission::admit(c, queue, queue_room, &candidates, max_jobs, &mut held)?;
                 }
                 if admission.ids.is_empty() {
                     // Rates whose windows filled meanwhile still get their hints.
