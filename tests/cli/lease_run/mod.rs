@@ -1,10 +1,14 @@
 //! `tenure lease run`, end to end: real process trees (test → tenure → sh → sleep) on every
-//! backend. Timing bounds are wide (a loaded machine): they bound latencies, never measure
+//! backend. Here: two runner loops never overlap, and the statuses of a held lease, of the
+//! command and of bad input; the lease lost while the command runs and signals in files of
+//! their own. Timing bounds are wide (a loaded machine): they bound latencies, never measure
 //! them tightly.
 
 mod arguments;
 mod database;
+mod lost;
 mod processes;
+mod signals;
 mod stopped;
 
 use std::fs::File;
@@ -12,19 +16,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use diesel::RunQueryDsl;
-use diesel::connection::SimpleConnection;
 use tenure::Backend;
 
 use super::{json, tenure};
-use crate::common::{TestDb, conformance, now_sql};
+use crate::common::{TestDb, conformance};
 
 conformance!(
     lease_run_two_runner_loops_never_overlap,
     lease_run_held_no_wait_statuses_and_bad_input,
-    lease_run_force_release_stops_the_command_and_the_next_runner_takes_over,
-    lease_run_paused_runner_stops_its_command_after_sigcont,
-    lease_run_forwards_signals_and_releases
 );
 
 /// Generous bound for anything that should take a second or two.
@@ -323,309 +322,4 @@ fn lease_run_held_no_wait_statuses_and_bad_input(backend: Backend) {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
         assert!(!out.stderr.is_empty(), "{args:?}: no message");
     }
-}
-
-/// The fence check of the README, on this backend: change `reports` only while `fence` is
-/// the lease's current fence (and never back to a lower fence).
-fn fence_checked_update(conn: &mut tenure::AnyConnection, backend: Backend, fence: i64) -> usize {
-    let sql = format!(
-        "UPDATE reports SET body = 'written by {fence}', fence = {fence} \
-         WHERE id = 1 AND fence <= {fence} \
-         AND EXISTS (SELECT 1 FROM tenure_leases WHERE name = 'report' AND fence = {fence} \
-                     AND token IS NOT NULL AND expires_at > {})",
-        now_sql(backend)
-    );
-    diesel::sql_query(sql)
-        .execute(conn)
-        .expect("fence-checked update")
-}
-
-/// An operator force-releases the lease while the command runs: the command gets SIGTERM
-/// within the ttl (it traps it and keeps going), is killed after the grace period, the runner
-/// exits 76 saying why, and a waiting runner takes over with a higher fence. The README's
-/// fence check then refuses the old fence and accepts the new one.
-fn lease_run_force_release_stops_the_command_and_the_next_runner_takes_over(backend: Backend) {
-    let db = TestDb::migrated(backend);
-    let url = db.url();
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let mut conn = db.connect();
-    conn.batch_execute(
-        "CREATE TABLE reports (id INTEGER PRIMARY KEY, body VARCHAR(100), fence BIGINT NOT NULL)",
-    )
-    .unwrap();
-    conn.batch_execute("INSERT INTO reports (id, body, fence) VALUES (1, 'none', 0)")
-        .unwrap();
-
-    let ttl = Duration::from_secs(6);
-    let mut first = Runner::start(
-        url,
-        d,
-        "first",
-        &[
-            "report",
-            "--ttl",
-            "6s",
-            "--grace",
-            "2s",
-            "--",
-            "sh",
-            "-c",
-            "echo $TENURE_LEASE_FENCE > \"$DIR/a.fence\"; trap 'echo term >> \"$DIR/a.log\"' TERM; \
-           echo $$ > \"$DIR/a.pid\"; while :; do sleep 0.1; done",
-        ],
-    );
-    let pgid = read_number(&d.join("a.pid"));
-    let a_fence = read_number(&d.join("a.fence"));
-    assert_eq!(fence_checked_update(&mut conn, backend, a_fence), 1);
-    let mut second = Runner::start(
-        url,
-        d,
-        "second",
-        &[
-            "report",
-            "--ttl",
-            "6s",
-            "--wait",
-            "120s",
-            "-v",
-            "--",
-            "sh",
-            "-c",
-            "echo $TENURE_LEASE_FENCE > \"$DIR/b.fence\"; while [ ! -e \"$DIR/b.stop\" ]; do sleep 0.05; done",
-        ],
-    );
-    wait_until(LONG, "the second runner waits", || {
-        second.stderr().contains("waiting")
-    });
-
-    let released_at = Instant::now();
-    super::ok(url, &["leases", "release", "report", "--force"]);
-    wait_until(LONG, "the command gets SIGTERM", || {
-        read(&d.join("a.log")).contains("term")
-    });
-    let term_after = released_at.elapsed();
-    let status = first.exit(LONG);
-    let gone_after = released_at.elapsed();
-    eprintln!(
-        "{backend:?}: force-release -> SIGTERM {term_after:.2?}, runner exited {gone_after:.2?}"
-    );
-    assert!(
-        term_after < ttl,
-        "SIGTERM took {term_after:?}, longer than the ttl"
-    );
-    assert_eq!(status.code(), Some(76), "{}", first.stderr());
-    let message = first.stderr();
-    assert!(
-        message.contains("lost the lease") && message.contains("force-released"),
-        "{message}"
-    );
-    assert!(
-        message.contains("SIGKILL"),
-        "it ignored SIGTERM, so SIGKILL: {message}"
-    );
-    assert!(
-        !group_alive(pgid),
-        "the command's group outlived its runner"
-    );
-
-    let b_fence = read_number(&d.join("b.fence"));
-    assert!(b_fence > a_fence, "{b_fence} > {a_fence}");
-    assert_eq!(lease_state(url, "report"), (true, b_fence));
-    // The old fence changes nothing; the current one does.
-    assert_eq!(fence_checked_update(&mut conn, backend, a_fence), 0);
-    assert_eq!(fence_checked_update(&mut conn, backend, b_fence), 1);
-
-    std::fs::write(d.join("b.stop"), "").unwrap();
-    assert_eq!(second.exit(LONG).code(), Some(0), "{}", second.stderr());
-    assert_eq!(lease_state(url, "report"), (false, b_fence));
-    // After the release even the last fence is refused.
-    assert_eq!(fence_checked_update(&mut conn, backend, b_fence), 0);
-}
-
-/// A runner stopped (SIGSTOP) past its ttl loses the lease to a second runner. Its watchdog,
-/// not stopped with it, ends the command at the lease's deadline; after SIGCONT the runner
-/// finds the lease lost and exits 76, while the new holder keeps the lease.
-fn lease_run_paused_runner_stops_its_command_after_sigcont(backend: Backend) {
-    let db = TestDb::migrated(backend);
-    let url = db.url();
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let mut paused = Runner::start(
-        url,
-        d,
-        "paused",
-        &[
-            "sleepy",
-            "--ttl",
-            "3s",
-            "--grace",
-            "2s",
-            "--",
-            "sh",
-            "-c",
-            "echo $TENURE_LEASE_FENCE > \"$DIR/a.fence\"; echo $$ > \"$DIR/a.pid\"; \
-           while :; do sleep 0.1; done",
-        ],
-    );
-    let pgid = read_number(&d.join("a.pid"));
-    let a_fence = read_number(&d.join("a.fence"));
-    paused.signal("STOP");
-    let mut next = Runner::start(
-        url,
-        d,
-        "next",
-        &[
-            "sleepy",
-            "--ttl",
-            "3s",
-            "--wait",
-            "120s",
-            "--",
-            "sh",
-            "-c",
-            "echo $TENURE_LEASE_FENCE > \"$DIR/b.fence\"; while [ ! -e \"$DIR/b.stop\" ]; do sleep 0.05; done",
-        ],
-    );
-    let b_fence = read_number(&d.join("b.fence"));
-    assert!(b_fence > a_fence);
-    // Only the runner was stopped; the command (SIGTERM not trapped) is gone all the same.
-    wait_until(LONG, "the watchdog ends the command", || !group_alive(pgid));
-    let resumed = Instant::now();
-    paused.signal("CONT");
-    let status = paused.exit(LONG);
-    eprintln!(
-        "{backend:?}: SIGCONT -> paused runner exited {:.2?}",
-        resumed.elapsed()
-    );
-    assert_eq!(status.code(), Some(76), "{}", paused.stderr());
-    let message = paused.stderr();
-    assert!(message.contains("did not run for"), "{message}");
-    assert!(!group_alive(pgid), "the paused runner's command still runs");
-    // Its exit did not disturb the new holder.
-    assert_eq!(lease_state(url, "sleepy"), (true, b_fence));
-    std::fs::write(d.join("b.stop"), "").unwrap();
-    assert_eq!(next.exit(LONG).code(), Some(0), "{}", next.stderr());
-    assert_eq!(lease_state(url, "sleepy"), (false, b_fence));
-}
-
-/// SIGINT and SIGTERM sent to the runner reach the command (in its own process group, a
-/// terminal's Ctrl-C would reach only tenure); the runner exits with the command's status and
-/// the lease is free right after. A command ignoring the signal is killed after the grace.
-/// A signal while waiting gives up without running the command.
-fn lease_run_forwards_signals_and_releases(backend: Backend) {
-    let db = TestDb::migrated(backend);
-    let url = db.url();
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-
-    // SIGINT, trapped by the command: its own status.
-    let mut runner = Runner::start(
-        url,
-        d,
-        "int",
-        &[
-            "ctl",
-            "--ttl",
-            "3s",
-            "--",
-            "sh",
-            "-c",
-            "trap 'echo int >> \"$DIR/int.log\"; exit 3' INT; echo $$ > \"$DIR/int.pid\"; \
-           while :; do sleep 0.1; done",
-        ],
-    );
-    let pgid = read_number(&d.join("int.pid"));
-    runner.signal("INT");
-    assert_eq!(runner.exit(LONG).code(), Some(3), "{}", runner.stderr());
-    assert!(read(&d.join("int.log")).contains("int"));
-    assert!(!lease_state(url, "ctl").0, "the lease is free right after");
-    assert!(!group_alive(pgid));
-
-    // SIGTERM, not trapped: the command dies of it, 128 + 15.
-    let mut runner = Runner::start(
-        url,
-        d,
-        "term",
-        &[
-            "ctl",
-            "--ttl",
-            "3s",
-            "--",
-            "sh",
-            "-c",
-            "echo $$ > \"$DIR/term.pid\"; exec sleep 120",
-        ],
-    );
-    let pgid = read_number(&d.join("term.pid"));
-    runner.signal("TERM");
-    assert_eq!(runner.exit(LONG).code(), Some(143), "{}", runner.stderr());
-    assert!(!lease_state(url, "ctl").0);
-    assert!(!group_alive(pgid));
-
-    // A command that ignores SIGINT: SIGKILL after the grace, 128 + 9.
-    let mut runner = Runner::start(
-        url,
-        d,
-        "ignore",
-        &[
-            "ctl",
-            "--ttl",
-            "3s",
-            "--grace",
-            "1s",
-            "--",
-            "sh",
-            "-c",
-            "trap '' INT; echo $$ > \"$DIR/ignore.pid\"; while :; do sleep 0.1; done",
-        ],
-    );
-    let pgid = read_number(&d.join("ignore.pid"));
-    runner.signal("INT");
-    assert_eq!(runner.exit(LONG).code(), Some(137), "{}", runner.stderr());
-    assert!(runner.stderr().contains("SIGKILL"), "{}", runner.stderr());
-    assert!(!lease_state(url, "ctl").0);
-    assert!(!group_alive(pgid));
-
-    // Ctrl-C while waiting: 130, the command never ran, the holder is undisturbed.
-    let mut holder = Runner::start(
-        url,
-        d,
-        "holder",
-        &[
-            "ctl",
-            "--ttl",
-            "3s",
-            "--",
-            "sh",
-            "-c",
-            "echo $TENURE_LEASE_FENCE > \"$DIR/holder.fence\"; while [ ! -e \"$DIR/stop\" ]; do sleep 0.05; done",
-        ],
-    );
-    let fence = read_number(&d.join("holder.fence"));
-    let mut waiter = Runner::start(
-        url,
-        d,
-        "waiter",
-        &[
-            "ctl",
-            "--wait",
-            "120s",
-            "-v",
-            "--",
-            "sh",
-            "-c",
-            "touch \"$DIR/waiter-ran\"",
-        ],
-    );
-    wait_until(LONG, "the waiter waits", || {
-        waiter.stderr().contains("waiting")
-    });
-    waiter.signal("INT");
-    assert_eq!(waiter.exit(LONG).code(), Some(130), "{}", waiter.stderr());
-    assert!(!d.join("waiter-ran").exists());
-    assert_eq!(lease_state(url, "ctl"), (true, fence));
-    std::fs::write(d.join("stop"), "").unwrap();
-    assert_eq!(holder.exit(LONG).code(), Some(0), "{}", holder.stderr());
-    assert!(!lease_state(url, "ctl").0);
 }

@@ -1,25 +1,23 @@
-//! Leases: the race the reference report describes, fencing, renewal, release, the guard.
+//! Leases: fencing, renewal, release, eviction, waiting takes, the clock, names and bad
+//! input; the race the reference report describes and the guard in files of their own.
 
+mod guard;
 mod holders;
+mod races;
 mod releases;
 
-use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant as Clock};
 
 use chrono::{DateTime, Utc};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable, Text};
-use tenure::lease::{self, Lease, Wait};
+use tenure::lease::{self, Wait};
 use tenure::{AnyConnection, Backend, Error, LeaseGuard, TenureConnection};
 
-use crate::common::{TestDb, concrete, conformance, contest, count, now_sql, placeholders, race};
+use crate::common::{TestDb, concrete, conformance, count, placeholders};
 
 conformance!(
-    race_over_an_absent_row_has_one_winner,
-    race_over_an_expired_row_has_one_winner,
-    race_over_a_released_row_has_one_winner,
-    naive_read_then_update_lets_several_win,
     a_stalled_holder_is_taken_over_and_refused_everything,
     renewal_after_lapse_is_lost_and_repeated_renewal_succeeds,
     release_is_idempotent_and_a_late_release_changes_nothing,
@@ -29,13 +27,8 @@ conformance!(
     expiry_follows_the_clock_inside_long_transactions,
     names_that_differ_in_case_or_spaces_are_different_leases,
     bad_input_is_refused_and_writes_nothing,
-    guard_keeps_the_lease_across_several_ttls,
-    guard_reports_loss_at_its_deadline_when_renewals_hang,
-    guard_stops_renewing_when_evicted,
 );
 
-const CONTENDERS: usize = 16;
-const ROUNDS: usize = 200;
 const LONG: Duration = Duration::from_secs(60);
 
 /// The lease row as stored, token included.
@@ -62,181 +55,6 @@ fn raw_lease(conn: &mut AnyConnection, name: &str) -> RawLease {
     );
     concrete!(conn, c => diesel::sql_query(sql).bind::<Text, _>(name).get_result(c))
         .expect("read the lease row")
-}
-
-/// Makes a lease expired by the database's clock without waiting: expiry = acquisition.
-fn expire(conn: &mut AnyConnection, name: &str) {
-    let sql = format!(
-        "UPDATE tenure_leases SET expires_at = acquired_at WHERE name = {}",
-        placeholders(conn.backend(), 1)
-    );
-    let changed = diesel::sql_query(sql)
-        .bind::<Text, _>(name)
-        .execute(conn)
-        .unwrap();
-    assert_eq!(changed, 1);
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Start {
-    Absent,
-    Expired,
-    Released,
-}
-
-/// 16 threads on their own connections try to take one name at the same instant, 200 rounds:
-/// exactly one winner and no error in every round, and fences strictly increase.
-fn race_to_take(backend: Backend, start: Start) {
-    let db = TestDb::migrated(backend);
-    let mut main = db.connect();
-    let name_of = move |round: usize| match start {
-        Start::Absent => format!("absent-{round}"),
-        _ => "contended".to_string(),
-    };
-    if !matches!(start, Start::Absent) {
-        let mut first = lease::try_take(&mut main, "contended", LONG, "setup")
-            .unwrap()
-            .unwrap();
-        match start {
-            Start::Expired => expire(&mut main, "contended"),
-            _ => assert!(first.release(&mut main).unwrap()),
-        }
-    }
-    let mut last_fence = match start {
-        Start::Absent => 0,
-        _ => 1,
-    };
-    let (mut winners, mut errors) = (0, 0);
-    contest(
-        &db,
-        CONTENDERS,
-        ROUNDS,
-        move |round, i, conn| lease::try_take(conn, &name_of(round), LONG, &format!("thread {i}")),
-        |round, outcomes| {
-            let mut won: Vec<Lease> = Vec::new();
-            for outcome in outcomes {
-                match outcome {
-                    Ok(Some(lease)) => won.push(lease),
-                    Ok(None) => {}
-                    Err(e) => {
-                        errors += 1;
-                        panic!("round {round}: a contender got an error: {e:?}");
-                    }
-                }
-            }
-            assert_eq!(won.len(), 1, "round {round}: {} winners", won.len());
-            winners += 1;
-            let mut lease = won.pop().unwrap();
-            match start {
-                Start::Absent => assert_eq!(lease.fence(), 1),
-                _ => {
-                    assert!(lease.fence() > last_fence, "round {round}: fence went back");
-                    last_fence = lease.fence();
-                }
-            }
-            let stored = raw_lease(&mut main, lease.name());
-            assert_eq!(stored.token, Some(lease.token()));
-            assert_eq!(stored.fence, lease.fence());
-            match start {
-                Start::Expired => expire(&mut main, lease.name()),
-                Start::Released => assert!(lease.release(&mut main).unwrap()),
-                Start::Absent => {}
-            }
-        },
-    );
-    println!(
-        "{backend} take race over {start:?} row: {ROUNDS} rounds x {CONTENDERS} contenders, \
-         {winners} rounds with exactly one winner, {errors} errors, last fence {last_fence}"
-    );
-}
-
-fn race_over_an_absent_row_has_one_winner(backend: Backend) {
-    race_to_take(backend, Start::Absent);
-}
-
-fn race_over_an_expired_row_has_one_winner(backend: Backend) {
-    race_to_take(backend, Start::Expired);
-}
-
-fn race_over_a_released_row_has_one_winner(backend: Backend) {
-    race_to_take(backend, Start::Released);
-}
-
-/// The pattern of the reference report: read the row without a lock, and if it is expired,
-/// UPDATE it without re-checking expiry. A barrier between the read and the update makes
-/// every contender read before any writes. This shows the race test above can see the bug.
-fn naive_take(conn: &mut AnyConnection, name: &str, i: usize, barrier: &Barrier) -> bool {
-    let backend = conn.backend();
-    let free = format!(
-        "SELECT COUNT(*) AS n FROM tenure_leases WHERE name = {} AND (token IS NULL OR expires_at <= {})",
-        placeholders(backend, 1),
-        now_sql(backend)
-    );
-    let grab = match backend {
-        Backend::Postgres => {
-            "UPDATE tenure_leases SET holder = $1, fence = fence + 1 WHERE name = $2"
-        }
-        _ => "UPDATE tenure_leases SET holder = ?, fence = fence + 1 WHERE name = ?",
-    };
-    let attempt = |c: &mut AnyConnection| -> QueryResult<bool> {
-        #[derive(QueryableByName)]
-        struct N {
-            #[diesel(sql_type = BigInt)]
-            n: i64,
-        }
-        let is_free = diesel::sql_query(&free)
-            .bind::<Text, _>(name)
-            .get_result::<N>(c)?
-            .n
-            == 1;
-        barrier.wait();
-        if !is_free {
-            return Ok(false);
-        }
-        let changed = diesel::sql_query(grab)
-            .bind::<Text, _>(format!("naive {i}"))
-            .bind::<Text, _>(name)
-            .execute(c)?;
-        Ok(changed == 1)
-    };
-    match backend {
-        // As in the report: one READ COMMITTED (PostgreSQL) or default (MySQL) transaction.
-        Backend::Postgres | Backend::Mysql => conn.transaction(attempt),
-        // SQLite serializes transactions that write; in autocommit the read and the write
-        // are separate, as the pattern has them.
-        Backend::Sqlite => attempt(conn),
-    }
-    .expect("naive take")
-}
-
-fn naive_read_then_update_lets_several_win(backend: Backend) {
-    const NAIVE_ROUNDS: usize = 20;
-    const NAIVE_CONTENDERS: usize = 8;
-    let db = TestDb::migrated(backend);
-    let mut main = db.connect();
-    lease::try_take(&mut main, "naive", LONG, "setup")
-        .unwrap()
-        .unwrap();
-    let mut total = 0;
-    for round in 0..NAIVE_ROUNDS {
-        expire(&mut main, "naive");
-        let barrier = Arc::new(Barrier::new(NAIVE_CONTENDERS));
-        let winners = race(&db, NAIVE_CONTENDERS, move |i, conn| {
-            naive_take(conn, "naive", i, &barrier)
-        })
-        .into_iter()
-        .filter(|won| *won)
-        .count();
-        assert!(
-            winners >= 2,
-            "round {round}: the naive pattern had {winners} winner(s)"
-        );
-        total += winners;
-    }
-    println!(
-        "{backend} naive negative control: {NAIVE_ROUNDS} rounds x {NAIVE_CONTENDERS} contenders, \
-         {total} winners in all (every round had 2 or more)"
-    );
 }
 
 fn a_stalled_holder_is_taken_over_and_refused_everything(backend: Backend) {
@@ -542,149 +360,4 @@ fn bad_input_is_refused_and_writes_nothing(backend: Backend) {
         count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_leases"),
         1
     );
-}
-
-/// A guard renews its own lease every ttl/3 and nothing after it is dropped. Its renewals
-/// are counted in its own row (each moves `expires_at` on), not as renewal threads of the
-/// process: other tests' guards run in the same process under `cargo test`, and a
-/// bystander guard held throughout this test stands for them (counting threads named
-/// `tenure-lease-*` saw 2 here, and failed under `cargo test`; item 13).
-fn guard_keeps_the_lease_across_several_ttls(backend: Backend) {
-    let db = TestDb::migrated(backend);
-    // Long enough that a renewal thread starved by a busy machine (load 10) still renews
-    // before the guard's local deadline (ttl - ttl/10 after the last renewal's send): at
-    // 300 ms, a 270 ms stall under load made the guard give the lease up.
-    let ttl = Duration::from_millis(1500);
-    let bystander = LeaseGuard::try_take(db.pool(1).get().unwrap(), "bystander", LONG, "other")
-        .unwrap()
-        .expect("free");
-    let guard = LeaseGuard::try_take(db.pool(1).get().unwrap(), "guarded", ttl, "guard")
-        .unwrap()
-        .expect("free");
-    let mut rival = db.connect();
-    let until = Clock::now() + ttl * 4;
-    // held_until: within a ttl from now, only ever later (`tenure lease run`'s watchdog
-    // stops its command by it).
-    let mut held_until = guard.held_until().expect("held");
-    assert!(held_until <= Clock::now() + ttl);
-    let (mut attempts, mut renewals, mut moved) = (0, 0, 0);
-    let mut last = raw_lease(&mut rival, "guarded");
-    while Clock::now() < until {
-        assert!(
-            lease::try_take(&mut rival, "guarded", ttl, "rival")
-                .unwrap()
-                .is_none()
-        );
-        assert!(guard.is_held());
-        let now_held_until = guard.held_until().expect("held");
-        assert!(now_held_until >= held_until && now_held_until <= Clock::now() + ttl);
-        moved += usize::from(now_held_until > held_until);
-        held_until = now_held_until;
-        let row = raw_lease(&mut rival, "guarded");
-        assert_eq!(
-            (row.fence, row.token),
-            (last.fence, last.token),
-            "the same grant"
-        );
-        if row.expires_at != last.expires_at {
-            assert!(row.expires_at > last.expires_at, "renewals only extend it");
-            renewals += 1;
-        }
-        last = row;
-        attempts += 1;
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(attempts > 20);
-    // Held across 4 ttls, so renewed about 12 times (every ttl/3 when on time); a slow
-    // observer may see several renewals as one change.
-    assert!(renewals >= 2, "{renewals} renewals seen");
-    assert!(moved >= 2, "held_until moved {moved} times");
-    let fence = guard.fence();
-    assert!(last.token.is_some());
-    drop(guard);
-    // Released on drop, and nothing renews it any more (the bystander's renewer still runs).
-    let released = raw_lease(&mut rival, "guarded");
-    assert_eq!(released.token, None);
-    std::thread::sleep(ttl);
-    assert_eq!(
-        raw_lease(&mut rival, "guarded"),
-        released,
-        "changed after release"
-    );
-    assert!(bystander.is_held());
-    drop(bystander);
-
-    let poll = Duration::from_millis(50);
-    let started = Clock::now();
-    let next = lease::take(
-        &mut rival,
-        "guarded",
-        ttl,
-        "rival",
-        Wait::up_to(LONG).poll_interval(poll),
-    )
-    .unwrap()
-    .expect("free after the guard dropped");
-    assert!(started.elapsed() < poll * 10);
-    assert!(next.fence() > fence);
-}
-
-fn guard_reports_loss_at_its_deadline_when_renewals_hang(backend: Backend) {
-    let db = TestDb::migrated(backend);
-    let ttl = Duration::from_millis(400);
-    let guard = LeaseGuard::try_take(db.connect(), "stuck", ttl, "guard")
-        .unwrap()
-        .unwrap();
-    let mut blocker = db.connect();
-    let sql = format!(
-        "UPDATE tenure_leases SET fence = fence WHERE name = {}",
-        placeholders(backend, 1)
-    );
-    let started = Clock::now();
-    // Another transaction holds the row's (SQLite: the database's) write lock, so renewals
-    // block. The guard must give the lease up at its local deadline all the same.
-    tenure::transaction(&mut blocker, |b| {
-        diesel::sql_query(&sql)
-            .bind::<Text, _>("stuck")
-            .execute(b)?;
-        assert!(
-            guard.wait_lost(Duration::from_secs(10)),
-            "never reported lost"
-        );
-        Ok::<_, Error>(())
-    })
-    .unwrap();
-    let lost_after = started.elapsed();
-    assert!(!guard.is_held());
-    assert_eq!(guard.held_until(), None, "lost: held until nothing");
-    // Deadline = sent + ttl - ttl/10: lost no later than the ttl, with a 10x margin on top.
-    assert!(lost_after <= ttl * 10, "{lost_after:?}");
-    drop(guard);
-    println!("{backend} guard with hung renewals reported lost after {lost_after:?} (ttl {ttl:?})");
-}
-
-fn guard_stops_renewing_when_evicted(backend: Backend) {
-    let db = TestDb::migrated(backend);
-    let ttl = Duration::from_millis(300);
-    let guard = LeaseGuard::try_take(db.connect(), "evict", ttl, "guard")
-        .unwrap()
-        .unwrap();
-    let mut ops = db.connect();
-    assert!(lease::force_release(&mut ops, "evict").unwrap());
-    assert!(
-        guard.wait_lost(ttl * 3),
-        "the next renewal must notice the eviction"
-    );
-    let successor = lease::try_take(&mut ops, "evict", LONG, "successor")
-        .unwrap()
-        .unwrap();
-    let row = raw_lease(&mut ops, "evict");
-    std::thread::sleep(ttl);
-    drop(guard);
-    assert_eq!(
-        raw_lease(&mut ops, "evict"),
-        row,
-        "the evicted guard touched the new grant"
-    );
-    tenure::transaction(&mut ops, |c| successor.verify(c)).unwrap();
 }
