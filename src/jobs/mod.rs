@@ -70,10 +70,9 @@ pub use flow::{
 // progress.
 pub use workflows::{
     DependencyResult, EnqueuedWorkflow, JobResult, MAX_DEPENDENCIES, MAX_PROGRESS_MESSAGE_BYTES,
-    MAX_RESULT_BYTES, MAX_STRIPES, RunWhen, StateCounts, Step, Workflow, WorkflowJob,
-    WorkflowStatus, cancel_workflow, complete_with_result, dependency_results,
-    dependency_results_after, enqueue_workflow, progress, record_progress, result, workflow_jobs,
-    workflow_status,
+    MAX_RESULT_BYTES, RunWhen, StateCounts, Step, Workflow, WorkflowJob, WorkflowStatus,
+    cancel_workflow, complete_with_result, dependency_results, dependency_results_after,
+    enqueue_workflow, progress, record_progress, result, workflow_jobs, workflow_status,
 };
 
 // Maintenance: retention, an operator's calls, reading the queue, runs' outputs.

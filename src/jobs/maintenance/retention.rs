@@ -105,9 +105,21 @@ const EMPTY_WORKFLOWS: &str = "\
 /// them: a locking read that waits meets those holders' locks while it fetches rows, and on
 /// MariaDB a deadlock reported mid-fetch left the connection hanging on its next prune.
 const LOCK_PICKED: &str = concat!(
-    "SELECT id, state, workflow_id FROM tenure_jobs WHERE (dedup_window_micros IS NULL OR {window_over}) AND ",
+    "SELECT id, state, workflow_id, dependents FROM tenure_jobs WHERE (dedup_window_micros IS NULL OR {window_over}) AND ",
     not_needed!(),
     " AND id IN {ids}{skip_locked}"
+);
+
+/// Of the locked rows that have dependents, those an unfinished (or dead) job now depends
+/// on. A statement of its own, after the locks: its snapshot sees every edge an enqueue
+/// committed before the prune took the row's lock (an enqueue of a dependent locks the
+/// dependency first), which [`LOCK_PICKED`]'s own subquery may not (its snapshot is the
+/// statement's start; a row updated and committed after it is re-checked on its newest
+/// version, with the subquery as of the start: on PostgreSQL a dependent enqueued in that
+/// window lost its dependency, 1 in 48 races under load).
+const STILL_NEEDED: &str = concat!(
+    "SELECT id FROM tenure_jobs WHERE id IN {ids} AND NOT ",
+    not_needed!()
 );
 
 /// Deletes up to `max_jobs` finished jobs of `queue` that `policy` does not keep (and their
@@ -209,6 +221,14 @@ pub fn prune<C: TenureConnection>(
                     .into_iter()
                     .filter(|row| row.state == state)
                     .collect();
+                let with_dependents: Vec<i64> =
+                    locked.iter().filter(|row| row.dependents > 0).map(|row| row.id).collect();
+                let needed: Vec<i64> = if with_dependents.is_empty() {
+                    Vec::new()
+                } else {
+                    statement(syntax.render(STILL_NEEDED)).bind_ids(with_dependents).load::<IdRow>(c).map(ids_of)?
+                };
+                let locked: Vec<PickedRow> = locked.into_iter().filter(|row| !needed.contains(&row.id)).collect();
                 if locked.is_empty() {
                     return Ok(0);
                 }
@@ -248,6 +268,8 @@ struct PickedRow {
     state: String,
     #[diesel(sql_type = diesel::sql_types::Nullable<BigInt>)]
     workflow_id: Option<i64>,
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    dependents: i32,
 }
 
 /// The latest whole second every backend stores (MySQL's DATETIME ends in year 9999; see

@@ -109,7 +109,7 @@ pub(crate) const STRIPE_SIZE: usize = 16;
 /// The most stripes a job's dependencies are spread over. Measured (BENCHMARKS.md,
 /// "Workflows"): 8 spread eight concurrent completers as well as 64 did, while a worker's
 /// batched completions touch at most 8 stripe rows per dependent instead of up to 64.
-pub const MAX_STRIPES: usize = 8;
+pub(crate) const MAX_STRIPES: usize = 8;
 
 /// How many stripes `n` dependencies are spread over.
 pub(crate) fn stripes_for(n: usize) -> i32 {

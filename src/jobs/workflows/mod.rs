@@ -7,7 +7,7 @@ pub(crate) mod dependencies;
 pub(crate) mod results;
 pub(crate) mod workflow;
 
-pub use dependencies::{MAX_DEPENDENCIES, MAX_STRIPES, RunWhen};
+pub use dependencies::{MAX_DEPENDENCIES, RunWhen};
 pub use results::{
     DependencyResult, JobResult, MAX_PROGRESS_MESSAGE_BYTES, MAX_RESULT_BYTES,
     complete_with_result, dependency_results, dependency_results_after, progress, record_progress,

@@ -44,7 +44,9 @@ fn a_fan_in_of_2000_completed_in_batches_of_50_in_mixed_orders_by_8_threads(back
             &mut conn,
             &format!("SELECT COUNT(*) AS n FROM tenure_dependency_stripes WHERE job_id = {join}")
         ),
-        jobs::MAX_STRIPES as i64
+        // The stripes a job's dependencies are spread over are at most eight (a tuning
+        // bound inside the crate, `dependencies::MAX_STRIPES`).
+        8
     );
     let errors = crate::common::race(&db, 8, move |t, c| {
         let mut errors = Vec::new();
