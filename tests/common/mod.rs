@@ -364,6 +364,21 @@ pub fn wait_for(
     .unwrap_or_else(|| last.expect("at least one report"))
 }
 
+/// Waits until no job of the database is waiting or running, or `limit` passes; returns how
+/// many are left (0 once drained).
+#[allow(dead_code)]
+pub fn live_jobs_after(conn: &mut AnyConnection, limit: std::time::Duration) -> i64 {
+    let mut live = 0;
+    poll_until(limit, std::time::Duration::from_millis(20), || {
+        live = count(
+            conn,
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
+        );
+        (live == 0).then_some(())
+    });
+    live
+}
+
 /// Sleeps until the database's clock is past `at` (60 s at most): waits decided by the clock
 /// that decides expiry, never by the client's.
 #[allow(dead_code)]

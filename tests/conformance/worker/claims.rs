@@ -12,7 +12,7 @@ use tenure::Backend;
 use tenure::jobs::{self, Backoff, JobState, NewJob};
 use tenure::worker::{JobContext, Report, Worker};
 
-use crate::common::{TestDb, conformance, count, wait_for};
+use crate::common::{TestDb, conformance, wait_for};
 
 conformance!(
     a_lost_claim_reclaimed_by_the_same_worker_runs_and_counts_once_each,
@@ -22,11 +22,9 @@ conformance!(
 );
 
 fn wait_flag(flag: &AtomicBool, limit: Duration) {
-    let until = Clock::now() + limit;
-    while !flag.load(Ordering::SeqCst) {
-        assert!(Clock::now() < until, "timed out waiting for a flag");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    crate::common::wait_until("a flag", limit, || {
+        flag.load(Ordering::SeqCst).then_some(())
+    });
 }
 
 // Found by an outside tester's attacks on the worker's promises; fixed in the library (worker_attacks.rs).
@@ -114,11 +112,14 @@ fn a_lost_claim_reclaimed_by_the_same_worker_runs_and_counts_once_each(backend: 
             }
             assert!(Clock::now() < until, "could not rescue job {id}");
         }
-        let until = Clock::now() + Duration::from_secs(20);
-        while jobs::get(&mut conn, id).unwrap().unwrap().state != JobState::Completed {
-            assert!(Clock::now() < until, "job {id} did not complete");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        crate::common::wait_until(
+            &format!("job {id} to complete"),
+            Duration::from_secs(20),
+            || {
+                (jobs::get(&mut conn, id).unwrap().unwrap().state == JobState::Completed)
+                    .then_some(())
+            },
+        );
     }
     let report = wait_for(&worker, Duration::from_secs(20), |r| {
         r.lost >= ROUNDS && r.completed >= ROUNDS
@@ -210,15 +211,7 @@ fn a_cancelled_claimed_ahead_job_never_runs(backend: Backend) {
             break;
         }
         release.store(true, Ordering::SeqCst);
-        let until = Clock::now() + Duration::from_secs(20);
-        while count(
-            &mut conn,
-            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
-        ) > 0
-            && Clock::now() < until
-        {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        crate::common::live_jobs_after(&mut conn, Duration::from_secs(20));
         blocking.store(false, Ordering::SeqCst);
         release.store(false, Ordering::SeqCst);
     }
@@ -228,15 +221,7 @@ fn a_cancelled_claimed_ahead_job_never_runs(backend: Backend) {
     // Past a few heartbeats (ttl/3 = 200 ms).
     std::thread::sleep(Duration::from_millis(1000));
     release.store(true, Ordering::SeqCst);
-    let until = Clock::now() + Duration::from_secs(20);
-    while count(
-        &mut conn,
-        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
-    ) > 0
-        && Clock::now() < until
-    {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    crate::common::live_jobs_after(&mut conn, Duration::from_secs(20));
     let report = worker.shutdown(Duration::from_secs(5));
     let ran = ran.lock().unwrap();
     let wrongly_ran: Vec<_> = claimed_ahead.iter().filter(|id| ran.contains(id)).collect();
@@ -356,15 +341,7 @@ fn limits_hold_across_two_workers_with_timeouts(backend: Backend) {
             .unwrap()
     };
     let (a, b) = (start(), start());
-    let until = Clock::now() + Duration::from_secs(60);
-    while count(
-        &mut conn,
-        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
-    ) > 0
-        && Clock::now() < until
-    {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    crate::common::live_jobs_after(&mut conn, Duration::from_secs(60));
     let (ra, rb) = (
         a.shutdown(Duration::from_secs(5)),
         b.shutdown(Duration::from_secs(5)),

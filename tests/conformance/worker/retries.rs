@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant as Clock};
+use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use tenure::Backend;
@@ -189,17 +189,7 @@ fn two_workers_with_retries_due_at_once_run_each_attempt_once(backend: Backend) 
     };
     let a = start(runs.clone());
     let b = start(runs.clone());
-    let until = Clock::now() + Duration::from_secs(60);
-    loop {
-        let live = count(
-            &mut conn,
-            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
-        );
-        if live == 0 || Clock::now() > until {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    crate::common::live_jobs_after(&mut conn, Duration::from_secs(60));
     // Past a ttl and a rescue period: an orphaned claim would have lapsed and rerun.
     std::thread::sleep(Duration::from_millis(7500));
     let (ra, rb) = (

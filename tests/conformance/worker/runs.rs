@@ -25,21 +25,6 @@ conformance!(
     a_cancelled_run_holds_its_limit_until_the_handler_returns,
 );
 
-/// Waits until no job of the database is waiting or running, or `limit` passes.
-fn wait_until_final(conn: &mut AnyConnection, limit: Duration) -> i64 {
-    let until = Clock::now() + limit;
-    loop {
-        let live = count(
-            conn,
-            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
-        );
-        if live == 0 || Clock::now() > until {
-            return live;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The first run of every job fails with a retry due at once, so this same worker claims the
 /// retry while the first run may still be waiting for the finisher. Keyed by job id, the
 /// retry's entry was overwritten or removed: its completion was dropped and it lapsed, was
@@ -75,7 +60,7 @@ fn a_retry_claimed_while_the_first_run_is_recorded_runs_once(backend: Backend) {
         })
         .start()
         .unwrap();
-    let live = wait_until_final(&mut conn, Duration::from_secs(60));
+    let live = crate::common::live_jobs_after(&mut conn, Duration::from_secs(60));
     // Past a whole ttl and a rescue period: an orphaned claim would have lapsed and rerun.
     std::thread::sleep(Duration::from_millis(5000));
     let report = worker.shutdown(Duration::from_secs(5));
