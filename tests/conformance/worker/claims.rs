@@ -99,15 +99,18 @@ fn a_lost_claim_reclaimed_by_the_same_worker_runs_and_counts_once_each(backend: 
             .id;
         ids.push(id);
         wait_flag(&lost_claim, Duration::from_secs(20));
-        // Take the claim away: lapse it (the heartbeat may renew it in between: again).
+        // Take the claim away: lapse it (the heartbeat may renew it in between: again). Only
+        // the first claim (`lapses = 0`), and done once the job lapsed by anyone's rescue: the
+        // worker's own rescue may requeue it first, and its next claim must not be lapsed too
+        // (under load that made a third run).
         let until = Clock::now() + Duration::from_secs(20);
         loop {
             conn.batch_execute(&format!(
-                "UPDATE tenure_jobs SET claim_expires_at = created_at WHERE id = {id}"
+                "UPDATE tenure_jobs SET claim_expires_at = created_at WHERE id = {id} AND lapses = 0"
             ))
             .unwrap();
-            let rescued = jobs::rescue(&mut conn, 10).unwrap();
-            if rescued.requeued == vec![id] {
+            jobs::rescue(&mut conn, 10).unwrap();
+            if jobs::get(&mut conn, id).unwrap().unwrap().lapses > 0 {
                 break;
             }
             assert!(Clock::now() < until, "could not rescue job {id}");
