@@ -44,6 +44,9 @@ const QUEUE_RUNNING: &str =
 const KEY_TRY_LOCK: &str =
     "SELECT starts_kept AS n FROM tenure_limit_keys WHERE limit_key = ?{skip_locked}";
 
+/// Whether a key has a row (a plain read: 1 or 0).
+const KEY_EXISTS: &str = "SELECT COUNT(*) AS n FROM tenure_limit_keys WHERE limit_key = ?";
+
 /// Take a key's lock: an upsert locks its row until commit.
 const KEY_LOCK_ON_CONFLICT: &str = "\
     INSERT INTO tenure_limit_keys (limit_key) VALUES (?) \
@@ -112,8 +115,8 @@ struct Key {
     rates: Vec<(i64, i64)>,
     /// Starts this claim admitted (counted at `now` until their instants are known).
     admitted: Vec<i64>,
-    /// Its lock could not be taken in key order and another transaction holds it (or it
-    /// has no row yet): its candidates wait for another claim.
+    /// Its lock could not be taken in key order and another transaction holds it: its
+    /// candidates wait for another claim.
     unavailable: bool,
 }
 
@@ -320,16 +323,24 @@ pub(crate) fn lock_queue<C: TenureConnection>(conn: &mut C, queue: &str) -> Resu
     Ok(Some((i64::from(max) - running.n).max(0)))
 }
 
-/// Takes a key's lock if no other transaction holds it, without waiting; false if one does
-/// (or the key has no row yet).
+/// Takes a key's lock if no other transaction holds it, without waiting; false if one does.
+/// A key without a row yet (never claimed) is free: [`lock_key`]'s upsert then creates it
+/// (waiting only for a claim inserting the same new key at the same moment).
 fn try_lock_key<C: TenureConnection>(conn: &mut C, key: &str) -> Result<bool> {
     Ok(dispatch!(conn, c => {
-        statement(c.syntax().render(KEY_TRY_LOCK))
+        let locked = statement(c.syntax().render(KEY_TRY_LOCK))
             .bind::<Text, _>(key)
             .get_result::<Count>(c)
-            .optional()
-    })?
-    .is_some())
+            .optional()?;
+        if locked.is_some() {
+            Ok(true)
+        } else {
+            statement(KEY_EXISTS)
+                .bind::<Text, _>(key)
+                .get_result::<Count>(c)
+                .map(|row| row.n == 0)
+        }
+    })?)
 }
 
 /// Takes a key's lock and, where `capped`, counts its running jobs and finds the smallest

@@ -1,6 +1,7 @@
 //! Flow control: rate limits, several limits per job, queue-wide concurrency limits, all
 //! decided inside the claim and counted on the database's clock.
 
+mod admission_attacks;
 mod limits;
 mod mixed_limits;
 mod queue_limits;
