@@ -310,15 +310,15 @@ fn a_restart_does_not_make_live_workers_look_dead(backend: Backend) {
                     &format!("SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = '{state}'"),
                 )
             };
-            let (waiting, running) = (left("waiting"), left("running"));
+            let (waiting, running, dead) = (left("waiting"), left("running"), left("dead"));
             let lapsed = count(
                 &mut conn,
                 "SELECT COUNT(*) AS n FROM tenure_jobs WHERE lapses > 0",
             );
             let workers = count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_workers");
             panic!(
-                "the jobs never completed: {waiting} waiting, {running} running, {lapsed} \
-                 lapsed; {workers} workers registered"
+                "the jobs never completed: {waiting} waiting, {running} running, {dead} dead, \
+                 {lapsed} lapsed; {workers} workers registered"
             );
         }
         std::thread::sleep(Duration::from_millis(100));

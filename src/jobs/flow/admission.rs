@@ -123,9 +123,10 @@ struct Key {
 /// The candidates admitted, in the candidates' order, and what recording their starts needs.
 pub(crate) struct Admission {
     pub ids: Vec<i64>,
-    /// Some candidates were refused only because their key was held by another claimer and
-    /// could not be waited for in key order (a wider pick may find others).
-    pub busy_keys: bool,
+    /// The keys whose candidates were refused only because another claimer held them and
+    /// they could not be waited for in key order (a wider pick may find others; a claim that
+    /// found nothing else takes them first, in a new transaction: [`lock_first`]).
+    pub busy_keys: BTreeSet<String>,
     now: DateTime<Utc>,
     /// Keys with a rate, by key.
     rated: BTreeMap<String, Key>,
@@ -152,7 +153,7 @@ pub(crate) fn admit<C: TenureConnection>(
     if limited.is_empty() && queue_room.is_none() {
         return Ok(Admission {
             ids: candidates.iter().take(max).map(|c| c.id).collect(),
-            busy_keys: false,
+            busy_keys: BTreeSet::new(),
             now: DateTime::<Utc>::MIN_UTC,
             rated: BTreeMap::new(),
         });
@@ -287,7 +288,11 @@ pub(crate) fn admit<C: TenureConnection>(
         queue_room -= 1;
         ids.push(candidate.id);
     }
-    let busy_keys = keys.values().any(|k| k.unavailable);
+    let busy_keys = keys
+        .iter()
+        .filter(|(_, k)| k.unavailable)
+        .map(|(name, _)| name.clone())
+        .collect();
     keys.retain(|_, k| !k.rates.is_empty() && !k.unavailable);
     Ok(Admission {
         ids,
@@ -321,6 +326,23 @@ pub(crate) fn lock_queue<C: TenureConnection>(conn: &mut C, queue: &str) -> Resu
             .get_result::<Count>(c)
     })?;
     Ok(Some((i64::from(max) - running.n).max(0)))
+}
+
+/// Takes the locks of `keys` in key order, waiting for each, before the pick: a claim whose
+/// candidates were all refused because another claimer held their keys (which it could not
+/// wait for then, holding keys sorting after them) runs again holding them first, so it
+/// waits in key order where it had to give up. Job rows are picked with SKIP LOCKED, so
+/// holding keys while picking closes no cycle through them. The keys join `held`.
+pub(crate) fn lock_first<C: TenureConnection>(
+    conn: &mut C,
+    keys: &BTreeSet<String>,
+    held: &mut BTreeSet<String>,
+) -> Result<()> {
+    for key in keys {
+        lock_key(conn, key, false)?;
+        held.insert(key.clone());
+    }
+    Ok(())
 }
 
 /// Takes a key's lock if no other transaction holds it, without waiting; false if one does.

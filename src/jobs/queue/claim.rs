@@ -198,112 +198,127 @@ fn claim_of<C: TenureConnection>(
     validate::name("queue", queue)?;
     let micros = validate::ttl(ttl)?;
     let max_jobs = check_count(max_jobs)?;
-    // A deadlock or serialization failure (MariaDB, many claimers on one limit key) runs the
-    // whole claim again: nothing of the failed attempt was committed.
-    let (rows, throttled_for): (Vec<JobRow>, Option<Duration>) = retry_transient(|| {
-        dispatch!(conn, c => {
-            bare_write_transaction(c, "claiming jobs", |c| {
-                let syntax = c.syntax();
-                // Step 0: a limited queue's lock, before any job row is locked (one order for
-                // every claimer: queue, jobs, keys), and its room; none left, nothing to pick.
-                let queue_room = admission::lock_queue(c, queue)?;
-                let max_jobs = match queue_room {
-                    Some(room) if room <= 0 => return Ok((Vec::new(), None)),
-                    Some(room) => max_jobs.min(room),
-                    None => max_jobs,
-                };
-                // A paused queue yields no candidates (the pick's NOT EXISTS), in the same
-                // statement.
-                // One pick: the first `limit` due jobs in claim order.
-                let pick = |c: &mut _, limit: i64| -> Result<Vec<Candidate>> {
-                    Ok(match kinds {
-                        None => statement(syntax.render(CLAIM_PICK))
-                            .bind::<Text, _>(queue)
-                            .bind::<Text, _>(queue)
-                            .bind::<BigInt, _>(limit)
-                            .load::<Candidate>(c)?,
-                        Some(kinds) => {
-                            let pick = syntax.render(CLAIM_PICK_KIND);
-                            let mut candidates = Vec::new();
-                            for kind in kinds {
-                                candidates.extend(
-                                    statement(pick)
-                                        .bind::<Text, _>(queue)
-                                        .bind::<Text, _>(*kind)
-                                        .bind::<Text, _>(queue)
-                                        .bind::<BigInt, _>(limit)
-                                        .load::<Candidate>(c)?,
-                                );
-                            }
-                            candidates.sort_by_key(|c| (c.priority, c.due_at, c.id));
-                            candidates.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-                            candidates
+    // Keys a first attempt found held by other claimers, with nothing else to take: the
+    // second attempt waits for them first (`admission::lock_first`).
+    let mut first_keys = BTreeSet::new();
+    let (rows, throttled_for) = loop {
+        // A deadlock or serialization failure (MariaDB, many claimers on one limit key) runs the
+        // whole claim again: nothing of the failed attempt was committed.
+        let (rows, throttled_for, busy_keys): (Vec<JobRow>, Option<Duration>, BTreeSet<String>) =
+            retry_transient(|| {
+                dispatch!(conn, c => {
+                    bare_write_transaction(c, "claiming jobs", |c| {
+                        let syntax = c.syntax();
+                        // Step 0: a limited queue's lock, before any job row is locked (one order for
+                        // every claimer: queue, jobs, keys), and its room; none left, nothing to pick.
+                        let queue_room = admission::lock_queue(c, queue)?;
+                        let max_jobs = match queue_room {
+                            Some(room) if room <= 0 => return Ok((Vec::new(), None, BTreeSet::new())),
+                            Some(room) => max_jobs.min(room),
+                            None => max_jobs,
+                        };
+                        // A paused queue yields no candidates (the pick's NOT EXISTS), in the same
+                        // statement.
+                        // One pick: the first `limit` due jobs in claim order.
+                        let pick = |c: &mut _, limit: i64| -> Result<Vec<Candidate>> {
+                            Ok(match kinds {
+                                None => statement(syntax.render(CLAIM_PICK))
+                                    .bind::<Text, _>(queue)
+                                    .bind::<Text, _>(queue)
+                                    .bind::<BigInt, _>(limit)
+                                    .load::<Candidate>(c)?,
+                                Some(kinds) => {
+                                    let pick = syntax.render(CLAIM_PICK_KIND);
+                                    let mut candidates = Vec::new();
+                                    for kind in kinds {
+                                        candidates.extend(
+                                            statement(pick)
+                                                .bind::<Text, _>(queue)
+                                                .bind::<Text, _>(*kind)
+                                                .bind::<Text, _>(queue)
+                                                .bind::<BigInt, _>(limit)
+                                                .load::<Candidate>(c)?,
+                                        );
+                                    }
+                                    candidates.sort_by_key(|c| (c.priority, c.due_at, c.id));
+                                    candidates.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+                                    candidates
+                                }
+                            })
+                        };
+                        let mut held = BTreeSet::new();
+                        admission::lock_first(c, &first_keys, &mut held)?;
+                        let mut limit = max_jobs;
+                        let mut candidates = pick(c, limit)?;
+                        let mut admission =
+                            admission::admit(c, queue, queue_room, &candidates, max_jobs, &mut held)?;
+                        // The pick's filter reads the keys before their locks (and a key's hint names
+                        // one full rate): candidates admission refused may fill a full pick while
+                        // admissible jobs wait behind them. Then the pick is made once more, four times
+                        // as large (up to MAX_BATCH; this transaction holds the refused rows' locks, so
+                        // SKIP LOCKED returns them again), and admission decides over it all. Once: a
+                        // key full for all its jobs (a rate's window) must not make every claim read
+                        // deep into them. The same statement with a larger LIMIT (a keyset "past the
+                        // last candidate" cost PostgreSQL a plan that read every waiting row). Never
+                        // for a queue whose candidates are all admitted (no limits): no cost there.
+                        // Again (four times larger each time, up to MAX_BATCH) while candidates were
+                        // refused only because another claimer held their key, which this transaction
+                        // could not wait for in key order (`admission::admit`).
+                        let mut widened = false;
+                        while (admission.ids.len() as i64) < max_jobs
+                            && candidates.len() as i64 >= limit
+                            && limit < MAX_BATCH as i64
+                            && (!widened || !admission.busy_keys.is_empty())
+                        {
+                            widened = true;
+                            limit = (limit * 4).min(MAX_BATCH as i64);
+                            candidates = pick(c, limit)?;
+                            admission =
+                                admission::admit(c, queue, queue_room, &candidates, max_jobs, &mut held)?;
                         }
+                        if admission.ids.is_empty() {
+                            if first_keys.is_empty() && !admission.busy_keys.is_empty() {
+                                // Ends this transaction (it wrote nothing), releasing its keys.
+                                return Ok((Vec::new(), None, admission.busy_keys));
+                            }
+                            // Rates whose windows filled meanwhile still get their hints.
+                            let throttled_for = admission::record_starts(c, &admission, &[])?;
+                            return Ok((Vec::new(), throttled_for, BTreeSet::new()));
+                        }
+                        let ids = admission.ids.clone();
+                        let mark = syntax.render(CLAIM_MARK);
+                        let rows = if syntax.returning {
+                            statement(format!("{mark} RETURNING {CLAIMED_COLUMNS}"))
+                                .bind::<BigInt, _>(micros)
+                                .bind::<Nullable<BigInt>, _>(worker)
+                                .bind::<Bool, _>(worker.is_none())
+                                .bind_ids(ids)
+                                .load::<JobRow>(c)?
+                        } else {
+                            statement(mark)
+                                .bind::<BigInt, _>(micros)
+                                .bind::<Nullable<BigInt>, _>(worker)
+                                .bind::<Bool, _>(worker.is_none())
+                                .bind_ids(ids.iter().copied())
+                                .execute(c)?;
+                            statement(format!("SELECT {CLAIMED_COLUMNS} FROM tenure_jobs WHERE id IN {{ids}}"))
+                                .bind_ids(ids)
+                                .load::<JobRow>(c)?
+                        };
+                        let starts: Vec<_> = rows
+                            .iter()
+                            .filter_map(|row| row.claimed_at.map(|at| (row.id, at)))
+                            .collect();
+                        let throttled_for = admission::record_starts(c, &admission, &starts)?;
+                        Ok((rows, throttled_for, BTreeSet::new()))
                     })
-                };
-                let mut limit = max_jobs;
-                let mut candidates = pick(c, limit)?;
-                let mut held = BTreeSet::new();
-                let mut admission =
-                    admission::admit(c, queue, queue_room, &candidates, max_jobs, &mut held)?;
-                // The pick's filter reads the keys before their locks (and a key's hint names
-                // one full rate): candidates admission refused may fill a full pick while
-                // admissible jobs wait behind them. Then the pick is made once more, four times
-                // as large (up to MAX_BATCH; this transaction holds the refused rows' locks, so
-                // SKIP LOCKED returns them again), and admission decides over it all. Once: a
-                // key full for all its jobs (a rate's window) must not make every claim read
-                // deep into them. The same statement with a larger LIMIT (a keyset "past the
-                // last candidate" cost PostgreSQL a plan that read every waiting row). Never
-                // for a queue whose candidates are all admitted (no limits): no cost there.
-                // Again (four times larger each time, up to MAX_BATCH) while candidates were
-                // refused only because another claimer held their key, which this transaction
-                // could not wait for in key order (`admission::admit`).
-                let mut widened = false;
-                while (admission.ids.len() as i64) < max_jobs
-                    && candidates.len() as i64 >= limit
-                    && limit < MAX_BATCH as i64
-                    && (!widened || admission.busy_keys)
-                {
-                    widened = true;
-                    limit = (limit * 4).min(MAX_BATCH as i64);
-                    candidates = pick(c, limit)?;
-                    admission =
-                        admission::admit(c, queue, queue_room, &candidates, max_jobs, &mut held)?;
-                }
-                if admission.ids.is_empty() {
-                    // Rates whose windows filled meanwhile still get their hints.
-                    let throttled_for = admission::record_starts(c, &admission, &[])?;
-                    return Ok((Vec::new(), throttled_for));
-                }
-                let ids = admission.ids.clone();
-                let mark = syntax.render(CLAIM_MARK);
-                let rows = if syntax.returning {
-                    statement(format!("{mark} RETURNING {CLAIMED_COLUMNS}"))
-                        .bind::<BigInt, _>(micros)
-                        .bind::<Nullable<BigInt>, _>(worker)
-                        .bind::<Bool, _>(worker.is_none())
-                        .bind_ids(ids)
-                        .load::<JobRow>(c)?
-                } else {
-                    statement(mark)
-                        .bind::<BigInt, _>(micros)
-                        .bind::<Nullable<BigInt>, _>(worker)
-                        .bind::<Bool, _>(worker.is_none())
-                        .bind_ids(ids.iter().copied())
-                        .execute(c)?;
-                    statement(format!("SELECT {CLAIMED_COLUMNS} FROM tenure_jobs WHERE id IN {{ids}}"))
-                        .bind_ids(ids)
-                        .load::<JobRow>(c)?
-                };
-                let starts: Vec<_> = rows
-                    .iter()
-                    .filter_map(|row| row.claimed_at.map(|at| (row.id, at)))
-                    .collect();
-                let throttled_for = admission::record_starts(c, &admission, &starts)?;
-                Ok((rows, throttled_for))
-            })
-        })
-    })?;
+                })
+            })?;
+        if busy_keys.is_empty() {
+            break (rows, throttled_for);
+        }
+        first_keys = busy_keys;
+    };
     let mut claimed = rows
         .into_iter()
         .map(ClaimedJob::from_row)

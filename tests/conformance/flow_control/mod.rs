@@ -1,10 +1,10 @@
 //! Flow control: rate limits, several limits per job, queue-wide concurrency limits, all
 //! decided inside the claim and counted on the database's clock.
 
-mod admission_attacks;
 mod limits;
 mod mixed_limits;
 mod queue_limits;
+mod wider_pick;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

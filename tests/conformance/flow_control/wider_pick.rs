@@ -1,8 +1,13 @@
-//! Attacks on the claim's second admission (`flow::admission::admit` with `held`, the
-//! `busy_keys` widening in `jobs::queue::claim::claim_of`): a key that sorts before one the
-//! claim already holds is taken only by `try_lock_key` (`SELECT ... FOR UPDATE SKIP
-//! LOCKED`), which at first also refused a key with no row in `tenure_limit_keys` yet.
-//! Written by an attack on the change that made the second admission keep key order.
+//! A claim's wider pick (the second admission, `flow::admission::admit` with `held`, and the
+//! `busy_keys` widening in `jobs::queue::claim::claim_of`) keeps key order and still takes
+//! what is admissible: a key that sorts before one the claim holds is taken if free
+//! (`try_lock_key`, `SELECT ... FOR UPDATE SKIP LOCKED`), a key with no row yet counts as
+//! free, a claim that found only busy keys starts again holding them first (waiting in key
+//! order, `admission::lock_first`), and eight claimers over many keys in every order keep
+//! every cap and never come back empty while unlimited jobs are due.
+// Found by an attack on the change that made the second admission keep key order: a key with
+// no row in `tenure_limit_keys` yet was refused as if held (all three backends); CI then
+// found eight claimers on MariaDB coming back empty while a busy key had room.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,6 +23,7 @@ conformance!(
     a_new_key_sorting_before_a_held_key_is_claimed_in_the_wider_pick,
     a_new_key_sorting_after_a_held_key_is_claimed_in_the_wider_pick,
     a_claim_is_not_empty_while_a_new_keys_job_is_due_behind_refused_rates,
+    a_claim_waits_in_key_order_for_a_held_key_rather_than_come_back_empty,
     eight_claimers_do_not_come_back_empty_while_a_roomy_key_sorting_first_is_due,
     eight_claimers_over_many_keys_in_every_order_keep_caps_and_claim,
 );
@@ -92,6 +98,59 @@ fn a_claim_is_not_empty_while_a_new_keys_job_is_due_behind_refused_rates(backend
         ids,
         vec![a],
         "A (cap 5 on a, nothing running) is due behind two jobs of a full rate"
+    );
+}
+
+/// Key `z`: job X (1 start an hour) starts, so `z` is throttled with X's rate as the hint;
+/// Z2 (1 start a minute on `z`, not as strict as the hint) is due first, so the pick keeps it
+/// and admission refuses it; A (cap 1,000 on `a`) is due behind it. Another transaction
+/// holds `a`'s lock for a while (on SQLite: the file's write lock). A claim of 1 picks Z2,
+/// locks `z` and refuses Z2; its wider pick finds A, but `a` sorts before `z` (held) and is
+/// busy, so it could only give up: the claim came back empty while A was admissible. It
+/// must instead start again holding `a` first, wait for it, and take A.
+fn a_claim_waits_in_key_order_for_a_held_key_rather_than_come_back_empty(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let on_a = || NewJob::new("q", "a", vec![]).priority(1).limit("a", 1000);
+    // A first job of `a`, claimed and completed: `a` has its row in `tenure_limit_keys`.
+    jobs::enqueue(&mut conn, &on_a().priority(-1)).unwrap();
+    let first = jobs::claim(&mut conn, "q", 1, TTL).unwrap();
+    jobs::complete(&mut conn, &[first[0].claim()]).unwrap();
+    let on_z =
+        |per: u64| NewJob::new("q", "z", vec![]).rate_limit("z", 1, Duration::from_secs(per));
+    jobs::enqueue(&mut conn, &on_z(3600)).unwrap();
+    assert_eq!(jobs::claim(&mut conn, "q", 1, TTL).unwrap()[0].kind, "z");
+    jobs::enqueue(&mut conn, &on_z(60)).unwrap();
+    let a = jobs::enqueue(&mut conn, &on_a()).unwrap().id;
+    let (locked_tx, locked) = std::sync::mpsc::channel();
+    let mut holder = db.connect();
+    let holding = std::thread::spawn(move || {
+        use diesel::connection::SimpleConnection;
+        let (begin, lock) = match backend {
+            Backend::Sqlite => ("BEGIN IMMEDIATE", "SELECT 1"),
+            Backend::Postgres => (
+                "BEGIN",
+                "SELECT limit_key FROM tenure_limit_keys WHERE limit_key = 'a' FOR UPDATE",
+            ),
+            Backend::Mysql => (
+                "BEGIN",
+                "SELECT limit_key FROM tenure_limit_keys WHERE limit_key = 'a' FOR UPDATE",
+            ),
+        };
+        holder.batch_execute(begin).unwrap();
+        holder.batch_execute(lock).unwrap();
+        locked_tx.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        holder.batch_execute("COMMIT").unwrap();
+    });
+    locked.recv().unwrap();
+    let claimed = jobs::claim(&mut conn, "q", 1, TTL).unwrap();
+    holding.join().unwrap();
+    let ids: Vec<i64> = claimed.iter().map(|j| j.id).collect();
+    assert_eq!(
+        ids,
+        vec![a],
+        "A (room on `a`) is due behind Z2 (`z`'s rate full)"
     );
 }
 
