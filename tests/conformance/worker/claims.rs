@@ -171,7 +171,7 @@ fn a_cancelled_claimed_ahead_job_never_runs(backend: Backend) {
     let worker = Worker::builder(db.pool(8))
         .queue("ahead")
         .threads(1)
-        .claim_ttl(Duration::from_millis(600))
+        .claim_ttl(Duration::from_secs(3))
         .poll_interval(Duration::from_millis(10))
         .raw_handler("quick", |_: &JobContext, _: &[u8]| Ok(()))
         .raw_handler("block", move |_: &JobContext, _: &[u8]| {
@@ -221,8 +221,11 @@ fn a_cancelled_claimed_ahead_job_never_runs(backend: Backend) {
     for id in &claimed_ahead {
         assert!(jobs::cancel(&mut conn, *id).unwrap());
     }
-    // Past a few heartbeats (ttl/3 = 200 ms).
-    std::thread::sleep(Duration::from_millis(1000));
+    // Past two heartbeats (ttl/3 = 1 s), well within the ttl: the heartbeat has seen the
+    // cancel requests, and no claim lapsed (with a 600 ms ttl, a heartbeat late under load
+    // let the claims lapse: their jobs ended cancelled, by a rescue, and the worker rightly
+    // counted its runs lost).
+    std::thread::sleep(Duration::from_millis(2500));
     release.store(true, Ordering::SeqCst);
     crate::common::live_jobs_after(&mut conn, Duration::from_secs(20));
     let report = worker.shutdown(Duration::from_secs(5));
