@@ -21,14 +21,11 @@ impl Served {
             .status()
             .expect("run kill");
         assert!(signalled.success());
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while std::time::Instant::now() < until {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        None
+        crate::common::poll_until(
+            std::time::Duration::from_secs(60),
+            std::time::Duration::from_millis(50),
+            || self.child.try_wait().ok().flatten(),
+        )
     }
 
     /// What it logged so far.

@@ -6,12 +6,12 @@
 //! Found by the first-hour review (issue 31, item 8 and 9).
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tenure::Backend;
 use tenure::jobs;
 
-use super::common::{TestDb, conformance};
+use super::common::{TestDb, conformance, poll_until};
 use super::{Worker, json, ok, queue_figure, tenure};
 
 conformance!(
@@ -118,14 +118,11 @@ fn env_from_passes_the_workers_variable_and_stores_only_its_name(backend: Backen
             .spawn()
             .unwrap(),
     );
-    let until = Instant::now() + Duration::from_secs(60);
-    while queue_figure(url, "env", "completed") < 1 || queue_figure(url, "env", "dead") < 2 {
-        assert!(
-            Instant::now() < until,
-            "the worker did not finish the three jobs"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    poll_until(Duration::from_secs(60), Duration::from_millis(100), || {
+        (queue_figure(url, "env", "completed") >= 1 && queue_figure(url, "env", "dead") >= 2)
+            .then_some(())
+    })
+    .expect("the worker did not finish the three jobs");
     assert_eq!(std::fs::read_to_string(&written).unwrap(), secret);
     // Only the name is stored.
     let mut conn = db.connect();

@@ -6,7 +6,7 @@
 mod common;
 
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{TestDb, conformance};
 use serde_json::Value;
@@ -134,11 +134,11 @@ fn the_command_runs_and_steers_the_queue(backend: Backend) {
             .spawn()
             .unwrap(),
     );
-    let until = Instant::now() + Duration::from_secs(30);
-    while queue_figure(url, "ops", "completed") < 1 || queue_figure(url, "ops", "dead") < 1 {
-        assert!(Instant::now() < until, "the worker did not run both jobs");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    common::poll_until(Duration::from_secs(30), Duration::from_millis(100), || {
+        (queue_figure(url, "ops", "completed") >= 1 && queue_figure(url, "ops", "dead") >= 1)
+            .then_some(())
+    })
+    .expect("the worker did not run both jobs");
     // SIGTERM: a graceful stop, exit code 0.
     let mut worker = worker;
     Command::new("kill")

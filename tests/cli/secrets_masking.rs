@@ -5,13 +5,13 @@
 //! everywhere); each test failed on the code before its fix.
 
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use tenure::Backend;
 use tenure::jobs::{self, NewJob};
 
-use crate::common::TestDb;
+use crate::common::{TestDb, poll_until};
 use crate::dashboard::{get, serve};
 use crate::{json, tenure};
 
@@ -228,11 +228,10 @@ fn an_undecodable_shell_payload_is_not_repeated_in_its_error() {
         .stderr(log.reopen().unwrap())
         .spawn()
         .unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    while json(&url, &["jobs", "show", &id])["state"] != "dead" {
-        assert!(Instant::now() < until, "the job did not end dead");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    poll_until(Duration::from_secs(60), Duration::from_millis(100), || {
+        (json(&url, &["jobs", "show", &id])["state"] == "dead").then_some(())
+    })
+    .expect("the job did not end dead");
     let _ = worker.kill();
     let _ = worker.wait();
     let shown = json(&url, &["jobs", "show", &id]);

@@ -4,10 +4,12 @@
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
 use serde_json::{Value, json};
+
+use crate::common::poll_until;
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -95,11 +97,10 @@ impl Browser {
                     )
                 });
             let url = format!("http://127.0.0.1:{port}");
-            let deadline = Instant::now() + DEADLINE;
-            let ready = loop {
+            let ready = poll_until(DEADLINE, Duration::from_millis(50), || {
                 if let Ok(Some(status)) = driver.try_wait() {
                     assert!(attempts < 5, "chromedriver keeps exiting: {status}");
-                    break false;
+                    return Some(false);
                 }
                 let status = agent.get(format!("{url}/status")).call();
                 if let Ok(response) = status
@@ -107,15 +108,15 @@ impl Browser {
                     && serde_json::from_str::<Value>(&body)
                         .is_ok_and(|reply| reply["value"]["ready"] == true)
                 {
-                    break true;
+                    return Some(true);
                 }
-                if Instant::now() > deadline {
-                    let _ = driver.kill();
-                    let _ = driver.wait();
-                    panic!("chromedriver on port {port} was not ready within {DEADLINE:?}");
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            };
+                None
+            })
+            .unwrap_or_else(|| {
+                let _ = driver.kill();
+                let _ = driver.wait();
+                panic!("chromedriver on port {port} was not ready within {DEADLINE:?}");
+            });
             if ready {
                 break (driver, url);
             }
@@ -218,36 +219,31 @@ impl Browser {
 
     /// The first element matching `selector`, waited for until `DEADLINE`.
     pub fn find(&self, selector: &str) -> Element {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            if let Some(element) = self.find_all(selector).into_iter().next() {
-                return element;
-            }
-            assert!(
-                Instant::now() < deadline,
+        poll_until(DEADLINE, Duration::from_millis(50), || {
+            self.find_all(selector).into_iter().next()
+        })
+        .unwrap_or_else(|| {
+            panic!(
                 "no {selector} on {} within {DEADLINE:?}; the page says:\n{}",
                 self.current_url(),
                 self.page_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            )
+        })
     }
 
     /// Waits until the current URL satisfies `wanted`, and gives it.
     pub fn wait_for_url(&self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            let url = self.current_url();
-            if wanted(&url) {
-                return url;
-            }
-            assert!(
-                Instant::now() < deadline,
+        let mut url = String::new();
+        poll_until(DEADLINE, Duration::from_millis(50), || {
+            url = self.current_url();
+            wanted(&url).then(|| url.clone())
+        })
+        .unwrap_or_else(|| {
+            panic!(
                 "the URL is still {url} after {DEADLINE:?}, not {what}; the page says:\n{}",
                 self.page_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            )
+        })
     }
 
     /// Clicks `element`.

@@ -3,13 +3,13 @@
 use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tenure::Backend;
 use tenure::jobs::{self, JobState, NewJob};
 
-use crate::common::{TestDb, conformance};
+use crate::common::{TestDb, conformance, poll_until};
 use crate::{ok, queue_figure};
 
 conformance!(work_logs_each_job_and_leaves_other_kinds_alone,);
@@ -48,12 +48,12 @@ fn work_logs_each_job_and_leaves_other_kinds_alone(backend: Backend) {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let until = Instant::now() + Duration::from_secs(60);
-        while queue_figure(url, "w", "completed") < round || queue_figure(url, "w", "dead") < round
-        {
-            assert!(Instant::now() < until, "the worker did not run both jobs");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        poll_until(Duration::from_secs(60), Duration::from_millis(100), || {
+            (queue_figure(url, "w", "completed") >= round
+                && queue_figure(url, "w", "dead") >= round)
+                .then_some(())
+        })
+        .expect("the worker did not run both jobs");
         Command::new("kill")
             .args(["-TERM", &worker.id().to_string()])
             .status()

@@ -13,7 +13,7 @@ use tenure::jobs::{self, NewJob};
 use tenure::lease;
 use tenure::{AnyConnection, Backend, SessionSetup};
 
-use crate::common::{TestDb, conformance, count, placeholders};
+use crate::common::{TestDb, conformance, count, placeholders, poll_until};
 
 conformance!(
     a_busy_writer_does_not_starve_the_other_writers_of_its_process,
@@ -73,11 +73,10 @@ fn a_busy_writer_does_not_starve_the_other_writers_of_its_process(backend: Backe
             }
         })
     };
-    let in_stride = Clock::now() + Duration::from_secs(60);
-    while hog_transactions.load(Ordering::SeqCst) < 2 {
-        assert!(Clock::now() < in_stride, "the hog never got going");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    poll_until(Duration::from_secs(60), Duration::from_millis(1), || {
+        (hog_transactions.load(Ordering::SeqCst) >= 2).then_some(())
+    })
+    .expect("the hog never got going");
     let mut conn = db.connect_with(&setup);
     let before = hog_transactions.load(Ordering::SeqCst);
     let mut failures = Vec::new();
@@ -304,9 +303,8 @@ fn wait_until_blocked(backend: Backend, monitor: &mut AnyConnection) {
              WHERE db = DATABASE() AND info LIKE 'INSERT INTO tenure_leases%'"
         }
     };
-    let until = Clock::now() + Duration::from_secs(30);
-    while count(monitor, sql) == 0 {
-        assert!(Clock::now() < until, "the taker never waited for the row");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    poll_until(Duration::from_secs(30), Duration::from_millis(5), || {
+        (count(monitor, sql) > 0).then_some(())
+    })
+    .expect("the taker never waited for the row");
 }

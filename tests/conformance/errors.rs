@@ -9,7 +9,7 @@ use tenure::jobs::{self, NewJob};
 use tenure::schedules::{self};
 use tenure::{AnyConnection, Backend, Error, lease};
 
-use crate::common::{TestDb, conformance, count};
+use crate::common::{TestDb, conformance, count, poll_until};
 
 conformance!(
     a_lock_wait_timeout_is_retryable_not_outcome_unknown,
@@ -95,14 +95,10 @@ fn killer(backend: Backend, victim: &mut AnyConnection) -> (String, String) {
 
 fn kill_and_wait(admin: &mut AnyConnection, kill: &str, alive: &str) {
     admin.batch_execute(kill).unwrap();
-    let until = std::time::Instant::now() + BOUND;
-    while count(admin, alive) > 0 {
-        assert!(
-            std::time::Instant::now() < until,
-            "the victim never went away"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(BOUND, Duration::from_millis(20), || {
+        (count(admin, alive) == 0).then_some(())
+    })
+    .expect("the victim never went away");
 }
 
 // Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).

@@ -4,13 +4,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tenure::Backend;
 use tenure::jobs::{self, Backoff, JobState, NewJob};
 use tenure::worker::{Event, JobContext, JobError, RunOutcome, Worker};
 
-use crate::common::{TestDb, conformance, wait_for};
+use crate::common::{TestDb, conformance, poll_until, wait_for};
 
 #[cfg(feature = "metrics")]
 conformance!(
@@ -424,14 +424,16 @@ fn run_events() -> (
 }
 
 fn wait_state(pool: &tenure::Pool, id: i64, state: JobState, limit: Duration) -> jobs::Job {
-    let until = Instant::now() + limit;
-    loop {
+    let mut last = None;
+    poll_until(limit, Duration::from_millis(10), || {
         let job = jobs::get(&mut pool.get().unwrap(), id).unwrap().unwrap();
-        if job.state == state || Instant::now() > until {
-            return job;
+        if job.state == state {
+            return Some(job);
         }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        last = Some(job);
+        None
+    })
+    .unwrap_or_else(|| last.expect("one read at least"))
 }
 
 /// An `on_event` hook that panics (a user bug) must not stop the worker recording runs: a

@@ -13,7 +13,7 @@ use tenure::jobs::{self, Backoff, Finished, JobArgs, Retention};
 use tenure::worker::{JobContext, JobError, Worker};
 use tenure::{AnyConnection, Backend, Pool};
 
-use crate::common::{TestDb, server_url};
+use crate::common::{TestDb, poll_until, server_url};
 
 #[derive(Serialize, Deserialize)]
 struct Task {
@@ -131,14 +131,11 @@ fn exercise(url: &str) {
         })
         .start()
         .unwrap();
-    let until = std::time::Instant::now() + Duration::from_secs(60);
-    let report = loop {
-        let report = worker.report();
-        if report.completed >= 31 || std::time::Instant::now() > until {
-            break report;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let mut report = worker.report();
+    poll_until(Duration::from_secs(60), Duration::from_millis(20), || {
+        report = worker.report();
+        (report.completed >= 31).then_some(())
+    });
     let report_at_end = worker.shutdown(Duration::from_secs(5));
     assert!(report.completed >= 31, "{report:?}");
     assert!(

@@ -4,14 +4,14 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tenure::jobs::{self, Backoff, JobArgs, JobState, NewJob};
 use tenure::worker::{JobContext, JobError, Worker};
 use tenure::{Backend, Error};
 
-use crate::common::{TestDb, conformance, wait_for};
+use crate::common::{TestDb, conformance, poll_until, wait_for};
 
 conformance!(
     a_typed_job_round_trips_with_its_options,
@@ -248,10 +248,9 @@ fn eight_workers_of_one_kind_leave_the_other_kind_untouched(backend: Backend) {
                 .unwrap()
         })
         .collect();
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while runs.lock().unwrap().len() < INVOICES && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(Duration::from_secs(120), Duration::from_millis(20), || {
+        (runs.lock().unwrap().len() >= INVOICES).then_some(())
+    });
     let reports: Vec<_> = workers
         .into_iter()
         .map(|w| w.shutdown(Duration::from_secs(10)))
@@ -327,14 +326,16 @@ fn the_builder_refuses_a_kind_registered_twice(backend: Backend) {
 }
 
 fn wait_state(pool: &tenure::Pool, id: i64, state: JobState, limit: Duration) -> jobs::Job {
-    let until = Instant::now() + limit;
-    loop {
+    let mut last = None;
+    poll_until(limit, Duration::from_millis(10), || {
         let job = jobs::get(&mut pool.get().unwrap(), id).unwrap().unwrap();
-        if job.state == state || Instant::now() > until {
-            return job;
+        if job.state == state {
+            return Some(job);
         }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        last = Some(job);
+        None
+    })
+    .unwrap_or_else(|| last.expect("one read at least"))
 }
 
 #[derive(Serialize, Deserialize)]
@@ -364,23 +365,21 @@ fn a_timeout_too_long_for_an_instant_does_not_stop_the_heartbeat(backend: Backen
         .threads(2)
         .claim_ttl(ttl)
         .register(move |ctx: &JobContext, _: Forever| {
-            let until = Instant::now() + Duration::from_secs(90);
-            let verdict = loop {
+            let probe = || -> Result<Option<&'static str>, JobError> {
                 let job = jobs::get(&mut handler_pool.get()?, ctx.id)?.unwrap();
                 if job.lapses > 0 {
-                    break "lapsed";
+                    return Ok(Some("lapsed"));
                 }
                 let renewed = job
                     .claim_expires_at
                     .is_some_and(|at| at > ctx.claimed_at + ttl);
-                if renewed {
-                    break "renewed";
-                }
-                if Instant::now() > until {
-                    break "neither";
-                }
-                std::thread::sleep(Duration::from_millis(50));
+                Ok(renewed.then_some("renewed"))
             };
+            let verdict = poll_until(Duration::from_secs(90), Duration::from_millis(50), || {
+                probe().transpose()
+            })
+            .transpose()?
+            .unwrap_or("neither");
             sink.lock().unwrap().push(verdict);
             Ok(())
         })

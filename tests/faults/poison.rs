@@ -11,7 +11,7 @@ use tenure::worker::{JobContext, Worker};
 use tenure::{AnyConnection, Backend, Pool};
 
 use crate::child::{now_text, spawn, sql};
-use crate::common::{TestDb, conformance, count};
+use crate::common::{TestDb, conformance, count, poll_until};
 
 conformance!(
     a_poison_job_dies_alone,
@@ -84,24 +84,24 @@ fn a_poison_job_dies_alone(backend: Backend) {
     loop {
         let mut worker = spawn("poison-worker", &[db.url()]);
         assert_eq!(worker.next_report().as_deref(), Some("started"));
-        loop {
-            if let Ok(Some(_)) = worker.child.try_wait() {
-                crashes += 1;
-                break;
-            }
-            let left = count(
-                &mut conn,
-                "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
-            );
-            if left == 0 {
-                break;
-            }
-            assert!(
-                Instant::now() < until,
-                "{left} jobs still to run after {crashes} crashes"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        // Until the worker crashes or the jobs are done.
+        let mut left = 0;
+        poll_until(
+            until.saturating_duration_since(Instant::now()),
+            Duration::from_millis(50),
+            || {
+                if let Ok(Some(_)) = worker.child.try_wait() {
+                    crashes += 1;
+                    return Some(());
+                }
+                left = count(
+                    &mut conn,
+                    "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
+                );
+                (left == 0).then_some(())
+            },
+        )
+        .unwrap_or_else(|| panic!("{left} jobs still to run after {crashes} crashes"));
         if count(
             &mut conn,
             "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state IN ('waiting', 'running')",
@@ -310,12 +310,9 @@ fn suspects_waiting_their_turn_leave_the_workers_other_threads_to_fresh_jobs(bac
         .raw_handler("slow", move |ctx: &JobContext, _: &[u8]| {
             slow_runs.lock().unwrap().push(ctx.id);
             // Until the test has seen what it waits for (a wide bound otherwise).
-            let until = std::time::Instant::now() + Duration::from_secs(60);
-            while !held.load(std::sync::atomic::Ordering::SeqCst)
-                && std::time::Instant::now() < until
-            {
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            poll_until(Duration::from_secs(60), Duration::from_millis(10), || {
+                held.load(std::sync::atomic::Ordering::SeqCst).then_some(())
+            });
             Ok::<(), tenure::worker::JobError>(())
         })
         .raw_handler("quick", move |ctx: &JobContext, _: &[u8]| {
@@ -328,12 +325,11 @@ fn suspects_waiting_their_turn_leave_the_workers_other_threads_to_fresh_jobs(bac
     // While the first suspect runs (held until then), the fresh jobs run on the free threads.
     let quick =
         "SELECT COUNT(*) AS n FROM tenure_jobs WHERE kind = 'quick' AND state = 'completed'";
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let mut quick_done = count(&mut conn, quick);
-    while quick_done < 20 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
+    let mut quick_done = 0;
+    poll_until(Duration::from_secs(30), Duration::from_millis(20), || {
         quick_done = count(&mut conn, quick);
-    }
+        (quick_done >= 20).then_some(())
+    });
     let suspects_done = count(
         &mut conn,
         "SELECT COUNT(*) AS n FROM tenure_jobs WHERE kind = 'slow' AND state = 'completed'",

@@ -14,7 +14,7 @@ use tenure::worker::{JobContext, Worker};
 use tenure::{AnyConnection, Backend, Pool};
 
 use crate::child::{Spawned, now_text, spawn, sql};
-use crate::common::{TestDb, conformance, count, wait_until};
+use crate::common::{TestDb, conformance, count, poll_until, wait_until};
 
 conformance!(
     a_killed_workers_jobs_run_again_within_seconds,
@@ -157,14 +157,14 @@ pub(crate) fn start_holding(
 ) -> (Spawned, HashSet<i64>) {
     let mut worker = spawn("holding-worker", &[db.url(), &cap.to_string()]);
     assert_eq!(worker.next_report().as_deref(), Some("started"));
-    let until = Instant::now() + Duration::from_secs(60);
     let mut last = (0, Instant::now());
-    loop {
-        let running = count(
+    let (mut running, mut slow_started) = (0, 0);
+    poll_until(Duration::from_secs(60), Duration::from_millis(20), || {
+        running = count(
             conn,
             "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'running'",
         );
-        let slow_started = count(
+        slow_started = count(
             conn,
             &format!("SELECT COUNT(*) AS n FROM fault_starts WHERE job_id > {WARM_UP}"),
         );
@@ -172,16 +172,14 @@ pub(crate) fn start_holding(
             last = (running, Instant::now());
         }
         let settled = last.1.elapsed() > Duration::from_secs(1);
-        if settled && running > SLOW as i64 + 10 && slow_started >= SLOW as i64 {
-            break;
-        }
-        assert!(
-            Instant::now() < until,
+        (settled && running > SLOW as i64 + 10 && slow_started >= SLOW as i64).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
             "the worker never held its slow jobs and a prefetch: {running} running, \
              {slow_started} slow ones started"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        )
+    });
     let held = ids(conn, "SELECT id FROM tenure_jobs WHERE state = 'running'");
     (worker, held)
 }
@@ -452,15 +450,14 @@ fn a_worker_whose_lock_connection_is_killed_keeps_its_jobs(backend: Backend) {
         ),
         1
     );
-    let until = Instant::now() + Duration::from_secs(60);
-    while count(
-        &mut conn,
-        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'",
-    ) > 0
-    {
-        assert!(Instant::now() < until, "the worker's jobs never completed");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    poll_until(Duration::from_secs(60), Duration::from_millis(50), || {
+        (count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'",
+        ) == 0)
+            .then_some(())
+    })
+    .expect("the worker's jobs never completed");
     let by_job = starts(&mut conn);
     for id in &held {
         assert_eq!(

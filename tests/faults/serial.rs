@@ -16,7 +16,7 @@ use tenure::jobs::{self, JobState, NewJob, Outcome};
 use tenure::worker::{JobContext, Worker};
 use tenure::{AnyConnection, Backend, LeaseGuard};
 
-use crate::common::{TestDb, count, wait_until};
+use crate::common::{TestDb, count, poll_until, wait_until};
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -212,29 +212,35 @@ fn survives_a_server_restart(backend: Backend) {
     assert!(status.success(), "{restart}: {status}");
     let restart_took = restarted_at.elapsed();
     let until = Instant::now() + Duration::from_secs(120);
-    let mut conn = loop {
+    let mut refused = None;
+    let mut conn = poll_until(Duration::from_secs(120), Duration::from_millis(200), || {
         match AnyConnection::connect(db.url()) {
-            Ok(conn) => break conn,
+            Ok(conn) => Some(conn),
             Err(e) => {
-                assert!(Instant::now() < until, "the server did not come back: {e}");
-                std::thread::sleep(Duration::from_millis(200));
+                refused = Some(e);
+                None
             }
         }
-    };
-    loop {
-        let left = count(
-            &mut conn,
-            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'",
-        );
-        if left == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "{left} jobs never completed after the restart"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the server did not come back: {}",
+            refused.expect("a refused connect")
+        )
+    });
+    let mut left = 0;
+    poll_until(
+        until.saturating_duration_since(Instant::now()),
+        Duration::from_millis(50),
+        || {
+            left = count(
+                &mut conn,
+                "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'",
+            );
+            (left == 0).then_some(())
+        },
+    )
+    .unwrap_or_else(|| panic!("{left} jobs never completed after the restart"));
     let report = worker.shutdown(Duration::from_secs(5));
     let runs = *runs.lock().unwrap();
     // Past a whole ttl since the restart: the guard kept the lease only by renewing it on a
@@ -289,39 +295,50 @@ fn a_restart_does_not_make_live_workers_look_dead(backend: Backend) {
     let restart_took = restarted_at.elapsed();
     stage("the server restarted");
     let until = Instant::now() + Duration::from_secs(120);
-    let mut conn = loop {
+    let mut refused = None;
+    let mut conn = poll_until(Duration::from_secs(120), Duration::from_millis(200), || {
         match AnyConnection::connect(db.url()) {
-            Ok(conn) => break conn,
+            Ok(conn) => Some(conn),
             Err(e) => {
-                assert!(Instant::now() < until, "the server did not come back: {e}");
-                std::thread::sleep(Duration::from_millis(200));
+                refused = Some(e);
+                None
             }
         }
-    };
-    while count(
-        &mut conn,
-        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'",
-    ) > 0
-    {
-        if Instant::now() >= until {
-            let mut left = |state: &str| {
-                count(
-                    &mut conn,
-                    &format!("SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = '{state}'"),
-                )
-            };
-            let (waiting, running, dead) = (left("waiting"), left("running"), left("dead"));
-            let lapsed = count(
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the server did not come back: {}",
+            refused.expect("a refused connect")
+        )
+    });
+    let completed = poll_until(
+        until.saturating_duration_since(Instant::now()),
+        Duration::from_millis(100),
+        || {
+            (count(
                 &mut conn,
-                "SELECT COUNT(*) AS n FROM tenure_jobs WHERE lapses > 0",
-            );
-            let workers = count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_workers");
-            panic!(
-                "the jobs never completed: {waiting} waiting, {running} running, {dead} dead, \
-                 {lapsed} lapsed; {workers} workers registered"
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
+                "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state <> 'completed'",
+            ) == 0)
+                .then_some(())
+        },
+    );
+    if completed.is_none() {
+        let mut left = |state: &str| {
+            count(
+                &mut conn,
+                &format!("SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = '{state}'"),
+            )
+        };
+        let (waiting, running, dead) = (left("waiting"), left("running"), left("dead"));
+        let lapsed = count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE lapses > 0",
+        );
+        let workers = count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_workers");
+        panic!(
+            "the jobs never completed: {waiting} waiting, {running} running, {dead} dead, \
+             {lapsed} lapsed; {workers} workers registered"
+        );
     }
     stage("every job completed");
     let by_job = crate::recovery::starts(&mut conn);

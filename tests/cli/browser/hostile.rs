@@ -2,12 +2,13 @@
 //! and a forged form without its CSRF token is refused (with the page's token it goes
 //! through).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use tenure::jobs::{self, JobState, NewJob};
 
 use super::{Scene, dead, state};
+use crate::common::poll_until;
 use crate::webdriver::DEADLINE;
 
 const SCRIPT: &str = "<script>window.__pwned=1</script>";
@@ -105,22 +106,15 @@ fn answered_status(scene: &Scene, action: &str) -> i64 {
     scene
         .browser
         .wait_for_url(action, |url| url.ends_with(action));
-    let deadline = Instant::now() + DEADLINE;
-    loop {
+    poll_until(DEADLINE, Duration::from_millis(50), || {
         let status = scene.browser.execute(
             "var nav = performance.getEntriesByType('navigation')[0];
              return document.readyState === 'complete' && nav ? nav.responseStatus : 0;",
             json!([]),
         );
-        if let Some(status) = status.as_i64().filter(|status| *status != 0) {
-            return status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no answer to the POST to {action}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        status.as_i64().filter(|status| *status != 0)
+    })
+    .unwrap_or_else(|| panic!("no answer to the POST to {action}"))
 }
 
 #[test]

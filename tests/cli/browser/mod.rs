@@ -9,14 +9,14 @@ mod actions;
 mod hostile;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use tenure::jobs::{self, JobState, NewJob, Retry};
 use tenure::schedules::{self, Schedule};
 use tenure::{AnyConnection, Backend};
 
-use crate::common::{TestDb, count};
+use crate::common::{TestDb, count, poll_until, wait_until};
 use crate::dashboard::{Served, serve};
 use crate::webdriver::{Browser, DEADLINE};
 
@@ -77,17 +77,12 @@ impl Scene {
 fn claimed(conn: &mut AnyConnection, job: NewJob) -> jobs::ClaimedJob {
     let id = jobs::enqueue(conn, &job).unwrap().id;
     let queue = job_queue(conn, id);
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        // A retry due "now" may be a tick ahead of the database clock's next reading.
-        let mut got = jobs::claim(conn, &queue, 1, TTL).unwrap();
-        if let Some(claim) = got.pop() {
-            assert_eq!(claim.id, id, "claimed another job than the one enqueued");
-            return claim;
-        }
-        assert!(Instant::now() < deadline, "job {id} never became claimable");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    // A retry due "now" may be a tick ahead of the database clock's next reading.
+    let claim = wait_until(&format!("job {id} to become claimable"), DEADLINE, || {
+        jobs::claim(conn, &queue, 1, TTL).unwrap().pop()
+    });
+    assert_eq!(claim.id, id, "claimed another job than the one enqueued");
+    claim
 }
 
 fn job_queue(conn: &mut AnyConnection, id: i64) -> String {
@@ -120,14 +115,9 @@ fn failed_runs(conn: &mut AnyConnection, job: NewJob, errors: &[&str]) -> i64 {
         if i + 1 == errors.len() {
             break;
         }
-        let deadline = Instant::now() + DEADLINE;
-        claim = loop {
-            if let Some(again) = jobs::claim(conn, &queue, 1, TTL).unwrap().pop() {
-                break again;
-            }
-            assert!(Instant::now() < deadline, "job {id} was not retried");
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        claim = wait_until(&format!("job {id} to be retried"), DEADLINE, || {
+            jobs::claim(conn, &queue, 1, TTL).unwrap().pop()
+        });
         assert_eq!(claim.id, id);
     }
     assert_eq!(jobs::get(conn, id).unwrap().unwrap().state, JobState::Dead);
@@ -258,15 +248,14 @@ fn every_page_loads_and_is_screenshotted() {
         .raw_handler("resize", |_: &tenure::worker::JobContext, _: &[u8]| Ok(()))
         .start()
         .unwrap();
-    let deadline = Instant::now() + DEADLINE;
-    while count(
-        &mut scene.conn(),
-        "SELECT COUNT(*) AS n FROM tenure_workers",
-    ) == 0
-    {
-        assert!(Instant::now() < deadline, "the worker never registered");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(DEADLINE, Duration::from_millis(20), || {
+        (count(
+            &mut scene.conn(),
+            "SELECT COUNT(*) AS n FROM tenure_workers",
+        ) > 0)
+            .then_some(())
+    })
+    .expect("the worker never registered");
     let charge = seeded.charge.to_string();
     let job_title = format!("Job {charge}");
     let pages: [(&str, String, &str, &str); 8] = [

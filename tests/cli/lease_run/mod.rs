@@ -76,18 +76,15 @@ impl Runner {
 
     /// Waits for it to exit, at most `limit`.
     pub(super) fn exit(&mut self, limit: Duration) -> ExitStatus {
-        let until = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(
-                Instant::now() < until,
+        crate::common::poll_until(limit, Duration::from_millis(20), || {
+            self.child.try_wait().expect("try_wait")
+        })
+        .unwrap_or_else(|| {
+            panic!(
                 "tenure lease run did not exit within {limit:?}: {}",
                 self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            )
+        })
     }
 
     pub(super) fn stderr(&self) -> String {

@@ -1,14 +1,14 @@
 //! `tenure serve`'s pages against hostile data: NUL bytes and oversized names are bad input,
 //! stored markup is escaped on every page, a database error is a 500 and the server serves on.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
 use tenure::jobs::{self, JobResult, JobState, NewJob};
 use tenure::schedules::{self, Schedule};
 use tenure::{AnyConnection, Backend, lease};
 
-use crate::common::{TestDb, conformance};
+use crate::common::{TestDb, conformance, poll_until};
 use crate::dashboard::{Answer, csrf, get, post, serve};
 use crate::serve::{dead_job, state};
 
@@ -287,8 +287,8 @@ fn a_database_error_is_a_500_and_the_server_serves_on(backend: Backend) {
             }
         };
         conn.batch_execute(&kill).unwrap();
-        let until = Instant::now() + Duration::from_secs(60);
-        loop {
+        let mut refused = String::new();
+        poll_until(Duration::from_secs(60), Duration::from_millis(200), || {
             let answer = get(base, "/schedules");
             assert!(
                 matches!(answer.status, 200 | 500),
@@ -302,15 +302,12 @@ fn a_database_error_is_a_500_and_the_server_serves_on(backend: Backend) {
                     "{}",
                     answer.body
                 );
-                break;
+                return Some(());
             }
-            assert!(
-                Instant::now() < until,
-                "{backend}: the dashboard did not recover: {}",
-                answer.body
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+            refused = answer.body;
+            None
+        })
+        .unwrap_or_else(|| panic!("{backend}: the dashboard did not recover: {refused}"));
         // Every handler thread gets its connection back.
         for _ in 0..8 {
             assert_eq!(get(base, &format!("/job?id={id}")).status, 200);

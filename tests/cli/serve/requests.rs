@@ -8,11 +8,11 @@
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tenure::Backend;
 
-use crate::common::TestDb;
+use crate::common::{TestDb, poll_until};
 use crate::dashboard::serve;
 
 /// How long a test waits for any one answer: far longer than a loaded machine needs.
@@ -354,18 +354,18 @@ fn running_out_of_file_descriptors_does_not_stop_the_server_for_good() {
     }
     assert!(held.len() > 64, "only {} connections were made", held.len());
     drop(held);
-    let until = Instant::now() + PATIENCE;
-    let last = loop {
+    let mut last = None;
+    poll_until(PATIENCE, Duration::from_millis(250), || {
         let answer = TcpStream::connect(addr(&served.base))
             .map_err(|e| e.to_string())
             .and_then(|_| {
                 timed_get(&served.base, "/", &["Host: localhost"]).map_err(|e| e.to_string())
             });
-        if answer.as_ref().is_ok_and(|a| status(a) == 200) || Instant::now() > until {
-            break answer;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    };
+        let answered = answer.as_ref().is_ok_and(|a| status(a) == 200);
+        last = Some(answer);
+        answered.then_some(())
+    });
+    let last = last.expect("one try at least");
     assert!(
         last.as_ref().is_ok_and(|a| status(a) == 200),
         "after the connections closed, the dashboard answered {last:?}; the log:\n{}",

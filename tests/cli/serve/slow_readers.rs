@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tenure::Backend;
 use tenure::jobs::{self, NewJob};
 
-use crate::common::TestDb;
+use crate::common::{TestDb, poll_until};
 
 use super::raw_server::{PATIENCE, Server, status};
 
@@ -86,15 +86,14 @@ fn get_within(addr: SocketAddr, path: &str, limit: Duration) -> std::io::Result<
 /// Waits (up to `PATIENCE`) until the log has `count` lines holding `needle` (a handler logs
 /// a request when it has rendered it, before writing the reply).
 fn await_log(server: &Server, needle: &str, count: usize) {
-    let until = Instant::now() + PATIENCE;
-    while server.log().matches(needle).count() < count {
-        assert!(
-            Instant::now() < until,
-            "no {needle:?} logged {count} time(s) within {PATIENCE:?}:\n{}",
-            server.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let logged = poll_until(PATIENCE, Duration::from_millis(20), || {
+        (server.log().matches(needle).count() >= count).then_some(())
+    });
+    assert!(
+        logged.is_some(),
+        "no {needle:?} logged {count} time(s) within {PATIENCE:?}:\n{}",
+        server.log()
+    );
 }
 
 // ---------------------------------------------------------------------------------------

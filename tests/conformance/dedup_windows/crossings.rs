@@ -1,13 +1,13 @@
 //! Dedup windows crossed with other features: a schedule's jobs' window, Replace across kinds,
 //! and a prune against a window folding in a transaction.
 
-use std::time::{Duration, Instant as Clock};
+use std::time::Duration;
 
 use tenure::Backend;
 use tenure::jobs::{self, DedupOver, NewJob, OnDuplicate};
 use tenure::schedules::{self, Schedule};
 
-use crate::common::{TestDb, conformance, count, wait_for_db_clock};
+use crate::common::{TestDb, conformance, count, poll_until, wait_for_db_clock};
 
 conformance!(
     a_schedule_never_drops_its_jobs_dedup_window_silently,
@@ -125,14 +125,10 @@ fn wait_for_a_lock_wait(
             return;
         }
     };
-    let deadline = Clock::now() + Duration::from_secs(60);
-    while count(conn, sql) == 0 && !pruned.load(std::sync::atomic::Ordering::SeqCst) {
-        assert!(
-            Clock::now() < deadline,
-            "the pruner never waited for a lock"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(Duration::from_secs(60), Duration::from_millis(20), || {
+        (count(conn, sql) > 0 || pruned.load(std::sync::atomic::Ordering::SeqCst)).then_some(())
+    })
+    .expect("the pruner never waited for a lock");
 }
 
 // Found by the round-18b attacks on uniqueness over time: dedup windows against schedules, kinds and concurrent pruning (attacks18b.rs).

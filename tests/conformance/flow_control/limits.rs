@@ -9,7 +9,7 @@ use tenure::Backend;
 use tenure::jobs::{self, NewJob, Outcome};
 use tenure::worker::{JobContext, Worker};
 
-use crate::common::{TestDb, conformance, count};
+use crate::common::{TestDb, conformance, count, poll_until};
 
 conformance!(
     concurrent_claimers_never_exceed_a_key_limit,
@@ -120,10 +120,9 @@ fn a_saturated_key_does_not_hold_up_the_others(backend: Backend) {
         .raw_handler("C", handler(seen))
         .start()
         .unwrap();
-    let until = Clock::now() + Duration::from_secs(20);
-    while worker.report().completed < 15 && Clock::now() < until {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    poll_until(Duration::from_secs(20), Duration::from_millis(10), || {
+        (worker.report().completed >= 15).then_some(())
+    });
     worker.shutdown(Duration::from_secs(2));
     let intervals = intervals.lock().unwrap();
     assert_eq!(intervals.len(), 15);

@@ -15,7 +15,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use tenure::Backend;
 use tenure::jobs::{self, Limit, NewJob, Outcome};
 
-use crate::common::{TestDb, conformance, count};
+use crate::common::{TestDb, conformance, count, poll_until};
 
 conformance!(
     a_rate_limit_holds_in_every_window_while_unlimited_jobs_drain,
@@ -307,14 +307,10 @@ fn a_throttled_key_is_claimable_again_when_its_window_allows(backend: Backend) {
     );
     assert!(jobs::claim(&mut conn, "t", 10, TTL).unwrap().is_empty());
     // Wait on the database's clock until the window allows, then one claim takes it.
-    let deadline = Clock::now() + Duration::from_secs(60);
-    while tenure::database_now(&mut conn).unwrap() < until {
-        assert!(
-            Clock::now() < deadline,
-            "the database clock did not reach {until}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    poll_until(Duration::from_secs(60), Duration::from_millis(50), || {
+        (tenure::database_now(&mut conn).unwrap() >= until).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the database clock did not reach {until}"));
     let third = jobs::claim(&mut conn, "t", 10, TTL).unwrap();
     assert_eq!(third.len(), 1);
     assert!(
@@ -494,10 +490,9 @@ fn a_worker_claims_a_throttled_key_when_its_window_allows_not_at_its_next_poll(b
         })
         .start()
         .unwrap();
-    let until = Clock::now() + Duration::from_secs(50);
-    while worker.report().completed < 6 && Clock::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(Duration::from_secs(50), Duration::from_millis(20), || {
+        (worker.report().completed >= 6).then_some(())
+    });
     worker.shutdown(Duration::from_secs(5));
     let mut starts = starts.lock().unwrap().clone();
     starts.sort_unstable();

@@ -10,7 +10,7 @@ use diesel::connection::SimpleConnection;
 use tenure::Backend;
 use tenure::jobs::{self, Finished, Limit, NewJob, Retention, Retry};
 
-use crate::common::{TestDb, conformance, count};
+use crate::common::{TestDb, conformance, count, poll_until};
 
 conformance!(
     a_queue_limit_set_during_an_in_flight_claim_is_never_exceeded,
@@ -198,10 +198,12 @@ fn claimers_finishers_cancellers_and_pruners_of_limited_jobs_keep_every_cap(back
     stop.store(true, Ordering::Relaxed);
     let deadline = Clock::now() + Duration::from_secs(60);
     for h in handles {
-        while !h.is_finished() {
-            assert!(Clock::now() < deadline, "a thread hung");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        poll_until(
+            deadline.saturating_duration_since(Clock::now()),
+            Duration::from_millis(20),
+            || h.is_finished().then_some(()),
+        )
+        .expect("a thread hung");
         h.join().unwrap();
     }
     // Every window of 50 ms holds at most 3 starts of a rate key.

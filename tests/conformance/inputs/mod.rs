@@ -5,14 +5,14 @@
 mod instants;
 
 use std::sync::mpsc;
-use std::time::{Duration, Instant as Clock};
+use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use diesel::connection::SimpleConnection;
 use tenure::jobs::{self, Enqueued, JobState, NewJob, Outcome, Retry};
 use tenure::{Backend, Error, LeaseGuard, lease};
 
-use crate::common::{TestDb, conformance, count, race};
+use crate::common::{TestDb, conformance, count, poll_until, race, wait_until};
 
 conformance!(
     instants_outside_years_1_to_9999_are_refused_before_any_statement,
@@ -196,11 +196,10 @@ fn releasing_a_guard_inside_its_verify_transaction_does_not_hang(backend: Backen
     assert!(matches!(err, Error::LeaseReleasePending { .. }), "{err:?}");
     // Nothing is lost: with the transaction over, the release completes on its own.
     let mut conn = db.connect();
-    let until = Clock::now() + BOUND;
-    while lease::inspect(&mut conn, "verified").unwrap().unwrap().held {
-        assert!(Clock::now() < until, "the pending release never completed");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(BOUND, Duration::from_millis(20), || {
+        (!lease::inspect(&mut conn, "verified").unwrap().unwrap().held).then_some(())
+    })
+    .expect("the pending release never completed");
 }
 
 fn a_guard_released_on_the_callers_connection_commits_with_the_work(backend: Backend) {
@@ -283,11 +282,9 @@ fn a_connection_killed_while_waiting_for_a_row_lock_is_outcome_unknown(backend: 
         // The victim waits for the row this transaction locked, and is killed meanwhile.
         killed = Some(std::thread::scope(|s| {
             let victim = s.spawn(|| lease::force_release(&mut victim, "locked"));
-            let until = Clock::now() + BOUND;
-            while count(&mut admin, &waiting) == 0 {
-                assert!(Clock::now() < until, "the victim never waited for the lock");
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            wait_until("the victim to wait for the lock", BOUND, || {
+                (count(&mut admin, &waiting) > 0).then_some(())
+            });
             admin.batch_execute(&kill).unwrap();
             victim.join().expect("the victim thread")
         }));

@@ -2,14 +2,14 @@
 //! guard renews after a long transaction of its caller's and releases after it.
 
 use std::sync::{Arc, Barrier, mpsc};
-use std::time::{Duration, Instant as Clock};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tenure::jobs::{self, NewJob};
 use tenure::lease::{self, Wait};
 use tenure::{AnyConnection, Backend, Error, LeaseGuard};
 
-use crate::common::{TestDb, conformance};
+use crate::common::{TestDb, conformance, poll_until};
 
 conformance!(
     a_guard_renews_after_a_long_caller_transaction_and_releases_after_it,
@@ -68,18 +68,11 @@ fn a_guard_renews_after_a_long_caller_transaction_and_releases_after_it(backend:
     })
     .unwrap();
     let mut monitor = db.connect();
-    let until = Clock::now() + Duration::from_secs(30);
-    loop {
+    poll_until(Duration::from_secs(30), Duration::from_millis(50), || {
         let row = lease::inspect(&mut monitor, "guarded").unwrap().unwrap();
-        if row.expires_at > first_expiry {
-            break;
-        }
-        assert!(
-            Clock::now() < until,
-            "no renewal landed within 30 s after the caller's commit"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        (row.expires_at > first_expiry).then_some(())
+    })
+    .expect("no renewal landed within 30 s after the caller's commit");
     assert!(
         guard.is_held(),
         "the guard lost its lease behind the caller's transaction"
@@ -91,18 +84,11 @@ fn a_guard_renews_after_a_long_caller_transaction_and_releases_after_it(backend:
         Ok::<_, Error>(())
     })
     .unwrap();
-    let until = Clock::now() + Duration::from_secs(30);
-    loop {
+    poll_until(Duration::from_secs(30), Duration::from_millis(50), || {
         let row = lease::inspect(&mut monitor, "guarded").unwrap().unwrap();
-        if !row.held {
-            break;
-        }
-        assert!(
-            Clock::now() < until,
-            "the dropped guard's release never landed after the commit"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        (!row.held).then_some(())
+    })
+    .expect("the dropped guard's release never landed after the commit");
 }
 
 // Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).

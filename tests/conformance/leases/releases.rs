@@ -7,7 +7,7 @@ use std::time::Duration;
 use tenure::jobs::{self, NewJob};
 use tenure::{Backend, Error, LeaseGuard, lease};
 
-use crate::common::{TestDb, conformance, count};
+use crate::common::{TestDb, conformance, count, poll_until};
 
 conformance!(
     release_on_after_the_lease_was_lost_returns_false_and_spares_the_new_holder,
@@ -104,12 +104,8 @@ fn dropping_a_guard_inside_its_verify_transaction_does_not_hang(backend: Backend
     })
     .expect("the transaction commits");
     let mut conn = db.connect();
-    let until = std::time::Instant::now() + BOUND;
-    while lease::inspect(&mut conn, "dropped").unwrap().unwrap().held {
-        assert!(
-            std::time::Instant::now() < until,
-            "the dropped guard's lease stays held"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(BOUND, Duration::from_millis(20), || {
+        (!lease::inspect(&mut conn, "dropped").unwrap().unwrap().held).then_some(())
+    })
+    .expect("the dropped guard's lease stays held");
 }

@@ -2,13 +2,13 @@
 //! copied batch notifies its queues after the commit only, and a listener wakes for other
 //! processes' jobs, also after its connection died.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
 use tenure::jobs::{self, NewJob};
 use tenure::{AnyConnection, Backend};
 
-use crate::common::{TestDb, count, server_url};
+use crate::common::{TestDb, count, poll_until, server_url};
 use crate::wakeups::received;
 
 /// A role with exactly README.md's application privileges ("On a server"), and a URL to
@@ -143,14 +143,10 @@ fn attacks20_pg_listener_wakes_for_other_processes_jobs_and_after_its_connection
         .unwrap();
     };
     let completed_within = |n: usize, wait: Duration| {
-        let until = Instant::now() + wait;
-        while Instant::now() < until {
-            if worker.report().completed >= n {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        false
+        poll_until(wait, Duration::from_millis(10), || {
+            (worker.report().completed >= n).then_some(())
+        })
+        .is_some()
     };
     // Let the worker settle into its idle wait, LISTENing.
     std::thread::sleep(Duration::from_millis(500));

@@ -12,7 +12,7 @@ use tenure::Backend;
 use tenure::jobs::{self, Backoff, JobState, NewJob};
 use tenure::worker::{JobContext, Report, Worker};
 
-use crate::common::{TestDb, conformance, wait_for};
+use crate::common::{TestDb, conformance, poll_until, wait_for};
 
 conformance!(
     a_lost_claim_reclaimed_by_the_same_worker_runs_and_counts_once_each,
@@ -67,18 +67,25 @@ fn a_lost_claim_reclaimed_by_the_same_worker_runs_and_counts_once_each(backend: 
                 // told us, then (odd rounds) until the new run completed.
                 lost.store(true, Ordering::SeqCst);
                 let until = Clock::now() + Duration::from_secs(15);
-                while !ctx.should_stop() && Clock::now() < until {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
+                poll_until(Duration::from_secs(15), Duration::from_millis(5), || {
+                    ctx.should_stop().then_some(())
+                });
                 if ctx.should_stop() {
                     stopped.fetch_add(1, Ordering::SeqCst);
                 }
                 if payload == b"late" {
-                    while !done.lock().unwrap().get(&ctx.id).copied().unwrap_or(false)
-                        && Clock::now() < until
-                    {
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
+                    poll_until(
+                        until.saturating_duration_since(Clock::now()),
+                        Duration::from_millis(5),
+                        || {
+                            done.lock()
+                                .unwrap()
+                                .get(&ctx.id)
+                                .copied()
+                                .unwrap_or(false)
+                                .then_some(())
+                        },
+                    );
                 }
                 return Ok(());
             }
@@ -176,10 +183,9 @@ fn a_cancelled_claimed_ahead_job_never_runs(backend: Backend) {
         .raw_handler("quick", |_: &JobContext, _: &[u8]| Ok(()))
         .raw_handler("block", move |_: &JobContext, _: &[u8]| {
             b.store(true, Ordering::SeqCst);
-            let until = Clock::now() + Duration::from_secs(20);
-            while !r.load(Ordering::SeqCst) && Clock::now() < until {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            poll_until(Duration::from_secs(20), Duration::from_millis(5), || {
+                r.load(Ordering::SeqCst).then_some(())
+            });
             Ok(())
         })
         .raw_handler("target", move |ctx: &JobContext, _: &[u8]| {
@@ -274,10 +280,9 @@ fn a_cancelled_run_that_panics_is_not_counted_as_retried_or_panicked_alone(backe
         .poll_interval(Duration::from_millis(10))
         .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
             s.store(true, Ordering::SeqCst);
-            let until = Clock::now() + Duration::from_secs(20);
-            while !ctx.should_stop() && Clock::now() < until {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            poll_until(Duration::from_secs(20), Duration::from_millis(5), || {
+                ctx.should_stop().then_some(())
+            });
             panic!("stopping badly");
         })
         .start()

@@ -10,7 +10,7 @@ use tenure::jobs::{self, Backoff, JobState, NewJob};
 use tenure::worker::{JobContext, Worker};
 
 use super::pool;
-use crate::common::{TestDb, conformance, wait_for};
+use crate::common::{TestDb, conformance, poll_until, wait_for};
 
 conformance!(
     a_long_handler_keeps_its_job_through_heartbeats,
@@ -95,10 +95,9 @@ fn a_handler_past_its_timeout_is_failed_without_extra_concurrency(backend: Backe
         .poll_interval(Duration::from_millis(20))
         .raw_handler("slow", move |ctx: &JobContext, _: &[u8]| {
             track(&r1, &m1);
-            let until = Clock::now() + Duration::from_secs(3);
-            while !ctx.should_stop() && Clock::now() < until {
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            poll_until(Duration::from_secs(3), Duration::from_millis(10), || {
+                ctx.should_stop().then_some(())
+            });
             flag.store(ctx.should_stop(), Ordering::SeqCst);
             // Keep the thread busy a little past the flag: no other job may start meanwhile.
             std::thread::sleep(Duration::from_millis(200));
@@ -164,10 +163,9 @@ fn a_cancelled_job_raises_the_flag_at_the_next_heartbeat(backend: Backend) {
         .poll_interval(Duration::from_millis(20))
         .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
             s.store(true, Ordering::SeqCst);
-            let until = Clock::now() + Duration::from_secs(10);
-            while !ctx.should_stop() && Clock::now() < until {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            poll_until(Duration::from_secs(10), Duration::from_millis(5), || {
+                ctx.should_stop().then_some(())
+            });
             *f.lock().unwrap() = ctx.should_stop().then(Clock::now);
             Ok(())
         })

@@ -14,7 +14,7 @@ use diesel::connection::SimpleConnection;
 use tenure::jobs::{self, JobState, NewJob};
 use tenure::{AnyConnection, Backend};
 
-use crate::common::{TestDb, conformance, count, race};
+use crate::common::{TestDb, conformance, count, race, wait_until};
 
 conformance!(
     a_worker_registers_and_leaves_no_row_behind,
@@ -186,11 +186,11 @@ fn a_worker_registers_and_leaves_no_row_behind(backend: Backend) {
         })
         .start()
         .unwrap();
-    let until = std::time::Instant::now() + Duration::from_secs(20);
-    while jobs::get(&mut conn, id).unwrap().unwrap().state != JobState::Running {
-        assert!(std::time::Instant::now() < until, "never claimed");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until(
+        &format!("job {id} to be claimed"),
+        Duration::from_secs(20),
+        || (jobs::get(&mut conn, id).unwrap().unwrap().state == JobState::Running).then_some(()),
+    );
     let registered = count(&mut conn, "SELECT MAX(id) AS n FROM tenure_workers");
     assert_eq!(
         count(

@@ -17,7 +17,7 @@ use tenure::jobs::{self, JobState, NewJob};
 use tenure::worker::{JobContext, JobError, Report, Worker, WorkerHandle};
 use tenure::{Backend, Pool};
 
-use crate::common::{TestDb, conformance, count, wait_for};
+use crate::common::{TestDb, conformance, count, poll_until, wait_for};
 
 conformance!(
     four_threads_process_two_thousand_jobs_once,
@@ -119,11 +119,9 @@ fn three_batching_workers_run_each_job_once(backend: Backend) {
                 .unwrap()
         })
         .collect();
-    let until = Clock::now() + Duration::from_secs(60);
-    while workers.iter().map(|w| w.report().completed).sum::<usize>() < JOBS && Clock::now() < until
-    {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    poll_until(Duration::from_secs(60), Duration::from_millis(10), || {
+        (workers.iter().map(|w| w.report().completed).sum::<usize>() >= JOBS).then_some(())
+    });
     let reports: Vec<Report> = workers
         .into_iter()
         .map(|w| w.shutdown(Duration::from_secs(5)))
@@ -309,18 +307,16 @@ fn shutdown_finishes_within_grace_and_gives_back_the_rest(backend: Backend) {
         })
         .raw_handler("stuck", move |ctx: &JobContext, _: &[u8]| {
             s2.fetch_add(1, Ordering::SeqCst);
-            let until = Clock::now() + Duration::from_secs(20);
-            while !ctx.should_stop() && Clock::now() < until {
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            poll_until(Duration::from_secs(20), Duration::from_millis(10), || {
+                ctx.should_stop().then_some(())
+            });
             Ok(())
         })
         .start()
         .unwrap();
-    let until = Clock::now() + Duration::from_secs(10);
-    while started.load(Ordering::SeqCst) < 2 && Clock::now() < until {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    poll_until(Duration::from_secs(10), Duration::from_millis(10), || {
+        (started.load(Ordering::SeqCst) >= 2).then_some(())
+    });
     let report = worker.shutdown(Duration::from_secs(1));
     assert_eq!((report.completed, report.given_back), (1, 1), "{report:?}");
     assert_eq!(

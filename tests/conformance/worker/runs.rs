@@ -13,7 +13,7 @@ use tenure::jobs::{self, Backoff, JobState, NewJob};
 use tenure::worker::{JobContext, JobError, Worker};
 use tenure::{AnyConnection, Backend};
 
-use crate::common::{Intervals, TestDb, conformance, count, overlaps};
+use crate::common::{Intervals, TestDb, conformance, count, overlaps, poll_until};
 
 conformance!(
     a_retry_claimed_while_the_first_run_is_recorded_runs_once,
@@ -127,7 +127,6 @@ fn a_result_the_database_refuses_does_not_block_the_others(backend: Backend) {
         .raw_handler("ok", |_: &JobContext, _: &[u8]| Ok(()))
         .start()
         .unwrap();
-    let until = Clock::now() + Duration::from_secs(60);
     let done = |c: &mut AnyConnection| {
         count(
             c,
@@ -135,9 +134,9 @@ fn a_result_the_database_refuses_does_not_block_the_others(backend: Backend) {
              (state = 'waiting' AND attempt = 0)",
         )
     };
-    while done(&mut conn) > 0 && Clock::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(Duration::from_secs(60), Duration::from_millis(20), || {
+        (done(&mut conn) == 0).then_some(())
+    });
     let report = worker.shutdown(Duration::from_secs(5));
     drop(pool);
     assert_eq!(report.completed, JOBS, "{report:?}");
@@ -301,10 +300,9 @@ fn a_timed_out_run_holds_its_limit_until_the_handler_returns(backend: Backend) {
         .timeout("slow", Duration::from_millis(200))
         .start()
         .unwrap();
-    let until = Clock::now() + Duration::from_secs(30);
-    while intervals.lock().unwrap().len() < 4 && Clock::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(Duration::from_secs(30), Duration::from_millis(20), || {
+        (intervals.lock().unwrap().len() >= 4).then_some(())
+    });
     let report = worker.shutdown(Duration::from_secs(5));
     let intervals = intervals.lock().unwrap();
     assert!(intervals.len() >= 4, "{report:?}");
@@ -339,10 +337,9 @@ fn a_cancelled_run_holds_its_limit_until_the_handler_returns(backend: Backend) {
         .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
             let start = Clock::now();
             s.fetch_add(1, Ordering::SeqCst);
-            let until = start + Duration::from_secs(10);
-            while !ctx.should_stop() && Clock::now() < until && ctx.id != second {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            poll_until(Duration::from_secs(10), Duration::from_millis(5), || {
+                (ctx.should_stop() || ctx.id == second).then_some(())
+            });
             // Cleanup after the stop flag takes a while; the key is still held.
             std::thread::sleep(Duration::from_millis(500));
             seen.lock().unwrap().push((ctx.id, start, Clock::now()));
@@ -358,10 +355,9 @@ fn a_cancelled_run_holds_its_limit_until_the_handler_returns(backend: Backend) {
         !jobs::cancel(&mut conn, first).unwrap(),
         "asked once already"
     );
-    let until = Clock::now() + Duration::from_secs(30);
-    while intervals.lock().unwrap().len() < 2 && Clock::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(Duration::from_secs(30), Duration::from_millis(20), || {
+        (intervals.lock().unwrap().len() >= 2).then_some(())
+    });
     let report = worker.shutdown(Duration::from_secs(5));
     let intervals = intervals.lock().unwrap();
     assert_eq!(intervals.len(), 2, "{report:?}");

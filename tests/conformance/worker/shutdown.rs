@@ -9,7 +9,7 @@ use tenure::Backend;
 use tenure::jobs::{self, JobState, NewJob};
 use tenure::worker::{JobContext, Worker};
 
-use crate::common::{Intervals, TestDb, conformance, overlaps};
+use crate::common::{Intervals, TestDb, conformance, overlaps, poll_until};
 
 conformance!(
     shutdown_past_grace_keeps_the_limit_until_the_handler_returns,
@@ -18,11 +18,10 @@ conformance!(
 );
 
 fn wait_flag(flag: &AtomicBool, limit: Duration) {
-    let until = Clock::now() + limit;
-    while !flag.load(Ordering::SeqCst) {
-        assert!(Clock::now() < until, "timed out waiting for a flag");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    poll_until(limit, Duration::from_millis(5), || {
+        flag.load(Ordering::SeqCst).then_some(())
+    })
+    .expect("timed out waiting for a flag");
 }
 
 // Found by an outside tester's attacks on the worker's promises; fixed in the library (worker_attacks.rs).
@@ -73,10 +72,9 @@ fn shutdown_past_grace_keeps_the_limit_until_the_handler_returns(backend: Backen
         .raw_handler("k", handler)
         .start()
         .unwrap();
-    let until = Clock::now() + Duration::from_secs(30);
-    while intervals.lock().unwrap().len() < 3 && Clock::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(Duration::from_secs(30), Duration::from_millis(20), || {
+        (intervals.lock().unwrap().len() >= 3).then_some(())
+    });
     let report_b = b.shutdown(Duration::from_secs(5));
     let intervals = intervals.lock().unwrap();
     assert_eq!(
@@ -125,10 +123,9 @@ fn shutdown_past_grace_never_runs_a_job_twice_at_once(backend: Backend) {
         .raw_handler("k", handler)
         .start()
         .unwrap();
-    let until = Clock::now() + Duration::from_secs(20);
-    while intervals.lock().unwrap().len() < 2 && Clock::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(Duration::from_secs(20), Duration::from_millis(20), || {
+        (intervals.lock().unwrap().len() >= 2).then_some(())
+    });
     let report_b = b.shutdown(Duration::from_secs(5));
     let intervals = intervals.lock().unwrap();
     assert_eq!(
@@ -159,10 +156,9 @@ fn a_cancel_at_shutdown_is_counted_and_ends_the_job_cancelled(backend: Backend) 
         .poll_interval(Duration::from_millis(10))
         .raw_handler("k", move |_: &JobContext, _: &[u8]| {
             s.store(true, Ordering::SeqCst);
-            let until = Clock::now() + Duration::from_secs(20);
-            while !r.load(Ordering::SeqCst) && Clock::now() < until {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            poll_until(Duration::from_secs(20), Duration::from_millis(5), || {
+                r.load(Ordering::SeqCst).then_some(())
+            });
             Ok(())
         })
         .start()
@@ -178,12 +174,11 @@ fn a_cancel_at_shutdown_is_counted_and_ends_the_job_cancelled(backend: Backend) 
     );
     assert!(job.cancel_requested_at.is_some());
     assert_eq!((report.cancelled, report.given_back), (0, 0), "{report:?}");
-    let until = Clock::now() + Duration::from_secs(20);
-    let mut rescued = Vec::new();
-    while rescued.is_empty() && Clock::now() < until {
-        std::thread::sleep(Duration::from_millis(100));
-        rescued = jobs::rescue(&mut conn, 10).unwrap().cancelled;
-    }
+    let rescued = poll_until(Duration::from_secs(20), Duration::from_millis(100), || {
+        let cancelled = jobs::rescue(&mut conn, 10).unwrap().cancelled;
+        (!cancelled.is_empty()).then_some(cancelled)
+    })
+    .unwrap_or_default();
     release.store(true, Ordering::SeqCst);
     assert_eq!(rescued, vec![id]);
     let job = jobs::get(&mut conn, id).unwrap().unwrap();
