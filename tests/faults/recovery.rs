@@ -68,19 +68,13 @@ pub fn holding_worker(url: &str, cap: u64) {
             }
             // One attempt each: a start that meets a server restart (a test of these restarts
             // one) is written again once the server is back, rather than failing the job.
-            let mut tries = 0;
-            loop {
-                let written = starts
-                    .get()
-                    .and_then(|mut conn| Ok(record_start(&mut conn, ctx.id, pid)?));
-                match written {
-                    Ok(()) => break,
-                    Err(_) if tries < 600 => {
-                        tries += 1;
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                    Err(e) => return Err(e.into()),
-                }
+            let written = poll_until(Duration::from_secs(60), Duration::from_millis(100), || {
+                let mut conn = starts.get().ok()?;
+                record_start(&mut conn, ctx.id, pid).ok()
+            });
+            if written.is_none() {
+                // Once more, for the error it fails with.
+                record_start(&mut *starts.get()?, ctx.id, pid)?;
             }
             let wanted: u64 = std::str::from_utf8(payload)
                 .ok()
