@@ -31,6 +31,47 @@ fn migrated(dir: &Path) -> String {
     url
 }
 
+// Found by the attacks on issue 17's promises after the polish pass (SQLite files only; cli/attacks17.rs).
+/// A cron expression whose date never comes ("0 0 31 2 *") passed the field check and
+/// failed after the database was opened with "no next tick: CronScheduler time search
+/// limit exceeded".
+#[test]
+fn a_cron_expression_that_never_fires_is_refused_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.db").display().to_string();
+    let out = tenure(
+        &missing,
+        &[
+            "schedules",
+            "add",
+            "s",
+            "--cron",
+            "0 0 31 2 *",
+            "--queue",
+            "q",
+            "--command",
+            "true",
+        ],
+    );
+    fails(&out, 2, &["--cron", "never fires"]);
+    // 29 February comes.
+    let url = migrated(dir.path());
+    ok(
+        &url,
+        &[
+            "schedules",
+            "add",
+            "s",
+            "--cron",
+            "0 0 29 2 *",
+            "--queue",
+            "q",
+            "--command",
+            "true",
+        ],
+    );
+}
+
 // Found by the attacks on issue 17's promises after the polish pass (SQLite files only;
 // cli/attacks17.rs): `--every 24h` was listed as `every 1d`. Chosen: a schedule keeps a
 // Duration, not the text it was given, and the list shows it in the largest exact unit (an

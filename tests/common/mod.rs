@@ -242,6 +242,27 @@ pub fn count(conn: &mut AnyConnection, sql: &str) -> i64 {
         .n
 }
 
+/// The session holding worker `id`'s liveness lock in this test's database (PostgreSQL: the
+/// backend's pid; MariaDB: the connection id), if one does; `None` on SQLite (a file lock).
+/// `pg_locks` lists the locks of every database, and worker ids repeat across the tests'
+/// databases: without the filter on the database, another test's worker of the same id
+/// answered (a "relocked" session that was never this worker's).
+pub fn worker_lock_session(conn: &mut AnyConnection, backend: Backend, id: i64) -> Option<i64> {
+    let query = match backend {
+        Backend::Postgres => format!(
+            "SELECT CAST(COALESCE(MAX(pid), 0) AS BIGINT) AS n FROM pg_locks \
+             WHERE locktype = 'advisory' AND classid = 1952804469 AND objid = {id} \
+             AND objsubid = 2 AND granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        ),
+        Backend::Mysql => format!(
+            "SELECT CAST(COALESCE(IS_USED_LOCK(CONCAT('tenure.w.', MD5(DATABASE()), '.', {id})), 0) AS SIGNED) AS n"
+        ),
+        Backend::Sqlite => return None,
+    };
+    Some(count(conn, &query)).filter(|session| *session != 0)
+}
+
 /// The SQL column type of `tenure::sql_types::Instant` on a backend.
 pub fn instant_column(backend: Backend) -> &'static str {
     match backend {

@@ -367,29 +367,6 @@ fn a_stopped_worker_is_never_taken_for_dead(backend: Backend) {
     );
 }
 
-/// The session that holds worker `id`'s lock, by the server's connection id.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-fn lock_session(conn: &mut AnyConnection, backend: Backend, id: i64) -> Option<i64> {
-    #[derive(QueryableByName)]
-    struct Session {
-        #[diesel(sql_type = diesel::sql_types::Nullable<BigInt>)]
-        session: Option<i64>,
-    }
-    let query = match backend {
-        Backend::Postgres => format!(
-            "SELECT CAST(MAX(pid) AS BIGINT) AS session FROM pg_locks WHERE locktype = 'advisory' \
-             AND classid = 1952804469 AND objid = {id} AND objsubid = 2 AND granted"
-        ),
-        _ => format!(
-            "SELECT CAST(IS_USED_LOCK(CONCAT('tenure.w.', MD5(DATABASE()), '.', {id})) AS SIGNED) AS session"
-        ),
-    };
-    diesel::sql_query(query)
-        .get_result::<Session>(conn)
-        .unwrap()
-        .session
-}
-
 /// A live worker's lock connection is killed on the server (as a restart, an operator or a
 /// network reset would): its lock is free, but its heartbeat goes on through its other
 /// connections, so a second worker does not take it for dead; it takes its lock again on a
@@ -406,7 +383,8 @@ fn a_worker_whose_lock_connection_is_killed_keeps_its_jobs(backend: Backend) {
         &format!("SELECT id FROM tenure_workers WHERE pid = {holder_pid}"),
     );
     let worker = *worker.iter().next().expect("the holder is registered");
-    let session = lock_session(&mut conn, backend, worker).expect("the holder holds its lock");
+    let session = crate::common::worker_lock_session(&mut conn, backend, worker)
+        .expect("the holder holds its lock");
     let kill = match backend {
         Backend::Postgres => format!("SELECT pg_terminate_backend({session})"),
         _ => format!("KILL {session}"),
@@ -427,7 +405,7 @@ fn a_worker_whose_lock_connection_is_killed_keeps_its_jobs(backend: Backend) {
             killed.elapsed()
         );
         if again.is_none() {
-            match lock_session(&mut conn, backend, worker) {
+            match crate::common::worker_lock_session(&mut conn, backend, worker) {
                 Some(new) if new != session => again = Some((new, killed.elapsed())),
                 _ => {}
             }

@@ -208,10 +208,13 @@ fn a_worker_registers_and_leaves_no_row_behind(backend: Backend) {
             "SELECT COUNT(*) AS n FROM tenure_workers WHERE id = {registered} AND heartbeat_at > started_at"
         ),
     );
-    let session = lock_session(&mut conn, backend, registered);
+    let session = crate::common::worker_lock_session(&mut conn, backend, registered);
     std::thread::sleep(Duration::from_millis(2500));
     // One session holds its lock all along (the worker's checks find it held).
-    assert_eq!(lock_session(&mut conn, backend, registered), session);
+    assert_eq!(
+        crate::common::worker_lock_session(&mut conn, backend, registered),
+        session
+    );
     if backend != Backend::Sqlite {
         assert!(session.is_some(), "a session holds the worker's lock");
     }
@@ -259,21 +262,6 @@ fn a_worker_registers_and_leaves_no_row_behind(backend: Backend) {
     );
     assert_eq!(rescued(&mut conn), Vec::<i64>::new());
     drop(held);
-}
-
-/// The server session that holds worker `id`'s lock, if any (`None` on SQLite).
-fn lock_session(conn: &mut AnyConnection, backend: Backend, id: i64) -> Option<i64> {
-    let query = match backend {
-        Backend::Postgres => format!(
-            "SELECT CAST(COALESCE(MAX(pid), 0) AS BIGINT) AS n FROM pg_locks WHERE locktype = 'advisory' \
-             AND classid = 1952804469 AND objid = {id} AND objsubid = 2 AND granted"
-        ),
-        Backend::Mysql => format!(
-            "SELECT CAST(COALESCE(IS_USED_LOCK(CONCAT('tenure.w.', MD5(DATABASE()), '.', {id})), 0) AS SIGNED) AS n"
-        ),
-        Backend::Sqlite => return None,
-    };
-    Some(count(conn, &query)).filter(|session| *session != 0)
 }
 
 /// A registered worker silent for an hour, whose lock was even marked free long ago (as if

@@ -1,0 +1,1 @@
+UPDATE a_jobs SET state = 'completed', finished_at = now() WHERE id IN (SELECT id FROM a_jobs WHERE queue = 'q' AND state = 'waiting' AND due_at <= now() ORDER BY priority, due_at, id LIMIT 10 FOR UPDATE SKIP LOCKED);

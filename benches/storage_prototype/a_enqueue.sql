@@ -1,0 +1,1 @@
+INSERT INTO a_jobs (queue, state, payload) VALUES ('q', 'waiting', '\x00');

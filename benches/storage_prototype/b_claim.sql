@@ -1,0 +1,1 @@
+WITH c AS (DELETE FROM b_ready WHERE (gen, id) IN (SELECT gen, id FROM b_ready WHERE queue = 'q' AND due_at <= now() ORDER BY priority, due_at, id LIMIT 10 FOR UPDATE SKIP LOCKED) RETURNING id) UPDATE b_jobs SET state = 'completed', finished_at = now() FROM c WHERE b_jobs.id = c.id;
