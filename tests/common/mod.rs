@@ -385,6 +385,17 @@ pub fn wait_for(
     .unwrap_or_else(|| last.expect("at least one report"))
 }
 
+/// Sends tenure's warnings (and worse) to this test's stderr, which nextest shows when the
+/// test fails: a worker's "heartbeat failed" or "the claim ended" says why a run was lost.
+/// Each test runs in its own process under nextest, so the global subscriber is the test's.
+#[allow(dead_code)]
+pub fn show_warnings() {
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 /// Waits until no job of the database is waiting or running, or `limit` passes; returns how
 /// many are left (0 once drained).
 #[allow(dead_code)]

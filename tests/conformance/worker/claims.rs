@@ -164,6 +164,7 @@ fn a_lost_claim_reclaimed_by_the_same_worker_runs_and_counts_once_each(backend: 
 /// cancelled (a cancel request: it is `running` in the database) while a long job holds the
 /// thread. It must never run, end cancelled, and use no attempt.
 fn a_cancelled_claimed_ahead_job_never_runs(backend: Backend) {
+    crate::common::show_warnings();
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     // Warm-up: short runs make the worker claim ahead.
@@ -256,7 +257,15 @@ fn a_cancelled_claimed_ahead_job_never_runs(backend: Backend) {
         200 + rounds * (1 + 20) - claimed_ahead.len(),
         "{report:?}"
     );
-    assert_eq!(report.cancelled, claimed_ahead.len(), "{report:?}");
+    let lapses: Vec<u32> = claimed_ahead
+        .iter()
+        .map(|id| jobs::get(&mut conn, *id).unwrap().unwrap().lapses)
+        .collect();
+    assert_eq!(
+        report.cancelled,
+        claimed_ahead.len(),
+        "{report:?}; the cancelled jobs' lapses: {lapses:?}"
+    );
 }
 
 // Found by an outside tester's attacks on the worker's promises; fixed in the library (worker_attacks.rs).
