@@ -386,14 +386,66 @@ pub fn wait_for(
 }
 
 /// Sends tenure's warnings (and worse) to this test's stderr, which nextest shows when the
-/// test fails: a worker's "heartbeat failed" or "the claim ended" says why a run was lost.
-/// Each test runs in its own process under nextest, so the global subscriber is the test's.
+/// test fails (a worker's "heartbeat failed" says why a run was lost), and keeps them for the
+/// test to wait on ([`Warnings`]). Each test runs in its own process under nextest, so the
+/// global subscriber is the test's.
 #[allow(dead_code)]
-pub fn show_warnings() {
-    let _ = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(std::io::stderr)
-        .try_init();
+pub fn show_warnings() -> Warnings {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::filter::LevelFilter;
+    use tracing_subscriber::layer::SubscriberExt;
+    let seen = Warnings::default();
+    let subscriber = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(LevelFilter::WARN),
+        )
+        .with(seen.clone().with_filter(LevelFilter::WARN));
+    let _ = tracing::subscriber::set_global_default(subscriber);
+    seen
+}
+
+/// The warnings tenure logged in this test, each as its fields (`message` among them).
+#[derive(Clone, Default)]
+#[allow(dead_code)]
+pub struct Warnings(Arc<std::sync::Mutex<Vec<std::collections::HashMap<String, String>>>>);
+
+#[allow(dead_code)]
+impl Warnings {
+    /// The distinct values of `field` among the warnings whose message is `message`.
+    pub fn values_of(&self, message: &str, field: &str) -> std::collections::BTreeSet<String> {
+        let seen = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        seen.iter()
+            .filter(|w| w.get("message").map(String::as_str) == Some(message))
+            .filter_map(|w| w.get(field).cloned())
+            .collect()
+    }
+}
+
+struct Fields<'a>(&'a mut std::collections::HashMap<String, String>);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(
+            field.name().to_string(),
+            format!("{value:?}").trim_matches('"').to_string(),
+        );
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut fields = std::collections::HashMap::new();
+        event.record(&mut Fields(&mut fields));
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(fields);
+    }
 }
 
 /// Waits until no job of the database is waiting or running, or `limit` passes; returns how

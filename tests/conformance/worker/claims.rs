@@ -164,7 +164,7 @@ fn a_lost_claim_reclaimed_by_the_same_worker_runs_and_counts_once_each(backend: 
 /// cancelled (a cancel request: it is `running` in the database) while a long job holds the
 /// thread. It must never run, end cancelled, and use no attempt.
 fn a_cancelled_claimed_ahead_job_never_runs(backend: Backend) {
-    crate::common::show_warnings();
+    let warnings = crate::common::show_warnings();
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     // Warm-up: short runs make the worker claim ahead.
@@ -179,7 +179,7 @@ fn a_cancelled_claimed_ahead_job_never_runs(backend: Backend) {
     let worker = Worker::builder(db.pool(8))
         .queue("ahead")
         .threads(1)
-        .claim_ttl(Duration::from_secs(3))
+        .claim_ttl(Duration::from_secs(10))
         .poll_interval(Duration::from_millis(10))
         .raw_handler("quick", |_: &JobContext, _: &[u8]| Ok(()))
         .raw_handler("block", move |_: &JobContext, _: &[u8]| {
@@ -228,11 +228,21 @@ fn a_cancelled_claimed_ahead_job_never_runs(backend: Backend) {
     for id in &claimed_ahead {
         assert!(jobs::cancel(&mut conn, *id).unwrap());
     }
-    // Past two heartbeats (ttl/3 = 1 s), well within the ttl: the heartbeat has seen the
-    // cancel requests, and no claim lapsed (with a 600 ms ttl, a heartbeat late under load
-    // let the claims lapse: their jobs ended cancelled, by a rescue, and the worker rightly
-    // counted its runs lost).
-    std::thread::sleep(Duration::from_millis(2500));
+    // Until the heartbeat has seen every cancel request (it logs "the claim ended" for each),
+    // never by a fixed sleep: with a 600 ms ttl and a sleep of five heartbeats, MariaDB
+    // under load renewed too late, the claims lapsed, a rescue cancelled the jobs and the
+    // worker rightly counted its runs lost. The 10 s ttl leaves a heartbeat (every 3.3 s)
+    // room to be late.
+    let wanted: std::collections::BTreeSet<String> =
+        claimed_ahead.iter().map(i64::to_string).collect();
+    crate::common::wait_until(
+        "the heartbeat to see every cancel request",
+        Duration::from_secs(30),
+        || {
+            let seen = warnings.values_of("heartbeat: the claim ended", "job.id");
+            wanted.is_subset(&seen).then_some(())
+        },
+    );
     release.store(true, Ordering::SeqCst);
     crate::common::live_jobs_after(&mut conn, Duration::from_secs(20));
     let report = worker.shutdown(Duration::from_secs(5));
