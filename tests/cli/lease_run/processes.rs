@@ -287,7 +287,10 @@ fn lease_run_attack_signals_at_awkward_moments(backend: Backend) {
             "--",
             "sh",
             "-c",
-            "echo $$ > \"$DIR/early.pid\"; exec sleep 120",
+            // Written whole or not at all: the SIGTERM may end the shell between its
+            // opening the file and writing the number (an empty early.pid, waited for in
+            // vain for 60 s under load).
+            "echo $$ > \"$DIR/early.tmp\" && mv \"$DIR/early.tmp\" \"$DIR/early.pid\"; exec sleep 120",
         ],
     )
     .stdout(Stdio::null())
