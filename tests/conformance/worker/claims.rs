@@ -34,6 +34,8 @@ fn wait_flag(flag: &AtomicBool, limit: Duration) {
 /// lost; the new run completes. Several rounds, each old run returning before or after the
 /// new one.
 fn a_lost_claim_reclaimed_by_the_same_worker_runs_and_counts_once_each(backend: Backend) {
+    // Tenure's warnings reach a failing run's output (a late heartbeat, a claim ended).
+    let _warnings = crate::common::show_warnings();
     const ROUNDS: usize = 4;
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
@@ -136,8 +138,17 @@ fn a_lost_claim_reclaimed_by_the_same_worker_runs_and_counts_once_each(backend: 
     });
     std::thread::sleep(Duration::from_millis(1500));
     let final_report = worker.shutdown(Duration::from_secs(5));
-    assert_eq!(report, final_report, "nothing after the rounds");
     let runs = runs.lock().unwrap();
+    // Once under load on MariaDB (1 run in 9) a fifth run was counted lost after the rounds:
+    // the runs per job and the jobs' lapses say which claim it was.
+    let lapses: Vec<(i64, u32)> = ids
+        .iter()
+        .map(|id| (*id, jobs::get(&mut conn, *id).unwrap().unwrap().lapses))
+        .collect();
+    assert_eq!(
+        report, final_report,
+        "nothing after the rounds; runs per job {runs:?}; lapses {lapses:?}"
+    );
     for id in &ids {
         assert_eq!(
             runs.get(id),
