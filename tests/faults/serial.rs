@@ -212,22 +212,7 @@ fn survives_a_server_restart(backend: Backend) {
     assert!(status.success(), "{restart}: {status}");
     let restart_took = restarted_at.elapsed();
     let until = Instant::now() + Duration::from_secs(120);
-    let mut refused = None;
-    let mut conn = poll_until(Duration::from_secs(120), Duration::from_millis(200), || {
-        match AnyConnection::connect(db.url()) {
-            Ok(conn) => Some(conn),
-            Err(e) => {
-                refused = Some(e);
-                None
-            }
-        }
-    })
-    .unwrap_or_else(|| {
-        panic!(
-            "the server did not come back: {}",
-            refused.expect("a refused connect")
-        )
-    });
+    let mut conn = reconnect(db.url());
     let mut left = 0;
     poll_until(
         until.saturating_duration_since(Instant::now()),
@@ -295,22 +280,7 @@ fn a_restart_does_not_make_live_workers_look_dead(backend: Backend) {
     let restart_took = restarted_at.elapsed();
     stage("the server restarted");
     let until = Instant::now() + Duration::from_secs(120);
-    let mut refused = None;
-    let mut conn = poll_until(Duration::from_secs(120), Duration::from_millis(200), || {
-        match AnyConnection::connect(db.url()) {
-            Ok(conn) => Some(conn),
-            Err(e) => {
-                refused = Some(e);
-                None
-            }
-        }
-    })
-    .unwrap_or_else(|| {
-        panic!(
-            "the server did not come back: {}",
-            refused.expect("a refused connect")
-        )
-    });
+    let mut conn = reconnect(db.url());
     let completed = poll_until(
         until.saturating_duration_since(Instant::now()),
         Duration::from_millis(100),
@@ -362,6 +332,28 @@ fn a_restart_does_not_make_live_workers_look_dead(backend: Backend) {
          ran once, in it; no worker was taken for dead",
         held.len()
     );
+}
+
+/// A connection to the restarted server, once it takes one again (within 120 s).
+fn reconnect(url: &str) -> AnyConnection {
+    let mut refused = None;
+    poll_until(
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || match AnyConnection::connect(url) {
+            Ok(conn) => Some(conn),
+            Err(e) => {
+                refused = Some(e);
+                None
+            }
+        },
+    )
+    .unwrap_or_else(|| {
+        panic!(
+            "the server did not come back: {}",
+            refused.expect("a refused connect")
+        )
+    })
 }
 
 macro_rules! serial_backend {
