@@ -223,30 +223,29 @@ pub fn run(target: &database::Target, args: RunArgs) -> Outcome {
         }
     }
     COMMAND_STARTED.store(true, Ordering::SeqCst);
-    let mut child = match command.spawn() {
+    let child = match watchdog.spawn(&mut command, guard.held_until()) {
         Ok(child) => child,
         Err(e) => {
+            let _ = guard.release();
+            // The command's own process tells the watchdog its group before it runs: a
+            // watchdog gone by then fails the spawn with a broken pipe.
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                return Err(Failure::new(
+                    1,
+                    format!("the command's watchdog is gone ({e}); the command did not run"),
+                ));
+            }
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
                 126
             };
-            let _ = guard.release();
             return Err(Failure::new(
                 code,
                 format!("cannot run {}: {e}", program.to_string_lossy()),
             ));
         }
     };
-    if let Err(e) = watchdog.watch(child.id(), guard.held_until()) {
-        signal_group(child.id() as i32, libc::SIGKILL);
-        let _ = child.wait();
-        let _ = guard.release();
-        return Err(Failure::new(
-            1,
-            format!("the command's watchdog is gone ({e}); the command was killed"),
-        ));
-    }
     supervise(&pool, guard, child, watchdog, name, (ttl, grace), &say)
 }
 

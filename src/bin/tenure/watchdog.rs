@@ -74,7 +74,7 @@ pub struct Watchdog {
 
 impl Watchdog {
     /// Starts a watchdog that waits `grace` between SIGTERM and SIGKILL. It watches nothing
-    /// until [`Watchdog::watch`]: started before the command, the command never runs unwatched.
+    /// until [`Watchdog::spawn`] starts the command.
     pub fn start(grace: Duration) -> std::io::Result<Watchdog> {
         // This binary: /proc/self/exe is it even when its file was replaced since (an upgrade).
         #[cfg(target_os = "linux")]
@@ -112,15 +112,58 @@ impl Watchdog {
         })
     }
 
-    /// Watches process group `pgid`, held until `until` if it runs under a lease.
-    pub fn watch(&mut self, pgid: u32, until: Option<Instant>) -> std::io::Result<()> {
-        self.group = Some(pgid);
-        let mut lines = format!("group {pgid}\n");
-        if let Some(until) = until {
-            lines += &format!("until {}\n", clock_ns_at(until));
-            self.until = Some(until);
+    /// Spawns `command` (which must start a process group of its own) and watches its group,
+    /// held until `until` if it runs under a lease. The command's own process tells this
+    /// watchdog its group (and `until`) between fork and exec, so that it never runs
+    /// unwatched: were that left to this process after `spawn` returned, a SIGKILL (or a
+    /// SIGSTOP) landing in between would leave what the command starts running beside the
+    /// job's next run (seen once under load: a `sleep` child outlived its killed worker).
+    pub fn spawn(
+        &mut self,
+        command: &mut Command,
+        until: Option<Instant>,
+    ) -> std::io::Result<Child> {
+        let fd = match &self.pipe {
+            Some(pipe) => pipe.as_raw_fd(),
+            None => return Err(std::io::ErrorKind::BrokenPipe.into()),
+        };
+        // Made here: between fork and exec only async-signal-safe calls, no allocation.
+        let until_line = until
+            .map(|until| format!("until {}\n", clock_ns_at(until)))
+            .unwrap_or_default()
+            .into_bytes();
+        // SAFETY: getpid, signal and write are async-signal-safe; the buffer is on the stack.
+        unsafe {
+            command.pre_exec(move || {
+                let mut line = [0u8; 96];
+                let mut len = announce_group(&mut line, libc::getpid());
+                let tail = until_line.len().min(line.len() - len);
+                line[len..len + tail].copy_from_slice(&until_line[..tail]);
+                len += tail;
+                // A watchdog that is gone must fail this spawn, not kill the child with
+                // SIGPIPE (which std would take for a successful exec).
+                libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+                let written = libc::write(fd, line.as_ptr().cast(), len);
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                if written == len as isize {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
         }
-        self.send(&lines)
+        match command.spawn() {
+            Ok(child) => {
+                self.group = Some(child.id());
+                self.until = until;
+                Ok(child)
+            }
+            Err(e) => {
+                // The child may have announced itself before its exec failed: forget it.
+                let _ = self.send("group 0\n");
+                Err(e)
+            }
+        }
     }
 
     /// The lease is held until `until` (sent only when it moved; when the pipe is full, at
@@ -199,6 +242,30 @@ impl Drop for Watchdog {
         }
         self.finish();
     }
+}
+
+/// Writes `group PID\n` into `line`, returning its length: digits by hand, as between fork
+/// and exec nothing may allocate.
+fn announce_group(line: &mut [u8; 96], pid: libc::pid_t) -> usize {
+    let prefix = b"group ";
+    line[..prefix.len()].copy_from_slice(prefix);
+    let mut digits = [0u8; 20];
+    let (mut n, mut count) = (pid.unsigned_abs(), 0);
+    loop {
+        digits[count] = b'0' + (n % 10) as u8;
+        count += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let mut len = prefix.len();
+    for digit in digits[..count].iter().rev() {
+        line[len] = *digit;
+        len += 1;
+    }
+    line[len] = b'\n';
+    len + 1
 }
 
 /// `tenure __watchdog GRACE_MS`: the watchdog itself. Returns its exit status.

@@ -314,23 +314,16 @@ fn run_command(pool: &Pool, ctx: &JobContext, job: &ShellJob) -> Result<(), JobE
     #[cfg(target_os = "linux")]
     // SAFETY: only an async-signal-safe system call between fork and exec.
     unsafe {
-        // The shell at least dies with this thread even before the watchdog below is up.
+        // The shell at least dies with this thread, should the watchdog die first.
         command.pre_exec(|| {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             Ok(())
         });
     }
-    let mut child = command
-        .spawn()
+    let mut child = watchdog
+        .spawn(&mut command, None)
         .map_err(|e| JobError::retry(format!("cannot start /bin/sh: {e}")))?;
     let group = child.id();
-    if let Err(e) = watchdog.watch(group, None) {
-        children::kill_group(group);
-        let _ = child.wait();
-        return Err(JobError::retry(format!(
-            "the command's watchdog is gone: {e}"
-        )));
-    }
     let output: Arc<Mutex<Vec<u8>>> = Arc::default();
     let readers: Vec<_> = [
         child
