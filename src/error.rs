@@ -115,6 +115,22 @@ pub enum Error {
         what: &'static str,
     },
 
+    /// There is no job with this id: never enqueued, or deleted by retention.
+    #[error("no job {id} (never enqueued, or deleted by retention)")]
+    NoSuchJob {
+        /// The id asked for.
+        id: i64,
+    },
+
+    /// [`crate::jobs::wait`] reached its timeout before the job ended; the job is unchanged.
+    #[error("job {id} has not ended: it is still {}", state.as_str())]
+    WaitTimedOut {
+        /// The job.
+        id: i64,
+        /// Its state at the timeout.
+        state: crate::jobs::JobState,
+    },
+
     /// The connection pool could not hand out a connection in time.
     #[error("connection pool: {0}")]
     Pool(#[from] r2d2::Error),

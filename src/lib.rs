@@ -68,6 +68,10 @@
 //!   at the same instant release it exactly once, never zero times. A batch's callbacks fire
 //!   once. Results ([`jobs::JobResult`]) commit with their completion, and retention keeps a
 //!   job while a job that depends on it has not finished.
+//! - **Waiting for a job's end gets its true outcome once, holding no connection asleep.**
+//!   [`jobs::wait`] returns when the job is completed (with its result), dead or cancelled,
+//!   or [`Error::WaitTimedOut`] at its timeout; a lapsed claim is not an end. The waiters of
+//!   a process on one database share one read, at most every [`jobs::POLL_INTERVAL`].
 //! - **Bad input changes nothing.** It is an [`Error::InvalidInput`] before any statement.
 //!   Instants given to tenure (a job's due time, a retry time) must lie in the years 1 to 9999,
 //!   what every backend stores and orders correctly (MySQL's `DATETIME` ends in 9999, SQLite

@@ -100,6 +100,11 @@ impl Pool {
         Ok(self.inner.get()?)
     }
 
+    /// The database's URL, as the key of what this process's users of it share (never shown).
+    pub(crate) fn url(&self) -> &std::sync::Arc<str> {
+        &self.url
+    }
+
     /// The backend this pool connects to.
     pub fn backend(&self) -> Backend {
         self.backend

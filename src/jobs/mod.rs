@@ -18,6 +18,7 @@
 //! | [`complete`], [`fail`], [`renew`], [`give_back`], [`snooze`] | any; inside the caller's transaction they commit with it | fenced by the claim token, one [`Outcome`] per job |
 //! | [`rescue`] | bare | returns stalled jobs (claim lapsed, or its worker died) to the queue, or marks them dead |
 //! | [`get`] | any | a job's state |
+//! | [`wait`], [`enqueue_and_wait`] | a [`Pool`](crate::Pool), none held while asleep | blocks until the job ends or a timeout |
 //!
 //! Handlers run at least once. The only exactly-once there is: the handler's own writes and
 //! [`complete`] in one transaction ([`crate::transaction`]), which commits only if the claim
@@ -45,9 +46,10 @@ mod workflows;
 
 // The queue core: what a job is, enqueueing it, claiming it, finishing it, rescuing it.
 pub use queue::{
-    Backoff, ClaimedJob, DedupOver, Due, Enqueued, Job, JobArgs, JobClaim, JobState, NewJob,
-    OnDuplicate, Outcome, Rescued, Retry, claim, claim_kinds, complete, enqueue, enqueue_job,
-    enqueue_jobs, enqueue_many, fail, give_back, renew, rescue, snooze,
+    Backoff, ClaimedJob, DedupOver, Due, Ended, Enqueued, Job, JobArgs, JobClaim, JobState, NewJob,
+    OnDuplicate, Outcome, POLL_INTERVAL, Rescued, Retry, claim, claim_kinds, complete, enqueue,
+    enqueue_and_wait, enqueue_job, enqueue_jobs, enqueue_many, fail, give_back, renew, rescue,
+    snooze, wait,
 };
 // The queue core's bounds on what a call accepts.
 pub use queue::{

@@ -16,6 +16,7 @@ mod browser;
 mod dashboard;
 mod database;
 mod enqueue;
+mod enqueue_wait;
 mod first_hour;
 mod flow_control;
 mod jobs_show;

@@ -2,10 +2,12 @@
 
 use clap::Args;
 use serde_json::json;
-use tenure::Pool;
-use tenure::jobs::{self, NewJob};
+use std::time::Duration;
 
-use crate::duration::parse_flag_bounded;
+use tenure::jobs::{self, JobState, NewJob};
+use tenure::{Error, Pool};
+
+use crate::duration::{format_duration, parse_flag, parse_flag_bounded};
 use crate::output::Out;
 use crate::work::{self, SHELL};
 use crate::{Failure, Outcome};
@@ -54,7 +56,19 @@ pub struct EnqueueArgs {
     /// Do not enqueue if a live job of the queue has this key.
     #[arg(long)]
     dedup_key: Option<String>,
+    /// Wait until the job ends, print how (and its result), and exit with a code that says
+    /// it: 0 completed, 5 dead, 6 cancelled, 7 not ended within --timeout.
+    #[arg(long)]
+    wait: bool,
+    /// With --wait: how long to wait at most (e.g. 30s, 5m; default 1h).
+    #[arg(long, requires = "wait")]
+    timeout: Option<String>,
 }
+
+/// `--wait`'s exit codes for a job that did not complete.
+const DEAD: u8 = 5;
+const CANCELLED: u8 = 6;
+const NOT_ENDED: u8 = 7;
 
 /// The job the arguments describe, or exit code 2 if no worker could ever run it: a `shell`
 /// job without a command, a payload that is not JSON.
@@ -120,24 +134,75 @@ pub fn enqueue(
 ) -> Outcome {
     let mut job = new_job(&args.job)?;
     if let Some(delay) = &args.delay {
-        job = job.delay(parse_flag_bounded(
-            "--delay",
-            delay,
-            std::time::Duration::ZERO,
-        )?);
+        job = job.delay(parse_flag_bounded("--delay", delay, Duration::ZERO)?);
     }
     if let Some(key) = &args.dedup_key {
         job = job.dedup_key(key.as_str());
     }
-    let enqueued = jobs::enqueue(&mut open()?.get()?, &job)?;
+    let timeout = match (&args.wait, &args.timeout) {
+        (true, Some(text)) => Some(parse_flag("--timeout", text)?),
+        (true, None) => Some(Duration::from_secs(3600)),
+        (false, _) => None,
+    };
+    let pool = open()?;
+    let enqueued = jobs::enqueue(&mut pool.get()?, &job)?;
+    let Some(timeout) = timeout else {
+        return out.print(
+            json!({"id": enqueued.id, "existing": enqueued.existing}),
+            || {
+                if enqueued.existing {
+                    format!("job {} already waiting with that key", enqueued.id)
+                } else {
+                    format!("enqueued job {}", enqueued.id)
+                }
+            },
+        );
+    };
+    let id = enqueued.id;
+    let ended = match jobs::wait(&pool, id, timeout) {
+        Ok(ended) => ended,
+        Err(Error::WaitTimedOut { state, .. }) => {
+            out.print(
+                json!({"id": id, "existing": enqueued.existing, "state": state.as_str(), "ended": false}),
+                || format!("job {id} has not ended within {}: it is {}", format_duration(timeout), state.as_str()),
+            )?;
+            return Err(Failure::new(NOT_ENDED, String::new()));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let state = ended.job.state;
+    let result = ended.result.as_ref().map(|result| {
+        if result.is_json() {
+            serde_json::from_slice(result.as_bytes()).unwrap_or(serde_json::Value::Null)
+        } else {
+            serde_json::Value::String(String::from_utf8_lossy(result.as_bytes()).into_owned())
+        }
+    });
     out.print(
-        json!({"id": enqueued.id, "existing": enqueued.existing}),
+        json!({
+            "id": id,
+            "existing": enqueued.existing,
+            "state": state.as_str(),
+            "ended": true,
+            "result": result,
+            "error": ended.job.last_error,
+        }),
         || {
-            if enqueued.existing {
-                format!("job {} already waiting with that key", enqueued.id)
-            } else {
-                format!("enqueued job {}", enqueued.id)
+            let mut text = format!("job {id} {}", state.as_str());
+            if let Some(error) = &ended.job.last_error
+                && state != JobState::Completed
+            {
+                text += &format!(": {error}");
             }
+            if let Some(result) = &result {
+                text += &format!("\n{result}");
+            }
+            text
         },
-    )
+    )?;
+    match state {
+        JobState::Completed => Ok(()),
+        JobState::Cancelled => Err(Failure::new(CANCELLED, String::new())),
+        _ => Err(Failure::new(DEAD, String::new())),
+    }
 }

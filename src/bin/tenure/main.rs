@@ -35,7 +35,8 @@ job, lease, schedule or workflow); 2 bad arguments or input; 3 cannot connect to
 (or open its SQLite file); 4 the database has no tenure tables yet, or its SQLite file does not
 exist (run `tenure migrate`). A reader that goes away (`tenure jobs list | head`) is not an error: tenure
 stops writing and exits with the status of what it did. `tenure lease run` has its own table
-(see `tenure lease run --help`): the command's status, 75 held, 76 lease lost.";
+(see `tenure lease run --help`): the command's status, 75 held, 76 lease lost. `tenure enqueue
+--wait`: 5 the job ended dead, 6 cancelled, 7 not ended within --timeout.";
 
 /// Leases and a job queue in your database: inspect and steer them.
 #[derive(Parser)]

@@ -61,6 +61,9 @@ pub fn cancel<C: TenureConnection>(conn: &mut C, id: i64) -> Result<bool> {
         Ok((true, released))
     })?;
     crate::wake::wake(released.iter().map(String::as_str));
+    if changed {
+        crate::jobs::queue::wait::ended();
+    }
     Ok(changed)
 }
 

@@ -226,6 +226,9 @@ fn finish_noting<C: TenureConnection>(
     })?;
     let (outcomes, released) = released;
     crate::wake::wake(released.iter().map(String::as_str));
+    if !matches!(finish, Finish::Renew(_) | Finish::GiveBack) {
+        super::wait::ended();
+    }
     Ok(outcomes)
 }
 

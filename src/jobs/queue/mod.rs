@@ -3,7 +3,8 @@
 //! `copy_in`) and typed jobs ([`typed`]); claiming due jobs ([`claim`](mod@claim)),
 //! finishing claims ([`finish`]: complete, fail, renew, give back, snooze), and rescue
 //! ([`rescue`](mod@rescue)): returning the claims that lapsed, or whose worker died, to the
-//! queue. Also the bounds every call of the queue checks.
+//! queue; waiting for a job to end ([`wait`](mod@wait)). Also the bounds every call of the
+//! queue checks.
 
 pub(crate) mod bulk;
 pub(crate) mod claim;
@@ -15,6 +16,7 @@ pub(crate) mod model;
 pub(crate) mod new_job;
 pub(crate) mod rescue;
 pub(crate) mod typed;
+pub(crate) mod wait;
 
 use crate::rows::IdRow;
 use crate::{Error, Result};
@@ -30,6 +32,7 @@ pub use new_job::{DedupOver, Due, Enqueued, NewJob, OnDuplicate};
 pub use rescue::rescue;
 pub(crate) use rescue::{rescue_dead, rescue_lapsed};
 pub use typed::{JobArgs, enqueue_job, enqueue_jobs};
+pub use wait::{Ended, POLL_INTERVAL, enqueue_and_wait, wait};
 
 /// How many errors a job's history keeps (the newest).
 pub const MAX_ERROR_HISTORY: usize = 20;

@@ -201,6 +201,10 @@ pub(crate) fn rescue_lapsed<C: TenureConnection>(conn: &mut C, max_jobs: usize) 
         })
     })?;
     crate::wake::wake(released.iter().map(String::as_str));
+    if !rows.is_empty() {
+        // Some may have ended (dead, or cancelled): their waiters look.
+        super::wait::ended();
+    }
     let mut rescued = Rescued::default();
     tally(rows, &mut rescued)?;
     Ok(rescued)

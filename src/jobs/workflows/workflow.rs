@@ -554,5 +554,8 @@ pub fn cancel_workflow<C: TenureConnection>(conn: &mut C, id: i64) -> Result<usi
     })?;
     let (cancelled, released) = released;
     crate::wake::wake(released.iter().map(String::as_str));
+    if cancelled > 0 {
+        crate::jobs::queue::wait::ended();
+    }
     Ok(cancelled)
 }
