@@ -131,6 +131,23 @@ pub enum Error {
         state: crate::jobs::JobState,
     },
 
+    /// There is no workflow with this id: never enqueued, or pruned with its last job.
+    #[error("no workflow {id} (never enqueued, or pruned with its jobs)")]
+    NoSuchWorkflow {
+        /// The id asked for.
+        id: i64,
+    },
+
+    /// [`crate::jobs::wait_workflow`] reached its timeout before every job of the workflow
+    /// ended; nothing changed.
+    #[error("workflow {id} has not ended: {unfinished} of its jobs have not")]
+    WorkflowWaitTimedOut {
+        /// The workflow.
+        id: i64,
+        /// How many of its jobs had not ended at the timeout.
+        unfinished: usize,
+    },
+
     /// The connection pool could not hand out a connection in time.
     #[error("connection pool: {0}")]
     Pool(#[from] r2d2::Error),

@@ -18,7 +18,7 @@
 //! | [`complete`], [`fail`], [`renew`], [`give_back`], [`snooze`] | any; inside the caller's transaction they commit with it | fenced by the claim token, one [`Outcome`] per job |
 //! | [`rescue`] | bare | returns stalled jobs (claim lapsed, or its worker died) to the queue, or marks them dead |
 //! | [`get`] | any | a job's state |
-//! | [`wait`], [`enqueue_and_wait`] | a [`Pool`](crate::Pool), none held while asleep | blocks until the job ends or a timeout |
+//! | [`wait`], [`enqueue_and_wait`], [`wait_workflow`] | a [`Pool`](crate::Pool), none held while asleep | blocks until the job (every job of the workflow) ends or a timeout |
 //!
 //! Handlers run at least once. The only exactly-once there is: the handler's own writes and
 //! [`complete`] in one transaction ([`crate::transaction`]), which commits only if the claim
@@ -74,7 +74,8 @@ pub use workflows::{
     DependencyResult, EnqueuedWorkflow, JobResult, MAX_DEPENDENCIES, MAX_PROGRESS_MESSAGE_BYTES,
     MAX_RESULT_BYTES, RunWhen, StateCounts, Step, Workflow, WorkflowJob, WorkflowStatus,
     cancel_workflow, complete_with_result, dependency_results, dependency_results_after,
-    enqueue_workflow, progress, record_progress, result, workflow_jobs, workflow_status,
+    enqueue_workflow, progress, record_progress, result, wait_workflow, workflow_jobs,
+    workflow_status,
 };
 
 // Maintenance: retention, an operator's calls, reading the queue, runs' outputs.

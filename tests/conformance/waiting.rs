@@ -1,12 +1,13 @@
 //! Waiting for a job to end (`jobs::wait`, `jobs::enqueue_and_wait`): every waiter gets its
 //! job's true outcome once (completed with its result, dead with its error, cancelled), none
 //! returns before its job ended or hangs past its timeout, and waiters hold no connection
-//! while they sleep (hundreds of them beside a worker, on a pool of six).
+//! while they sleep (hundreds of them beside a worker, on a pool of six). A workflow's wait
+//! (`jobs::wait_workflow`) ends only once every job of it, callbacks included, has ended.
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use tenure::jobs::{self, JobResult, JobState, NewJob, Retry};
+use tenure::jobs::{self, JobResult, JobState, NewJob, Retry, Workflow};
 use tenure::worker::{JobContext, JobError, Worker};
 use tenure::{Backend, Error};
 
@@ -18,6 +19,8 @@ conformance!(
     no_such_job_and_bad_timeouts_are_typed_errors_that_write_nothing,
     a_completion_committed_after_its_wake_up_is_seen,
     hundreds_of_waiters_hold_no_connection_while_they_sleep,
+    a_workflow_wait_ends_only_when_every_job_and_callback_ended,
+    a_workflow_wait_times_out_with_its_unfinished_count_and_refuses_bad_input,
 );
 
 const LONG: Duration = Duration::from_secs(120);
@@ -232,4 +235,110 @@ fn hundreds_of_waiters_hold_no_connection_while_they_sleep(backend: Backend) {
         }
     }
     worker.shutdown(Duration::from_secs(10));
+}
+
+/// A diamond (a, then b and c, then d) with success and failure callbacks, run by hand one
+/// job at a time while three waiters wait: none returns while any job (callbacks included)
+/// has not ended, and each gets the final counts. Even rounds succeed; odd rounds kill `b`,
+/// so `d` and the success callback are cancelled and the failure callback runs.
+fn a_workflow_wait_ends_only_when_every_job_and_callback_ended(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let pool = db.pool(4);
+    let mut conn = db.connect();
+    for round in 0..10 {
+        let queue = format!("wf{round}");
+        let mut flow = Workflow::new("diamond");
+        let job = |kind: &str| NewJob::new(&*queue, kind, vec![]).max_attempts(1);
+        let a = flow.add(job("a"));
+        let b = flow.add_after(&[a], job("b"));
+        let c = flow.add_after(&[a], job("c"));
+        flow.add_after(&[b, c], job("d"));
+        flow.on_success(job("ok"));
+        flow.on_failure(job("failed"));
+        let id = jobs::enqueue_workflow(&mut conn, &flow).unwrap().id;
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let pool = pool.clone();
+                std::thread::spawn(move || jobs::wait_workflow(&pool, id, LONG))
+            })
+            .collect();
+        let fails = round % 2 == 1;
+        loop {
+            let claimed = jobs::claim(&mut conn, &queue, 1, Duration::from_secs(60)).unwrap();
+            let Some(job) = claimed.into_iter().next() else {
+                break;
+            };
+            // One job at a time: whatever runs now, no waiter may have returned.
+            std::thread::sleep(Duration::from_millis(30));
+            for waiter in &waiters {
+                assert!(
+                    !waiter.is_finished(),
+                    "a wait returned while {} ran",
+                    job.kind
+                );
+            }
+            if fails && job.kind == "b" {
+                jobs::fail(&mut conn, job.claim(), "b broke", Retry::Never).unwrap();
+            } else {
+                jobs::complete(&mut conn, &[job.claim()]).unwrap();
+            }
+        }
+        for waiter in waiters {
+            let status = waiter.join().unwrap().unwrap();
+            assert_eq!(status.counts.unfinished(), 0, "{status:?}");
+            let (ok, failed) = (status.on_success.unwrap().1, status.on_failure.unwrap().1);
+            if fails {
+                // a, c completed; b dead; d cancelled.
+                assert_eq!(
+                    (status.counts.completed, status.counts.dead),
+                    (2, 1),
+                    "{status:?}"
+                );
+                assert_eq!(status.counts.cancelled, 1, "{status:?}");
+                assert_eq!((ok, failed), (JobState::Cancelled, JobState::Completed));
+            } else {
+                assert_eq!(status.counts.completed, 4, "{status:?}");
+                assert_eq!((ok, failed), (JobState::Completed, JobState::Cancelled));
+            }
+        }
+    }
+}
+
+fn a_workflow_wait_times_out_with_its_unfinished_count_and_refuses_bad_input(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let pool = db.pool(2);
+    let mut conn = db.connect();
+    let mut flow = Workflow::new("pair");
+    let first = flow.add(NewJob::new("p", "a", vec![]));
+    flow.add_after(&[first], NewJob::new("p", "b", vec![]));
+    flow.on_finish(NewJob::new("p", "done", vec![]));
+    let id = jobs::enqueue_workflow(&mut conn, &flow).unwrap().id;
+    let before = jobs::workflow_jobs(&mut conn, id).unwrap();
+    let timeout = Duration::from_millis(300);
+    let began = Instant::now();
+    match jobs::wait_workflow(&pool, id, timeout) {
+        Err(Error::WorkflowWaitTimedOut {
+            id: got,
+            unfinished,
+        }) => {
+            assert_eq!((got, unfinished), (id, 3));
+        }
+        other => panic!("{other:?}"),
+    }
+    let took = began.elapsed();
+    assert!(took >= timeout, "returned after {took:?}");
+    assert!(took < timeout + Duration::from_secs(30), "took {took:?}");
+    assert_eq!(
+        jobs::workflow_jobs(&mut conn, id).unwrap(),
+        before,
+        "waiting changed a job"
+    );
+    for missing in [0, -1, id + 1_000_000, i64::MAX] {
+        match jobs::wait_workflow(&pool, missing, LONG) {
+            Err(Error::NoSuchWorkflow { id: got }) => assert_eq!(got, missing),
+            other => panic!("workflow {missing}: {other:?}"),
+        }
+    }
+    let err = jobs::wait_workflow(&pool, id, Duration::MAX).unwrap_err();
+    assert!(err.is_invalid_input(), "{err:?}");
 }

@@ -123,34 +123,67 @@ pub(crate) fn ended() {
 /// # Ok(()) }
 /// ```
 pub fn wait(pool: &Pool, id: i64, timeout: Duration) -> Result<Ended> {
-    let deadline = Instant::now()
-        .checked_add(timeout)
-        .ok_or_else(|| Error::invalid("timeout", "too long to wait for"))?;
+    let deadline = deadline_after(timeout)?;
     // The job as it is now: ended already, or no such job, without waiting.
     let job = get(pool, id)?;
     if is_final(job.state) {
         return ended_job(pool, job);
     }
+    match await_ended(pool, &[id], deadline)? {
+        Some(seen) if seen.get(&id).copied().flatten().is_some() => ended_job(pool, get(pool, id)?),
+        Some(_) => Err(Error::NoSuchJob { id }),
+        // Timed out: the state now (it may have just ended).
+        None => {
+            let job = get(pool, id)?;
+            if is_final(job.state) {
+                return ended_job(pool, job);
+            }
+            Err(Error::WaitTimedOut {
+                id,
+                state: job.state,
+            })
+        }
+    }
+}
+
+/// The instant `timeout` from now, or [`Error::InvalidInput`] if that is past the clock's end.
+pub(crate) fn deadline_after(timeout: Duration) -> Result<Instant> {
+    Instant::now()
+        .checked_add(timeout)
+        .ok_or_else(|| Error::invalid("timeout", "too long to wait for"))
+}
+
+/// Blocks until every job of `ids` has been read ended (`Some(state)`) or gone (`None`), and
+/// returns what was read of each; `None` once `deadline` passes first. The waiting is the
+/// process's shared board: one read per database for all its waiters, no connection held
+/// while asleep.
+pub(crate) fn await_ended(
+    pool: &Pool,
+    ids: &[i64],
+    deadline: Instant,
+) -> Result<Option<HashMap<i64, Option<JobState>>>> {
     let key = pool.url().clone();
     let mut waits = waits();
-    *board(&mut waits, &key).waited.entry(id).or_default() += 1;
+    for &id in ids {
+        *board(&mut waits, &key).waited.entry(id).or_default() += 1;
+    }
     let seen = loop {
         let ends = waits.ends;
         let board = board(&mut waits, &key);
-        if let Some(seen) = board.read.get(&id).copied() {
-            break Ok(seen);
+        if ids.iter().all(|id| board.read.contains_key(id)) {
+            break Ok(Some(ids.iter().map(|id| (*id, board.read[id])).collect()));
         }
         let now = Instant::now();
         if now >= deadline {
-            break Err(None);
+            break Ok(None);
         }
         let due = board.next_read.is_none_or(|at| at <= now) || board.ends_read < ends;
         if !board.reading && due {
             board.reading = true;
             board.ends_read = ends;
-            let ids: Vec<i64> = board.waited.keys().copied().collect();
+            let waited: Vec<i64> = board.waited.keys().copied().collect();
             drop(waits);
-            let read = read_ended(pool, &ids);
+            let read = read_ended(pool, &waited);
             waits = self::waits();
             let board = self::board(&mut waits, &key);
             board.reading = false;
@@ -164,7 +197,7 @@ pub fn wait(pool: &Pool, id: i64, timeout: Duration) -> Result<Ended> {
                         }
                     }
                 }
-                Err(e) => break Err(Some(e)),
+                Err(e) => break Err(e),
             }
             continue;
         }
@@ -181,24 +214,10 @@ pub fn wait(pool: &Pool, id: i64, timeout: Duration) -> Result<Ended> {
             .unwrap_or_else(PoisonError::into_inner)
             .0;
     };
-    leave(&mut waits, &key, id);
-    drop(waits);
-    match seen {
-        Ok(Some(_)) => ended_job(pool, get(pool, id)?),
-        Ok(None) => Err(Error::NoSuchJob { id }),
-        Err(Some(e)) => Err(e),
-        // Timed out: the state now (it may have just ended).
-        Err(None) => {
-            let job = get(pool, id)?;
-            if is_final(job.state) {
-                return ended_job(pool, job);
-            }
-            Err(Error::WaitTimedOut {
-                id,
-                state: job.state,
-            })
-        }
+    for &id in ids {
+        leave(&mut waits, &key, id);
     }
+    seen
 }
 
 /// Enqueues `job` (in a transaction of its own, committed before waiting) and [`wait`]s for
@@ -220,9 +239,7 @@ pub fn wait(pool: &Pool, id: i64, timeout: Duration) -> Result<Ended> {
 /// ```
 pub fn enqueue_and_wait(pool: &Pool, job: &NewJob, timeout: Duration) -> Result<Ended> {
     // The deadline is checked first, so that a bad timeout enqueues nothing.
-    Instant::now()
-        .checked_add(timeout)
-        .ok_or_else(|| Error::invalid("timeout", "too long to wait for"))?;
+    deadline_after(timeout)?;
     let id = super::enqueue(&mut pool.get()?, job)?.id;
     wait(pool, id, timeout)
 }
@@ -246,7 +263,7 @@ fn leave(waits: &mut Waits, key: &Arc<str>, id: i64) {
     }
 }
 
-fn is_final(state: JobState) -> bool {
+pub(crate) fn is_final(state: JobState) -> bool {
     matches!(
         state,
         JobState::Completed | JobState::Dead | JobState::Cancelled
