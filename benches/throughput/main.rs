@@ -10,8 +10,8 @@
 //!   --samples N       enqueue -> start samples for the latency workload (default 200)
 //!   --scale           also drain with 1,000,000 finished and with 100,000 waiting jobs
 //!   --prefetch N      the workers' prefetch (default: the builder's, 100)
-//!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; E, F, G, H, K, L, Q, R and
-//!                     W only when listed)
+//!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; E, F, G, H, K, L, Q, R, V
+//!                     and W only when listed)
 //!   --phase-secs N    G: seconds of its clean and released phases; the snapshot is held
 //!                     twice as long (default 30)
 //!   --rate N          G: jobs a second (default 1000)
@@ -44,6 +44,7 @@ mod producers;
 mod recovery;
 mod steady;
 mod support;
+mod waiting;
 mod workflows;
 use drain::{Setup, drain};
 use enqueue::{enqueue_bulk, enqueue_bulk_keyed, enqueue_one_by_one};
@@ -223,6 +224,9 @@ fn main() {
                 runs(&|| latency(backend, &options)),
                 None,
             );
+        }
+        if wanted('V') {
+            waiting::waiting(backend, &options);
         }
         if wanted('H') {
             let label = "H. crash recovery: a killed worker's jobs start again (after the kill)";
