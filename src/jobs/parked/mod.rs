@@ -38,8 +38,9 @@ pub use token::ParkToken;
 /// Why a park token was refused ([`crate::Error::ParkTokenRefused`]). Nothing changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ParkRefusal {
-    /// Not a token of any park: malformed, guessed, or of a job that has none. (A wrong
-    /// token for a real job gets this too, so a guess learns nothing.)
+    /// Not a token of any park: malformed, guessed, of a job that has none, or of an
+    /// earlier park of a job that parked again (a job keeps its last park only). A wrong
+    /// token for a real job gets this too, so a guess learns nothing.
     Invalid,
     /// The token was used already: a second answer.
     Used,
