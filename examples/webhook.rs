@@ -50,13 +50,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // Park first (the token is valid at once), then hand it over: a callback that
             // comes before this handler returns is kept and applied when it does.
             let token = ctx.park(Duration::from_secs(600))?;
-            println!("job {}: charging {cents} cents, waiting for the webhook", ctx.id);
+            println!(
+                "job {}: charging {cents} cents, waiting for the webhook",
+                ctx.id
+            );
             charges.lock().unwrap().send((cents, token))?;
             Err(JobError::parked())
         })
         .start()?;
 
-    let id = jobs::enqueue(&mut pool.get()?, &NewJob::new("payments", "charge", b"1999".to_vec()))?.id;
+    let id = jobs::enqueue(
+        &mut pool.get()?,
+        &NewJob::new("payments", "charge", b"1999".to_vec()),
+    )?
+    .id;
     let ended = jobs::wait(&pool, id, Duration::from_secs(60))?;
     let result = ended.result.ok_or("no result")?;
     println!(
@@ -66,6 +73,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     assert_eq!(ended.job.state, JobState::Completed);
     let report = worker.shutdown(Duration::from_secs(10));
-    println!("worker: {} run(s) parked, {} completed by a run", report.parked, report.completed);
+    println!(
+        "worker: {} run(s) parked, {} completed by a run",
+        report.parked, report.completed
+    );
     Ok(())
 }

@@ -332,7 +332,7 @@ impl JobContext {
         let pool = self.pool.0.as_ref().ok_or_else(|| {
             Error::invalid("context", "has no worker pool (a context made for a test)")
         })?;
-        Ok(pool.get()?)
+        pool.get()
     }
 
     /// The jobs this one depends on, with their states and results (a connection from the

@@ -71,11 +71,20 @@ fn the_command_answers_parked_jobs_with_a_token_from_stdin_or_a_file(backend: Ba
     let secret = a.token.expose_secret();
     let out = tenure_stdin(
         url,
-        &["--json", "jobs", "complete-parked", "--result", r#"{"paid":true}"#],
+        &[
+            "--json",
+            "jobs",
+            "complete-parked",
+            "--result",
+            r#"{"paid":true}"#,
+        ],
         &format!("{secret}\n"),
     );
     assert!(out.status.success(), "{}", said(&out));
-    assert_eq!(jobs::get(&mut conn, a.id).unwrap().unwrap().state, JobState::Completed);
+    assert_eq!(
+        jobs::get(&mut conn, a.id).unwrap().unwrap().state,
+        JobState::Completed
+    );
     let result = jobs::result(&mut conn, a.id).unwrap().unwrap();
     assert_eq!(result.decode::<serde_json::Value>().unwrap()["paid"], true);
     // Used again, garbage, or a wrong secret: exit 8, nothing changed, the token unsaid.
@@ -85,22 +94,61 @@ fn the_command_answers_parked_jobs_with_a_token_from_stdin_or_a_file(backend: Ba
         assert_eq!(out.status.code(), Some(8), "{}", said(&out));
         assert!(!said(&out).contains(&secret[4..20]), "{}", said(&out));
     }
-    assert_eq!(jobs::get(&mut conn, b.id).unwrap().unwrap().state, JobState::Parked);
+    assert_eq!(
+        jobs::get(&mut conn, b.id).unwrap().unwrap().state,
+        JobState::Parked
+    );
 
     // From a file: fail (a retry: it had used no attempt), and resume with a value.
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), b.token.expose_secret()).unwrap();
     let path = file.path().to_str().unwrap();
-    let out = tenure(url, &["jobs", "fail-parked", "--token-file", path, "--error", "declined"]);
+    let out = tenure(
+        url,
+        &[
+            "jobs",
+            "fail-parked",
+            "--token-file",
+            path,
+            "--error",
+            "declined",
+        ],
+    );
     assert!(out.status.success(), "{}", said(&out));
     let job = jobs::get(&mut conn, b.id).unwrap().unwrap();
-    assert_eq!((job.state, job.last_error.as_deref()), (JobState::Waiting, Some("declined")));
+    assert_eq!(
+        (job.state, job.last_error.as_deref()),
+        (JobState::Waiting, Some("declined"))
+    );
     std::fs::write(file.path(), c.token.expose_secret()).unwrap();
-    let out = tenure(url, &["jobs", "resume-parked", "--token-file", path, "--value", "42"]);
+    let out = tenure(
+        url,
+        &[
+            "jobs",
+            "resume-parked",
+            "--token-file",
+            path,
+            "--value",
+            "42",
+        ],
+    );
     assert!(out.status.success(), "{}", said(&out));
-    assert_eq!(jobs::get(&mut conn, c.id).unwrap().unwrap().state, JobState::Waiting);
+    assert_eq!(
+        jobs::get(&mut conn, c.id).unwrap().unwrap().state,
+        JobState::Waiting
+    );
     // Bad input before any token is read: exit 2.
-    let out = tenure(url, &["jobs", "resume-parked", "--token-file", path, "--value", "{"]);
+    let out = tenure(
+        url,
+        &[
+            "jobs",
+            "resume-parked",
+            "--token-file",
+            path,
+            "--value",
+            "{",
+        ],
+    );
     assert_eq!(out.status.code(), Some(2), "{}", said(&out));
 }
 
@@ -142,10 +190,19 @@ fn the_callback_answers_by_the_token_alone_and_refuses_every_bad_token_alike(bac
     let done = callback(&base, "complete", Some(&secret), r#"{"payment":"pay_1"}"#);
     assert_eq!(done.status, 200, "{}", done.body);
     let reply: serde_json::Value = serde_json::from_str(&done.body).unwrap();
-    assert_eq!((reply["job"].as_i64(), reply["applied"].as_bool()), (Some(a.id), Some(true)));
-    assert_eq!(jobs::get(&mut conn, a.id).unwrap().unwrap().state, JobState::Completed);
+    assert_eq!(
+        (reply["job"].as_i64(), reply["applied"].as_bool()),
+        (Some(a.id), Some(true))
+    );
+    assert_eq!(
+        jobs::get(&mut conn, a.id).unwrap().unwrap().state,
+        JobState::Completed
+    );
     let stored = jobs::result(&mut conn, a.id).unwrap().unwrap();
-    assert_eq!(stored.decode::<serde_json::Value>().unwrap()["payment"], "pay_1");
+    assert_eq!(
+        stored.decode::<serde_json::Value>().unwrap()["payment"],
+        "pay_1"
+    );
 
     // Every bad token: the same answer, nothing changed.
     let wrong = format!("{}.{}", b.id, "a".repeat(64));
@@ -159,15 +216,24 @@ fn the_callback_answers_by_the_token_alone_and_refuses_every_bad_token_alike(bac
     }
     assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
     assert_eq!(answers[0].0, 403);
-    assert_eq!(jobs::get(&mut conn, b.id).unwrap().unwrap().state, JobState::Parked);
+    assert_eq!(
+        jobs::get(&mut conn, b.id).unwrap().unwrap().state,
+        JobState::Parked
+    );
     // A body that is not JSON is refused before the token is looked at.
     let bad = callback(&base, "complete", Some(&b.token.expose_secret()), "{");
     assert_eq!(bad.status, 400);
-    assert_eq!(jobs::get(&mut conn, b.id).unwrap().unwrap().state, JobState::Parked);
+    assert_eq!(
+        jobs::get(&mut conn, b.id).unwrap().unwrap().state,
+        JobState::Parked
+    );
     // The right token for b: resumed.
     let resumed = callback(&base, "resume", Some(&b.token.expose_secret()), "\"ok\"");
     assert_eq!(resumed.status, 200, "{}", resumed.body);
-    assert_eq!(jobs::get(&mut conn, b.id).unwrap().unwrap().state, JobState::Waiting);
+    assert_eq!(
+        jobs::get(&mut conn, b.id).unwrap().unwrap().state,
+        JobState::Waiting
+    );
     // No token in the log.
     served.terminate();
     let log = served.log();
@@ -182,7 +248,10 @@ fn the_callback_answers_by_the_token_alone_and_refuses_every_bad_token_alike(bac
     let served = serve(db.url(), &["--read-only"], &[]);
     let refused = callback(&served.base, "complete", Some(&c.token.expose_secret()), "");
     assert_eq!(refused.status, 403);
-    assert_eq!(jobs::get(&mut conn, c.id).unwrap().unwrap().state, JobState::Parked);
+    assert_eq!(
+        jobs::get(&mut conn, c.id).unwrap().unwrap().state,
+        JobState::Parked
+    );
 }
 
 fn the_job_page_answers_a_parked_job_under_the_csrf_guard(backend: Backend) {
@@ -212,18 +281,34 @@ fn the_job_page_answers_a_parked_job_under_the_csrf_guard(backend: Backend) {
     };
     // Without the CSRF token: refused, nothing changed.
     assert_eq!(post(&fields("stale")).status, 403);
-    assert_eq!(jobs::get(&mut conn, a.id).unwrap().unwrap().state, JobState::Parked);
+    assert_eq!(
+        jobs::get(&mut conn, a.id).unwrap().unwrap().state,
+        JobState::Parked
+    );
     // A wrong token: back to the page saying so, nothing changed.
     let mut wrong = fields(&csrf);
     wrong[2].1 = format!("{}.{}", a.id, "0".repeat(64));
     let answer = post(&wrong);
     assert_eq!(answer.status, 303);
     assert!(answer.header("Location").unwrap().contains("park-refused"));
-    assert_eq!(jobs::get(&mut conn, a.id).unwrap().unwrap().state, JobState::Parked);
+    assert_eq!(
+        jobs::get(&mut conn, a.id).unwrap().unwrap().state,
+        JobState::Parked
+    );
     // The right one: completed with its result.
     let answer = post(&fields(&csrf));
     assert_eq!(answer.status, 303);
     assert!(answer.header("Location").unwrap().contains("park-applied"));
-    assert_eq!(jobs::get(&mut conn, a.id).unwrap().unwrap().state, JobState::Completed);
-    assert_eq!(jobs::result(&mut conn, a.id).unwrap().unwrap().decode::<i32>().unwrap(), 7);
+    assert_eq!(
+        jobs::get(&mut conn, a.id).unwrap().unwrap().state,
+        JobState::Completed
+    );
+    assert_eq!(
+        jobs::result(&mut conn, a.id)
+            .unwrap()
+            .unwrap()
+            .decode::<i32>()
+            .unwrap(),
+        7
+    );
 }

@@ -244,10 +244,7 @@ fn two_threads_with_one_token_complete_the_job_once_and_release_its_dependent_on
             let id = token.job_id();
             assert_eq!(job_state(&mut conn, id), JobState::Completed);
             let stored = jobs::result(&mut conn, id).unwrap().unwrap();
-            assert_eq!(
-                stored.decode::<(usize, usize)>().unwrap(),
-                (round, won[0])
-            );
+            assert_eq!(stored.decode::<(usize, usize)>().unwrap(), (round, won[0]));
             // Released once: waiting, its dependency counted once.
             assert_eq!(job_state(&mut conn, dependent), JobState::Waiting);
             let pending = count(
@@ -363,7 +360,8 @@ fn wrong_guessed_reused_and_stale_tokens_are_refused_and_change_nothing(backend:
     let a = jobs::enqueue_parked(&mut conn, &parked_job("t"), HOUR).unwrap();
     let b = jobs::enqueue_parked(&mut conn, &parked_job("t"), HOUR).unwrap();
     let before = (snapshot(&mut conn, a.id), snapshot(&mut conn, b.id));
-    let secret_of = |token: &ParkToken| token.expose_secret().split_once('.').unwrap().1.to_string();
+    let secret_of =
+        |token: &ParkToken| token.expose_secret().split_once('.').unwrap().1.to_string();
     let guesses = [
         // Malformed.
         String::new(),
@@ -390,7 +388,10 @@ fn wrong_guessed_reused_and_stale_tokens_are_refused_and_change_nothing(backend:
             Err(Error::ParkTokenRefused(ParkRefusal::Invalid))
         });
         let error = refused.unwrap_err();
-        assert!(matches!(error, Error::ParkTokenRefused(ParkRefusal::Invalid)));
+        assert!(matches!(
+            error,
+            Error::ParkTokenRefused(ParkRefusal::Invalid)
+        ));
         // The error says nothing of the token.
         let said = format!("{error} {error:?}");
         assert!(!said.contains(&secret_of(&a.token)[..16]), "{said}");
@@ -445,12 +446,18 @@ fn wrong_guessed_reused_and_stale_tokens_are_refused_and_change_nothing(backend:
         parked_job("t").dedup_key("k"),
         parked_job("t").depends_on([a.id]),
     ] {
-        assert!(jobs::enqueue_parked(&mut conn, &job, HOUR).unwrap_err().is_invalid_input());
+        assert!(
+            jobs::enqueue_parked(&mut conn, &job, HOUR)
+                .unwrap_err()
+                .is_invalid_input()
+        );
     }
     let too_long = Duration::from_secs(367 * 86_400);
-    assert!(jobs::enqueue_parked(&mut conn, &parked_job("t"), too_long)
-        .unwrap_err()
-        .is_invalid_input());
+    assert!(
+        jobs::enqueue_parked(&mut conn, &parked_job("t"), too_long)
+            .unwrap_err()
+            .is_invalid_input()
+    );
     assert_eq!(
         count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"),
         3,
@@ -466,10 +473,14 @@ fn a_parked_job_is_not_claimed_holds_no_slot_is_counted_and_is_cancelled_not_pru
     let mut conn = db.connect();
     let (worker, tokens) = parking_worker(&pool, HOUR);
     // One at a time by its key: a parked job must not hold the slot.
-    let first = jobs::enqueue(&mut conn, &parked_job("p").limit("acct", 1)).unwrap().id;
+    let first = jobs::enqueue(&mut conn, &parked_job("p").limit("acct", 1))
+        .unwrap()
+        .id;
     let _token = tokens.recv_timeout(LONG).unwrap();
     wait_for_state(&mut conn, first, JobState::Parked);
-    let second = jobs::enqueue(&mut conn, &parked_job("p").limit("acct", 1)).unwrap().id;
+    let second = jobs::enqueue(&mut conn, &parked_job("p").limit("acct", 1))
+        .unwrap()
+        .id;
     let _token2 = tokens.recv_timeout(LONG).unwrap();
     wait_for_state(&mut conn, second, JobState::Parked);
     worker.shutdown(LONG);
@@ -508,7 +519,14 @@ fn a_parked_job_is_not_claimed_holds_no_slot_is_counted_and_is_cancelled_not_pru
     );
     // Its park is closed by the next expiry pass once its deadline passes; meanwhile
     // the cancelled job's row is pruned with its park.
-    jobs::prune(&mut conn, "p", Finished::Cancelled, Retention::DeleteAll, 100).unwrap();
+    jobs::prune(
+        &mut conn,
+        "p",
+        Finished::Cancelled,
+        Retention::DeleteAll,
+        100,
+    )
+    .unwrap();
     assert!(jobs::get(&mut conn, first).unwrap().is_none());
     assert_eq!(
         count(

@@ -63,7 +63,10 @@ fn a_worker_killed_after_parking_leaves_the_job_parked_for_its_token(backend: Ba
         (count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_workers") == 0).then_some(())
     });
     let job = jobs::get(&mut conn, id).unwrap().unwrap();
-    assert_eq!((job.state, job.claim_expires_at, job.lapses), (JobState::Parked, None, 0));
+    assert_eq!(
+        (job.state, job.claim_expires_at, job.lapses),
+        (JobState::Parked, None, 0)
+    );
     assert_eq!(
         jobs::complete_parked(&mut conn, &token, None).unwrap(),
         ParkedOutcome::Applied

@@ -30,10 +30,12 @@ impl TokenSource {
     fn read(&self) -> Result<ParkToken, Failure> {
         let mut text = String::new();
         let read = match self.token_file.as_deref() {
-            None => std::io::stdin().take(MAX_TOKEN_TEXT).read_to_string(&mut text),
-            Some(path) if path.as_os_str() == "-" => {
-                std::io::stdin().take(MAX_TOKEN_TEXT).read_to_string(&mut text)
-            }
+            None => std::io::stdin()
+                .take(MAX_TOKEN_TEXT)
+                .read_to_string(&mut text),
+            Some(path) if path.as_os_str() == "-" => std::io::stdin()
+                .take(MAX_TOKEN_TEXT)
+                .read_to_string(&mut text),
             Some(path) => std::fs::File::open(path)
                 .and_then(|f| f.take(MAX_TOKEN_TEXT).read_to_string(&mut text)),
         };
@@ -53,22 +55,20 @@ fn json_value(flag: &str, text: Option<&str>) -> Result<Option<JobResult>, Failu
 /// What an answer says, for people and for scripts.
 fn report(out: &Out, what: &str, id: i64, outcome: ParkedOutcome) -> Outcome {
     let applied = outcome == ParkedOutcome::Applied;
-    out.print(json!({"job": id, "answer": what, "applied": applied}), || {
-        if applied {
-            format!("job {id}: {what}")
-        } else {
-            format!("job {id}: {what}, when the run that parked it returns")
-        }
-    })
+    out.print(
+        json!({"job": id, "answer": what, "applied": applied}),
+        || {
+            if applied {
+                format!("job {id}: {what}")
+            } else {
+                format!("job {id}: {what}, when the run that parked it returns")
+            }
+        },
+    )
 }
 
 /// `complete-parked`.
-pub fn complete(
-    pool: &Pool,
-    out: &Out,
-    source: &TokenSource,
-    result: Option<&str>,
-) -> Outcome {
+pub fn complete(pool: &Pool, out: &Out, source: &TokenSource, result: Option<&str>) -> Outcome {
     let result = json_value("--result", result)?;
     let token = source.read()?;
     let outcome = jobs::complete_parked(&mut pool.get()?, &token, result.as_ref())?;

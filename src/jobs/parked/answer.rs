@@ -236,7 +236,10 @@ pub fn resume_parked<C: TenureConnection>(
 }
 
 /// The value the last resume of job `id` gave, if its last park was resumed with one.
-pub(crate) fn resume_value<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Option<JobResult>> {
+pub(crate) fn resume_value<C: TenureConnection>(
+    conn: &mut C,
+    id: i64,
+) -> Result<Option<JobResult>> {
     let park = load_park(conn, id)?;
     Ok(park
         .filter(|p| p.answer.as_deref() == Some(answers::RESUME))

@@ -28,8 +28,8 @@ mod token;
 
 use std::fmt;
 
-pub use answer::{complete_parked, fail_parked, resume_parked};
 pub(crate) use answer::resume_value;
+pub use answer::{complete_parked, fail_parked, resume_parked};
 pub use expire::expire_parked;
 pub use park::{EnqueuedParked, enqueue_parked};
 pub(crate) use park::{park_in_run, record_parked_run};

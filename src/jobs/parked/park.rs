@@ -25,7 +25,8 @@ const INSERT_PARK: &str = "\
     VALUES (?, ?, ?, {now}, {now+ttl}, ?, ?)";
 
 /// Parked: no claim to expire (the token stays, to recognise a repeated record).
-const PARK_JOB: &str = "UPDATE tenure_jobs SET state = 'parked', claim_expires_at = NULL WHERE id = ?";
+const PARK_JOB: &str =
+    "UPDATE tenure_jobs SET state = 'parked', claim_expires_at = NULL WHERE id = ?";
 
 /// The error of a run that returned `JobError::parked()` without a park of its own.
 const NO_PARK: &str = "the handler returned JobError::parked() without JobContext::park";

@@ -38,10 +38,7 @@ impl ParkToken {
     pub(crate) fn generate(job_id: i64) -> Result<ParkToken> {
         let mut secret = [0u8; SECRET_BYTES];
         rand::rngs::OsRng.try_fill_bytes(&mut secret).map_err(|e| {
-            Error::invalid(
-                "park token",
-                format!("the OS random source failed: {e}"),
-            )
+            Error::invalid("park token", format!("the OS random source failed: {e}"))
         })?;
         Ok(ParkToken { job_id, secret })
     }

@@ -104,17 +104,23 @@ pub fn act(conn: &mut AnyConnection, incoming: &Incoming) -> Result<Reply, Error
             json_value(text).map_err(|reason| super::invalid("value", reason))?
         }
     };
-    let error = if text.is_empty() { "failed by an operator" } else { text };
+    let error = if text.is_empty() {
+        "failed by an operator"
+    } else {
+        text
+    };
     let token = required(incoming, "token")?.parse::<ParkToken>();
     let done = match token {
-        Ok(token) if token.job_id() == id => match answer(conn, &token, asked, value.as_ref(), error) {
-            Ok(ParkedOutcome::Applied) => "park-applied",
-            Ok(ParkedOutcome::Accepted) => "park-accepted",
-            Err(Error::ParkTokenRefused(ParkRefusal::Used)) => "park-used",
-            Err(Error::ParkTokenRefused(ParkRefusal::NotParked)) => "park-not-parked",
-            Err(Error::ParkTokenRefused(_)) => "park-refused",
-            Err(e) => return Err(e),
-        },
+        Ok(token) if token.job_id() == id => {
+            match answer(conn, &token, asked, value.as_ref(), error) {
+                Ok(ParkedOutcome::Applied) => "park-applied",
+                Ok(ParkedOutcome::Accepted) => "park-accepted",
+                Err(Error::ParkTokenRefused(ParkRefusal::Used)) => "park-used",
+                Err(Error::ParkTokenRefused(ParkRefusal::NotParked)) => "park-not-parked",
+                Err(Error::ParkTokenRefused(_)) => "park-refused",
+                Err(e) => return Err(e),
+            }
+        }
         _ => "park-refused",
     };
     Ok(Reply::see_other(link(
