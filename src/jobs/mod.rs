@@ -1,9 +1,10 @@
 //! The job queue: enqueue, claim, and finish jobs (`tenure_jobs`).
 //!
-//! Five subsystems, one folder each (see `docs/layout.md`): the queue core (`queue`:
+//! Six subsystems, one folder each (see `docs/layout.md`): the queue core (`queue`:
 //! enqueue, the job model, claim, finish, rescue), flow control (`flow`: limits, admission,
-//! pauses, queue depth), workflows and results (`workflows`), maintenance (`maintenance`:
-//! retention, an operator's calls, inspection), and the worker registry (`registry`).
+//! pauses, queue depth), workflows and results (`workflows`), parked jobs (`parked`: a
+//! token that answers a job once), maintenance (`maintenance`: retention, an operator's
+//! calls, inspection), and the worker registry (`registry`).
 //! Applications use the names re-exported here.
 //!
 //! A job is *waiting* (due now or later, retries included), *running* (claimed by a worker
