@@ -148,6 +148,20 @@ pub enum Error {
         unfinished: usize,
     },
 
+    /// A park token was refused ([`crate::jobs::complete_parked`], `fail_parked`,
+    /// `resume_parked`): nothing changed. The error never holds the token.
+    #[error("park token refused: {0}")]
+    ParkTokenRefused(crate::jobs::ParkRefusal),
+
+    /// The run's claim is no longer its own (the job was rescued, taken over, cancelled or
+    /// finished): [`crate::worker::JobContext::park`] parked nothing. The handler should
+    /// return.
+    #[error("job {id}: this run's claim is no longer held")]
+    ClaimLost {
+        /// The job.
+        id: i64,
+    },
+
     /// The connection pool could not hand out a connection in time.
     #[error("connection pool: {0}")]
     Pool(#[from] r2d2::Error),

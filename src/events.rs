@@ -119,11 +119,13 @@ pub enum RunOutcome {
     Lost,
     /// Given back: claimed ahead and not started at shutdown, or stopped when asked to.
     GivenBack,
+    /// Parked ([`crate::worker::JobError::parked`]): the job waits for its token's answer.
+    Parked,
 }
 
 impl RunOutcome {
     /// The outcome as a word: `completed`, `retried`, `dead`, `snoozed`, `cancelled`, `lost`,
-    /// `given_back`.
+    /// `given_back`, `parked`.
     pub fn as_str(self) -> &'static str {
         match self {
             RunOutcome::Completed => "completed",
@@ -133,6 +135,7 @@ impl RunOutcome {
             RunOutcome::Cancelled => "cancelled",
             RunOutcome::Lost => "lost",
             RunOutcome::GivenBack => "given_back",
+            RunOutcome::Parked => "parked",
         }
     }
 }

@@ -72,6 +72,13 @@
 //!   [`jobs::wait`] returns when the job is completed (with its result), dead or cancelled,
 //!   or [`Error::WaitTimedOut`] at its timeout; a lapsed claim is not an end. The waiters of
 //!   a process on one database share one read, at most every [`jobs::POLL_INTERVAL`].
+//! - **A parked job is answered once by its token.** A job parked by its run
+//!   ([`worker::JobContext::park`]) or at enqueue ([`jobs::enqueue_parked`]) holds no claim
+//!   and no slot until its [`jobs::ParkToken`] completes, fails or resumes it
+//!   ([`jobs::complete_parked`]) or its deadline passes (database clock): every transition
+//!   locks the job's row first, so of two answers, or an answer and the deadline, exactly one
+//!   applies; any other use of a token is [`Error::ParkTokenRefused`] and changes nothing.
+//!   Tokens are stored as SHA-256 hashes and compared in constant time.
 //! - **Bad input changes nothing.** It is an [`Error::InvalidInput`] before any statement.
 //!   Instants given to tenure (a job's due time, a retry time) must lie in the years 1 to 9999,
 //!   what every backend stores and orders correctly (MySQL's `DATETIME` ends in 9999, SQLite

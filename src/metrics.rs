@@ -44,6 +44,7 @@ pub fn record_stats(stats: &Stats) {
         for (state, n) in [
             ("waiting", queue.waiting),
             ("running", queue.running),
+            ("parked", queue.parked),
             ("completed", queue.completed),
             ("dead", queue.dead),
             ("cancelled", queue.cancelled),

@@ -72,7 +72,8 @@ diesel::table! {
         payload -> Binary,
         /// Lower runs first.
         priority -> Integer,
-        /// `waiting`, `running`, `completed`, `dead` or `cancelled` ([`JobState`](crate::jobs::JobState)).
+        /// `blocked`, `waiting`, `running`, `parked`, `completed`, `dead` or `cancelled`
+        /// ([`JobState`](crate::jobs::JobState)).
         state -> Text,
         /// Runs started (a lapsed claim's run is given back).
         attempt -> Integer,
@@ -354,6 +355,40 @@ diesel::table! {
 
 diesel::table! {
     use diesel::sql_types::*;
+    use crate::sql_types::{Instant, Token};
+
+    /// Parked jobs ([`crate::jobs::ParkToken`]): one row per job, its last park, deleted with
+    /// the job. Written only while holding the job's row lock.
+    tenure_parked (job_id) {
+        /// The job.
+        job_id -> BigInt,
+        /// SHA-256 of the token's secret (the secret is never stored).
+        token_hash -> Binary,
+        /// The run that parked it; NULL when parked at enqueue.
+        claim_token -> Nullable<Token>,
+        /// When the park was recorded.
+        parked_at -> Instant,
+        /// When it fails (or retries) unless answered (database clock).
+        deadline -> Instant,
+        /// The backoff of a failure's retry: its base, in microseconds.
+        backoff_base_micros -> BigInt,
+        /// The backoff of a failure's retry: its longest delay, in microseconds.
+        backoff_max_micros -> BigInt,
+        /// `complete`, `fail` or `resume` once the token was used; NULL while it may be.
+        answer -> Nullable<Text>,
+        /// The answer's value (`json` or `bytes`): a completion's result, a resume's value.
+        value_format -> Nullable<Text>,
+        /// That value.
+        value_body -> Nullable<Binary>,
+        /// A failure's error.
+        answer_error -> Nullable<Text>,
+        /// When the token was used.
+        answered_at -> Nullable<Instant>,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
     use crate::sql_types::Instant;
 
     /// Running workers: how a dead worker is recognised (see
@@ -382,6 +417,7 @@ diesel::joinable!(tenure_job_errors -> tenure_jobs (job_id));
 diesel::joinable!(tenure_job_outputs -> tenure_jobs (job_id));
 diesel::joinable!(tenure_job_limits -> tenure_jobs (job_id));
 diesel::joinable!(tenure_job_results -> tenure_jobs (job_id));
+diesel::joinable!(tenure_parked -> tenure_jobs (job_id));
 diesel::joinable!(tenure_dependency_stripes -> tenure_jobs (job_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
@@ -399,5 +435,6 @@ diesel::allow_tables_to_appear_in_same_query!(
     tenure_job_dependencies,
     tenure_dependency_stripes,
     tenure_job_results,
+    tenure_parked,
     tenure_workers,
 );

@@ -77,6 +77,7 @@ pub fn context(queue: &str, kind: &str) -> JobContext {
         stop: Arc::new(AtomicBool::new(false)),
         notes: Default::default(),
         pool: Default::default(),
+        backoff: Default::default(),
     }
 }
 

@@ -1,13 +1,15 @@
 //! The job queue: enqueue, claim, and finish jobs (`tenure_jobs`).
 //!
-//! Five subsystems, one folder each (see `docs/layout.md`): the queue core (`queue`:
+//! Six subsystems, one folder each (see `docs/layout.md`): the queue core (`queue`:
 //! enqueue, the job model, claim, finish, rescue), flow control (`flow`: limits, admission,
-//! pauses, queue depth), workflows and results (`workflows`), maintenance (`maintenance`:
-//! retention, an operator's calls, inspection), and the worker registry (`registry`).
+//! pauses, queue depth), workflows and results (`workflows`), parked jobs (`parked`: a
+//! token that answers a job once), maintenance (`maintenance`: retention, an operator's
+//! calls, inspection), and the worker registry (`registry`).
 //! Applications use the names re-exported here.
 //!
 //! A job is *waiting* (due now or later, retries included), *running* (claimed by a worker
-//! for a limited time, under a fresh random claim token), *completed* or *dead* (failed for
+//! for a limited time, under a fresh random claim token), *parked* (until something outside
+//! answers it with its token, or its deadline passes), *completed* or *dead* (failed for
 //! good). Delayed jobs are plain waiting rows with a future due time: there is no promotion
 //! pass.
 //!
@@ -17,6 +19,8 @@
 //! | [`claim`], [`claim_kinds`] | bare | atomic: no job is ever held by two claimers |
 //! | [`complete`], [`fail`], [`renew`], [`give_back`], [`snooze`] | any; inside the caller's transaction they commit with it | fenced by the claim token, one [`Outcome`] per job |
 //! | [`rescue`] | bare | returns stalled jobs (claim lapsed, or its worker died) to the queue, or marks them dead |
+//! | [`complete_parked`], [`fail_parked`], [`resume_parked`] | any, joins the caller's transaction | answer a *parked* job by its [`ParkToken`], once |
+//! | [`expire_parked`] | any | fails parked jobs past their deadline (workers call it) |
 //! | [`get`] | any | a job's state |
 //! | [`wait`], [`enqueue_and_wait`], [`wait_workflow`] | a [`Pool`](crate::Pool), none held while asleep | blocks until the job (every job of the workflow) ends or a timeout |
 //!
@@ -40,6 +44,7 @@
 
 mod flow;
 mod maintenance;
+mod parked;
 mod queue;
 pub(crate) mod registry;
 mod workflows;
@@ -77,6 +82,14 @@ pub use workflows::{
     enqueue_workflow, progress, record_progress, result, wait_workflow, workflow_jobs,
     workflow_status,
 };
+
+// Parked jobs: parked by a run or at enqueue, answered once by their token, or failed at
+// their deadline.
+pub use parked::{
+    EnqueuedParked, ParkRefusal, ParkToken, ParkedOutcome, complete_parked, enqueue_parked,
+    expire_parked, fail_parked, resume_parked,
+};
+pub(crate) use parked::{park_in_run, record_parked_run, resume_value};
 
 // Maintenance: retention, an operator's calls, reading the queue, runs' outputs.
 pub use maintenance::{

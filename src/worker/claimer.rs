@@ -1,5 +1,6 @@
 //! The claimer: claims jobs for the free threads plus a prefetch sized by how fast jobs run,
-//! hands them out, rescues stalled jobs, prunes, fires schedules, and backs off while idle.
+//! hands them out, rescues stalled jobs, fails parked jobs past their deadline, prunes, fires
+//! schedules, and backs off while idle.
 
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
@@ -12,6 +13,10 @@ use crate::jobs::{self, Finished, Retention};
 
 /// How often a worker that runs schedules fires them.
 const SCHEDULES_EVERY: Duration = Duration::from_millis(100);
+
+/// How often a worker fails parked jobs past their deadline ([`jobs::expire_parked`]): a
+/// read of the open parks' index by deadline.
+const EXPIRE_EVERY: Duration = Duration::from_secs(1);
 
 /// How often a worker with retention policies prunes.
 const PRUNE_EVERY: Duration = Duration::from_secs(5);
@@ -29,6 +34,7 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
     // jobs back within seconds.
     let mut next_dead_workers = Instant::now();
     let mut next_prune = Instant::now();
+    let mut next_expire = Instant::now();
     let mut next_schedules = Instant::now();
     // With schedules to fire, idle waits stay short enough to fire them on time.
     let max_idle = if config.run_schedules {
@@ -79,6 +85,12 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
         if Instant::now() >= next_rescue {
             next_rescue = Instant::now() + rescue_every;
             rescued(shared, conn.with(|c| jobs::rescue_lapsed(c, 100)));
+        }
+        if Instant::now() >= next_expire {
+            next_expire = Instant::now() + EXPIRE_EVERY;
+            if let Err(e) = conn.with(|c| jobs::expire_parked(c, 100)) {
+                tracing::warn!(error = %e, "failing parked jobs past their deadline failed");
+            }
         }
         if Instant::now() >= next_dead_workers {
             next_dead_workers = Instant::now() + jobs::registry::DEAD_WORKERS_EVERY;

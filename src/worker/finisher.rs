@@ -91,7 +91,7 @@ fn may_pass(error: &Error) -> bool {
 }
 
 /// Records runs: completions together (one transaction per group), give-backs together,
-/// failures and snoozes one by one; counts the outcomes. Returns the runs not recorded, with
+/// failures, snoozes and parks one by one; counts the outcomes. Returns the runs not recorded, with
 /// why, and the events of those recorded, for the caller to emit ([`Shared::emit`]) once it
 /// can spare the connection (a drain on a pool of one: a hook may use the pool).
 pub(super) fn record(
@@ -209,6 +209,10 @@ pub(super) fn record(
                     Err(e) => unrecorded.push((run.clone(), e)),
                 }
             }
+            Settle::Park(claim) => match conn.with(|c| jobs::record_parked_run(c, *claim)) {
+                Ok(outcome) => outcomes.push((*claim, outcome, RunOutcome::Parked)),
+                Err(e) => unrecorded.push((run.clone(), e)),
+            },
             Settle::Complete(..) | Settle::GiveBack(_) => {}
         }
     }
@@ -228,6 +232,7 @@ pub(super) fn record(
                 RunOutcome::Dead => report.dead += 1,
                 RunOutcome::Snoozed => report.snoozed += 1,
                 RunOutcome::GivenBack => report.given_back += 1,
+                RunOutcome::Parked => report.parked += 1,
                 RunOutcome::Lost => report.lost += 1,
                 RunOutcome::Cancelled => report.cancelled += 1,
             }

@@ -115,6 +115,12 @@ pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
         stop: stop.clone(),
         notes: notes.clone(),
         pool: WorkerPool(Some(shared.config.pool.clone())),
+        backoff: shared
+            .config
+            .kinds
+            .get(&job.kind)
+            .map(|k| k.backoff)
+            .unwrap_or_default(),
     };
     let span = tracing::info_span!(
         target: "tenure::worker",
@@ -172,6 +178,21 @@ pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
             exhausted: true,
             backoff: Default::default(),
         },
+        // Parked by the park this run recorded; without one, a failure that says so.
+        Err(HandlerFailure::Job(error)) if error.action == Action::Park => {
+            if notes.parked.load(std::sync::atomic::Ordering::SeqCst) {
+                Settle::Park(job.claim())
+            } else {
+                failed(
+                    shared,
+                    job,
+                    &job.kind,
+                    JobError::retry(
+                        "the handler returned JobError::parked() without JobContext::park",
+                    ),
+                )
+            }
+        }
         Err(HandlerFailure::Job(error)) => failed(shared, job, &job.kind, error),
     }
 }
@@ -194,6 +215,8 @@ fn failed(shared: &Shared, job: &ClaimedJob, kind: &str, error: JobError) -> Set
                 delay,
             };
         }
+        // Past its timeout or shutting down: a park is a failure like any late return.
+        Action::Park => Retry::Backoff(backoff),
     };
     Settle::Fail {
         claim: job.claim(),

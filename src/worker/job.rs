@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::jobs::{DependencyResult, JobClaim, JobResult};
+use crate::jobs::{Backoff, DependencyResult, JobClaim, JobResult, ParkToken};
 use crate::{Error, Pool, Result};
 
 /// Why a handler's run did not succeed, and what to do about it.
@@ -44,6 +44,8 @@ pub(crate) enum Action {
     Dead,
     /// Back in the queue after this long, without using an attempt.
     Snooze(Duration),
+    /// Parked, by the park the run recorded ([`JobContext::park`]).
+    Park,
 }
 
 impl JobError {
@@ -85,6 +87,30 @@ impl JobError {
         JobError {
             message: format!("snoozed for {delay:?}"),
             action: Action::Snooze(delay.min(crate::MAX_TTL)),
+        }
+    }
+
+    /// Parks the job: the run recorded a park ([`JobContext::park`]) and handed its token to
+    /// whoever will answer it; the worker moves the job to `parked` (no claim, no attempt
+    /// used up by waiting, no concurrency slot held) instead of retrying it. An answer that
+    /// came while the handler was still running is applied then, once. Without a park of
+    /// this run, the run is a failure (retried per policy), with an error that says so.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tenure::worker::{JobContext, JobError};
+    ///
+    /// fn charge(ctx: &JobContext, order: String) -> Result<(), JobError> {
+    ///     let token = ctx.park(Duration::from_secs(3600))?;
+    ///     // ... ask the payment provider to call back with token.expose_secret() ...
+    ///     # let _ = (order, token);
+    ///     Err(JobError::parked())
+    /// }
+    /// ```
+    pub fn parked() -> Self {
+        JobError {
+            message: "parked".to_string(),
+            action: Action::Park,
         }
     }
 
@@ -151,12 +177,16 @@ pub struct JobContext {
     pub(crate) stop: Arc<AtomicBool>,
     pub(crate) notes: Arc<RunNotes>,
     pub(crate) pool: WorkerPool,
+    /// The kind's retry policy: a park records it for a failure's retry.
+    pub(crate) backoff: Backoff,
 }
 
 /// What a run leaves for the worker to write: its result (with its completion) and its
 /// progress (by the heartbeat, at most once a second, only when changed).
 #[derive(Debug, Default)]
 pub(crate) struct RunNotes {
+    /// Set once [`JobContext::park`] recorded a park for this run.
+    pub parked: AtomicBool,
     pub result: Mutex<Option<JobResult>>,
     pub progress: Mutex<Option<(f64, String)>>,
     pub progress_changed: AtomicBool,
@@ -258,6 +288,51 @@ impl JobContext {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some((value, message.to_string()));
         self.notes.progress_changed.store(true, Ordering::SeqCst);
+    }
+
+    /// Records a park for this run, fenced by its claim, and returns the token that answers
+    /// it: hand it to the outside party (a webhook, an approver), then return
+    /// [`JobError::parked`]. The job fails (retried per the kind's backoff while attempts
+    /// remain, else dead) if no answer comes within `deadline` (database clock; at most 366
+    /// days). The token works at once: an answer that comes before the handler returned is
+    /// kept and applied when the worker records the park. Calling it again replaces the
+    /// park (the earlier token is refused). [`Error::ClaimLost`] if the run's claim is gone,
+    /// [`Error::InvalidInput`] for a job with a dedup key or in a context made for a test.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tenure::worker::{JobContext, JobError};
+    ///
+    /// fn approve(ctx: &JobContext, doc: String) -> Result<(), JobError> {
+    ///     if let Some(answer) = ctx.resume_value()? {
+    ///         println!("{doc}: {}", answer.decode::<String>()?);
+    ///         return Ok(()); // resumed by the approver: go on
+    ///     }
+    ///     let token = ctx.park(Duration::from_secs(86_400))?;
+    ///     println!("approve with {}", token.expose_secret());
+    ///     Err(JobError::parked())
+    /// }
+    /// ```
+    pub fn park(&self, deadline: Duration) -> Result<ParkToken> {
+        let mut conn = self.connection()?;
+        let token = crate::jobs::park_in_run(&mut conn, self.claim, deadline, self.backoff)?;
+        self.notes.parked.store(true, Ordering::SeqCst);
+        Ok(token)
+    }
+
+    /// The value given by the answer that resumed this job
+    /// ([`crate::jobs::resume_parked`]), if its last park was resumed with one.
+    /// [`Error::InvalidInput`] in a context made for a test.
+    pub fn resume_value(&self) -> Result<Option<JobResult>> {
+        let mut conn = self.connection()?;
+        crate::jobs::resume_value(&mut conn, self.id)
+    }
+
+    fn connection(&self) -> Result<crate::PooledConnection> {
+        let pool = self.pool.0.as_ref().ok_or_else(|| {
+            Error::invalid("context", "has no worker pool (a context made for a test)")
+        })?;
+        pool.get()
     }
 
     /// The jobs this one depends on, with their states and results (a connection from the

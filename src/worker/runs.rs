@@ -63,6 +63,8 @@ pub struct Report {
     pub dead: usize,
     /// Runs whose claim was lost before they finished (rescued or taken over).
     pub lost: usize,
+    /// Runs that parked their job ([`super::JobError::parked`]).
+    pub parked: usize,
     /// Runs whose job was cancelled while they ran.
     pub cancelled: usize,
     /// Runs that panicked (also counted under how they were recorded: retried, dead,
@@ -167,6 +169,8 @@ pub(super) enum Settle {
     Snooze { claim: JobClaim, delay: Duration },
     /// Not started: its claim ended first, or the worker is stopping.
     GiveBack(JobClaim),
+    /// Parked ([`super::JobError::parked`]) after the run recorded its park.
+    Park(JobClaim),
 }
 
 impl Settle {
@@ -175,7 +179,8 @@ impl Settle {
             Settle::Complete(claim, ..)
             | Settle::Fail { claim, .. }
             | Settle::Snooze { claim, .. }
-            | Settle::GiveBack(claim) => *claim,
+            | Settle::GiveBack(claim)
+            | Settle::Park(claim) => *claim,
         }
     }
 }

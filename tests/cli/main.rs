@@ -22,6 +22,7 @@ mod flow_control;
 mod jobs_show;
 mod lease_run;
 mod output;
+mod parked;
 mod schedules;
 mod secrets;
 mod secrets_masking;

@@ -196,6 +196,20 @@ fn schema_tables() -> Vec<TableSpec> {
             format,
             body
         }),
+        table_spec!(tenure_parked {
+            job_id,
+            token_hash,
+            claim_token,
+            parked_at,
+            deadline,
+            backoff_base_micros,
+            backoff_max_micros,
+            answer,
+            value_format,
+            value_body,
+            answer_error,
+            answered_at
+        }),
         table_spec!(tenure_workers {
             id,
             host,

@@ -92,6 +92,7 @@ fn role() {
         "sqlite-load" => sqlite_load(&args[0], args[1].parse().expect("operations")),
         "sqlite-stuck-writer" => sqlite_stuck_writer(&args[0]),
         "poison-worker" => crate::poison::poison_worker(&args[0]),
+        "parking-worker" => crate::parked::parking_worker(&args[0]),
         "claim-and-run" => crate::poison::claim_and_run(&args[0]),
         "holding-worker" => {
             crate::recovery::holding_worker(&args[0], args[1].parse().expect("cap"))

@@ -1,4 +1,5 @@
-//! `tenure jobs`: list, show, retry, cancel and prune jobs.
+//! `tenure jobs`: list, show, retry, cancel and prune jobs; answer parked ones
+//! (`park_commands.rs`).
 
 use clap::{Subcommand, ValueEnum};
 use serde_json::{Value, json};
@@ -8,6 +9,7 @@ use tenure::jobs::{self, Finished, Job, JobFilter, JobState, Retention, RunWhen}
 use crate::duration::parse_flag_bounded;
 use crate::job_links::Links;
 use crate::output::{self, Out, age, clean, table};
+use crate::park_commands::{self, TokenSource};
 use crate::work::SHELL;
 use crate::{Failure, Outcome};
 
@@ -38,7 +40,34 @@ pub enum JobsCommand {
     },
     /// Run a dead job again from its first attempt.
     Retry { id: i64 },
-    /// Cancel a blocked or waiting job, or ask a running one to stop.
+    /// Complete a parked job by its token, read from --token-file or standard input (never
+    /// the command line: others see it in `ps`). Exit 8: the token was refused.
+    CompleteParked {
+        #[command(flatten)]
+        token: TokenSource,
+        /// The job's result, as JSON.
+        #[arg(long)]
+        result: Option<String>,
+    },
+    /// Fail a parked job by its token (see complete-parked): retried with backoff while
+    /// attempts remain, else dead.
+    FailParked {
+        #[command(flatten)]
+        token: TokenSource,
+        /// The error kept with the job.
+        #[arg(long)]
+        error: String,
+    },
+    /// Resume a parked job by its token (see complete-parked): waiting again, its next run
+    /// reading the value.
+    ResumeParked {
+        #[command(flatten)]
+        token: TokenSource,
+        /// The value its next run reads, as JSON.
+        #[arg(long)]
+        value: Option<String>,
+    },
+    /// Cancel a blocked, waiting or parked job, or ask a running one to stop.
     Cancel { id: i64 },
     /// Delete finished jobs of a queue.
     Prune {
@@ -73,6 +102,7 @@ pub enum State {
     Blocked,
     Waiting,
     Running,
+    Parked,
     Completed,
     Dead,
     Cancelled,
@@ -84,6 +114,7 @@ impl From<State> for JobState {
             State::Blocked => JobState::Blocked,
             State::Waiting => JobState::Waiting,
             State::Running => JobState::Running,
+            State::Parked => JobState::Parked,
             State::Completed => JobState::Completed,
             State::Dead => JobState::Dead,
             State::Cancelled => JobState::Cancelled,
@@ -343,6 +374,13 @@ pub fn run(
                 format!("job {id} will run again")
             })
         }
+        JobsCommand::CompleteParked { token, result } => {
+            park_commands::complete(&pool, out, &token, result.as_deref())
+        }
+        JobsCommand::FailParked { token, error } => park_commands::fail(&pool, out, &token, &error),
+        JobsCommand::ResumeParked { token, value } => {
+            park_commands::resume(&pool, out, &token, value.as_deref())
+        }
         JobsCommand::Cancel { id } => {
             if !jobs::cancel(&mut conn, id)? {
                 let why = match jobs::get(&mut conn, id)? {
@@ -351,7 +389,7 @@ pub fn run(
                         format!("job {id} was asked to cancel already")
                     }
                     Some(job) => format!(
-                        "job {id} is {}: only blocked, waiting or running jobs can be cancelled",
+                        "job {id} is {}: only blocked, waiting, parked or running jobs can be cancelled",
                         job.state.as_str()
                     ),
                 };

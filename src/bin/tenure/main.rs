@@ -11,6 +11,7 @@ mod lease_commands;
 mod lease_run;
 mod lease_signals;
 mod output;
+mod park_commands;
 mod queue_commands;
 mod schedule_commands;
 mod serve;
@@ -36,7 +37,9 @@ job, lease, schedule or workflow); 2 bad arguments or input; 3 cannot connect to
 exist (run `tenure migrate`). A reader that goes away (`tenure jobs list | head`) is not an error: tenure
 stops writing and exits with the status of what it did. `tenure lease run` has its own table
 (see `tenure lease run --help`): the command's status, 75 held, 76 lease lost. `tenure enqueue
---wait`: 5 the job ended dead, 6 cancelled, 7 not ended within --timeout.";
+--wait`: 5 the job ended dead, 6 cancelled, 7 not ended within --timeout. `tenure jobs
+complete-parked`, `fail-parked`, `resume-parked`: 8 the token was refused (wrong, used, or its
+job no longer parked).";
 
 /// Leases and a job queue in your database: inspect and steer them.
 #[derive(Parser)]
@@ -124,6 +127,7 @@ impl From<Error> for Failure {
     fn from(error: Error) -> Self {
         let code = match &error {
             Error::Connect { .. } => 3,
+            Error::ParkTokenRefused(_) => 8,
             e if e.is_invalid_input() => 2,
             Error::UnsupportedUrl { .. } | Error::BackendNotEnabled { .. } => 2,
             _ => 1,

@@ -1,4 +1,5 @@
-//! `tenure stats`: jobs per queue and state (`blocked`: waiting for their dependencies), and
+//! `tenure stats`: jobs per queue and state (`blocked`: waiting for their dependencies;
+//! `parked`: waiting for an outside answer), and
 //! the running jobs' lease deadlines.
 
 use serde_json::json;
@@ -19,7 +20,7 @@ pub fn stats(pool: &Pool, out: &Out) -> Outcome {
         .iter()
         .map(|q| {
             json!({"queue": q.queue, "blocked": q.blocked, "waiting": q.waiting, "running": q.running,
-                   "completed": q.completed, "dead": q.dead, "cancelled": q.cancelled,
+                   "parked": q.parked, "completed": q.completed, "dead": q.dead, "cancelled": q.cancelled,
                    "paused": q.paused, "max_running": queue_limits.get(&q.queue),
                    "oldest_waiting_seconds": q.oldest_waiting.num_milliseconds() as f64 / 1000.0})
         })
@@ -48,6 +49,7 @@ pub fn stats(pool: &Pool, out: &Out) -> Outcome {
                     "blocked",
                     "waiting",
                     "running",
+                    "parked",
                     "completed",
                     "dead",
                     "cancelled",
@@ -61,6 +63,7 @@ pub fn stats(pool: &Pool, out: &Out) -> Outcome {
                         q.blocked.to_string(),
                         q.waiting.to_string(),
                         q.running.to_string(),
+                        q.parked.to_string(),
                         q.completed.to_string(),
                         q.dead.to_string(),
                         q.cancelled.to_string(),

@@ -116,6 +116,8 @@ pub struct QueueCounts {
     pub due: u64,
     /// Jobs claimed and not finished.
     pub running: u64,
+    /// Jobs parked until something outside answers them.
+    pub parked: u64,
     /// Jobs completed (until pruned).
     pub completed: u64,
     /// Jobs dead (until pruned).
@@ -124,7 +126,7 @@ pub struct QueueCounts {
     pub cancelled: u64,
 }
 
-/// Seven bounded counts in one round trip, each an index range of `(queue, state)` walked
+/// Eight bounded counts in one round trip, each an index range of `(queue, state)` walked
 /// until the bound (PostgreSQL and SQLite: `tenure_jobs_queue_state`, and the claim index for
 /// due; MySQL/MariaDB: the claim index, whose prefix is `(queue, state)`).
 const COUNTS: &str = "SELECT \
@@ -136,6 +138,8 @@ const COUNTS: &str = "SELECT \
         WHERE queue = ? AND state = 'waiting' AND due_at <= {now} LIMIT ?) d) AS due, \
     (SELECT COUNT(*) FROM (SELECT 1 AS x FROM tenure_jobs \
         WHERE queue = ? AND state = 'running' LIMIT ?) r) AS running, \
+    (SELECT COUNT(*) FROM (SELECT 1 AS x FROM tenure_jobs \
+        WHERE queue = ? AND state = 'parked' LIMIT ?) p) AS parked, \
     (SELECT COUNT(*) FROM (SELECT 1 AS x FROM tenure_jobs \
         WHERE queue = ? AND state = 'completed' LIMIT ?) c) AS completed, \
     (SELECT COUNT(*) FROM (SELECT 1 AS x FROM tenure_jobs \
@@ -153,6 +157,8 @@ struct CountsRow {
     due: i64,
     #[diesel(sql_type = BigInt)]
     running: i64,
+    #[diesel(sql_type = BigInt)]
+    parked: i64,
     #[diesel(sql_type = BigInt)]
     completed: i64,
     #[diesel(sql_type = BigInt)]
@@ -199,6 +205,8 @@ pub fn queue_counts<C: TenureConnection>(
             .bind::<BigInt, _>(bound)
             .bind::<Text, _>(queue)
             .bind::<BigInt, _>(bound)
+            .bind::<Text, _>(queue)
+            .bind::<BigInt, _>(bound)
             .get_result::<CountsRow>(c)
     })?;
     Ok(QueueCounts {
@@ -206,6 +214,7 @@ pub fn queue_counts<C: TenureConnection>(
         waiting: count(row.waiting),
         due: count(row.due),
         running: count(row.running),
+        parked: count(row.parked),
         completed: count(row.completed),
         dead: count(row.dead),
         cancelled: count(row.cancelled),

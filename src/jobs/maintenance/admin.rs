@@ -11,18 +11,18 @@ use crate::jobs::JobState;
 use crate::sql_types::DatabaseNow;
 use crate::{Error, Result, TenureConnection, validate};
 
-/// A waiting job is cancelled at once. A running job is asked to: it stays running under its
+/// A waiting (or blocked, or parked) job is cancelled at once. A running job is asked to: it stays running under its
 /// claim (its handler is still running, and holds its limit key) until the worker, told at
 /// its next heartbeat, records the run's end, which cancels it (or its claim lapses and the
 /// rescue does). MySQL assigns left to right, reading the values assigned before: `state`
 /// comes last, so every CASE reads the row's state as it was.
 const CANCEL: &str = "\
     UPDATE tenure_jobs SET \
-        finished_at = CASE WHEN state IN ('waiting', 'blocked') THEN {now} ELSE finished_at END, \
+        finished_at = CASE WHEN state IN ('waiting', 'blocked', 'parked') THEN {now} ELSE finished_at END, \
         cancel_requested_at = CASE WHEN state = 'running' THEN {now} \
             ELSE cancel_requested_at END, \
-        state = CASE WHEN state IN ('waiting', 'blocked') THEN 'cancelled' ELSE state END \
-    WHERE id = ? AND (state IN ('waiting', 'blocked') \
+        state = CASE WHEN state IN ('waiting', 'blocked', 'parked') THEN 'cancelled' ELSE state END \
+    WHERE id = ? AND (state IN ('waiting', 'blocked', 'parked') \
         OR (state = 'running' AND cancel_requested_at IS NULL))";
 
 /// The state a cancel left, and whether others depend on the job.
@@ -43,7 +43,8 @@ struct CancelledState {
 /// returns the job is cancelled, whatever the run's result; if the worker is gone, the
 /// rescue of its lapsed claim cancels it. Joins the caller's transaction if there is one.
 ///
-/// A blocked job is cancelled at once too. The jobs that depend on a cancelled job follow
+/// A blocked or parked job is cancelled at once too (a parked job's token is refused after:
+/// [`crate::jobs::ParkRefusal::NotParked`]). The jobs that depend on a cancelled job follow
 /// their [`crate::jobs::RunWhen`] in the same transaction.
 pub fn cancel<C: TenureConnection>(conn: &mut C, id: i64) -> Result<bool> {
     let (changed, released) = crate::backend::transaction::retrying_transaction(conn, |conn| {

@@ -48,6 +48,8 @@ pub struct QueueStats {
     pub waiting: i64,
     /// Jobs claimed.
     pub running: i64,
+    /// Jobs parked until something outside answers them ([`crate::jobs::ParkToken`]).
+    pub parked: i64,
     /// Jobs completed (until pruned).
     pub completed: i64,
     /// Jobs dead.
@@ -145,6 +147,7 @@ pub fn stats<C: TenureConnection>(conn: &mut C) -> Result<Stats> {
             }
             JobState::Blocked => entry.blocked = row.n,
             JobState::Running => entry.running = row.n,
+            JobState::Parked => entry.parked = row.n,
             JobState::Completed => entry.completed = row.n,
             JobState::Dead => entry.dead = row.n,
             JobState::Cancelled => entry.cancelled = row.n,

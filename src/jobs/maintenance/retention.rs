@@ -74,7 +74,7 @@ macro_rules! not_needed {
     () => {
         "(dependents = 0 OR NOT EXISTS (\
     SELECT 1 FROM tenure_job_dependencies d JOIN tenure_jobs w ON w.id = d.job_id \
-    WHERE d.depends_on = tenure_jobs.id AND w.state IN ('blocked', 'waiting', 'running', 'dead')))"
+    WHERE d.depends_on = tenure_jobs.id AND w.state IN ('blocked', 'waiting', 'running', 'parked', 'dead')))"
     };
 }
 
@@ -250,6 +250,7 @@ pub fn prune<C: TenureConnection>(
                 statement("DELETE FROM tenure_job_outputs WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
                 statement("DELETE FROM tenure_job_limits WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
                 statement("DELETE FROM tenure_job_results WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+                statement("DELETE FROM tenure_parked WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
                 statement("DELETE FROM tenure_dependency_stripes WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
                 statement("DELETE FROM tenure_job_dependencies WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
                 statement("DELETE FROM tenure_job_dependencies WHERE depends_on IN {ids}").bind_ids(ids()).execute(c)?;

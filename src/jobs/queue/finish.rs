@@ -323,6 +323,60 @@ fn apply_finish<C: TenureConnection>(
     Ok(())
 }
 
+/// How a job that holds no claim (a parked one) ends, as a run of it would have.
+pub(crate) enum Ending<'a> {
+    /// Completed, with its result if given.
+    Complete(Option<&'a JobResult>),
+    /// Failed: retried (attempts permitting) or dead, the error kept in its history.
+    Fail { error: &'a str, retry: Retry },
+    /// Cancelled (a run that parked, asked to cancel meanwhile).
+    Cancel,
+}
+
+/// Locks one job's row (as finishing calls do) and reads it; `None`: no such job.
+pub(crate) fn lock_state<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Option<StateRow>> {
+    let mut rows: Vec<StateRow> = dispatch!(conn, c => {
+        statement(c.syntax().render(LOCK_STATES)).bind_ids([id]).load::<StateRow>(c)
+    })?;
+    Ok(rows.pop())
+}
+
+/// Ends a job whose row the caller's transaction locked ([`lock_state`]) through the same
+/// statements a run's end uses (results stored, errors kept, dependents settled in this
+/// transaction). Returns the queues settling released jobs of, to wake after the commit.
+pub(crate) fn end_locked<C: TenureConnection>(
+    conn: &mut C,
+    row: &StateRow,
+    ending: Ending<'_>,
+) -> Result<Vec<String>> {
+    let mut settled: Vec<(i64, JobState)> = Vec::new();
+    let kept;
+    let finish = match ending {
+        Ending::Complete(result) => {
+            kept = result.map(|r| (row.id, r));
+            Finish::Complete(kept.as_slice())
+        }
+        Ending::Fail { error, retry } => {
+            retry.check()?;
+            Finish::Fail { error, retry }
+        }
+        Ending::Cancel => {
+            dispatch!(conn, c => {
+                statement(c.syntax().render(FINISH_CANCELLED)).bind_ids([row.id]).execute(c)
+            })?;
+            if row.dependents != 0 {
+                settled.push((row.id, JobState::Cancelled));
+            }
+            return dependencies::settle(conn, settled);
+        }
+    };
+    apply_finish(conn, &[row], &finish, &mut Vec::new(), &mut settled)?;
+    if settled.is_empty() {
+        return Ok(Vec::new());
+    }
+    dependencies::settle(conn, settled)
+}
+
 /// Snoozes one claimed job: free (the attempt given back) for its first
 /// [`MAX_FREE_SNOOZES`] snoozes, then the run counts, and a job out of attempts is dead.
 /// Returns the error it recorded if it is dead.

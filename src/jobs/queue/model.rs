@@ -27,6 +27,10 @@ pub enum JobState {
     Waiting,
     /// Claimed by a worker, until its claim expires.
     Running,
+    /// Parked until something outside answers it with its token
+    /// ([`crate::jobs::ParkToken`]: completed, failed or resumed) or its deadline passes:
+    /// not claimable, not finished, holding no claim and no concurrency slot.
+    Parked,
     /// Done.
     Completed,
     /// Failed for good: no attempts left, or a handler said not to retry.
@@ -36,13 +40,14 @@ pub enum JobState {
 }
 
 impl JobState {
-    /// The state as stored: `blocked`, `waiting`, `running`, `completed`, `dead` or
-    /// `cancelled`.
+    /// The state as stored: `blocked`, `waiting`, `running`, `parked`, `completed`, `dead`
+    /// or `cancelled`.
     pub fn as_str(self) -> &'static str {
         match self {
             JobState::Blocked => "blocked",
             JobState::Waiting => "waiting",
             JobState::Running => "running",
+            JobState::Parked => "parked",
             JobState::Completed => "completed",
             JobState::Dead => "dead",
             JobState::Cancelled => "cancelled",
@@ -62,6 +67,7 @@ impl JobState {
             "blocked" => Ok(JobState::Blocked),
             "waiting" => Ok(JobState::Waiting),
             "running" => Ok(JobState::Running),
+            "parked" => Ok(JobState::Parked),
             "completed" => Ok(JobState::Completed),
             "dead" => Ok(JobState::Dead),
             "cancelled" => Ok(JobState::Cancelled),

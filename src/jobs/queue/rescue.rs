@@ -263,7 +263,7 @@ fn tally(rows: Vec<IdStateRow>, rescued: &mut Rescued) -> Result<()> {
             JobState::Dead => rescued.dead.push(row.id),
             JobState::Cancelled => rescued.cancelled.push(row.id),
             // Not possible for rows the rescue locked and found to rescue.
-            JobState::Blocked | JobState::Running | JobState::Completed => {}
+            JobState::Blocked | JobState::Running | JobState::Parked | JobState::Completed => {}
         }
     }
     rescued.requeued.sort_unstable();

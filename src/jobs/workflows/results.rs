@@ -74,11 +74,11 @@ impl JobResult {
             .map_err(|e| Error::invalid("result", format!("is not the JSON expected: {e}")))
     }
 
-    fn format(&self) -> &'static str {
+    pub(crate) fn format(&self) -> &'static str {
         if self.json { "json" } else { "bytes" }
     }
 
-    fn from_row(format: &str, body: Vec<u8>) -> JobResult {
+    pub(crate) fn from_row(format: &str, body: Vec<u8>) -> JobResult {
         JobResult {
             json: format == "json",
             body,

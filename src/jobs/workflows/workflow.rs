@@ -276,6 +276,8 @@ pub struct StateCounts {
     pub waiting: i64,
     /// Running.
     pub running: i64,
+    /// Parked until something outside answers them.
+    pub parked: i64,
     /// Completed.
     pub completed: i64,
     /// Dead.
@@ -290,6 +292,7 @@ impl StateCounts {
             JobState::Blocked => &mut self.blocked,
             JobState::Waiting => &mut self.waiting,
             JobState::Running => &mut self.running,
+            JobState::Parked => &mut self.parked,
             JobState::Completed => &mut self.completed,
             JobState::Dead => &mut self.dead,
             JobState::Cancelled => &mut self.cancelled,
@@ -299,7 +302,7 @@ impl StateCounts {
 
     /// Jobs not yet finished.
     pub fn unfinished(&self) -> i64 {
-        self.blocked + self.waiting + self.running
+        self.blocked + self.waiting + self.running + self.parked
     }
 }
 
@@ -482,12 +485,12 @@ pub fn workflow_jobs<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Vec<W
 }
 
 const UNFINISHED: &str = "SELECT id FROM tenure_jobs WHERE workflow_id = ? \
-    AND state IN ('blocked', 'waiting', 'running') ORDER BY id";
+    AND state IN ('blocked', 'waiting', 'running', 'parked') ORDER BY id";
 
 /// The workflow's unfinished jobs, locked in id order (the order every locker of job rows
 /// keeps), and read as locked.
 const LOCK_UNFINISHED: &str = "SELECT id, state, dependents AS n FROM tenure_jobs \
-    WHERE id IN {ids} AND state IN ('blocked', 'waiting', 'running') ORDER BY id{for_update}";
+    WHERE id IN {ids} AND state IN ('blocked', 'waiting', 'running', 'parked') ORDER BY id{for_update}";
 
 #[derive(QueryableByName)]
 struct Unfinished {

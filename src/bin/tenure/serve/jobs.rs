@@ -20,10 +20,11 @@ const WINDOW: i64 = 100_000;
 /// The most payload or output bytes a page shows.
 const SHOWN_BYTES: usize = 64 * 1024;
 
-pub const STATES: [JobState; 6] = [
+pub const STATES: [JobState; 7] = [
     JobState::Blocked,
     JobState::Waiting,
     JobState::Running,
+    JobState::Parked,
     JobState::Completed,
     JobState::Dead,
     JobState::Cancelled,
@@ -272,7 +273,7 @@ pub fn job_page(
     let id_text = id.to_string();
     let live = matches!(
         job.state,
-        JobState::Blocked | JobState::Waiting | JobState::Running
+        JobState::Blocked | JobState::Waiting | JobState::Running | JobState::Parked
     );
     let content = html! {
         div.actions {
@@ -286,6 +287,10 @@ pub fn job_page(
             @if job.cancel_requested_at.is_some() && !job.state.is_final() {
                 span.muted { "Cancel asked: it stops when its run ends." }
             }
+        }
+        @if job.state == JobState::Parked {
+            p.muted { "Parked: it waits for an answer by its token (the callback, or this form)." }
+            (super::parked::form(dashboard, id))
         }
         dl.fields #job-fields {
             dt { "Queue" } dd { a href=(link("/queue", &[("name", &job.queue)])) { (job.queue) } }

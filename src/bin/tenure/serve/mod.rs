@@ -12,6 +12,7 @@ mod http;
 mod jobs;
 mod layout;
 mod leases;
+mod parked;
 mod queues;
 mod schedules;
 mod server;
@@ -35,7 +36,12 @@ use server::Request;
 /// What `tenure serve --help` says after the flags.
 pub const ABOUT: &str = "\
 Serves a dashboard of queues, jobs, leases, schedules and workers, with actions (retry,
-cancel, pause, resume, force-release), until Ctrl-C or SIGTERM.
+cancel, pause, resume, force-release, answer a parked job), until Ctrl-C or SIGTERM.
+
+PARKED JOBS' CALLBACKS: POST /callbacks/parked/complete (or fail, resume) with the job's
+park token in the Tenure-Park-Token header answers the job; the body is the result or value
+as JSON (complete, resume; may be empty) or the error text (fail). The token is the only
+credential asked; every refused token gets 403 alike; tokens are never logged.
 
 RUNNING IT SAFELY: it listens on 127.0.0.1 by default and then answers only requests
 addressed to a loopback name. To listen anywhere else it needs credentials: an access token
@@ -154,6 +160,10 @@ fn handle(dashboard: &Dashboard, request: &Request) -> Reply {
 }
 
 fn respond(dashboard: &Dashboard, request: &Request) -> Reply {
+    // A park's callback: its token is its credential (see `parked.rs`).
+    if request.target.starts_with(parked::CALLBACKS) {
+        return parked::callback(dashboard, request);
+    }
     match dashboard
         .access
         .admits(request.header("Authorization"), request.header("Host"))
@@ -249,6 +259,7 @@ fn route(
     if incoming.post {
         return match path {
             "/job/retry" | "/job/cancel" => jobs::act(conn, incoming),
+            "/job/parked" => parked::act(conn, incoming),
             "/queue/pause" | "/queue/resume" | "/queue/retry-dead" => queues::act(conn, incoming),
             "/schedule/pause" | "/schedule/resume" => schedules::act(conn, incoming),
             "/lease/release" => leases::act(conn, incoming),
@@ -275,7 +286,11 @@ fn notice(incoming: &Incoming) -> Option<String> {
         .field("n")
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
-    Some(match incoming.field("done")? {
+    let done = incoming.field("done")?;
+    if let Some(text) = parked::notice(done) {
+        return Some(text.into());
+    }
+    Some(match done {
         "queue-paused" => "Queue paused: claims skip it until it is resumed.".into(),
         "queue-resumed" => "Queue resumed.".into(),
         "retried" => format!("Retried {n} dead job(s)."),

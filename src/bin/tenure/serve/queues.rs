@@ -122,7 +122,7 @@ pub fn overview(
                 thead { tr {
                     th { "Queue" } th { "" }
                     th.num { "Blocked" } th.num { "Waiting" } th.num { "Due" } th.num { "Running" }
-                    th.num { "Completed" } th.num { "Dead" } th.num { "Cancelled" } th { "Queue limit" }
+                    th.num { "Parked" } th.num { "Completed" } th.num { "Dead" } th.num { "Cancelled" } th { "Queue limit" }
                 } }
                 tbody {
                     @for (name, counts) in &rows {
@@ -133,6 +133,7 @@ pub fn overview(
                             td.num { (count_link(name, JobState::Waiting, counts.waiting, bound)) }
                             td.num { (bounded(counts.due, bound)) }
                             td.num { (count_link(name, JobState::Running, counts.running, bound)) }
+                            td.num { (count_link(name, JobState::Parked, counts.parked, bound)) }
                             td.num { (count_link(name, JobState::Completed, counts.completed, bound)) }
                             td.num { (count_link(name, JobState::Dead, counts.dead, bound)) }
                             td.num { (count_link(name, JobState::Cancelled, counts.cancelled, bound)) }
@@ -276,6 +277,7 @@ pub fn queue_page(
         ("Blocked", JobState::Blocked, counts.blocked),
         ("Waiting", JobState::Waiting, counts.waiting),
         ("Running", JobState::Running, counts.running),
+        ("Parked", JobState::Parked, counts.parked),
         ("Completed", JobState::Completed, counts.completed),
         ("Dead", JobState::Dead, counts.dead),
         ("Cancelled", JobState::Cancelled, counts.cancelled),
