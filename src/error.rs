@@ -131,6 +131,16 @@ pub enum Error {
         state: crate::jobs::JobState,
     },
 
+    /// The run no longer holds job `id`'s claim (it lapsed and was rescued, or another run
+    /// has the job now): what it was about to commit with the claim was rolled back
+    /// ([`crate::worker::JobContext::step`]). The run should stop; the job's current run
+    /// carries on.
+    #[error("the run no longer holds job {id}'s claim: its step was rolled back")]
+    ClaimLost {
+        /// The job.
+        id: i64,
+    },
+
     /// The connection pool could not hand out a connection in time.
     #[error("connection pool: {0}")]
     Pool(#[from] r2d2::Error),

@@ -115,6 +115,7 @@ pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
         stop: stop.clone(),
         notes: notes.clone(),
         pool: WorkerPool(Some(shared.config.pool.clone())),
+        for_test: false,
     };
     let span = tracing::info_span!(
         target: "tenure::worker",
