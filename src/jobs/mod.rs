@@ -77,8 +77,8 @@ pub use workflows::{
     enqueue_workflow, progress, record_progress, result, workflow_jobs, workflow_status,
 };
 // Durable steps: a step's result committed with its writes, read back on a retry.
-pub use workflows::{JobStep, StepError, run_step, steps};
 pub(crate) use workflows::steps::{decode_step, run_unfenced_step};
+pub use workflows::{JobStep, StepError, run_step, steps};
 
 // Maintenance: retention, an operator's calls, reading the queue, runs' outputs.
 pub use maintenance::{

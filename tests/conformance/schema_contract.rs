@@ -196,6 +196,12 @@ fn schema_tables() -> Vec<TableSpec> {
             format,
             body
         }),
+        table_spec!(tenure_steps {
+            job_id,
+            name,
+            result,
+            created_at
+        }),
         table_spec!(tenure_workers {
             id,
             host,
