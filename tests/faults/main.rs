@@ -18,4 +18,5 @@ mod processes;
 mod recovery;
 mod script;
 mod serial;
+mod steps;
 mod workflows;
