@@ -95,7 +95,8 @@ pub fn context(queue: &str, kind: &str) -> JobContext {
 /// let ctx = tenure::testing::with_pool(tenure::testing::context("q", "k"), &pool);
 /// let mut runs = 0;
 /// for _ in 0..2 {
-///     let n: i32 = ctx.step("count", |_conn| { runs += 1; Ok::<_, JobError>(7) })?;
+///     let n: i32 = ctx.step("count", |_conn| { runs += 1; Ok::<_, JobError>(7) })
+///         .map_err(|e| e.to_string())?;
 ///     assert_eq!(n, 7);
 /// }
 /// assert_eq!(runs, 1);

@@ -17,12 +17,15 @@
 //! | [`claim`], [`claim_kinds`] | bare | atomic: no job is ever held by two claimers |
 //! | [`complete`], [`fail`], [`renew`], [`give_back`], [`snooze`] | any; inside the caller's transaction they commit with it | fenced by the claim token, one [`Outcome`] per job |
 //! | [`rescue`] | bare | returns stalled jobs (claim lapsed, or its worker died) to the queue, or marks them dead |
+//! | [`run_step`] | any (its own transaction, or a savepoint of the caller's) | fenced by the claim token; the step's result commits with its writes |
 //! | [`get`] | any | a job's state |
 //! | [`wait`], [`enqueue_and_wait`] | a [`Pool`](crate::Pool), none held while asleep | blocks until the job ends or a timeout |
 //!
-//! Handlers run at least once. The only exactly-once there is: the handler's own writes and
+//! Handlers run at least once. Exactly once there is for the handler's own writes and
 //! [`complete`] in one transaction ([`crate::transaction`]), which commits only if the claim
-//! is still this worker's.
+//! is still this worker's, and for a step's writes with its stored result ([`run_step`],
+//! [`crate::worker::JobContext::step`]), under the same fence: a retry reads the result back
+//! instead of running the step again.
 //!
 //! ```
 //! # fn main() -> Result<(), tenure::Error> {

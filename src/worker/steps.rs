@@ -68,7 +68,7 @@ impl JobContext {
     ///     Ok(())
     /// }
     ///
-    /// let pool = tenure::Pool::options().max_size(2).open(":memory:")?;
+    /// let pool = tenure::Pool::options().max_size(1).open(":memory:")?;
     /// tenure::run_migrations(&mut pool.get()?)?;
     /// diesel::sql_query("CREATE TABLE imported (line TEXT)").execute(&mut pool.get()?)?;
     /// tenure::jobs::enqueue(&mut pool.get()?, &tenure::jobs::NewJob::new("q", "import", br#""a.csv""#.to_vec()))?;

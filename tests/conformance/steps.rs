@@ -13,9 +13,7 @@ use tenure::jobs::{self, Backoff, Finished, JobState, NewJob, Outcome, Retention
 use tenure::worker::{JobContext, JobError, Worker};
 use tenure::{AnyConnection, Backend, Error, testing};
 
-use crate::common::{
-    TestDb, claim_one, conformance, contest, count, wait_for_db_clock, wait_until,
-};
+use crate::common::{TestDb, claim_one, conformance, contest, count, wait_for_db_clock};
 
 conformance!(
     a_retry_gets_stored_results_and_runs_no_completed_step_again,

@@ -46,7 +46,9 @@ impl JobStep {
 ///
 /// In a handler, `?` turns it into a [`JobError`](crate::worker::JobError): the closure's
 /// own `JobError` as it was (a [`JobError::dead`](crate::worker::JobError::dead) stays
-/// dead), tenure's error as a retry per policy.
+/// dead), tenure's error as a retry per policy. It is not a `std::error::Error` (that would
+/// make `?` in a handler a plain retry, losing the closure's own action): elsewhere,
+/// `.map_err(|e| e.to_string())` or match it.
 pub enum StepError<E> {
     /// The closure returned this error: its writes were rolled back, nothing stored.
     Failed(E),
