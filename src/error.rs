@@ -153,10 +153,12 @@ pub enum Error {
     #[error("park token refused: {0}")]
     ParkTokenRefused(crate::jobs::ParkRefusal),
 
-    /// The run's claim is no longer its own (the job was rescued, taken over, cancelled or
-    /// finished): [`crate::worker::JobContext::park`] parked nothing. The handler should
-    /// return.
-    #[error("job {id}: this run's claim is no longer held")]
+    /// The run no longer holds job `id`'s claim (it lapsed and was rescued, was cancelled or
+    /// finished, or another run has the job now): what it was about to commit with the claim
+    /// was rolled back ([`crate::worker::JobContext::step`]), or nothing was parked
+    /// ([`crate::worker::JobContext::park`]). The run should stop; the job's current run
+    /// carries on.
+    #[error("the run no longer holds job {id}'s claim: nothing it was about to commit with it was kept")]
     ClaimLost {
         /// The job.
         id: i64,

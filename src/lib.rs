@@ -79,6 +79,13 @@
 //!   locks the job's row first, so of two answers, or an answer and the deadline, exactly one
 //!   applies; any other use of a token is [`Error::ParkTokenRefused`] and changes nothing.
 //!   Tokens are stored as SHA-256 hashes and compared in constant time.
+//! - **A step runs once per job, its result committed with its writes.**
+//!   [`JobContext::step`](worker::JobContext::step) stores a step's result in the
+//!   transaction of the step's own writes, after checking, under the job row's lock, that the
+//!   run still holds its claim: a retry gets the stored result and the step does not run
+//!   again, and what a step writes to the same database lands exactly once per job, also when
+//!   its worker is killed mid-step. A run that lost its claim commits nothing
+//!   ([`Error::ClaimLost`]).
 //! - **Bad input changes nothing.** It is an [`Error::InvalidInput`] before any statement.
 //!   Instants given to tenure (a job's due time, a retry time) must lie in the years 1 to 9999,
 //!   what every backend stores and orders correctly (MySQL's `DATETIME` ends in 9999, SQLite

@@ -391,6 +391,24 @@ diesel::table! {
     use diesel::sql_types::*;
     use crate::sql_types::Instant;
 
+    /// A job's completed steps ([`crate::worker::JobContext::step`], [`crate::jobs::steps`]):
+    /// kept across its retries, deleted with it.
+    tenure_steps (job_id, name) {
+        /// The job.
+        job_id -> BigInt,
+        /// The step's name.
+        name -> Text,
+        /// Its result, as JSON.
+        result -> Binary,
+        /// When it committed (database clock).
+        created_at -> Instant,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::sql_types::Instant;
+
     /// Running workers: how a dead worker is recognised (see
     /// [`crate::worker`], "When a worker dies"). A worker inserts its row and takes a lock
     /// that lasts as long as its process: on PostgreSQL the session-level advisory lock
@@ -418,6 +436,7 @@ diesel::joinable!(tenure_job_outputs -> tenure_jobs (job_id));
 diesel::joinable!(tenure_job_limits -> tenure_jobs (job_id));
 diesel::joinable!(tenure_job_results -> tenure_jobs (job_id));
 diesel::joinable!(tenure_parked -> tenure_jobs (job_id));
+diesel::joinable!(tenure_steps -> tenure_jobs (job_id));
 diesel::joinable!(tenure_dependency_stripes -> tenure_jobs (job_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
@@ -436,5 +455,6 @@ diesel::allow_tables_to_appear_in_same_query!(
     tenure_dependency_stripes,
     tenure_job_results,
     tenure_parked,
+    tenure_steps,
     tenure_workers,
 );

@@ -78,7 +78,34 @@ pub fn context(queue: &str, kind: &str) -> JobContext {
         notes: Default::default(),
         pool: Default::default(),
         backoff: Default::default(),
+        for_test: true,
     }
+}
+
+/// `ctx` with a pool, so that the handler's [`JobContext::step`]s run in a unit test: each
+/// runs its closure in a transaction on a connection of `pool` (its writes commit) and is
+/// kept in the context, not the database (no job row backs a test context's claim): a
+/// second call of the same step, on `ctx` or a clone of it, returns the kept value without
+/// running the closure, as a retry would. [`JobContext::dependency_results`] reads `pool`
+/// too.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use tenure::worker::JobError;
+/// let pool = tenure::Pool::options().max_size(1).open(":memory:")?;
+/// let ctx = tenure::testing::with_pool(tenure::testing::context("q", "k"), &pool);
+/// let mut runs = 0;
+/// for _ in 0..2 {
+///     let n: i32 = ctx.step("count", |_conn| { runs += 1; Ok::<_, JobError>(7) })
+///         .map_err(|e| e.to_string())?;
+///     assert_eq!(n, 7);
+/// }
+/// assert_eq!(runs, 1);
+/// # Ok(()) }
+/// ```
+pub fn with_pool(mut ctx: JobContext, pool: &crate::Pool) -> JobContext {
+    ctx.pool = crate::worker::WorkerPool(Some(pool.clone()));
+    ctx
 }
 
 /// The result a handler set on `ctx` ([`JobContext::set_result`]), to test it.

@@ -21,12 +21,15 @@
 //! | [`rescue`] | bare | returns stalled jobs (claim lapsed, or its worker died) to the queue, or marks them dead |
 //! | [`complete_parked`], [`fail_parked`], [`resume_parked`] | any, joins the caller's transaction | answer a *parked* job by its [`ParkToken`], once |
 //! | [`expire_parked`] | any | fails parked jobs past their deadline (workers call it) |
+//! | [`run_step`] | any (its own transaction, or a savepoint of the caller's) | fenced by the claim token; the step's result commits with its writes |
 //! | [`get`] | any | a job's state |
 //! | [`wait`], [`enqueue_and_wait`], [`wait_workflow`] | a [`Pool`](crate::Pool), none held while asleep | blocks until the job (every job of the workflow) ends or a timeout |
 //!
-//! Handlers run at least once. The only exactly-once there is: the handler's own writes and
+//! Handlers run at least once. Exactly once there is for the handler's own writes and
 //! [`complete`] in one transaction ([`crate::transaction`]), which commits only if the claim
-//! is still this worker's.
+//! is still this worker's, and for a step's writes with its stored result ([`run_step`],
+//! [`crate::worker::JobContext::step`]), under the same fence: a retry reads the result back
+//! instead of running the step again.
 //!
 //! ```
 //! # fn main() -> Result<(), tenure::Error> {
@@ -82,6 +85,9 @@ pub use workflows::{
     enqueue_workflow, progress, record_progress, result, wait_workflow, workflow_jobs,
     workflow_status,
 };
+// Durable steps: a step's result committed with its writes, read back on a retry.
+pub(crate) use workflows::steps::{decode_step, run_unfenced_step};
+pub use workflows::{JobStep, StepError, run_step, steps};
 
 // Parked jobs: parked by a run or at enqueue, answered once by their token, or failed at
 // their deadline.

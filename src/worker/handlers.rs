@@ -121,6 +121,7 @@ pub(super) fn run_one(shared: &Shared, task: &Task) -> Settle {
             .get(&job.kind)
             .map(|k| k.backoff)
             .unwrap_or_default(),
+        for_test: false,
     };
     let span = tracing::info_span!(
         target: "tenure::worker",

@@ -179,6 +179,9 @@ pub struct JobContext {
     pub(crate) pool: WorkerPool,
     /// The kind's retry policy: a park records it for a failure's retry.
     pub(crate) backoff: Backoff,
+    /// Made for a test ([`crate::testing::context`]): its steps are kept in `notes`, not
+    /// in the database, since no job row backs its claim.
+    pub(crate) for_test: bool,
 }
 
 /// What a run leaves for the worker to write: its result (with its completion) and its
@@ -190,6 +193,8 @@ pub(crate) struct RunNotes {
     pub result: Mutex<Option<JobResult>>,
     pub progress: Mutex<Option<(f64, String)>>,
     pub progress_changed: AtomicBool,
+    /// A test context's completed steps, by name ([`JobContext::step`]).
+    pub test_steps: Mutex<std::collections::HashMap<String, Vec<u8>>>,
 }
 
 impl RunNotes {

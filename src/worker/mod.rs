@@ -90,6 +90,7 @@ mod job;
 mod listener;
 mod liveness;
 mod runs;
+mod steps;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -102,7 +103,7 @@ use crate::{Error, Pool, Result, validate};
 
 pub use crate::events::{Event, RunEvent, RunOutcome};
 pub use handle::WorkerHandle;
-pub(crate) use job::Action;
+pub(crate) use job::{Action, WorkerPool};
 pub use job::{JobContext, JobError};
 pub use runs::Report;
 

@@ -27,6 +27,7 @@ mod schedules;
 mod secrets;
 mod secrets_masking;
 mod serve;
+mod steps_shown;
 mod webdriver;
 mod work_children;
 mod work_logs;

@@ -210,6 +210,12 @@ fn schema_tables() -> Vec<TableSpec> {
             answer_error,
             answered_at
         }),
+        table_spec!(tenure_steps {
+            job_id,
+            name,
+            result,
+            created_at
+        }),
         table_spec!(tenure_workers {
             id,
             host,

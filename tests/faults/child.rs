@@ -94,6 +94,7 @@ fn role() {
         "poison-worker" => crate::poison::poison_worker(&args[0]),
         "parking-worker" => crate::parked::parking_worker(&args[0]),
         "claim-and-run" => crate::poison::claim_and_run(&args[0]),
+        "step-worker" => crate::steps::step_worker(&args[0], &args[1], &args[2]),
         "holding-worker" => {
             crate::recovery::holding_worker(&args[0], args[1].parse().expect("cap"))
         }

@@ -19,4 +19,5 @@ mod processes;
 mod recovery;
 mod script;
 mod serial;
+mod steps;
 mod workflows;

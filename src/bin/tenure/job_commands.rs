@@ -248,6 +248,21 @@ fn show_text(job: &Job, limits: &[jobs::Limit], links: &Links, reveal: bool) -> 
     text
 }
 
+/// A job's completed steps for `jobs show`: name, when, size and the start of the result.
+fn steps_text(steps: &[jobs::JobStep]) -> String {
+    let mut text = String::new();
+    for step in steps {
+        text.push_str(&format!(
+            "step {} done at {} ({} bytes): {}\n",
+            clean(&step.name),
+            step.created_at.format("%Y-%m-%d %H:%M:%S%.3f UTC"),
+            step.result.len(),
+            clean(&output::short(&String::from_utf8_lossy(&step.result), 60))
+        ));
+    }
+    text
+}
+
 /// `prune --older-than`: at most 366 days, checked before the database is opened.
 fn retention(keep: Option<u64>, older_than: Option<&str>) -> Result<Retention, Failure> {
     Ok(match (keep, older_than) {
@@ -327,6 +342,7 @@ pub fn run(
             let history = jobs::history(&mut conn, id)?;
             let outputs = jobs::outputs(&mut conn, id)?;
             let limits = jobs::limits_of(&mut conn, id)?;
+            let steps = jobs::steps(&mut conn, id)?;
             let links = Links::load(&mut conn, &job)?;
             let mut value = job_json(&job, reveal_env);
             links.add_json(&mut value);
@@ -335,9 +351,11 @@ pub fn run(
             value["limits"] = json!(limits.iter().map(|l| json!({"key": l.key(), "max_running": l.max_running(), "rate_max": l.rate_cap().map(|r| r.max), "rate_per_seconds": l.rate_cap().map(|r| r.per.as_secs_f64())})).collect::<Vec<_>>());
             value["errors"] = json!(history.iter().map(|h| json!({"attempt": h.attempt, "error": h.error, "failed_at": h.failed_at})).collect::<Vec<_>>());
             value["outputs"] = json!(outputs.iter().map(|o| json!({"attempt": o.attempt, "exit_code": o.exit_code, "output": String::from_utf8_lossy(&o.output), "finished_at": o.finished_at})).collect::<Vec<_>>());
+            value["steps"] = json!(steps.iter().map(|s| json!({"name": s.name, "created_at": s.created_at, "bytes": s.result.len(), "result": serde_json::from_slice::<Value>(&s.result).unwrap_or_else(|_| json!(String::from_utf8_lossy(&s.result)))})).collect::<Vec<_>>());
             out.print(value, || {
                 let mut text = show_text(&job, &limits, &links, reveal_env);
                 text.extend(links.result_text());
+                text.push_str(&steps_text(&steps));
                 for h in &history {
                     text.push_str(&format!(
                         "run {} failed at {}: {}\n",

@@ -82,6 +82,9 @@ pub(crate) fn cancel_locked<C: TenureConnection>(conn: &mut C, id: i64) -> Resul
 ///
 /// Jobs still blocked that counted its death as finished ([`crate::jobs::RunWhen::AllFinished`])
 /// wait for it again; those its death already cancelled or released stay so.
+///
+/// Its completed steps ([`crate::worker::JobContext::step`]) are kept: the revived job
+/// resumes after the last of them, as a retry does.
 pub fn retry_dead<C: TenureConnection>(conn: &mut C, id: i64) -> Result<bool> {
     use crate::schema::tenure_jobs;
     crate::backend::transaction::retrying_transaction(conn, |conn| {

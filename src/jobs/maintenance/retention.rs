@@ -123,8 +123,8 @@ const STILL_NEEDED: &str = concat!(
 );
 
 /// Deletes up to `max_jobs` finished jobs of `queue` that `policy` does not keep (and their
-/// error history); returns how many. Call it again while it returns `max_jobs`. Needs a bare
-/// connection; each call is one short transaction.
+/// error history, outputs, results and steps); returns how many. Call it again while it
+/// returns `max_jobs`. Needs a bare connection; each call is one short transaction.
 ///
 /// Dedup windows come first: a finished job with a
 /// [`dedup window`](crate::jobs::NewJob::dedup_window) is kept until `finished_at + window` has
@@ -251,6 +251,9 @@ pub fn prune<C: TenureConnection>(
                 statement("DELETE FROM tenure_job_limits WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
                 statement("DELETE FROM tenure_job_results WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
                 statement("DELETE FROM tenure_parked WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
+                // A step commits only while its run holds the job's claim, under the job row's
+                // lock: none is written for a job this deletes (finished, locked here).
+                statement("DELETE FROM tenure_steps WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
                 statement("DELETE FROM tenure_dependency_stripes WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
                 statement("DELETE FROM tenure_job_dependencies WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
                 statement("DELETE FROM tenure_job_dependencies WHERE depends_on IN {ids}").bind_ids(ids()).execute(c)?;

@@ -1,10 +1,13 @@
 //! Workflows and results: jobs that wait for other jobs ([`dependencies`]: a blocked job's
 //! counters and its release by the transaction that finishes the last of them), workflows of
 //! jobs enqueued together, and batches (workflows with callback jobs) ([`workflow`]), and what
-//! runs leave for others to read: results and progress ([`results`]); waiting for a workflow to end ([`wait`](mod@wait)).
+//! runs leave for others to read: results and progress ([`results`]), and a job's completed
+//! steps, kept across its retries ([`steps`]); waiting for a workflow to end
+//! ([`wait`](mod@wait)).
 
 pub(crate) mod dependencies;
 pub(crate) mod results;
+pub(crate) mod steps;
 pub(crate) mod wait;
 pub(crate) mod workflow;
 
@@ -14,6 +17,7 @@ pub use results::{
     complete_with_result, dependency_results, dependency_results_after, progress, record_progress,
     result,
 };
+pub use steps::{JobStep, StepError, run_step, steps};
 pub use wait::wait_workflow;
 pub use workflow::{
     EnqueuedWorkflow, StateCounts, Step, Workflow, WorkflowJob, WorkflowStatus, cancel_workflow,

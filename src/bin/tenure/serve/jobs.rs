@@ -244,7 +244,7 @@ fn shown_bytes(bytes: &[u8]) -> Markup {
     }
 }
 
-/// `GET /job?id=N`: one job, its failed runs, outputs, result and limits.
+/// `GET /job?id=N`: one job, its completed steps, failed runs, outputs, result and limits.
 pub fn job_page(
     dashboard: &Dashboard,
     conn: &mut AnyConnection,
@@ -269,6 +269,7 @@ pub fn job_page(
     let history = jobs::history(conn, id)?;
     let outputs = jobs::outputs(conn, id)?;
     let result = jobs::result(conn, id)?;
+    let steps = jobs::steps(conn, id)?;
     let limits = jobs::limits_of(conn, id)?;
     let id_text = id.to_string();
     let live = matches!(
@@ -327,6 +328,19 @@ pub fn job_page(
         @if let Some(result) = &result {
             h2 { "Result" }
             div #result { (shown_bytes(result.as_bytes())) }
+        }
+        @if !steps.is_empty() {
+            h2 { "Steps" }
+            table #steps {
+                thead { tr { th { "Step" } th { "Done" } th.num { "Bytes" } th { "Result" } } }
+                tbody {
+                    @for step in &steps {
+                        tr { td { (step.name) } td { (instant(step.created_at, now)) }
+                            td.num { (thousands(step.result.len() as u64)) }
+                            td { code { (first_line(&String::from_utf8_lossy(&step.result))) } } }
+                    }
+                }
+            }
         }
         h2 { "Failed runs" }
         @if history.is_empty() {
