@@ -158,7 +158,9 @@ pub enum Error {
     /// was rolled back ([`crate::worker::JobContext::step`]), or nothing was parked
     /// ([`crate::worker::JobContext::park`]). The run should stop; the job's current run
     /// carries on.
-    #[error("the run no longer holds job {id}'s claim: nothing it was about to commit with it was kept")]
+    #[error(
+        "the run no longer holds job {id}'s claim: nothing it was about to commit with it was kept"
+    )]
     ClaimLost {
         /// The job.
         id: i64,
