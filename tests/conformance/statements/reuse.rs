@@ -385,8 +385,11 @@ fn prepared_statements_per_connection_are_bounded(backend: Backend) {
              such connections",
             16_382 / per_connection.max(1)
         );
+        // 152 on MariaDB once prune also deleted parks and steps (two more per-job tables,
+        // a statement per id-list bucket each: the bucketing, not the count, is what this
+        // bounds; 180 still serves 91 connections per server at MariaDB's default).
         assert!(
-            per_connection <= 150,
+            per_connection <= 180,
             "{backend}: one connection holds {per_connection} prepared statements"
         );
     }
