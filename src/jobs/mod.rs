@@ -92,8 +92,8 @@ pub use workflows::{JobStep, StepError, run_step, steps};
 // Parked jobs: parked by a run or at enqueue, answered once by their token, or failed at
 // their deadline.
 pub use parked::{
-    EnqueuedParked, ParkRefusal, ParkToken, ParkedOutcome, complete_parked, enqueue_parked,
-    expire_parked, fail_parked, resume_parked,
+    EnqueuedParked, ParkRecord, ParkRefusal, ParkToken, ParkedOutcome, complete_parked,
+    enqueue_parked, expire_parked, fail_parked, park_record, resume_parked,
 };
 pub(crate) use parked::{park_in_run, record_parked_run, resume_value};
 

@@ -66,6 +66,13 @@ fn the_command_answers_parked_jobs_with_a_token_from_stdin_or_a_file(backend: Ba
     assert_eq!(listed.as_array().unwrap().len(), 3);
     let stats = json(url, &["stats"]);
     assert_eq!(stats["queues"][0]["parked"], 3, "{stats}");
+    // `jobs show` says when it parked, its deadline and that nobody answered yet.
+    let shown = tenure(url, &["jobs", "show", &a.id.to_string()]);
+    let text = said(&shown);
+    assert!(shown.status.success(), "{text}");
+    for line in ["parked: ", "park deadline: ", "park answer: none yet"] {
+        assert!(text.contains(line), "{line:?} missing from:\n{text}");
+    }
 
     // From stdin, with a result.
     let secret = a.token.expose_secret();
@@ -87,6 +94,9 @@ fn the_command_answers_parked_jobs_with_a_token_from_stdin_or_a_file(backend: Ba
     );
     let result = jobs::result(&mut conn, a.id).unwrap().unwrap();
     assert_eq!(result.decode::<serde_json::Value>().unwrap()["paid"], true);
+    let shown = json(url, &["jobs", "show", &a.id.to_string()]);
+    assert_eq!(shown["park"]["answer"], "complete", "{shown}");
+    assert!(!shown.to_string().contains(&secret[4..20]), "{shown}");
     // Used again, garbage, or a wrong secret: exit 8, nothing changed, the token unsaid.
     let wrong = format!("{}.{}", b.id, "0".repeat(64));
     for bad in [secret.as_str(), "garbage", wrong.as_str()] {
@@ -263,6 +273,9 @@ fn the_job_page_answers_a_parked_job_under_the_csrf_guard(backend: Backend) {
     let page = get_with(base, &format!("/job?id={}", a.id), &[]);
     assert_eq!(page.status, 200);
     assert!(page.body.contains("park-answer"), "{}", page.body);
+    for field in ["Park deadline", "none yet"] {
+        assert!(page.body.contains(field), "{field:?} missing: {}", page.body);
+    }
     let csrf = csrf(&page.body);
     let id = a.id.to_string();
     let secret = a.token.expose_secret();

@@ -248,6 +248,23 @@ fn show_text(job: &Job, limits: &[jobs::Limit], links: &Links, reveal: bool) -> 
     text
 }
 
+/// A job's park for `jobs show`: when, its deadline, and how its token was used.
+fn park_text(park: &jobs::ParkRecord) -> String {
+    let at = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string();
+    let answer = match (&park.answer, park.answered_at) {
+        (Some(answer), Some(when)) => format!("{answer}, at {}", at(when)),
+        _ => "none yet".to_string(),
+    };
+    format!(
+        "{:>13}: {}\n{:>13}: {}\n{:>13}: {answer}\n",
+        "parked",
+        at(park.parked_at),
+        "park deadline",
+        at(park.deadline),
+        "park answer"
+    )
+}
+
 /// A job's completed steps for `jobs show`: name, when, size and the start of the result.
 fn steps_text(steps: &[jobs::JobStep]) -> String {
     let mut text = String::new();
@@ -343,6 +360,7 @@ pub fn run(
             let outputs = jobs::outputs(&mut conn, id)?;
             let limits = jobs::limits_of(&mut conn, id)?;
             let steps = jobs::steps(&mut conn, id)?;
+            let park = jobs::park_record(&mut conn, id)?;
             let links = Links::load(&mut conn, &job)?;
             let mut value = job_json(&job, reveal_env);
             links.add_json(&mut value);
@@ -352,8 +370,12 @@ pub fn run(
             value["errors"] = json!(history.iter().map(|h| json!({"attempt": h.attempt, "error": h.error, "failed_at": h.failed_at})).collect::<Vec<_>>());
             value["outputs"] = json!(outputs.iter().map(|o| json!({"attempt": o.attempt, "exit_code": o.exit_code, "output": String::from_utf8_lossy(&o.output), "finished_at": o.finished_at})).collect::<Vec<_>>());
             value["steps"] = json!(steps.iter().map(|s| json!({"name": s.name, "created_at": s.created_at, "bytes": s.result.len(), "result": serde_json::from_slice::<Value>(&s.result).unwrap_or_else(|_| json!(String::from_utf8_lossy(&s.result)))})).collect::<Vec<_>>());
+            value["park"] = json!(park.as_ref().map(|p| json!({"parked_at": p.parked_at, "deadline": p.deadline, "answer": p.answer, "answered_at": p.answered_at})));
             out.print(value, || {
                 let mut text = show_text(&job, &limits, &links, reveal_env);
+                if let Some(p) = &park {
+                    text.push_str(&park_text(p));
+                }
                 text.extend(links.result_text());
                 text.push_str(&steps_text(&steps));
                 for h in &history {

@@ -23,6 +23,7 @@
 
 mod answer;
 mod expire;
+mod inspect;
 mod park;
 mod token;
 
@@ -31,6 +32,7 @@ use std::fmt;
 pub(crate) use answer::resume_value;
 pub use answer::{complete_parked, fail_parked, resume_parked};
 pub use expire::expire_parked;
+pub use inspect::{ParkRecord, park_record};
 pub use park::{EnqueuedParked, enqueue_parked};
 pub(crate) use park::{park_in_run, record_parked_run};
 pub use token::ParkToken;

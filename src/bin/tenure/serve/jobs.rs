@@ -270,6 +270,7 @@ pub fn job_page(
     let outputs = jobs::outputs(conn, id)?;
     let result = jobs::result(conn, id)?;
     let steps = jobs::steps(conn, id)?;
+    let park = jobs::park_record(conn, id)?;
     let limits = jobs::limits_of(conn, id)?;
     let id_text = id.to_string();
     let live = matches!(
@@ -312,6 +313,16 @@ pub fn job_page(
                 dt { "Dedup key" } dd { (key) " (" (job.dedup_hits) " enqueue(s) folded in)" }
             }
             @if let Some(workflow) = job.workflow_id { dt { "Workflow" } dd { (workflow) } }
+            @if let Some(park) = &park {
+                dt { "Parked" } dd { (instant(park.parked_at, now)) }
+                dt { "Park deadline" } dd { (instant(park.deadline, now)) }
+                dt { "Park answer" } dd {
+                    @match (&park.answer, park.answered_at) {
+                        (Some(answer), Some(when)) => { (answer) " · " (instant(when, now)) }
+                        _ => { "none yet" }
+                    }
+                }
+            }
             @if let Some(progress) = job.progress {
                 dt { "Progress" } dd { (format!("{:.0}%", progress * 100.0))
                     @if let Some(message) = &job.progress_message { " · " (message) } }
