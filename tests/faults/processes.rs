@@ -33,13 +33,15 @@ fn text_type(backend: Backend) -> &'static str {
     }
 }
 
-/// 5,000 jobs (10-50 ms each) on 4 worker processes while one of them is SIGKILLed about
+/// 2,500 jobs (10-50 ms each) on 4 worker processes while one of them is SIGKILLed about
 /// every second and replaced. Every job ends completed once; every job's effect exists; a
 /// job has more than one effect only if a killed worker wrote the earlier ones; jobs whose
 /// effect and completion share a transaction have exactly one effect. Each job has one
 /// attempt: a kill uses none (the lapse is counted instead), so none ends dead.
 fn killed_workers_lose_no_job(backend: Backend) {
-    const JOBS: usize = 5000;
+    // 5,000 took over nextest's 300 s at load 20 on SQLite (277 left at 240 s, still
+    // going): half as many still see dozens of kills.
+    const JOBS: usize = 2500;
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     exec(
@@ -60,7 +62,9 @@ fn killed_workers_lose_no_job(backend: Backend) {
     let mut workers: Vec<Spawned> = (0..4).map(|_| start_worker(db.url())).collect();
     let mut killed: HashSet<i64> = HashSet::new();
     let started = Instant::now();
-    let limit = Duration::from_secs(240);
+    // Bounded by progress, not by speed: a lost job (or a hang) stops the count falling.
+    let stall = Duration::from_secs(90);
+    let (mut fewest, mut progressed) = (i64::MAX, Instant::now());
     let mut next_kill = Instant::now() + Duration::from_millis(800);
     loop {
         let left = count(
@@ -70,9 +74,12 @@ fn killed_workers_lose_no_job(backend: Backend) {
         if left == 0 {
             break;
         }
+        if left < fewest {
+            (fewest, progressed) = (left, Instant::now());
+        }
         assert!(
-            started.elapsed() < limit,
-            "{left} jobs left after {limit:?}"
+            progressed.elapsed() < stall,
+            "{left} jobs left, none completed for {stall:?}"
         );
         // Keep killing while there is work in flight; the last jobs finish in peace.
         if Instant::now() >= next_kill && left > 200 {

@@ -223,6 +223,8 @@ pub fn run(target: &database::Target, args: RunArgs) -> Outcome {
         }
     }
     COMMAND_STARTED.store(true, Ordering::SeqCst);
+    // A stop between the spawn and the supervising loop counts as a gap too.
+    let spawned_at = Instant::now();
     let child = match watchdog.spawn(&mut command, guard.held_until()) {
         Ok(child) => child,
         Err(e) => {
@@ -246,7 +248,7 @@ pub fn run(target: &database::Target, args: RunArgs) -> Outcome {
             ));
         }
     };
-    supervise(&pool, guard, child, watchdog, name, (ttl, grace), &say)
+    supervise(&pool, guard, (child, spawned_at), watchdog, name, (ttl, grace), &say)
 }
 
 /// The checks the library makes of a lease name, a holder label and a ttl, made here so that
@@ -354,7 +356,7 @@ enum Stop {
 fn supervise(
     pool: &Pool,
     guard: LeaseGuard,
-    mut child: Child,
+    (mut child, spawned_at): (Child, Instant),
     mut watchdog: Watchdog,
     name: &str,
     (ttl, grace): (Duration, Duration),
@@ -376,8 +378,9 @@ fn supervise(
         }
         watched
     };
-    // The longest this loop did not run: a paused process finds out here why it lost.
-    let mut last_tick = Instant::now();
+    // The longest this loop did not run, from the spawn on (a stop before the first tick,
+    // under load, counts too): a paused process finds out here why it lost.
+    let mut last_tick = spawned_at;
     let mut longest_gap = Duration::ZERO;
     let status = loop {
         // Measured first: a command the watchdog ended during a stop has exited by now.
