@@ -154,7 +154,7 @@ pub enum Error {
     ParkTokenRefused(crate::jobs::ParkRefusal),
 
     /// The run no longer holds job `id`'s claim (it lapsed and was rescued, was cancelled or
-    /// finished, or another run has the job now): what it was about to commit with the claim
+    /// asked to cancel, finished, or another run has the job now): what it was about to commit with the claim
     /// was rolled back ([`crate::worker::JobContext::step`]), or nothing was parked
     /// ([`crate::worker::JobContext::park`]). The run should stop; the job's current run
     /// carries on.

@@ -84,8 +84,10 @@
 //!   transaction of the step's own writes, after checking, under the job row's lock, that the
 //!   run still holds its claim: a retry gets the stored result and the step does not run
 //!   again, and what a step writes to the same database lands exactly once per job, also when
-//!   its worker is killed mid-step. A run that lost its claim commits nothing
-//!   ([`Error::ClaimLost`]).
+//!   its worker is killed mid-step. The run that stores a step gets the value a retry reads
+//!   back (a value JSON cannot carry, a NaN, is refused, not stored). A run that lost its
+//!   claim, or whose job was asked to cancel, commits nothing and gets [`Error::ClaimLost`]
+//!   from every step, stored or not.
 //! - **Bad input changes nothing.** It is an [`Error::InvalidInput`] before any statement.
 //!   Instants given to tenure (a job's due time, a retry time) must lie in the years 1 to 9999,
 //!   what every backend stores and orders correctly (MySQL's `DATETIME` ends in 9999, SQLite

@@ -27,10 +27,12 @@ impl JobContext {
     /// - `f` fails: [`StepError::Failed`] with its error (a [`JobError`], or anything that
     ///   converts into one), its writes rolled back, nothing stored; `?` in the handler fails
     ///   the run as that error says (retry per policy, dead, snooze).
-    /// - The run lost its claim (it lapsed and the job was rescued or claimed again):
-    ///   [`Error::ClaimLost`], rolled back.
-    /// - The result is longer than the limit or not JSON: [`Error::InvalidInput`], rolled
-    ///   back.
+    /// - The run lost its claim (it lapsed and the job was rescued or claimed again, or the
+    ///   job was asked to cancel): [`Error::ClaimLost`], rolled back; also for a step that is
+    ///   stored.
+    /// - The result is longer than the limit, not JSON, or does not read back from its JSON
+    ///   (a NaN): [`Error::InvalidInput`], rolled back. What the step returns is its result
+    ///   as read back from its JSON: what a retry gets.
     ///
     /// `name`: 1 to 255 bytes, no NUL ([`Error::InvalidInput`] before `f` runs). The same
     /// name twice in one run runs `f` once: the second call returns the stored value, so give
@@ -46,7 +48,8 @@ impl JobContext {
     /// In a context made for a unit test ([`crate::testing::context`]) there is no job row:
     /// give it a pool with [`crate::testing::with_pool`], and its steps run `f` in a
     /// transaction on it and are kept in the context (a second call, also on a clone of the
-    /// context, returns the kept value, as a retry would). Without a pool a step is
+    /// context, returns the kept value, as a retry would; of two threads on one name one
+    /// keeps it and the other's writes roll back, as in a worker). Without a pool a step is
     /// [`Error::InvalidInput`] and `f` does not run.
     ///
     /// ```
@@ -109,13 +112,26 @@ impl JobContext {
             )
         })?;
         let mut conn = pool.get()?;
-        let (value, body) = run_unfenced_step(&mut conn, f)?;
-        self.notes
-            .test_steps
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(name.to_string(), body);
-        Ok(value)
+        let steps = &self.notes.test_steps;
+        // Kept before the commit, so that of two threads on one name one keeps it and the
+        // other's writes roll back, as two threads of a worker's run store it once.
+        let keep = |body: &[u8]| {
+            let mut steps = steps.lock().unwrap_or_else(PoisonError::into_inner);
+            match steps.get(name) {
+                Some(other) => Some(other.clone()),
+                None => {
+                    steps.insert(name.to_string(), body.to_vec());
+                    None
+                }
+            }
+        };
+        let unkeep = || {
+            steps
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(name);
+        };
+        run_unfenced_step(&mut conn, name, f, keep, unkeep)
     }
 }
 

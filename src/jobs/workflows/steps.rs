@@ -10,13 +10,14 @@ use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel::sql_types::{BigInt, Nullable, Text};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use uuid::Uuid;
 
 use super::results::MAX_RESULT_BYTES;
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
 use crate::jobs::{JobClaim, JobState};
-use crate::schema::tenure_steps;
-use crate::sql_types::{DatabaseNow, Token};
+use crate::schema::{tenure_jobs, tenure_steps};
+use crate::sql_types::{DatabaseNow, Instant, Token};
 use crate::{AnyConnection, Error, Result, TenureConnection, validate};
 
 /// A completed step of a job, from [`steps`]: the model of a `tenure_steps` row
@@ -109,6 +110,8 @@ enum Abort<E> {
     Tenure(Error),
     /// Another call of this run stored the step first (two threads, one name).
     StoredMeanwhile,
+    /// A test context kept this step from another thread first: its result.
+    KeptMeanwhile(Vec<u8>),
 }
 
 impl<E> From<DieselError> for Abort<E> {
@@ -126,14 +129,26 @@ impl<E> From<Error> for Abort<E> {
 /// The job row, locked until the step's transaction ends: a rescue or a new claim (which
 /// change the token) waits for it, so none slips between this check and the commit.
 /// SQLite: `{for_update}` is empty; the IMMEDIATE transaction holds the database's write lock.
-const LOCK_CLAIM: &str = "SELECT state, claim_token FROM tenure_jobs WHERE id = ?{for_update}";
+const LOCK_CLAIM: &str =
+    "SELECT state, claim_token, cancel_requested_at FROM tenure_jobs WHERE id = ?{for_update}";
 
 #[derive(QueryableByName)]
 struct ClaimRow {
     #[diesel(sql_type = Text)]
     state: String,
     #[diesel(sql_type = Nullable<Token>)]
-    claim_token: Option<uuid::Uuid>,
+    claim_token: Option<Uuid>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    cancel_requested_at: Option<DateTime<Utc>>,
+}
+
+/// Whether a job row (state, token, cancel request) is still `claim`'s run: running under
+/// its token and not asked to cancel (a run asked to cancel ends cancelled whatever it does,
+/// so a step of it would commit into a cancelled job: refused, as a park is).
+fn holds(claim: JobClaim, state: &str, token: Option<Uuid>, cancel: Option<DateTime<Utc>>) -> bool {
+    token == Some(claim.token)
+        && JobState::parse(state).ok() == Some(JobState::Running)
+        && cancel.is_none()
 }
 
 /// Runs step `name` of the job `claim` holds, once per job across its runs (for claims
@@ -143,13 +158,16 @@ struct ClaimRow {
 /// run. Otherwise, in one transaction of tenure's kind ([`crate::transaction`]: IMMEDIATE on
 /// SQLite, READ COMMITTED on the servers): `f` runs on `conn`, its result is written as
 /// JSON to `tenure_steps`, and the job's row is locked and checked to be still running under
-/// `claim`'s token; then it commits. So the step's result and `f`'s own writes on `conn`
-/// commit together, only while the claim holds, or not at all:
+/// `claim`'s token, not asked to cancel; then it commits. So the step's result and `f`'s own
+/// writes on `conn` commit together, only while the claim holds, or not at all. The value
+/// returned is the result as read back from its JSON, the value every later run gets:
 ///
 /// - `f` fails: [`StepError::Failed`], everything rolled back, nothing stored;
-/// - the claim was lost (rescued, reclaimed, the job finished): [`Error::ClaimLost`],
-///   rolled back;
-/// - the result is longer than [`MAX_RESULT_BYTES`] as JSON, or cannot be written as JSON:
+/// - the claim was lost (rescued, reclaimed, given back, the job finished, pruned or asked to
+///   cancel): [`Error::ClaimLost`], rolled back; also for a step stored meanwhile, and
+///   without running `f` if it was lost before the step began;
+/// - the result is longer than [`MAX_RESULT_BYTES`] as JSON, cannot be written as JSON, or
+///   does not read back from it as `T` (a NaN or an infinity is written as `null`):
 ///   [`Error::InvalidInput`], rolled back.
 ///
 /// `name`: 1 to 255 bytes, no NUL ([`Error::InvalidInput`] before anything runs). Calling
@@ -191,23 +209,23 @@ where
     F: FnOnce(&mut AnyConnection) -> std::result::Result<T, E>,
 {
     validate::name("step name", name)?;
-    if let Some(body) = stored(conn, claim.id, name)? {
+    // A run that lost its claim gets ClaimLost, also for a step stored meanwhile (by the run
+    // that holds the job now), and its closure does not run.
+    if let Some(body) = stored_for(conn, claim, name)? {
         return Ok(decode_step(name, &body)?);
     }
     let outcome = crate::transaction(conn, |conn| {
         let value = f(conn).map_err(Abort::Closure)?;
-        let body = encode(&value)?;
+        let (value, body) = encode_read_back(name, &value)?;
         let row: Option<ClaimRow> = dispatch!(conn, c => {
             statement(c.syntax().render(LOCK_CLAIM))
                 .bind::<BigInt, _>(claim.id)
                 .get_result::<ClaimRow>(c)
                 .optional()
         })?;
-        let holds = row.is_some_and(|row| {
-            row.claim_token == Some(claim.token)
-                && JobState::parse(&row.state).ok() == Some(JobState::Running)
-        });
-        if !holds {
+        let held = row
+            .is_some_and(|row| holds(claim, &row.state, row.claim_token, row.cancel_requested_at));
+        if !held {
             return Err(Abort::Tenure(Error::ClaimLost { id: claim.id }));
         }
         let inserted = dispatch!(conn, c => {
@@ -234,33 +252,80 @@ where
         Err(Abort::Tenure(e)) => Err(StepError::Tenure(e)),
         // This run stored it from another thread while `f` ran here: that one counts, this
         // one's writes were rolled back.
-        Err(Abort::StoredMeanwhile) => match stored(conn, claim.id, name)? {
+        Err(Abort::StoredMeanwhile) => match stored_for(conn, claim, name)? {
             Some(body) => Ok(decode_step(name, &body)?),
             None => Err(StepError::Tenure(Error::ClaimLost { id: claim.id })),
         },
+        Err(Abort::KeptMeanwhile(body)) => Ok(decode_step(name, &body)?),
     }
 }
 
 /// `f` and its result's encoding in one transaction of tenure's kind, with no claim to check
-/// and nothing stored: a context made for a test, which keeps its steps itself.
+/// and nothing stored: a context made for a test, which keeps its steps itself. `keep` is
+/// called with the result before the commit and keeps it unless a step of that name was kept
+/// meanwhile (another thread of the context), whose result it returns: then this one's writes
+/// are rolled back and the kept result returned, as a worker's run does. `unkeep` undoes a
+/// `keep` whose commit failed.
 pub(crate) fn run_unfenced_step<T, E, F>(
     conn: &mut AnyConnection,
+    name: &str,
     f: F,
-) -> std::result::Result<(T, Vec<u8>), StepError<E>>
+    keep: impl FnOnce(&[u8]) -> Option<Vec<u8>>,
+    unkeep: impl FnOnce(),
+) -> std::result::Result<T, StepError<E>>
 where
-    T: Serialize,
+    T: Serialize + DeserializeOwned,
     F: FnOnce(&mut AnyConnection) -> std::result::Result<T, E>,
 {
+    let mut kept = false;
     let outcome = crate::transaction(conn, |conn| {
         let value = f(conn).map_err(Abort::Closure)?;
-        let body = encode(&value)?;
-        Ok((value, body))
+        let (value, body) = encode_read_back(name, &value)?;
+        if let Some(other) = keep(&body) {
+            return Err(Abort::KeptMeanwhile(other));
+        }
+        kept = true;
+        Ok(value)
     });
-    outcome.map_err(|abort| match abort {
-        Abort::Closure(e) => StepError::Failed(e),
-        Abort::Tenure(e) => StepError::Tenure(e),
-        Abort::StoredMeanwhile => StepError::Tenure(Error::invalid("step", "stored twice")),
-    })
+    match outcome {
+        Ok(value) => Ok(value),
+        Err(Abort::KeptMeanwhile(body)) => Ok(decode_step(name, &body)?),
+        Err(abort) => {
+            // Kept, then the commit failed: nothing of the step stands.
+            if kept {
+                unkeep();
+            }
+            Err(match abort {
+                Abort::Closure(e) => StepError::Failed(e),
+                Abort::Tenure(e) => StepError::Tenure(e),
+                Abort::StoredMeanwhile | Abort::KeptMeanwhile(_) => {
+                    StepError::Tenure(Error::invalid("step", "stored twice"))
+                }
+            })
+        }
+    }
+}
+
+/// A step's result encoded, and read back from its encoding: what the run that stores it
+/// returns, so that it gets what every later run reads (JSON changes some values: `Some(())`
+/// and `Some(None)` are `null`, a skipped field comes back as its default). A value that does
+/// not read back at all (a NaN or an infinity, written as `null`) is refused here, before
+/// anything commits, not stored to fail every retry.
+fn encode_read_back<T: Serialize + DeserializeOwned>(
+    name: &str,
+    value: &T,
+) -> Result<(T, Vec<u8>)> {
+    let body = encode(value)?;
+    let read: T = serde_json::from_slice(&body).map_err(|e| {
+        Error::invalid(
+            "step result",
+            format!(
+                "step {name:?}'s result does not read back from its JSON ({e}): a NaN or an \
+                 infinity is written as null"
+            ),
+        )
+    })?;
+    Ok((read, body))
 }
 
 /// A step's result as stored: JSON, at most [`MAX_RESULT_BYTES`].
@@ -286,15 +351,32 @@ pub(crate) fn decode_step<T: DeserializeOwned>(name: &str, body: &[u8]) -> Resul
     })
 }
 
-/// The stored result of step `name` of job `id`, if it has one.
-fn stored(conn: &mut AnyConnection, id: i64, name: &str) -> Result<Option<Vec<u8>>> {
-    Ok(dispatch!(conn, c => {
-        tenure_steps::table
-            .find((id, name))
-            .select(tenure_steps::result)
-            .get_result::<Vec<u8>>(c)
+/// The stored result of step `name` of `claim`'s job, if it has one, read in one statement
+/// with the job's row: [`Error::ClaimLost`] if the job is no longer `claim`'s run (gone,
+/// finished, claimed again, asked to cancel), whether the step is stored or not.
+fn stored_for(conn: &mut AnyConnection, claim: JobClaim, name: &str) -> Result<Option<Vec<u8>>> {
+    type Row = (String, Option<Uuid>, Option<DateTime<Utc>>, Option<Vec<u8>>);
+    let row: Option<Row> = dispatch!(conn, c => {
+        tenure_jobs::table
+            .left_join(
+                tenure_steps::table.on(tenure_steps::job_id
+                    .eq(tenure_jobs::id)
+                    .and(tenure_steps::name.eq(name))),
+            )
+            .filter(tenure_jobs::id.eq(claim.id))
+            .select((
+                tenure_jobs::state,
+                tenure_jobs::claim_token,
+                tenure_jobs::cancel_requested_at,
+                tenure_steps::result.nullable(),
+            ))
+            .get_result::<Row>(c)
             .optional()
-    })?)
+    })?;
+    match row {
+        Some((state, token, cancel, body)) if holds(claim, &state, token, cancel) => Ok(body),
+        _ => Err(Error::ClaimLost { id: claim.id }),
+    }
 }
 
 /// The completed steps of job `id`, in the order they committed (by name among those of
