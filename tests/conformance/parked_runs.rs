@@ -285,13 +285,6 @@ fn an_answer_a_run_dropped_is_never_read_as_a_resume(backend: Backend) {
     let worker = Worker::builder(pool.clone())
         .queue("dropped")
         .poll_interval(Duration::from_millis(20))
-        .kind_backoff(
-            "park",
-            tenure::jobs::Backoff {
-                base: Duration::from_millis(1),
-                max: Duration::from_millis(1),
-            },
-        )
         .handler("park", move |ctx: &JobContext, _: serde_json::Value| {
             let shared = shared.lock().unwrap();
             if ctx.attempt > 1 {
@@ -303,6 +296,13 @@ fn an_answer_a_run_dropped_is_never_read_as_a_resume(backend: Backend) {
             shared.1.recv_timeout(LONG).unwrap();
             Err(JobError::retry("changed its mind"))
         })
+        .kind_backoff(
+            "park",
+            tenure::jobs::Backoff {
+                base: Duration::from_millis(1),
+                max: Duration::from_millis(1),
+            },
+        )
         .start()
         .unwrap();
     for round in 0..ROUNDS {
