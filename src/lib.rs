@@ -78,7 +78,9 @@
 //!   ([`jobs::complete_parked`]) or its deadline passes (database clock): every transition
 //!   locks the job's row first, so of two answers, or an answer and the deadline, exactly one
 //!   applies; any other use of a token is [`Error::ParkTokenRefused`] and changes nothing.
-//!   Tokens are stored as SHA-256 hashes and compared in constant time.
+//!   Tokens are stored as SHA-256 hashes and compared in constant time. Once `ctx.park`
+//!   returned a token the job waits for it, through a shutdown, a timeout, or its worker's
+//!   death (the rescue parks it), unless the handler itself ends the run another way.
 //! - **Bad input changes nothing.** It is an [`Error::InvalidInput`] before any statement.
 //!   Instants given to tenure (a job's due time, a retry time) must lie in the years 1 to 9999,
 //!   what every backend stores and orders correctly (MySQL's `DATETIME` ends in 9999, SQLite

@@ -137,7 +137,10 @@ fn a_worker_killed_between_park_and_its_record_leaves_the_jobs_parked_for_their_
             })
             .collect();
         tokens.sort_by_key(ParkToken::job_id);
-        assert_eq!(tokens.iter().map(ParkToken::job_id).collect::<Vec<_>>(), ids);
+        assert_eq!(
+            tokens.iter().map(ParkToken::job_id).collect::<Vec<_>>(),
+            ids
+        );
         let result = JobResult::json(&round).unwrap();
         assert_eq!(
             jobs::complete_parked(&mut conn, &tokens[0], Some(&result)).unwrap(),
@@ -155,10 +158,13 @@ fn a_worker_killed_between_park_and_its_record_leaves_the_jobs_parked_for_their_
                 .all(|id| jobs::get(&mut conn, *id).unwrap().unwrap().state != JobState::Running)
                 .then_some(())
         });
-        let state = |conn: &mut tenure::AnyConnection, id: i64| {
-            jobs::get(conn, id).unwrap().unwrap().state
-        };
-        assert_eq!(state(&mut conn, ids[0]), JobState::Completed, "round {round}");
+        let state =
+            |conn: &mut tenure::AnyConnection, id: i64| jobs::get(conn, id).unwrap().unwrap().state;
+        assert_eq!(
+            state(&mut conn, ids[0]),
+            JobState::Completed,
+            "round {round}"
+        );
         assert_eq!(jobs::result(&mut conn, ids[0]).unwrap(), Some(result));
         assert_eq!(state(&mut conn, ids[1]), JobState::Waiting, "round {round}");
         for i in 2..4 {
