@@ -78,7 +78,9 @@
 //!   ([`jobs::complete_parked`]) or its deadline passes (database clock): every transition
 //!   locks the job's row first, so of two answers, or an answer and the deadline, exactly one
 //!   applies; any other use of a token is [`Error::ParkTokenRefused`] and changes nothing.
-//!   Tokens are stored as SHA-256 hashes and compared in constant time.
+//!   Tokens are stored as SHA-256 hashes and compared in constant time. Once `ctx.park`
+//!   returned a token the job waits for it, through a shutdown, a timeout, or its worker's
+//!   death (the rescue parks it), unless the handler itself ends the run another way.
 //! - **A step runs once per job, its result committed with its writes.**
 //!   [`JobContext::step`](worker::JobContext::step) stores a step's result in the
 //!   transaction of the step's own writes, after checking, under the job row's lock, that the

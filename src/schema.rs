@@ -374,7 +374,8 @@ diesel::table! {
         backoff_base_micros -> BigInt,
         /// The backoff of a failure's retry: its longest delay, in microseconds.
         backoff_max_micros -> BigInt,
-        /// `complete`, `fail` or `resume` once the token was used; NULL while it may be.
+        /// `complete`, `fail` or `resume` once the token was used (`pending-...` while the run
+        /// that parked held its claim), `expired` or `dropped` once closed; NULL while open.
         answer -> Nullable<Text>,
         /// The answer's value (`json` or `bytes`): a completion's result, a resume's value.
         value_format -> Nullable<Text>,

@@ -80,6 +80,9 @@ fn handle(shared: &Shared, task: &Task, suspect: bool) {
         past.then(|| (run.timeout.unwrap_or_default(), run.info.kind.clone()))
     });
     let settle = match timed_out {
+        // A run that parked and returned parked handed its token out: the job waits for it,
+        // past the grace or the timeout too (parking ends the run as a give-back would).
+        _ if matches!(settle, Settle::Park(_)) => settle,
         // Shutdown asked it to stop: its job goes back to the queue, no attempt used.
         _ if state.past_grace => Settle::GiveBack(claim),
         // Past its timeout the run is a failure, whatever the handler returned late.

@@ -300,9 +300,14 @@ impl JobContext {
     /// [`JobError::parked`]. The job fails (retried per the kind's backoff while attempts
     /// remain, else dead) if no answer comes within `deadline` (database clock; at most 366
     /// days). The token works at once: an answer that comes before the handler returned is
-    /// kept and applied when the worker records the park. Calling it again replaces the
-    /// park (the earlier token is refused). [`Error::ClaimLost`] if the run's claim is gone,
-    /// [`Error::InvalidInput`] for a job with a dedup key or in a context made for a test.
+    /// kept and applied when the job is parked. Once this returned a token the job waits for
+    /// it: when the handler returns [`JobError::parked`] (past the shutdown's grace or the
+    /// kind's timeout too), and when the worker dies before recording the park (the rescue
+    /// parks it); if the handler returns anything else, its run's end wins and the token is
+    /// refused after (see [`crate::jobs::ParkRefusal`]). Once per run: a second call is
+    /// [`Error::InvalidInput`] and the first token stays the job's. [`Error::ClaimLost`] if
+    /// the run's claim is gone, [`Error::InvalidInput`] for a job with a dedup key or in a
+    /// context made for a test.
     ///
     /// ```
     /// use std::time::Duration;

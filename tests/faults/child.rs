@@ -93,6 +93,7 @@ fn role() {
         "sqlite-stuck-writer" => sqlite_stuck_writer(&args[0]),
         "poison-worker" => crate::poison::poison_worker(&args[0]),
         "parking-worker" => crate::parked::parking_worker(&args[0]),
+        "park-and-hang-worker" => crate::parked::park_and_hang_worker(&args[0]),
         "claim-and-run" => crate::poison::claim_and_run(&args[0]),
         "step-worker" => crate::steps::step_worker(&args[0], &args[1], &args[2]),
         "holding-worker" => {

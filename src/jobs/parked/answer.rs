@@ -142,7 +142,7 @@ fn answer<C: TenureConnection>(
             JobState::Running
                 if same_run && park.claim_token.is_some() && row.cancel_requested_at.is_none() =>
             {
-                mark(conn, id, answer.name(), value, error)?;
+                mark(conn, id, answers::pending(answer.name()), value, error)?;
                 Ok((ParkedOutcome::Accepted, Vec::new()))
             }
             _ => Err(refused(ParkRefusal::NotParked)),

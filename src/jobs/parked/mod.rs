@@ -14,12 +14,21 @@
 //! an answer, the deadline's expiry, a cancel and the worker's record of the parking run are
 //! serialised by that lock, so of two that race exactly one applies.
 //!
-//! **An answer before the run returned.** The token exists from `ctx.park`, before the run
-//! ends; an answer then is recorded in the park's row ([`ParkedOutcome::Accepted`]) and
-//! applied by the worker, in the transaction that records the run, when the handler returns
-//! `JobError::parked()`: once, never lost to that race. If the handler returns anything else
-//! (completes, fails), or its claim is lost, the run's own end wins and the recorded answer is
-//! dropped; the caller was told `Accepted`, not `Applied`.
+//! **Once `ctx.park` returned a token, the job waits for it.** The token exists before the
+//! run ends; an answer then is kept in the park's row as pending ([`ParkedOutcome::Accepted`])
+//! and applied, once, in the transaction that parks the job. The job is parked when the
+//! handler returns `JobError::parked()`, even past the shutdown's grace or the kind's timeout
+//! (parking ends the run as a give-back would), and when the run's claim is taken back
+//! instead (the worker died or stalled between `ctx.park` and recording the park: the rescue
+//! parks the job rather than requeueing it). A run parks once: a second `ctx.park` is
+//! [`crate::Error::InvalidInput`] and the first token stays the job's.
+//!
+//! **Unless the handler ends its run another way.** If it returns anything but
+//! `JobError::parked()` after `ctx.park` (a result, an error, a panic), the run's end wins:
+//! the token is refused after ([`ParkRefusal::NotParked`], or [`ParkRefusal::Used`] if it
+//! was answered), and a pending answer is never applied and never read (not as a
+//! [`JobContext::resume_value`](crate::worker::JobContext::resume_value) either). The caller
+//! was told `Accepted`, not `Applied`; [`crate::jobs::wait`] tells it how the job ended.
 
 mod answer;
 mod expire;
@@ -34,7 +43,7 @@ pub use answer::{complete_parked, fail_parked, resume_parked};
 pub use expire::expire_parked;
 pub use inspect::{ParkRecord, park_record};
 pub use park::{EnqueuedParked, enqueue_parked};
-pub(crate) use park::{park_in_run, record_parked_run};
+pub(crate) use park::{park_in_run, park_rescued_runs, record_parked_run};
 pub use token::ParkToken;
 
 /// Why a park token was refused ([`crate::Error::ParkTokenRefused`]). Nothing changed.
@@ -81,4 +90,25 @@ pub(crate) mod answers {
     pub const EXPIRED: &str = "expired";
     /// The job left its park another way (cancelled, the run ended otherwise).
     pub const DROPPED: &str = "dropped";
+
+    /// An answer that came while the run that parked still held its claim: kept under this
+    /// name until the job is parked, when it is applied and takes its own name. A pending
+    /// answer of a run that ended another way is never applied, nor read as a resume.
+    pub fn pending(answer: &str) -> &'static str {
+        match answer {
+            COMPLETE => "pending-complete",
+            RESUME => "pending-resume",
+            _ => "pending-fail",
+        }
+    }
+
+    /// The answer a pending one stands for; `None`: not a pending answer.
+    pub fn of_pending(stored: &str) -> Option<&'static str> {
+        match stored {
+            "pending-complete" => Some(COMPLETE),
+            "pending-resume" => Some(RESUME),
+            "pending-fail" => Some(FAIL),
+            _ => None,
+        }
+    }
 }

@@ -7,12 +7,14 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Binary, Nullable};
 use uuid::Uuid;
 
-use super::answer::{Answer, apply};
+use super::answer::{Answer, apply, mark};
+use super::answers;
 use super::token::ParkToken;
 use crate::backend::statement::statement;
 use crate::backend::transaction::retrying_transaction;
 use crate::backend::{Dialect, dispatch};
 use crate::jobs::queue::finish::{Ending, end_locked, lock_state};
+use crate::jobs::queue::model::StateRow;
 use crate::jobs::{Backoff, JobClaim, JobResult, JobState, NewJob, Outcome, Retry};
 use crate::schema::{tenure_jobs, tenure_parked};
 use crate::sql_types::Token;
@@ -30,6 +32,10 @@ const PARK_JOB: &str =
 
 /// The error of a run that returned `JobError::parked()` without a park of its own.
 const NO_PARK: &str = "the handler returned JobError::parked() without JobContext::park";
+
+/// The error of a run whose park was closed before the job was parked (not expected: only
+/// the run itself closes its park while it holds its claim).
+const CLOSED: &str = "the run's park was closed before the job was parked";
 
 /// A job's park, as its row holds it.
 #[derive(Queryable, Selectable)]
@@ -146,6 +152,14 @@ pub(crate) fn park_in_run<C: TenureConnection>(
         if held.is_none() {
             return Err(Error::ClaimLost { id: claim.id });
         }
+        // One park per run: a second would replace the token handed out (and an answer it
+        // may have had already), leaving a token that can no longer answer its job.
+        if load_park(conn, claim.id)?.is_some_and(|p| p.claim_token == Some(claim.token)) {
+            return Err(Error::invalid(
+                "park",
+                "this run parked its job already: the token it returned is the job's",
+            ));
+        }
         refuse_keyed(conn, claim.id)?;
         write_park(conn, claim.id, &token, Some(claim.token), micros, backoff)
     })?;
@@ -185,25 +199,14 @@ pub(crate) fn record_parked_run<C: TenureConnection>(
                     )?;
                     Ok((Outcome::Done, Some(released)))
                 }
-                Some(park) if park.answer.is_some() => {
-                    let value = park.value();
-                    let answer = match park.answer.as_deref() {
-                        Some(super::answers::COMPLETE) => Answer::Complete(value.as_ref()),
-                        Some(super::answers::RESUME) => Answer::Resume(value.as_ref()),
-                        _ => Answer::Fail(park.answer_error.as_deref().unwrap_or("failed")),
-                    };
-                    let released = apply(conn, &row, &park, &answer)?;
-                    Ok((Outcome::Done, Some(released)))
-                }
-                Some(_) => {
-                    dispatch!(conn, c => {
-                        statement(PARK_JOB).bind::<BigInt, _>(claim.id).execute(c)
-                    })?;
-                    Ok((Outcome::Done, None))
+                Some(park) => {
+                    let released = park_run(conn, &row, &park)?;
+                    Ok((Outcome::Done, released))
                 }
             },
             JobState::Cancelled => Ok((Outcome::Cancelled, None)),
-            // This record again after a lost reply: parked then, maybe answered since.
+            // This record again after a lost reply, or after a rescue parked the run: parked
+            // then, maybe answered since.
             _ if park.is_some() => Ok((Outcome::AlreadyDone, None)),
             _ => Ok((Outcome::Lost, None)),
         }
@@ -213,6 +216,83 @@ pub(crate) fn record_parked_run<C: TenureConnection>(
         crate::jobs::queue::wait::ended();
     }
     Ok(outcome)
+}
+
+/// Parks the job of a run that parked (its row locked, running under the park's claim, no
+/// cancel asked): parked, or its pending answer applied and kept under its own name. Returns
+/// the queues to wake if the job left its park (an answer applied).
+fn park_run<C: TenureConnection>(
+    conn: &mut C,
+    row: &StateRow,
+    park: &ParkRow,
+) -> Result<Option<Vec<String>>> {
+    let pending = park.answer.as_deref().map(answers::of_pending);
+    match pending {
+        None => {
+            dispatch!(conn, c => {
+                statement(PARK_JOB).bind::<BigInt, _>(row.id).execute(c)
+            })?;
+            Ok(None)
+        }
+        Some(Some(name)) => {
+            let value = park.value();
+            let error = park.answer_error.as_deref();
+            let answer = match name {
+                answers::COMPLETE => Answer::Complete(value.as_ref()),
+                answers::RESUME => Answer::Resume(value.as_ref()),
+                _ => Answer::Fail(error.unwrap_or("failed")),
+            };
+            let released = apply(conn, row, park, &answer)?;
+            mark(conn, row.id, name, value.as_ref(), error)?;
+            Ok(Some(released))
+        }
+        // Closed while its run held the claim (nothing closes it then): the run failed.
+        Some(None) => {
+            let released = end_locked(
+                conn,
+                row,
+                Ending::Fail {
+                    error: CLOSED,
+                    retry: Retry::Backoff(park.backoff()),
+                },
+            )?;
+            Ok(Some(released))
+        }
+    }
+}
+
+/// The rescue's part (in its transaction, the rows of `ids` locked, running, found stalled):
+/// the runs among them that parked their job (a token was handed out) and were not asked to
+/// cancel are parked instead of requeued, a pending answer applied. Returns those jobs and
+/// the queues to wake after the commit; the rescue requeues the others.
+pub(crate) fn park_rescued_runs<C: TenureConnection>(
+    conn: &mut C,
+    ids: &[i64],
+) -> Result<(Vec<i64>, Vec<String>)> {
+    let parks: Vec<(i64, Option<Uuid>)> = dispatch!(conn, c => {
+        tenure_parked::table
+            .filter(tenure_parked::job_id.eq_any(ids))
+            .filter(tenure_parked::claim_token.is_not_null())
+            .select((tenure_parked::job_id, tenure_parked::claim_token))
+            .load(c)
+    })?;
+    let mut parked = Vec::new();
+    let mut wake = Vec::new();
+    for (id, claim) in parks {
+        let Some(row) = lock_state(conn, id)? else {
+            continue;
+        };
+        let running = row.state == JobState::Running.as_str();
+        if !running || row.claim_token != claim || row.cancel_requested_at.is_some() {
+            continue;
+        }
+        let Some(park) = load_park(conn, id)? else {
+            continue;
+        };
+        wake.extend(park_run(conn, &row, &park)?.unwrap_or_default());
+        parked.push(id);
+    }
+    Ok((parked, wake))
 }
 
 /// A job enqueued parked ([`enqueue_parked`]): its id and the token that answers it.

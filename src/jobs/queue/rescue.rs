@@ -222,18 +222,28 @@ fn requeue<C: TenureConnection>(
     if ids.is_empty() {
         return Ok((Vec::new(), Vec::new()));
     }
-    // The history names the run that lapsed: before the attempt is given back.
-    for id in &ids {
-        record_error(c, *id, None, error)?;
+    // Runs that parked their job handed its token out: the job waits for that token (parked,
+    // or an answer that came meanwhile applied, its dependents settled there), not requeued.
+    let (parked, mut released) = crate::jobs::parked::park_rescued_runs(c, &ids)?;
+    let requeued: Vec<i64> = ids
+        .iter()
+        .copied()
+        .filter(|id| !parked.contains(id))
+        .collect();
+    if !requeued.is_empty() {
+        // The history names the run that lapsed: before the attempt is given back.
+        for id in &requeued {
+            record_error(c, *id, None, error)?;
+        }
+        dispatch!(c, c => {
+            statement(c.syntax().render(RESCUE_SET))
+                .bind::<Integer, _>(MAX_LAPSES as i32)
+                .bind::<Text, _>(error)
+                .bind::<Integer, _>(MAX_LAPSES as i32)
+                .bind_ids(requeued.iter().copied())
+                .execute(c)
+        })?;
     }
-    dispatch!(c, c => {
-        statement(c.syntax().render(RESCUE_SET))
-            .bind::<Integer, _>(MAX_LAPSES as i32)
-            .bind::<Text, _>(error)
-            .bind::<Integer, _>(MAX_LAPSES as i32)
-            .bind_ids(ids.iter().copied())
-            .execute(c)
-    })?;
     let rows = dispatch!(c, c => {
         statement("SELECT id, state FROM tenure_jobs WHERE id IN {ids}")
             .bind_ids(ids)
@@ -242,16 +252,15 @@ fn requeue<C: TenureConnection>(
     // Jobs the rescue ended (dead or cancelled): their dependents follow, here.
     let ended: Vec<(i64, JobState)> = rows
         .iter()
+        .filter(|row| !parked.contains(&row.id))
         .filter_map(|row| match JobState::parse(&row.state) {
             Ok(state @ (JobState::Dead | JobState::Cancelled)) => Some((row.id, state)),
             _ => None,
         })
         .collect();
-    let released = if ended.is_empty() {
-        Vec::new()
-    } else {
-        settle(c, ended)?
-    };
+    if !ended.is_empty() {
+        released.extend(settle(c, ended)?);
+    }
     Ok((rows, released))
 }
 
@@ -262,7 +271,8 @@ fn tally(rows: Vec<IdStateRow>, rescued: &mut Rescued) -> Result<()> {
             JobState::Waiting => rescued.requeued.push(row.id),
             JobState::Dead => rescued.dead.push(row.id),
             JobState::Cancelled => rescued.cancelled.push(row.id),
-            // Not possible for rows the rescue locked and found to rescue.
+            // Parked (a run that parked: see `requeue`), or ended by an answer that came
+            // before the rescue; the others are not possible for rows it found to rescue.
             JobState::Blocked | JobState::Running | JobState::Parked | JobState::Completed => {}
         }
     }
@@ -337,6 +347,11 @@ pub(crate) fn rescue_dead<C: TenureConnection>(conn: &mut C, max_jobs: usize) ->
                 jobs = pass.rows.len(),
                 "took back the claims of a dead worker (its lock was released)"
             );
+        }
+        if !pass.rows.is_empty() {
+            // Some may have ended (dead, cancelled, or answered while parking): their
+            // waiters look.
+            super::wait::ended();
         }
         left -= pass.rows.len() as i64;
         tally(pass.rows, &mut rescued)?;
