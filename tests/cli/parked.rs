@@ -274,7 +274,11 @@ fn the_job_page_answers_a_parked_job_under_the_csrf_guard(backend: Backend) {
     assert_eq!(page.status, 200);
     assert!(page.body.contains("park-answer"), "{}", page.body);
     for field in ["Park deadline", "none yet"] {
-        assert!(page.body.contains(field), "{field:?} missing: {}", page.body);
+        assert!(
+            page.body.contains(field),
+            "{field:?} missing: {}",
+            page.body
+        );
     }
     let csrf = csrf(&page.body);
     let id = a.id.to_string();

@@ -20,6 +20,7 @@ conformance!(
     a_run_that_parked_and_returned_past_its_timeout_stays_parked,
     a_second_park_in_one_run_is_refused_and_the_first_token_answers,
     an_answer_a_run_dropped_is_never_read_as_a_resume,
+    runs_that_parked_and_have_not_returned_do_not_hold_back_other_expiries,
 );
 
 const LONG: Duration = Duration::from_secs(120);
@@ -324,4 +325,54 @@ fn an_answer_a_run_dropped_is_never_read_as_a_resume(backend: Backend) {
         );
     }
     worker.shutdown(LONG);
+}
+
+/// A run that parked (its deadline already past) and has not returned is skipped by the
+/// deadline's expiry until it does; found by the attack on parked jobs: the expiry read the
+/// oldest open parks, these among them, and skipped them, so with as many such runs as a pass
+/// reads (a worker reads 100) no other park ever expired. Here a pass of one: before the fix
+/// it returned nothing while a parked job's deadline had passed.
+fn runs_that_parked_and_have_not_returned_do_not_hold_back_other_expiries(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let pool = db.pool(6);
+    let mut conn = db.connect();
+    let hanging = jobs::enqueue(&mut conn, &NewJob::new("hang", "park", b"0".to_vec()))
+        .unwrap()
+        .id;
+    let (parked, parks) = channel::<()>();
+    let (release, gate) = channel::<()>();
+    let shared = Mutex::new((parked, gate));
+    let builder = Worker::builder(pool.clone()).queue("hang").handler(
+        "park",
+        move |ctx: &JobContext, _: serde_json::Value| {
+            let shared = shared.lock().unwrap();
+            ctx.park(Duration::ZERO)?;
+            shared.0.send(()).unwrap();
+            shared.1.recv_timeout(LONG).unwrap();
+            Err(JobError::parked())
+        },
+    );
+    // On a thread of its own, with no worker maintenance to expire anything behind our back.
+    let drained = std::thread::spawn(move || tenure::testing::drain(builder));
+    parks.recv_timeout(LONG).unwrap();
+    let waiting = jobs::enqueue_parked(
+        &mut conn,
+        &NewJob::new("other", "k", vec![]),
+        Duration::ZERO,
+    )
+    .unwrap();
+    let deadline = jobs::park_record(&mut conn, waiting.id)
+        .unwrap()
+        .unwrap()
+        .deadline;
+    wait_until("the database clock passes the deadline", LONG, || {
+        (tenure::database_now(&mut conn).unwrap() > deadline).then_some(())
+    });
+    assert_eq!(job_state(&mut conn, hanging), JobState::Running);
+    assert_eq!(jobs::expire_parked(&mut conn, 1).unwrap(), vec![waiting.id]);
+    // Once the run returns the job is parked, and its own past deadline expires it.
+    release.send(()).unwrap();
+    drained.join().unwrap().unwrap();
+    assert_eq!(job_state(&mut conn, hanging), JobState::Parked);
+    assert_eq!(jobs::expire_parked(&mut conn, 10).unwrap(), vec![hanging]);
 }

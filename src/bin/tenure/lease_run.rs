@@ -248,7 +248,15 @@ pub fn run(target: &database::Target, args: RunArgs) -> Outcome {
             ));
         }
     };
-    supervise(&pool, guard, (child, spawned_at), watchdog, name, (ttl, grace), &say)
+    supervise(
+        &pool,
+        guard,
+        (child, spawned_at),
+        watchdog,
+        name,
+        (ttl, grace),
+        &say,
+    )
 }
 
 /// The checks the library makes of a lease name, a holder label and a ttl, made here so that

@@ -19,11 +19,14 @@ use crate::{Result, TenureConnection};
 /// The error a park past its deadline leaves in the job's history.
 pub(crate) const DEADLINE_PASSED: &str = "parked past its deadline: no answer came";
 
-/// Open parks past their deadline, oldest first: a plain read of the open-parks index;
-/// each is decided again under its job's lock.
+/// Open parks past their deadline, oldest first, each decided again under its job's lock.
+/// Jobs still running (a run that parked and has not returned) are left out: a pass that
+/// read them could only skip them, and a hundred such runs filled every pass, so no other
+/// park ever expired.
 const PAST_DEADLINE: &str = "\
-    SELECT job_id AS id FROM tenure_parked \
-    WHERE answered_at IS NULL AND deadline <= {now} ORDER BY deadline LIMIT ?";
+    SELECT p.job_id AS id FROM tenure_parked p JOIN tenure_jobs j ON j.id = p.job_id \
+    WHERE p.answered_at IS NULL AND p.deadline <= {now} AND j.state <> 'running' \
+    ORDER BY p.deadline LIMIT ?";
 
 /// Is it still past (database clock), read under the job's lock?
 const STILL_PAST: &str = "\

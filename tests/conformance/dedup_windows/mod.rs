@@ -90,7 +90,9 @@ fn a_duplicate_folds_into_its_finished_twin_within_the_window_only(backend: Back
         let after = tenure::database_now(&mut conn).unwrap();
         let most = chrono::Duration::milliseconds(secs as i64 * 900);
         if after >= finished + most {
-            eprintln!("{backend:?}: {after} vs finished {finished}: a {secs} s window was too short here");
+            eprintln!(
+                "{backend:?}: {after} vs finished {finished}: a {secs} s window was too short here"
+            );
             continue;
         }
         assert_eq!(again, folded(first.id), "folded into the finished twin");
