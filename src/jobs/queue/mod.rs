@@ -26,11 +26,11 @@ pub(crate) use claim::claim_kinds_throttled;
 pub use claim::{claim, claim_kinds};
 pub use enqueue::enqueue;
 pub use finish::{complete, fail, give_back, renew, snooze};
-pub(crate) use finish::{complete_with_results, record_start, snooze_noting_death};
+pub(crate) use finish::{complete_with_results, snooze_noting_death};
 pub use model::{Backoff, ClaimedJob, Job, JobClaim, JobState, Outcome, Rescued, Retry};
 pub use new_job::{DedupOver, Due, Enqueued, NewJob, OnDuplicate};
 pub use rescue::rescue;
-pub(crate) use rescue::{rescue_dead, rescue_lapsed};
+pub(crate) use rescue::{record_start, rescue_dead, rescue_lapsed};
 pub use typed::{JobArgs, enqueue_job, enqueue_jobs};
 pub use wait::{Ended, POLL_INTERVAL, enqueue_and_wait, wait};
 

@@ -451,3 +451,25 @@ fn look_at<C: TenureConnection>(
         file,
     })
 }
+
+/// Records that the run of `claim` begins now (database clock), so that a lapse of this
+/// claim counts against the job (see `RESCUE_SET` above). A worker calls it,
+/// before the handler, for a job whose claims lapsed before. `false`: the claim is no
+/// longer held.
+pub(crate) fn record_start<C: TenureConnection>(
+    conn: &mut C,
+    claim: super::JobClaim,
+) -> Result<bool> {
+    const RECORD_START: &str = "\
+        UPDATE tenure_jobs SET started_at = {now} \
+        WHERE id = ? AND claim_token = ? AND state = 'running'";
+    let changed = crate::transaction(conn, |conn| {
+        dispatch!(conn, c => {
+            statement(c.syntax().render(RECORD_START))
+                .bind::<BigInt, _>(claim.id)
+                .bind::<crate::sql_types::Token, _>(claim.token)
+                .execute(c)
+        })
+    })?;
+    Ok(changed == 1)
+}
