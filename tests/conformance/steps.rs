@@ -27,8 +27,8 @@ conformance!(
 
 const TTL: Duration = Duration::from_secs(60);
 
-/// The user table the steps write to.
-fn create_writes(conn: &mut AnyConnection) {
+/// The user table the steps write to (shared with `steps_races` and `steps_values`).
+pub(crate) fn create_writes(conn: &mut AnyConnection) {
     diesel::sql_query(
         "CREATE TABLE step_writes (job_id BIGINT NOT NULL, step VARCHAR(64) NOT NULL)",
     )
@@ -36,7 +36,7 @@ fn create_writes(conn: &mut AnyConnection) {
     .unwrap();
 }
 
-fn write(conn: &mut AnyConnection, job: i64, step: &str) -> diesel::QueryResult<usize> {
+pub(crate) fn write(conn: &mut AnyConnection, job: i64, step: &str) -> diesel::QueryResult<usize> {
     // Test values only (a job id and a fixed step name): formatted, not bound.
     diesel::sql_query(format!(
         "INSERT INTO step_writes (job_id, step) VALUES ({job}, '{step}')"
@@ -44,7 +44,7 @@ fn write(conn: &mut AnyConnection, job: i64, step: &str) -> diesel::QueryResult<
     .execute(conn)
 }
 
-fn writes(conn: &mut AnyConnection, job: i64, step: &str) -> i64 {
+pub(crate) fn writes(conn: &mut AnyConnection, job: i64, step: &str) -> i64 {
     count(
         conn,
         &format!("SELECT COUNT(*) AS n FROM step_writes WHERE job_id = {job} AND step = '{step}'"),

@@ -11,7 +11,6 @@ use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use diesel::RunQueryDsl;
 use tenure::jobs::{self, Finished, JobClaim, JobState, NewJob, Outcome, Retention, StepError};
 use tenure::worker::{JobContext, JobError, Worker};
 use tenure::{AnyConnection, Backend, Error, testing};
@@ -19,6 +18,7 @@ use tenure::{AnyConnection, Backend, Error, testing};
 use crate::common::{
     TestDb, claim_one, conformance, contest, count, wait_for_db_clock, wait_until,
 };
+use crate::steps::{create_writes, write, writes};
 
 conformance!(
     a_run_asked_to_cancel_commits_no_step,
@@ -32,29 +32,6 @@ conformance!(
 
 const LONG: Duration = Duration::from_secs(120);
 const ROUNDS: usize = 200;
-
-fn create_writes(conn: &mut AnyConnection) {
-    diesel::sql_query(
-        "CREATE TABLE step_writes (job_id BIGINT NOT NULL, step VARCHAR(64) NOT NULL)",
-    )
-    .execute(conn)
-    .unwrap();
-}
-
-fn write(conn: &mut AnyConnection, job: i64, step: &str) -> diesel::QueryResult<usize> {
-    // Test values only (a job id and a fixed step name): formatted, not bound.
-    diesel::sql_query(format!(
-        "INSERT INTO step_writes (job_id, step) VALUES ({job}, '{step}')"
-    ))
-    .execute(conn)
-}
-
-fn writes(conn: &mut AnyConnection, job: i64, step: &str) -> i64 {
-    count(
-        conn,
-        &format!("SELECT COUNT(*) AS n FROM step_writes WHERE job_id = {job} AND step = '{step}'"),
-    )
-}
 
 fn stored(conn: &mut AnyConnection, job: i64) -> usize {
     jobs::steps(conn, job).unwrap().len()

@@ -6,13 +6,13 @@
 
 use std::collections::HashMap;
 
-use diesel::RunQueryDsl;
 use serde::{Deserialize, Serialize};
 use tenure::jobs::{self, JobClaim, NewJob, StepError};
 use tenure::worker::JobError;
 use tenure::{AnyConnection, Backend, Error, testing};
 
 use crate::common::{TestDb, claim_one, conformance, count};
+use crate::steps::{create_writes, write};
 
 conformance!(
     the_first_run_gets_what_a_retry_reads_back,
@@ -20,22 +20,6 @@ conformance!(
     odd_step_names_are_distinct_and_exact,
     a_test_context_gives_what_it_keeps,
 );
-
-fn create_writes(conn: &mut AnyConnection) {
-    diesel::sql_query(
-        "CREATE TABLE step_writes (job_id BIGINT NOT NULL, step VARCHAR(64) NOT NULL)",
-    )
-    .execute(conn)
-    .unwrap();
-}
-
-fn write(conn: &mut AnyConnection, job: i64, step: &str) -> diesel::QueryResult<usize> {
-    // Test values only (a job id and a fixed step name): formatted, not bound.
-    diesel::sql_query(format!(
-        "INSERT INTO step_writes (job_id, step) VALUES ({job}, '{step}')"
-    ))
-    .execute(conn)
-}
 
 fn writes(conn: &mut AnyConnection, job: i64) -> i64 {
     count(
