@@ -55,12 +55,14 @@ static SYNTAX: Syntax = Syntax {
     notify_queue: None,
     notify_queue_unflushed: None,
     notify_in_returning: "",
-    claim_index: " FORCE INDEX (tenure_jobs_claim)",
+    claim_from: "tenure_jobs c FORCE INDEX (tenure_jobs_claim)",
+    claim_state: "c.state",
+    claim_lock: " FOR UPDATE SKIP LOCKED",
     greatest: "GREATEST",
     window_over: "finished_at + INTERVAL dedup_window_micros MICROSECOND <= {now}",
     lock_ends_with_process: false,
     rendered: Rendered::new(),
-    claim_kind_index: " FORCE INDEX (tenure_jobs_claim_kind)",
+    claim_kind_from: "tenure_jobs c FORCE INDEX (tenure_jobs_claim_kind)",
 };
 
 /// What `GET_LOCK` and `RELEASE_LOCK` return: 1 done, 0 timed out, NULL on an error.

@@ -43,12 +43,14 @@ static SYNTAX: Syntax = Syntax {
         "SELECT set_config('synchronous_commit', 'off', true) AS c, pg_notify('tenure_jobs', ?) AS n",
     ),
     notify_in_returning: ", pg_notify('tenure_jobs', queue)",
-    claim_index: "",
+    claim_from: "tenure_ready c JOIN tenure_jobs j ON j.id = c.id",
+    claim_state: "j.state",
+    claim_lock: " FOR UPDATE OF c, j SKIP LOCKED",
     greatest: "GREATEST",
     window_over: "finished_at + dedup_window_micros * interval '1 microsecond' <= {now}",
     lock_ends_with_process: false,
     rendered: Rendered::new(),
-    claim_kind_index: "",
+    claim_kind_from: "tenure_ready c JOIN tenure_jobs j ON j.id = c.id",
 };
 
 impl Dialect for PgConnection {

@@ -36,13 +36,15 @@ static SYNTAX: Syntax = Syntax {
     notify_queue: None,
     notify_queue_unflushed: None,
     notify_in_returning: "",
-    claim_index: " INDEXED BY tenure_jobs_claim",
+    claim_from: "tenure_jobs AS c INDEXED BY tenure_jobs_claim",
+    claim_state: "c.state",
+    claim_lock: "",
     greatest: "MAX",
     window_over: "strftime('%Y-%m-%d %H:%M:%f', finished_at, \
                 printf('%+.3f seconds', dedup_window_micros / 1000000.0)) <= {now}",
     lock_ends_with_process: true,
     rendered: Rendered::new(),
-    claim_kind_index: " INDEXED BY tenure_jobs_claim_kind",
+    claim_kind_from: "tenure_jobs AS c INDEXED BY tenure_jobs_claim_kind",
 };
 
 /// The file of the connection's main database ("" for a private in-memory or temporary one)

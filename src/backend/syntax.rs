@@ -51,13 +51,23 @@ pub(crate) struct Syntax {
     /// The same wake-up as a column of an insert's RETURNING list (empty where there is
     /// none), so a single enqueue is one round trip.
     pub notify_in_returning: &'static str,
-    /// `{claim_index}`, after `FROM tenure_jobs` in the claim: pins the claim index where the
-    /// planner might otherwise pick another (SQLite's skip-scan plus a sort; MySQL, whose
-    /// locking reads must follow the index order). PostgreSQL has no hints and needs none.
-    pub claim_index: &'static str,
-    /// `{claim_kind_index}`: the same for a claim of some kinds, which the kind-leading claim
+    /// `{claim_from}`: where a claim picks waiting jobs, as `c` (with their job rows as `j`
+    /// where those are another table): PostgreSQL's ready ring (`tenure_ready`, see
+    /// docs/storage-design.md) joined to the jobs it lists; elsewhere `tenure_jobs` itself,
+    /// through the claim index pinned where the planner might otherwise pick another
+    /// (SQLite's skip-scan plus a sort; MySQL, whose locking reads must follow the index
+    /// order).
+    pub claim_from: &'static str,
+    /// `{claim_kind_from}`: the same for a claim of some kinds, which the kind-leading claim
     /// index serves (one range per kind, in claim order within it).
-    pub claim_kind_index: &'static str,
+    pub claim_kind_from: &'static str,
+    /// `{claim_state}`: the picked job's state column (`j.state` or `c.state`).
+    pub claim_state: &'static str,
+    /// `{claim_lock}`: the pick's locking clause, skipping rows other claimers hold: on
+    /// PostgreSQL both the ring's entry and the job's row, so that a claim never waits for
+    /// a job another transaction changes (which waits, through the ring's trigger, for its
+    /// entry); nothing on SQLite (the IMMEDIATE transaction has the write lock).
+    pub claim_lock: &'static str,
     /// `{greatest}`: the larger of two values (SQLite's two-argument MAX, GREATEST on the
     /// servers).
     pub greatest: &'static str,
@@ -140,7 +150,9 @@ impl Syntax {
             .replace("{for_update}", self.for_update)
             .replace("{skip_locked}", self.skip_locked)
             .replace("{random_token}", self.random_token)
-            .replace("{claim_index}", self.claim_index)
-            .replace("{claim_kind_index}", self.claim_kind_index)
+            .replace("{claim_from}", self.claim_from)
+            .replace("{claim_kind_from}", self.claim_kind_from)
+            .replace("{claim_state}", self.claim_state)
+            .replace("{claim_lock}", self.claim_lock)
     }
 }

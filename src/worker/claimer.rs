@@ -18,6 +18,10 @@ const SCHEDULES_EVERY: Duration = Duration::from_millis(100);
 /// read of the open parks' index by deadline.
 const EXPIRE_EVERY: Duration = Duration::from_secs(1);
 
+/// How often a worker rotates the ready ring ([`jobs::rotate_ready`]; once for all workers of
+/// a database, by the database's clock).
+const ROTATE_EVERY: Duration = Duration::from_secs(1);
+
 /// How often a worker with retention policies prunes.
 const PRUNE_EVERY: Duration = Duration::from_secs(5);
 
@@ -36,6 +40,7 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
     let mut next_prune = Instant::now();
     let mut next_expire = Instant::now();
     let mut next_schedules = Instant::now();
+    let mut next_rotation = Instant::now();
     // With schedules to fire, idle waits stay short enough to fire them on time.
     let max_idle = if config.run_schedules {
         config.poll_interval.min(SCHEDULES_EVERY)
@@ -81,6 +86,16 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
         if !config.retention.is_empty() && Instant::now() >= next_prune {
             next_prune = Instant::now() + PRUNE_EVERY;
             prune_all(shared, &mut conn, &config.retention);
+        }
+        if Instant::now() >= next_rotation {
+            let started = Instant::now();
+            let outcome = conn.with(|c| jobs::rotate_ready(c, ROTATE_EVERY));
+            // A rotation that moved many waiting jobs' entries (a backlog) is spaced out: at
+            // most a twentieth of this thread's time.
+            next_rotation = Instant::now() + ROTATE_EVERY.max(started.elapsed() * 20);
+            if let Err(e) = outcome {
+                tracing::warn!(error = %e, "rotating the ready ring failed");
+            }
         }
         if Instant::now() >= next_rescue {
             next_rescue = Instant::now() + rescue_every;

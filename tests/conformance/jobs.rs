@@ -434,12 +434,13 @@ fn claim_is_served_by_an_index_with_many_finished_jobs(backend: Backend) {
         jobs::enqueue(&mut conn, &NewJob::new("plan", "k", vec![])).unwrap();
     }
     conn.batch_execute(match backend {
-        Backend::Postgres => "ANALYZE tenure_jobs",
+        Backend::Postgres => "ANALYZE tenure_jobs; ANALYZE tenure_ready",
         Backend::Mysql => "ANALYZE TABLE tenure_jobs",
         Backend::Sqlite => "ANALYZE",
     })
     .unwrap();
-    // The statement the claim runs to pick its jobs (CLAIM_PICK).
+    // The statement the claim runs to pick its jobs (CLAIM_PICK): PostgreSQL's reads the
+    // ready ring, which finished jobs never enter.
     let skip_locked = if backend == Backend::Sqlite {
         ""
     } else {
@@ -460,18 +461,23 @@ fn claim_is_served_by_an_index_with_many_finished_jobs(backend: Backend) {
                GROUP BY r.limit_key HAVING COUNT(*) >= MIN(r.limit_max))) \
          ORDER BY priority, due_at, id LIMIT 10{skip_locked}"
     );
+    let pick = if backend == Backend::Postgres {
+        format!(
+            "SELECT c.id, c.priority, c.due_at, c.limit_key \
+             FROM tenure_ready c JOIN tenure_jobs j ON j.id = c.id \
+             WHERE c.queue = 'plan' AND j.state = 'waiting' AND c.due_at <= {now} \
+             ORDER BY c.priority, c.due_at, c.id LIMIT 10 FOR UPDATE OF c, j SKIP LOCKED"
+        )
+    } else {
+        pick
+    };
     let plan = explain(&mut conn, &pick);
     println!("{backend} claim plan with 100,000 finished jobs:\n{plan}");
     match backend {
         Backend::Postgres => {
-            // The claim index, or (queue, state) and a sort of this queue's waiting jobs:
-            // either way no finished job is read.
-            assert!(
-                plan.contains("using tenure_jobs_claim")
-                    || (plan.contains("using tenure_jobs_queue_state")
-                        && plan.contains("'waiting'")),
-                "{plan}"
-            );
+            // The ring, which no finished job enters (20 entries: the planner may read them
+            // whole), and the jobs through an index, never all of them.
+            assert!(plan.contains("on tenure_ready_0"), "{plan}");
             assert!(!plan.contains("Seq Scan on tenure_jobs"), "{plan}");
         }
         Backend::Mysql => {

@@ -101,6 +101,14 @@ fn exercise(url: &str) {
     let first = flow.add(jobs::NewJob::new("bulk", "k", vec![]));
     flow.add_after(&[first], jobs::NewJob::new("bulk", "k", vec![]));
     jobs::enqueue_workflow(&mut conn, &flow).unwrap();
+    // PostgreSQL's ready ring rotates (TRUNCATE, the generation's sequence: the owner's
+    // function does them); elsewhere there is no ring.
+    let rotated = jobs::rotate_ready(&mut conn, Duration::ZERO).unwrap();
+    assert_eq!(
+        rotated.is_some(),
+        url.starts_with("postgres"),
+        "{rotated:?}"
+    );
     // A schedule the worker fires (its ticks are the tasks past the 30th).
     tenure::schedules::upsert(
         &mut conn,

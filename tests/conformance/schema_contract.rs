@@ -243,6 +243,36 @@ const BACKEND_INTERNAL_COLUMNS: &[(Backend, &str, &str, &str)] = &[(
      MariaDB/MySQL cannot make partial",
 )];
 
+/// Tables a backend has for its storage alone, which `tenure::schema` does not declare (not
+/// for applications to read: they hold no more than the contract's tables say).
+const BACKEND_INTERNAL_TABLES: &[(Backend, &str, &str)] = &[
+    (
+        Backend::Postgres,
+        "tenure_ready",
+        "the ready ring: one entry per waiting job",
+    ),
+    (
+        Backend::Postgres,
+        "tenure_ready_0",
+        "a slot (partition) of the ready ring",
+    ),
+    (
+        Backend::Postgres,
+        "tenure_ready_1",
+        "a slot (partition) of the ready ring",
+    ),
+    (
+        Backend::Postgres,
+        "tenure_ready_2",
+        "a slot (partition) of the ready ring",
+    ),
+    (
+        Backend::Postgres,
+        "tenure_ready_ring",
+        "the ring's generation and last rotation",
+    ),
+];
+
 /// Tables in a tenure database that are not tenure's.
 const IGNORED_TABLES: &[&str] = &["__diesel_schema_migrations"];
 
@@ -328,7 +358,11 @@ fn type_matches(backend: Backend, family: &str, column: &DbColumn) -> bool {
 fn schema_mismatches(backend: Backend, tables: &[TableSpec], db: &[DbColumn]) -> Vec<String> {
     let mut found = Vec::new();
     for column in db {
-        if IGNORED_TABLES.contains(&column.t.as_str()) {
+        if IGNORED_TABLES.contains(&column.t.as_str())
+            || BACKEND_INTERNAL_TABLES
+                .iter()
+                .any(|&(b, t, _)| b == backend && t == column.t)
+        {
             continue;
         }
         let internal = BACKEND_INTERNAL_COLUMNS
@@ -385,6 +419,13 @@ fn schema_mismatches(backend: Backend, tables: &[TableSpec], db: &[DbColumn]) ->
                     table.name, spec.name
                 ));
             }
+        }
+    }
+    for &(b, t, _) in BACKEND_INTERNAL_TABLES {
+        if b == backend && !db.iter().any(|col| col.t == t) {
+            found.push(format!(
+                "{t}: listed as backend-internal, not in the database"
+            ));
         }
     }
     for &(b, t, c, _) in BACKEND_INTERNAL_COLUMNS {

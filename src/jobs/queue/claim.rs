@@ -34,16 +34,16 @@ const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_
 /// separate statements. Its two shapes: of any kind ([`CLAIM_PICK`]), of one kind
 /// ([`CLAIM_PICK_KIND`], see below).
 macro_rules! claim_pick {
-    ($index:literal, $kinds:literal) => {
+    ($from:literal, $kinds:literal) => {
         concat!(
-            "SELECT id, priority, due_at, limit_key FROM tenure_jobs",
-            $index,
-            " WHERE queue = ? AND state = 'waiting' AND due_at <= {now}",
+            "SELECT c.id, c.priority, c.due_at, c.limit_key FROM ",
+            $from,
+            " WHERE c.queue = ? AND {claim_state} = 'waiting' AND c.due_at <= {now}",
             $kinds,
             " \
       AND NOT EXISTS (SELECT 1 FROM tenure_queue_pauses p WHERE p.queue = ?) \
-      AND (limit_key IS NULL OR NOT EXISTS ( \
-          SELECT 1 FROM tenure_job_limits l WHERE l.job_id = tenure_jobs.id AND ( \
+      AND (c.limit_key IS NULL OR NOT EXISTS ( \
+          SELECT 1 FROM tenure_job_limits l WHERE l.job_id = c.id AND ( \
               (l.rate_max IS NOT NULL AND EXISTS ( \
                   SELECT 1 FROM tenure_limit_keys t WHERE t.limit_key = l.limit_key \
                   AND t.throttled_until > {now} AND l.rate_max <= t.throttled_max \
@@ -56,13 +56,13 @@ macro_rules! claim_pick {
                   SELECT COUNT(*) FROM tenure_jobs r JOIN tenure_job_limits s ON s.job_id = r.id \
                   WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
                   AND s.limit_key = l.limit_key AND s.max_running IS NOT NULL)))))) \
-    ORDER BY priority, due_at, id LIMIT ?{skip_locked}"
+    ORDER BY c.priority, c.due_at, c.id LIMIT ?{claim_lock}"
         )
     };
 }
 
 /// [`claim_pick!`] of any kind, through the claim index.
-const CLAIM_PICK: &str = claim_pick!("{claim_index}", "");
+const CLAIM_PICK: &str = claim_pick!("{claim_from}", "");
 /// A claim of some kinds picks per kind, served by `tenure_jobs_claim_kind`
 /// `(queue, [state,] kind, priority, due_at, id)`: one kind is one range of it, read in claim
 /// order and skipping rows other claimers hold, so waiting jobs of other kinds are never read
@@ -70,7 +70,7 @@ const CLAIM_PICK: &str = claim_pick!("{claim_index}", "");
 /// rows each), merged in claim order and cut to `max_jobs`: the same jobs one pick over the
 /// listed kinds would take, without sorting (or, on MySQL/MariaDB, locking) every due job
 /// of those kinds. Rows picked and not kept stay locked only until the claim commits.
-const CLAIM_PICK_KIND: &str = claim_pick!("{claim_kind_index}", " AND kind = ?");
+const CLAIM_PICK_KIND: &str = claim_pick!("{claim_kind_from}", " AND c.kind = ?");
 
 /// Claim, step 3: claim exactly the accepted ids (a bound list, see `backend::statement`),
 /// each with its own random token, recording the worker that claims (NULL outside a worker).

@@ -1,0 +1,10 @@
+DROP FUNCTION tenure_rotate_ready(bigint);
+DROP TRIGGER tenure_ready_deleted ON tenure_jobs;
+DROP TRIGGER tenure_ready_updated ON tenure_jobs;
+DROP TRIGGER tenure_ready_inserted ON tenure_jobs;
+DROP FUNCTION tenure_ready_deleted();
+DROP FUNCTION tenure_ready_updated();
+DROP FUNCTION tenure_ready_inserted();
+DROP TABLE tenure_ready_ring;
+DROP SEQUENCE tenure_ready_generation;
+DROP TABLE tenure_ready;

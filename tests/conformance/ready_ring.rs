@@ -1,0 +1,428 @@
+//! The ready ring (PostgreSQL's storage for what claims read, docs/storage-design.md): it
+//! lists exactly the waiting jobs whatever changed them, its rotations lose and duplicate
+//! nothing while claims, enqueues and cancels race them, entries still waiting survive any
+//! number of rotations, and a rotation reclaims the claims' dead entries while another
+//! transaction holds a snapshot open (vacuum could not). On SQLite and MySQL/MariaDB, which
+//! claim from `tenure_jobs`, a rotation does nothing and the same races hold.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant as Clock};
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use tenure::jobs::{self, JobClaim, NewJob, OnDuplicate, Outcome, Retry};
+use tenure::{AnyConnection, Backend};
+
+use crate::common::{TestDb, conformance, count};
+
+conformance!(
+    the_ring_lists_exactly_the_waiting_jobs,
+    rotations_racing_claims_lose_and_repeat_nothing,
+    waiting_entries_survive_rotations,
+    a_rotation_reclaims_dead_entries_under_a_held_snapshot,
+);
+
+const TTL: Duration = Duration::from_secs(60);
+const NO_WAIT: Duration = Duration::ZERO;
+
+fn claims(jobs: &[jobs::ClaimedJob]) -> Vec<JobClaim> {
+    jobs.iter().map(|j| j.claim()).collect()
+}
+
+#[derive(QueryableByName, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Entry {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    id: i64,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    queue: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    kind: String,
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    priority: i32,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    due: String,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    limit_key: Option<String>,
+}
+
+/// PostgreSQL: the ring's entries and the waiting jobs agree, one entry per waiting job with
+/// its claim columns; elsewhere there is no ring and a rotation does nothing.
+fn assert_ring_exact(conn: &mut AnyConnection, backend: Backend, context: &str) {
+    if backend != Backend::Postgres {
+        assert_eq!(
+            jobs::rotate_ready(conn, NO_WAIT).unwrap(),
+            None,
+            "{context}"
+        );
+        return;
+    }
+    let read = |conn: &mut AnyConnection, table: &str, filter: &str| -> Vec<Entry> {
+        let sql = format!(
+            "SELECT id, queue, kind, priority, due_at::text AS due, limit_key FROM {table} \
+             {filter} ORDER BY id"
+        );
+        diesel::sql_query(&sql)
+            .load(conn)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    };
+    let ring = read(conn, "tenure_ready", "");
+    let waiting = read(conn, "tenure_jobs", "WHERE state = 'waiting'");
+    assert_eq!(
+        ring, waiting,
+        "{context}: the ring differs from the waiting jobs"
+    );
+}
+
+/// Every way a job starts or stops waiting, or changes what a claim reads of it while it
+/// waits: the ring follows each, on its own and in bulk.
+fn the_ring_lists_exactly_the_waiting_jobs(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let check = |conn: &mut AnyConnection, what: &str| assert_ring_exact(conn, backend, what);
+    jobs::enqueue(&mut conn, &NewJob::new("q", "a", vec![1])).unwrap();
+    let later = jobs::enqueue(
+        &mut conn,
+        &NewJob::new("q", "b", vec![]).delay(Duration::from_secs(600)),
+    )
+    .unwrap()
+    .id;
+    check(&mut conn, "after single enqueues");
+    let bulk: Vec<NewJob> = (0..300)
+        .map(|i| NewJob::new("q", if i % 2 == 0 { "a" } else { "b" }, vec![]).priority(i % 5))
+        .collect();
+    jobs::enqueue_many(&mut conn, &bulk).unwrap();
+    check(&mut conn, "after a bulk enqueue");
+    jobs::enqueue(&mut conn, &NewJob::new("q", "a", vec![]).limit("k", 2)).unwrap();
+    check(&mut conn, "after a limited enqueue");
+    // A duplicate that replaces the waiting job's payload and due time.
+    let dedup = NewJob::new("q", "a", vec![])
+        .dedup_key("d")
+        .delay(Duration::from_secs(60));
+    jobs::enqueue(&mut conn, &dedup).unwrap();
+    let replace = NewJob::new("q", "a", vec![9])
+        .dedup_key("d")
+        .on_duplicate(OnDuplicate::Replace);
+    jobs::enqueue(&mut conn, &replace).unwrap();
+    check(&mut conn, "after a duplicate replaced a waiting job");
+    let claimed = jobs::claim(&mut conn, "q", 40, TTL).unwrap();
+    check(&mut conn, "after a claim");
+    let (done, rest) = claimed.split_at(10);
+    jobs::complete(&mut conn, &claims(done)).unwrap();
+    let (failed, rest) = rest.split_at(10);
+    for job in failed {
+        jobs::fail(
+            &mut conn,
+            job.claim(),
+            "again",
+            Retry::After(Duration::from_secs(5)),
+        )
+        .unwrap();
+    }
+    check(&mut conn, "after retries");
+    let (snoozed, rest) = rest.split_at(10);
+    for job in snoozed {
+        jobs::snooze(&mut conn, job.claim(), Duration::from_secs(30)).unwrap();
+    }
+    let (given_back, rest) = rest.split_at(5);
+    jobs::give_back(&mut conn, &claims(given_back)).unwrap();
+    check(&mut conn, "after snoozes and give-backs");
+    for job in rest {
+        jobs::fail(&mut conn, job.claim(), "dead", Retry::Never).unwrap();
+    }
+    jobs::retry_dead(&mut conn, rest[0].id).unwrap();
+    check(&mut conn, "after dead jobs and a retry of one");
+    assert!(jobs::cancel(&mut conn, later).unwrap());
+    let fresh = jobs::enqueue(&mut conn, &NewJob::new("q", "c", vec![]))
+        .unwrap()
+        .id;
+    assert!(jobs::cancel(&mut conn, fresh).unwrap());
+    check(&mut conn, "after cancels");
+    // A workflow's dependent: blocked (not in the ring) until its dependency completes.
+    let first = jobs::enqueue(&mut conn, &NewJob::new("w", "a", vec![]))
+        .unwrap()
+        .id;
+    let then = jobs::enqueue(
+        &mut conn,
+        &NewJob::new("w", "a", vec![]).depends_on([first]),
+    )
+    .unwrap()
+    .id;
+    check(&mut conn, "with a blocked dependent");
+    let taken = jobs::claim(&mut conn, "w", 1, TTL).unwrap();
+    assert_eq!(taken[0].id, first);
+    jobs::complete(&mut conn, &claims(&taken)).unwrap();
+    check(&mut conn, "after the dependency completed");
+    assert_eq!(jobs::claim(&mut conn, "w", 1, TTL).unwrap()[0].id, then);
+    // A lapsed claim rescued: waiting again.
+    let lapsing = jobs::enqueue(&mut conn, &NewJob::new("r", "a", vec![]))
+        .unwrap()
+        .id;
+    jobs::claim(&mut conn, "r", 1, Duration::from_millis(1)).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let rescued = jobs::rescue(&mut conn, 10).unwrap();
+    assert!(rescued.requeued.contains(&lapsing), "{rescued:?}");
+    check(&mut conn, "after a rescue");
+    // Rotations in between change none of it.
+    for _ in 0..4 {
+        jobs::rotate_ready(&mut conn, NO_WAIT).unwrap();
+    }
+    check(&mut conn, "after rotations");
+    // A waiting job deleted by hand leaves the ring too.
+    let doomed = jobs::enqueue(&mut conn, &NewJob::new("q", "d", vec![]))
+        .unwrap()
+        .id;
+    diesel::sql_query(format!("DELETE FROM tenure_jobs WHERE id = {doomed}"))
+        .execute(&mut conn)
+        .unwrap();
+    check(&mut conn, "after a delete");
+}
+
+/// 4 claimers, 2 enqueuers (every fourth job due a little later, every tenth cancelled by
+/// its enqueuer: at once if still waiting, else asked to) and a rotator that rotates as often
+/// as it can, on separate connections: every job is completed exactly once, or cancelled
+/// (only those asked), none is left waiting, and (PostgreSQL) the ring ends exact after
+/// dozens of rotations.
+fn rotations_racing_claims_lose_and_repeat_nothing(backend: Backend) {
+    const ENQUEUERS: usize = 2;
+    const PER_ENQUEUER: usize = 1500;
+    const CLAIMERS: usize = 4;
+    let db = TestDb::migrated(backend);
+    let enqueued_all = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let completions: Arc<Mutex<HashMap<i64, Vec<Outcome>>>> = Arc::default();
+    let rotations = Arc::new(AtomicUsize::new(0));
+    let rotator = {
+        let (mut conn, stop, rotations) = (db.connect(), stop.clone(), rotations.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                if jobs::rotate_ready(&mut conn, NO_WAIT)
+                    .expect("a rotation must not fail")
+                    .is_some()
+                {
+                    rotations.fetch_add(1, Ordering::SeqCst);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let enqueuers: Vec<_> = (0..ENQUEUERS)
+        .map(|e| {
+            let mut conn = db.connect();
+            std::thread::spawn(move || {
+                let (mut kept, mut asked) = (Vec::new(), Vec::new());
+                for i in 0..PER_ENQUEUER {
+                    let mut job = NewJob::new("race", "work", format!("{e}/{i}").into_bytes());
+                    if i % 4 == 1 {
+                        job = job.delay(Duration::from_millis(20));
+                    }
+                    let id = jobs::enqueue(&mut conn, &job)
+                        .expect("enqueue must not fail")
+                        .id;
+                    // A cancel races the claimers: it cancels the waiting job, or asks the
+                    // claimed one to cancel (its completion is then answered Cancelled).
+                    if i % 10 == 3 && jobs::cancel(&mut conn, id).expect("cancel must not fail") {
+                        asked.push(id);
+                        continue;
+                    }
+                    kept.push(id);
+                }
+                (kept, asked)
+            })
+        })
+        .collect();
+    let claimers: Vec<_> = (0..CLAIMERS)
+        .map(|_| {
+            let mut conn = db.connect();
+            let (enqueued_all, completions) = (enqueued_all.clone(), completions.clone());
+            std::thread::spawn(move || {
+                let give_up = Clock::now() + Duration::from_secs(120);
+                let mut empty_after_all = 0;
+                while Clock::now() < give_up && empty_after_all < 20 {
+                    let batch =
+                        jobs::claim(&mut conn, "race", 10, TTL).expect("claim must not fail");
+                    if batch.is_empty() {
+                        if enqueued_all.load(Ordering::SeqCst) {
+                            empty_after_all += 1;
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                    let outcomes =
+                        jobs::complete(&mut conn, &claims(&batch)).expect("complete must not fail");
+                    let mut map = completions.lock().unwrap();
+                    for (job, outcome) in batch.iter().zip(outcomes) {
+                        assert!(
+                            matches!(outcome, Outcome::Done | Outcome::Cancelled),
+                            "job {}: {outcome:?}",
+                            job.id
+                        );
+                        map.entry(job.id).or_default().push(outcome);
+                    }
+                }
+            })
+        })
+        .collect();
+    let (mut kept, mut asked) = (Vec::new(), Vec::new());
+    for enqueuer in enqueuers {
+        let (k, a) = enqueuer.join().unwrap();
+        kept.extend(k);
+        asked.extend(a);
+    }
+    enqueued_all.store(true, Ordering::SeqCst);
+    for claimer in claimers {
+        claimer.join().unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    rotator.join().unwrap();
+    let completions = completions.lock().unwrap();
+    let twice: Vec<_> = completions.iter().filter(|(_, o)| o.len() > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{backend}: jobs claimed and finished twice: {twice:?}"
+    );
+    let missing: Vec<_> = kept
+        .iter()
+        .filter(|id| completions.get(id) != Some(&vec![Outcome::Done]))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{backend}: jobs not completed once: {missing:?}"
+    );
+    let strangers: Vec<_> = completions
+        .iter()
+        .filter(|(id, o)| o[0] == Outcome::Cancelled && !asked.contains(id))
+        .collect();
+    assert!(
+        strangers.is_empty(),
+        "{backend}: cancelled, never asked: {strangers:?}"
+    );
+    kept.sort_unstable();
+    let completed = kept.len();
+    let mut conn = db.connect();
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'waiting'"
+        ),
+        0
+    );
+    let rotated = rotations.load(Ordering::SeqCst);
+    println!(
+        "{backend}: {completed} jobs completed once each, {} cancelled, {rotated} rotations",
+        asked.len()
+    );
+    if backend == Backend::Postgres {
+        assert!(rotated >= 20, "only {rotated} rotations raced the claims");
+    }
+    assert_ring_exact(&mut conn, backend, "after the race");
+}
+
+/// A backlog, jobs due later and a limited job stay claimable through rotations: each moves
+/// them forward, never drops them, never copies them twice.
+fn waiting_entries_survive_rotations(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let backlog: Vec<NewJob> = (0..1000).map(|_| NewJob::new("q", "a", vec![])).collect();
+    jobs::enqueue_many(&mut conn, &backlog).unwrap();
+    let later = jobs::enqueue(
+        &mut conn,
+        &NewJob::new("q", "a", vec![]).delay(Duration::from_secs(3600)),
+    )
+    .unwrap()
+    .id;
+    jobs::enqueue(&mut conn, &NewJob::new("q", "a", vec![]).limit("k", 1)).unwrap();
+    let mut moved = 0;
+    for round in 0..7 {
+        if let Some(n) = jobs::rotate_ready(&mut conn, NO_WAIT).unwrap() {
+            moved += n;
+        }
+        assert_ring_exact(&mut conn, backend, &format!("after rotation {round}"));
+    }
+    if backend == Backend::Postgres {
+        // Each entry moved at least twice (seven rotations, three slots).
+        assert!(moved >= 2 * 1002, "only {moved} entries moved");
+    }
+    let mut claimed = 0;
+    loop {
+        let batch = jobs::claim(&mut conn, "q", 100, TTL).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        claimed += batch.len();
+        assert!(
+            batch.iter().all(|j| j.id != later),
+            "the job due later was claimed"
+        );
+        jobs::complete(&mut conn, &claims(&batch)).unwrap();
+        jobs::rotate_ready(&mut conn, NO_WAIT).unwrap();
+    }
+    assert_eq!(claimed, 1001, "the backlog and the limited job, each once");
+    assert_ring_exact(&mut conn, backend, "after the drain");
+}
+
+/// PostgreSQL: with a snapshot held open on another connection (vacuum may remove nothing
+/// claimed since), 3,000 jobs enqueued, claimed and completed leave dead entries in the
+/// ring, and three rotations remove them all: every slot is emptied to no pages, the one
+/// still waiting job's entry kept. (Without the ring, `tenure_jobs`' claim index kept every
+/// claimed job's entry until the snapshot ended.)
+fn a_rotation_reclaims_dead_entries_under_a_held_snapshot(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let mut holder = db.connect();
+    let begin = match backend {
+        Backend::Postgres => {
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT COUNT(*) FROM tenure_leases"
+        }
+        Backend::Mysql => {
+            "START TRANSACTION WITH CONSISTENT SNAPSHOT; SELECT COUNT(*) FROM tenure_leases"
+        }
+        Backend::Sqlite => "BEGIN; SELECT COUNT(*) FROM tenure_leases",
+    };
+    holder.batch_execute(begin).unwrap();
+    let batch: Vec<NewJob> = (0..3000).map(|_| NewJob::new("q", "a", vec![])).collect();
+    jobs::enqueue_many(&mut conn, &batch).unwrap();
+    loop {
+        let claimed = jobs::claim(&mut conn, "q", 100, TTL).unwrap();
+        if claimed.is_empty() {
+            break;
+        }
+        jobs::complete(&mut conn, &claims(&claimed)).unwrap();
+    }
+    let keep = jobs::enqueue(
+        &mut conn,
+        &NewJob::new("q", "a", vec![]).delay(Duration::from_secs(600)),
+    )
+    .unwrap()
+    .id;
+    if backend == Backend::Postgres {
+        let pages = |conn: &mut AnyConnection| {
+            count(
+                conn,
+                "SELECT (pg_relation_size('tenure_ready_0') + pg_relation_size('tenure_ready_1') \
+                 + pg_relation_size('tenure_ready_2'))::bigint / 8192 AS n",
+            )
+        };
+        let before = pages(&mut conn);
+        assert!(before >= 10, "3,000 dead entries take pages: {before}");
+        let mut rotated = 0;
+        while rotated < 3 {
+            if jobs::rotate_ready(&mut conn, NO_WAIT).unwrap().is_some() {
+                rotated += 1;
+            }
+        }
+        let after = pages(&mut conn);
+        assert!(
+            after <= 1,
+            "the ring kept {after} pages (had {before}) under the held snapshot"
+        );
+        println!("{backend}: the ring's heap {before} pages -> {after} under a held snapshot");
+    }
+    assert_ring_exact(&mut conn, backend, "after the rotations");
+    assert_eq!(
+        jobs::get(&mut conn, keep).unwrap().unwrap().state,
+        jobs::JobState::Waiting
+    );
+    holder.batch_execute("ROLLBACK").unwrap();
+}
