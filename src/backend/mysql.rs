@@ -56,7 +56,7 @@ static SYNTAX: Syntax = Syntax {
     notify_queue_unflushed: None,
     notify_in_returning: "",
     claim_from: "tenure_jobs c FORCE INDEX (tenure_jobs_claim)",
-    claim_state: "c.state",
+    claim_waiting: " AND c.state = 'waiting'",
     claim_lock: " FOR UPDATE SKIP LOCKED",
     greatest: "GREATEST",
     window_over: "finished_at + INTERVAL dedup_window_micros MICROSECOND <= {now}",

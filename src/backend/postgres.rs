@@ -44,7 +44,7 @@ static SYNTAX: Syntax = Syntax {
     ),
     notify_in_returning: ", pg_notify('tenure_jobs', queue)",
     claim_from: "tenure_ready c JOIN tenure_jobs j ON j.id = c.id",
-    claim_state: "j.state",
+    claim_waiting: "",
     claim_lock: " FOR UPDATE OF c, j SKIP LOCKED",
     greatest: "GREATEST",
     window_over: "finished_at + dedup_window_micros * interval '1 microsecond' <= {now}",

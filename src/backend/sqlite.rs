@@ -37,7 +37,7 @@ static SYNTAX: Syntax = Syntax {
     notify_queue_unflushed: None,
     notify_in_returning: "",
     claim_from: "tenure_jobs AS c INDEXED BY tenure_jobs_claim",
-    claim_state: "c.state",
+    claim_waiting: " AND c.state = 'waiting'",
     claim_lock: "",
     greatest: "MAX",
     window_over: "strftime('%Y-%m-%d %H:%M:%f', finished_at, \

@@ -61,8 +61,13 @@ pub(crate) struct Syntax {
     /// `{claim_kind_from}`: the same for a claim of some kinds, which the kind-leading claim
     /// index serves (one range per kind, in claim order within it).
     pub claim_kind_from: &'static str,
-    /// `{claim_state}`: the picked job's state column (`j.state` or `c.state`).
-    pub claim_state: &'static str,
+    /// `{claim_waiting}`: the pick's condition that the job waits, where `c` is the jobs
+    /// table. Empty on PostgreSQL: an entry exists exactly while its job waits (the ring's
+    /// triggers change both in one transaction, and a job changed since the pick's snapshot
+    /// had its entry deleted, which the lock finds), and a `j.state` condition made the
+    /// planner read the jobs through their partial claim index, every dead entry of it
+    /// included, instead of by their primary key.
+    pub claim_waiting: &'static str,
     /// `{claim_lock}`: the pick's locking clause, skipping rows other claimers hold: on
     /// PostgreSQL both the ring's entry and the job's row, so that a claim never waits for
     /// a job another transaction changes (which waits, through the ring's trigger, for its
@@ -152,7 +157,7 @@ impl Syntax {
             .replace("{random_token}", self.random_token)
             .replace("{claim_from}", self.claim_from)
             .replace("{claim_kind_from}", self.claim_kind_from)
-            .replace("{claim_state}", self.claim_state)
+            .replace("{claim_waiting}", self.claim_waiting)
             .replace("{claim_lock}", self.claim_lock)
     }
 }

@@ -426,3 +426,59 @@ fn a_rotation_reclaims_dead_entries_under_a_held_snapshot(backend: Backend) {
     );
     holder.batch_execute("ROLLBACK").unwrap();
 }
+
+/// PostgreSQL: a live database migrated to the ring keeps every job, and the ring lists its
+/// waiting ones exactly: jobs in every state are written under the layout before it (the
+/// ring's migration reverted by its own `down.sql`), then the migration runs again.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_a_live_database_migrates_into_the_ring() {
+    let backend = Backend::Postgres;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    conn.batch_execute(include_str!(
+        "../../migrations/postgres/tenure-0045_ready_ring/down.sql"
+    ))
+    .unwrap();
+    let removed = diesel::sql_query(
+        "DELETE FROM __diesel_schema_migrations WHERE version LIKE '%0045%'",
+    )
+    .execute(&mut conn)
+    .unwrap();
+    assert_eq!(removed, 1, "the ring's migration is on record once");
+    let bulk: Vec<NewJob> = (0..500)
+        .map(|i| NewJob::new("live", "a", vec![]).priority(i % 3))
+        .collect();
+    jobs::enqueue_many(&mut conn, &bulk).unwrap();
+    jobs::enqueue(&mut conn, &NewJob::new("live", "a", vec![]).delay(Duration::from_secs(600)))
+        .unwrap();
+    // Jobs in other states, written as the layout before the ring left them (its claim
+    // cannot run here: this build's claim reads the ring).
+    conn.batch_execute(
+        "UPDATE tenure_jobs SET state = 'completed', finished_at = now() WHERE id % 10 = 1; \
+         UPDATE tenure_jobs SET state = 'dead', finished_at = now() WHERE id % 10 = 2; \
+         UPDATE tenure_jobs SET due_at = now() + interval '1 minute' WHERE id % 10 = 3",
+    )
+    .unwrap();
+    let waiting_before = count(
+        &mut conn,
+        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'waiting'",
+    );
+    let all_before = count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs");
+    let applied = tenure::run_migrations(&mut conn).unwrap();
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert_ring_exact(&mut conn, backend, "after migrating a live database");
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_ready"), waiting_before);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), all_before);
+    // The waiting jobs due now drain once each.
+    let mut drained = 0;
+    loop {
+        let batch = jobs::claim(&mut conn, "live", 100, TTL).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        drained += batch.len();
+        jobs::complete(&mut conn, &claims(&batch)).unwrap();
+    }
+    assert_eq!(drained, 350, "the waiting jobs due now, each once");
+}

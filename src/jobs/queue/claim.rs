@@ -38,7 +38,7 @@ macro_rules! claim_pick {
         concat!(
             "SELECT c.id, c.priority, c.due_at, c.limit_key FROM ",
             $from,
-            " WHERE c.queue = ? AND {claim_state} = 'waiting' AND c.due_at <= {now}",
+            " WHERE c.queue = ?{claim_waiting} AND c.due_at <= {now}",
             $kinds,
             " \
       AND NOT EXISTS (SELECT 1 FROM tenure_queue_pauses p WHERE p.queue = ?) \
