@@ -58,6 +58,7 @@ static SYNTAX: Syntax = Syntax {
     claim_from: "tenure_jobs c FORCE INDEX (tenure_jobs_claim)",
     claim_waiting: " AND c.state = 'waiting'",
     claim_lock: " FOR UPDATE SKIP LOCKED",
+    claim_forget: None,
     greatest: "GREATEST",
     window_over: "finished_at + INTERVAL dedup_window_micros MICROSECOND <= {now}",
     lock_ends_with_process: false,

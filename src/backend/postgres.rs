@@ -46,6 +46,10 @@ static SYNTAX: Syntax = Syntax {
     claim_from: "tenure_ready c JOIN tenure_jobs j ON j.id = c.id",
     claim_waiting: "",
     claim_lock: " FOR UPDATE OF c, j SKIP LOCKED",
+    claim_forget: Some(
+        "WITH marked AS ({marked}), forgotten AS (DELETE FROM tenure_ready \
+         WHERE id IN (SELECT id FROM marked)) SELECT * FROM marked",
+    ),
     greatest: "GREATEST",
     window_over: "finished_at + dedup_window_micros * interval '1 microsecond' <= {now}",
     lock_ends_with_process: false,

@@ -39,6 +39,7 @@ static SYNTAX: Syntax = Syntax {
     claim_from: "tenure_jobs AS c INDEXED BY tenure_jobs_claim",
     claim_waiting: " AND c.state = 'waiting'",
     claim_lock: "",
+    claim_forget: None,
     greatest: "MAX",
     window_over: "strftime('%Y-%m-%d %H:%M:%f', finished_at, \
                 printf('%+.3f seconds', dedup_window_micros / 1000000.0)) <= {now}",

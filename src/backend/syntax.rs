@@ -73,6 +73,11 @@ pub(crate) struct Syntax {
     /// a job another transaction changes (which waits, through the ring's trigger, for its
     /// entry); nothing on SQLite (the IMMEDIATE transaction has the write lock).
     pub claim_lock: &'static str,
+    /// Where the picked entries leave (PostgreSQL's ring): the claim's mark (`UPDATE ...
+    /// RETURNING`, in place of `{marked}`) wrapped in a statement that also deletes the
+    /// entries of the jobs it marked, in the same round trip. None where the pick reads the
+    /// jobs themselves.
+    pub claim_forget: Option<&'static str>,
     /// `{greatest}`: the larger of two values (SQLite's two-argument MAX, GREATEST on the
     /// servers).
     pub greatest: &'static str,

@@ -480,7 +480,10 @@ fn claim_is_served_by_an_index_with_many_finished_jobs(backend: Backend) {
             assert!(plan.contains("on tenure_ready_0"), "{plan}");
             // The picked jobs by their primary key (a `j.state` condition in the pick made the
             // planner read them through their partial claim index, dead entries and all).
-            assert!(plan.contains("using tenure_jobs_pkey on tenure_jobs j"), "{plan}");
+            assert!(
+                plan.contains("using tenure_jobs_pkey on tenure_jobs j"),
+                "{plan}"
+            );
             assert!(!plan.contains("Seq Scan on tenure_jobs"), "{plan}");
         }
         Backend::Mysql => {

@@ -300,7 +300,10 @@ fn a_claim_of_one_kind_reads_the_kind_index_past_other_kinds(backend: Backend) {
             assert!(plan.contains("queue_kind_priority_due_at_id_idx"), "{plan}");
             // The picked jobs by their primary key (a `j.state` condition in the pick made the
             // planner read them through their partial claim index, dead entries and all).
-            assert!(plan.contains("using tenure_jobs_pkey on tenure_jobs j"), "{plan}");
+            assert!(
+                plan.contains("using tenure_jobs_pkey on tenure_jobs j"),
+                "{plan}"
+            );
             assert!(plan.contains("kind = 'A'"), "{plan}");
             // Merged in order (a Merge Append's sort key), never sorted.
             assert!(!plan.contains("Sort  ("), "{plan}");

@@ -440,18 +440,20 @@ fn postgres_a_live_database_migrates_into_the_ring() {
         "../../migrations/postgres/tenure-0045_ready_ring/down.sql"
     ))
     .unwrap();
-    let removed = diesel::sql_query(
-        "DELETE FROM __diesel_schema_migrations WHERE version LIKE '%0045%'",
-    )
-    .execute(&mut conn)
-    .unwrap();
+    let removed =
+        diesel::sql_query("DELETE FROM __diesel_schema_migrations WHERE version LIKE '%0045%'")
+            .execute(&mut conn)
+            .unwrap();
     assert_eq!(removed, 1, "the ring's migration is on record once");
     let bulk: Vec<NewJob> = (0..500)
         .map(|i| NewJob::new("live", "a", vec![]).priority(i % 3))
         .collect();
     jobs::enqueue_many(&mut conn, &bulk).unwrap();
-    jobs::enqueue(&mut conn, &NewJob::new("live", "a", vec![]).delay(Duration::from_secs(600)))
-        .unwrap();
+    jobs::enqueue(
+        &mut conn,
+        &NewJob::new("live", "a", vec![]).delay(Duration::from_secs(600)),
+    )
+    .unwrap();
     // Jobs in other states, written as the layout before the ring left them (its claim
     // cannot run here: this build's claim reads the ring).
     conn.batch_execute(
@@ -468,8 +470,14 @@ fn postgres_a_live_database_migrates_into_the_ring() {
     let applied = tenure::run_migrations(&mut conn).unwrap();
     assert_eq!(applied.len(), 1, "{applied:?}");
     assert_ring_exact(&mut conn, backend, "after migrating a live database");
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_ready"), waiting_before);
-    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), all_before);
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_ready"),
+        waiting_before
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"),
+        all_before
+    );
     // The waiting jobs due now drain once each.
     let mut drained = 0;
     loop {

@@ -8,3 +8,5 @@ DROP FUNCTION tenure_ready_inserted();
 DROP TABLE tenure_ready_ring;
 DROP SEQUENCE tenure_ready_generation;
 DROP TABLE tenure_ready;
+CREATE INDEX tenure_jobs_claim ON tenure_jobs (queue, priority, due_at, id) WHERE state = 'waiting';
+CREATE INDEX tenure_jobs_claim_kind ON tenure_jobs (queue, kind, priority, due_at, id) WHERE state = 'waiting';

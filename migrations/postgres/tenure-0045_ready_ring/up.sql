@@ -40,42 +40,52 @@ BEGIN
 END $$;
 
 -- A job leaves the ring when it stops waiting, and moves when what claims read of it
--- changes (a snooze's due time, a changed priority).
+-- changes while it waits (a replacing duplicate). Row triggers with a WHEN: a finish, a
+-- heartbeat or retention's delete of finished jobs never calls them. A claim, the one
+-- statement that makes jobs running, deletes the entries it took itself, in one statement
+-- (`claim_forget`): no other statement of tenure's makes a job running (tenure_jobs is
+-- read-only to applications, README's schema contract).
 CREATE FUNCTION tenure_ready_updated() RETURNS trigger LANGUAGE plpgsql
     SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
-    DELETE FROM tenure_ready r USING before b JOIN after a ON a.id = b.id
-    WHERE r.id = b.id AND b.state = 'waiting'
-      AND (a.state <> 'waiting'
-           OR (a.queue, a.kind, a.priority, a.due_at, a.limit_key)
-              IS DISTINCT FROM (b.queue, b.kind, b.priority, b.due_at, b.limit_key));
-    INSERT INTO tenure_ready (slot, id, queue, kind, priority, due_at, limit_key)
-    SELECT (SELECT last_value % 3 FROM tenure_ready_generation), a.id, a.queue, a.kind,
-           a.priority, a.due_at, a.limit_key
-    FROM after a JOIN before b ON b.id = a.id
-    WHERE a.state = 'waiting'
-      AND (b.state <> 'waiting'
-           OR (a.queue, a.kind, a.priority, a.due_at, a.limit_key)
-              IS DISTINCT FROM (b.queue, b.kind, b.priority, b.due_at, b.limit_key));
+    IF OLD.state = 'waiting' THEN
+        DELETE FROM tenure_ready WHERE id = OLD.id;
+    END IF;
+    IF NEW.state = 'waiting' THEN
+        INSERT INTO tenure_ready (slot, id, queue, kind, priority, due_at, limit_key)
+        SELECT last_value % 3, NEW.id, NEW.queue, NEW.kind, NEW.priority, NEW.due_at,
+               NEW.limit_key
+        FROM tenure_ready_generation;
+    END IF;
     RETURN NULL;
 END $$;
 
 CREATE FUNCTION tenure_ready_deleted() RETURNS trigger LANGUAGE plpgsql
     SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
-    DELETE FROM tenure_ready r USING gone g WHERE r.id = g.id AND g.state = 'waiting';
+    DELETE FROM tenure_ready WHERE id = OLD.id;
     RETURN NULL;
 END $$;
 
--- Statement triggers over transition tables: a bulk enqueue of 10,000 jobs is one INSERT
--- into the ring, not 10,000 function calls.
+-- A statement trigger over its transition table for inserts: a bulk enqueue of 10,000 jobs
+-- is one insert into the ring, not 10,000 function calls.
 CREATE TRIGGER tenure_ready_inserted AFTER INSERT ON tenure_jobs
     REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION tenure_ready_inserted();
-CREATE TRIGGER tenure_ready_updated AFTER UPDATE ON tenure_jobs
-    REFERENCING OLD TABLE AS before NEW TABLE AS after
-    FOR EACH STATEMENT EXECUTE FUNCTION tenure_ready_updated();
+CREATE TRIGGER tenure_ready_updated
+    AFTER UPDATE OF state, queue, kind, priority, due_at, limit_key ON tenure_jobs
+    FOR EACH ROW WHEN (
+        (OLD.state = 'waiting' AND NEW.state NOT IN ('waiting', 'running'))
+        OR (NEW.state = 'waiting' AND (OLD.state <> 'waiting'
+            OR (OLD.queue, OLD.kind, OLD.priority, OLD.due_at, OLD.limit_key)
+               IS DISTINCT FROM (NEW.queue, NEW.kind, NEW.priority, NEW.due_at, NEW.limit_key))))
+    EXECUTE FUNCTION tenure_ready_updated();
 CREATE TRIGGER tenure_ready_deleted AFTER DELETE ON tenure_jobs
-    REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION tenure_ready_deleted();
+    FOR EACH ROW WHEN (OLD.state = 'waiting') EXECUTE FUNCTION tenure_ready_deleted();
+
+-- Claims no longer read tenure_jobs' claim indexes: every job's insert and state change
+-- stops paying for them (the queue's other readers use tenure_jobs_queue_state).
+DROP INDEX tenure_jobs_claim;
+DROP INDEX tenure_jobs_claim_kind;
 
 -- The jobs waiting now enter the ring (the migration holds the migration lock, which
 -- workers wait for: no claim runs meanwhile).

@@ -288,7 +288,12 @@ fn claim_of<C: TenureConnection>(
                         let ids = admission.ids.clone();
                         let mark = syntax.render(CLAIM_MARK);
                         let rows = if syntax.returning {
-                            statement(format!("{mark} RETURNING {CLAIMED_COLUMNS}"))
+                            let marked = format!("{mark} RETURNING {CLAIMED_COLUMNS}");
+                            let sql = match syntax.claim_forget {
+                                Some(forget) => forget.replace("{marked}", &marked),
+                                None => marked,
+                            };
+                            statement(sql)
                                 .bind::<BigInt, _>(micros)
                                 .bind::<Nullable<BigInt>, _>(worker)
                                 .bind::<Bool, _>(worker.is_none())
