@@ -22,6 +22,7 @@ conformance!(
     rotations_racing_claims_lose_and_repeat_nothing,
     waiting_entries_survive_rotations,
     a_rotation_reclaims_dead_entries_under_a_held_snapshot,
+    a_backlog_too_large_to_move_waits_for_claims,
 );
 
 const TTL: Duration = Duration::from_secs(60);
@@ -489,4 +490,33 @@ fn postgres_a_live_database_migrates_into_the_ring() {
         jobs::complete(&mut conn, &claims(&batch)).unwrap();
     }
     assert_eq!(drained, 350, "the waiting jobs due now, each once");
+}
+
+/// PostgreSQL: a rotation never moves more than 10,000 waiting entries at once (claims wait
+/// behind the slot's lock while it does): it leaves a larger backlog in its slot, moves the
+/// ring no further, and moves the rest once claims have taken enough; nothing is lost.
+fn a_backlog_too_large_to_move_waits_for_claims(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let backlog: Vec<NewJob> = (0..12_000).map(|_| NewJob::new("big", "a", vec![])).collect();
+    jobs::enqueue_many(&mut conn, &backlog).unwrap();
+    // The two empty slots are emptied; then the backlog's slot is the oldest.
+    let rotations: Vec<Option<u64>> = (0..3)
+        .map(|_| jobs::rotate_ready(&mut conn, NO_WAIT).unwrap())
+        .collect();
+    if backend == Backend::Postgres {
+        assert_eq!(rotations, vec![Some(0), Some(0), None], "12,000 entries are not moved");
+        assert_eq!(jobs::rotate_ready(&mut conn, NO_WAIT).unwrap(), None, "nor later");
+    }
+    assert_ring_exact(&mut conn, backend, "with the backlog left in its slot");
+    let mut taken = 0;
+    while taken < 2_500 {
+        let batch = jobs::claim(&mut conn, "big", 500, TTL).unwrap();
+        taken += batch.len();
+        jobs::complete(&mut conn, &claims(&batch)).unwrap();
+    }
+    if backend == Backend::Postgres {
+        assert_eq!(jobs::rotate_ready(&mut conn, NO_WAIT).unwrap(), Some(9_500));
+    }
+    assert_ring_exact(&mut conn, backend, "after the rest moved");
 }

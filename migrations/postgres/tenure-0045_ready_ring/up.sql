@@ -105,7 +105,10 @@ INSERT INTO tenure_ready_ring (generation, rotated_at) VALUES (0, statement_time
 -- queue, where claims would queue behind it), gives its waiting entries to the current slot
 -- and is truncated, and the generation moves on, in the caller's transaction. Returns how
 -- many entries moved; -1 when not due or another rotation holds the rotation lock ("tenure.r"
--- as a transaction advisory lock); -2 when another transaction uses the slot.
+-- as a transaction advisory lock); -2 when another transaction uses the slot; -3 when more
+-- than 10,000 entries still wait in it (a backlog, jobs due later): moving them would hold
+-- every claim behind the slot's lock for as long, so the ring waits until claims have taken
+-- them (the backlog's oldest entries are the first claimed).
 CREATE FUNCTION tenure_rotate_ready(min_interval_us bigint) RETURNS bigint LANGUAGE plpgsql
     SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
@@ -122,6 +125,11 @@ BEGIN
         RETURN -1;
     END IF;
     oldest := 'tenure_ready_' || ((current_generation + 1) % 3);
+    EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %I LIMIT 10001) AS waiting', oldest)
+        INTO moved;
+    IF moved > 10000 THEN
+        RETURN -3;
+    END IF;
     BEGIN
         EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE NOWAIT', oldest);
     EXCEPTION WHEN lock_not_available THEN

@@ -24,7 +24,8 @@ const LOCK_TRIES: u32 = 10;
 
 /// One rotation, if due (the migration's `tenure_rotate_ready`: it runs as the owner who
 /// migrated, so that an application user with row privileges alone may rotate). Returns the
-/// entries moved, -1 when not due or another rotation runs, -2 when the slot is busy.
+/// entries moved, -1 when not due or another rotation runs, -2 when the slot is busy, -3
+/// when more than 10,000 entries wait in it (moving them would hold claims up as long).
 #[cfg(feature = "postgres")]
 const ROTATE: &str = "SELECT tenure_rotate_ready(?) AS n";
 
@@ -38,8 +39,10 @@ struct N {
 /// Empties the ready ring's oldest slot and moves the ring on, if its last rotation is at
 /// least `min_interval` old by the database's clock. Returns how many waiting jobs' entries
 /// moved to the current slot, or `None` when nothing was done: not due yet, another rotation
-/// running, the slot busy (a transaction still uses it: tried again at the next call), or a
-/// backend without a ring (SQLite, MySQL/MariaDB). A worker calls it every second; a
+/// running, the slot busy (a transaction still uses it: tried again at the next call), more
+/// than 10,000 jobs still waiting in it (a backlog: the ring waits for claims to take them
+/// rather than hold every claim while it moves them), or a backend without a ring (SQLite,
+/// MySQL/MariaDB). A worker calls it every second; a
 /// program that claims without a worker ([`crate::jobs::claim`]) should too, from one place
 /// (any number of callers is safe: one rotation at a time, the others return `None`).
 /// Needs a bare connection.
