@@ -13,7 +13,7 @@ use std::time::{Duration, Instant as Clock};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use tenure::jobs::{self, JobClaim, NewJob, OnDuplicate, Outcome, Retry};
-use tenure::{AnyConnection, Backend};
+use tenure::{AnyConnection, Backend, Error};
 
 use crate::common::{TestDb, conformance, count};
 
@@ -22,6 +22,9 @@ conformance!(
     rotations_racing_claims_lose_and_repeat_nothing,
     waiting_entries_survive_rotations,
     a_rotation_reclaims_dead_entries_under_a_held_snapshot,
+    a_repeatable_read_cancel_after_rotations_leaves_no_entry,
+    a_repeatable_read_replace_after_rotations_leaves_one_entry,
+    a_rotation_refuses_an_interval_out_of_range,
 );
 
 const TTL: Duration = Duration::from_secs(60);
@@ -489,4 +492,232 @@ fn postgres_a_live_database_migrates_into_the_ring() {
         jobs::complete(&mut conn, &claims(&batch)).unwrap();
     }
     assert_eq!(drained, 350, "the waiting jobs due now, each once");
+}
+
+/// A caller's transaction at REPEATABLE READ on `caller` (MySQL's default isolation; a
+/// choice on PostgreSQL) reads first (its snapshot starts there), then rotations on `conn`
+/// move every entry of the ring (three of them: each slot emptied once), then `change` runs
+/// in the caller's transaction. The entries the rotations wrote are newer than the caller's
+/// snapshot, and the slots they left were truncated: a statement under that snapshot sees
+/// no entry for a waiting job. Returns the change's outcome (the transaction committed if
+/// it is `Ok`).
+fn after_rotations_in_repeatable_read<T>(
+    backend: Backend,
+    conn: &mut AnyConnection,
+    caller: &mut AnyConnection,
+    id: i64,
+    change: impl FnOnce(&mut AnyConnection) -> tenure::Result<T>,
+) -> tenure::Result<T> {
+    match backend {
+        Backend::Postgres => caller.batch_execute(
+            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+        ),
+        Backend::Mysql => {
+            caller.batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        }
+        Backend::Sqlite => Ok(()),
+    }
+    .unwrap();
+    caller.transaction::<_, Error, _>(|c| {
+        assert_eq!(jobs::get(c, id)?.unwrap().state, jobs::JobState::Waiting);
+        let mut rotated = 0;
+        for _ in 0..1000 {
+            if jobs::rotate_ready(conn, NO_WAIT).unwrap().is_some() {
+                rotated += 1;
+                if rotated == 3 {
+                    break;
+                }
+            }
+        }
+        if backend == Backend::Postgres {
+            assert_eq!(rotated, 3, "rotations under the caller's snapshot");
+        }
+        change(c)
+    })
+}
+
+/// A cancel in a caller's REPEATABLE READ transaction, after rotations moved the waiting
+/// job's entry past the caller's snapshot: either it fails with a serialization error
+/// (nothing changed, the job still waits and is claimable) or the cancelled job has no entry
+/// left and no claim ever takes it. (Before: the trigger's delete, under the caller's
+/// snapshot, found no entry and deleted nothing; the cancel committed and the next claim
+/// took the cancelled job and ran it.)
+fn a_repeatable_read_cancel_after_rotations_leaves_no_entry(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let mut caller = db.connect();
+    let doomed = jobs::enqueue(&mut conn, &NewJob::new("q", "a", vec![]))
+        .unwrap()
+        .id;
+    let outcome =
+        after_rotations_in_repeatable_read(backend, &mut conn, &mut caller, doomed, |c| {
+            jobs::cancel(c, doomed)
+        });
+    let state = jobs::get(&mut conn, doomed).unwrap().unwrap().state;
+    match outcome {
+        Ok(cancelled) => {
+            assert!(cancelled, "{backend}: the waiting job was not cancelled");
+            assert_eq!(state, jobs::JobState::Cancelled);
+        }
+        Err(e) => {
+            assert!(
+                e.is_retryable(),
+                "{backend}: not a serialization error: {e}"
+            );
+            assert_eq!(state, jobs::JobState::Waiting);
+        }
+    }
+    let taken: Vec<i64> = jobs::claim(&mut conn, "q", 10, TTL)
+        .unwrap()
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    if state == jobs::JobState::Cancelled {
+        assert!(
+            taken.is_empty(),
+            "{backend}: a cancelled job was claimed: {taken:?}"
+        );
+    } else {
+        assert_eq!(taken, vec![doomed], "{backend}: the job still waiting");
+    }
+    assert_ring_exact(&mut conn, backend, "after a cancel at REPEATABLE READ");
+}
+
+/// A replacing duplicate (a later due time) in a caller's REPEATABLE READ transaction, after
+/// rotations moved the waiting job's entry past the caller's snapshot: either it fails with
+/// a serialization error (the job unchanged) or the job keeps one entry, with its new due
+/// time, and no claim takes it before then. (Before: the old entry stayed beside the new
+/// one, and a claim took the job at once, ten minutes early.)
+fn a_repeatable_read_replace_after_rotations_leaves_one_entry(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let mut caller = db.connect();
+    let job = NewJob::new("q", "a", vec![]).dedup_key("d");
+    let id = jobs::enqueue(&mut conn, &job).unwrap().id;
+    let later = job
+        .clone()
+        .delay(Duration::from_secs(600))
+        .on_duplicate(OnDuplicate::Replace);
+    let outcome = after_rotations_in_repeatable_read(backend, &mut conn, &mut caller, id, |c| {
+        jobs::enqueue(c, &later)
+    });
+    let replaced = match outcome {
+        Ok(enqueued) => {
+            assert_eq!(enqueued.id, id);
+            assert!(
+                enqueued.updated,
+                "{backend}: the waiting job was not replaced"
+            );
+            true
+        }
+        Err(e) => {
+            assert!(
+                e.is_retryable(),
+                "{backend}: not a serialization error: {e}"
+            );
+            false
+        }
+    };
+    let taken: Vec<i64> = jobs::claim(&mut conn, "q", 10, TTL)
+        .unwrap()
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    if replaced {
+        assert!(
+            taken.is_empty(),
+            "{backend}: the job due in ten minutes was claimed now: {taken:?}"
+        );
+    } else {
+        assert_eq!(taken, vec![id], "{backend}: the job unchanged, due now");
+    }
+    assert_ring_exact(&mut conn, backend, "after a replace at REPEATABLE READ");
+}
+
+/// A rotation's interval longer than [`tenure::MAX_TTL`] (as a time to live or a delay is)
+/// is [`Error::InvalidInput`] on every backend, before any statement. (Before: one the
+/// database could not add to its clock failed on PostgreSQL in SQL, "interval out of
+/// range", a database error, and SQLite and MySQL/MariaDB accepted it.)
+fn a_rotation_refuses_an_interval_out_of_range(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    for interval in [
+        Duration::from_micros(i64::MAX as u64),
+        tenure::MAX_TTL + Duration::from_secs(1),
+    ] {
+        let result = jobs::rotate_ready(&mut conn, interval);
+        assert!(
+            matches!(result, Err(Error::InvalidInput { .. })),
+            "{backend}: {interval:?}: {result:?}"
+        );
+    }
+    // The longest accepted interval works: not due.
+    assert_eq!(
+        jobs::rotate_ready(&mut conn, tenure::MAX_TTL).unwrap(),
+        None,
+        "{backend}"
+    );
+}
+
+/// PostgreSQL: the rotation's function called in a REPEATABLE READ transaction (by hand:
+/// [`jobs::rotate_ready`] begins READ COMMITTED) whose snapshot began before an enqueue
+/// into the oldest slot committed: the rotation must not truncate the entry it cannot see.
+/// The enqueue's transaction stays open across two rotations (they leave its slot alone),
+/// the rotating transaction's snapshot begins, the enqueue commits, then the third rotation
+/// would empty that slot. (Before: its copy, under the old snapshot, missed the new entry
+/// and the truncate removed it: a waiting job no claim could ever find.)
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_a_rotation_under_an_old_snapshot_loses_no_entry() {
+    let backend = Backend::Postgres;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let mut rotator = db.connect();
+    let mut writer = db.connect();
+    let id = writer
+        .transaction::<_, Error, _>(|w| {
+            let id = jobs::enqueue(w, &NewJob::new("q", "a", vec![]))?.id;
+            let mut rotated = 0;
+            for _ in 0..1000 {
+                if jobs::rotate_ready(&mut conn, NO_WAIT).unwrap().is_some() {
+                    rotated += 1;
+                    if rotated == 2 {
+                        break;
+                    }
+                }
+            }
+            assert_eq!(rotated, 2, "rotations beside the open enqueue");
+            rotator
+                .batch_execute(
+                    "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT COUNT(*) FROM tenure_leases",
+                )
+                .unwrap();
+            Ok(id)
+        })
+        .unwrap();
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let outcome =
+        diesel::sql_query("SELECT tenure_rotate_ready(0) AS n").get_result::<N>(&mut rotator);
+    match &outcome {
+        Ok(N { n }) => println!("the rotation under the old snapshot moved {n}"),
+        Err(e) => println!("the rotation under the old snapshot refused: {e}"),
+    }
+    rotator
+        .batch_execute(if outcome.is_ok() {
+            "COMMIT"
+        } else {
+            "ROLLBACK"
+        })
+        .unwrap();
+    assert_ring_exact(&mut conn, backend, "after a rotation under an old snapshot");
+    let taken: Vec<i64> = jobs::claim(&mut conn, "q", 10, TTL)
+        .unwrap()
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(taken, vec![id], "the waiting job, claimable");
 }

@@ -42,7 +42,8 @@ struct N {
 /// backend without a ring (SQLite, MySQL/MariaDB). A worker calls it every second; a
 /// program that claims without a worker ([`crate::jobs::claim`]) should too, from one place
 /// (any number of callers is safe: one rotation at a time, the others return `None`).
-/// Needs a bare connection.
+/// Needs a bare connection. A `min_interval` longer than [`crate::MAX_TTL`] is
+/// [`crate::Error::InvalidInput`].
 ///
 /// ```
 /// # fn main() -> Result<(), tenure::Error> {
@@ -57,6 +58,15 @@ pub fn rotate_ready<C: TenureConnection>(
     conn: &mut C,
     min_interval: Duration,
 ) -> Result<Option<u64>> {
+    if min_interval > crate::MAX_TTL {
+        return Err(crate::Error::invalid(
+            "min_interval",
+            format!(
+                "{min_interval:?} is longer than {} days",
+                crate::MAX_TTL.as_secs() / 86400
+            ),
+        ));
+    }
     let micros = i64::try_from(min_interval.as_micros())
         .map_err(|_| crate::Error::invalid("min_interval", "too long"))?;
     dispatch!(conn, c => c.rotate(micros))
