@@ -25,6 +25,8 @@ conformance!(
     a_repeatable_read_cancel_after_rotations_leaves_no_entry,
     a_repeatable_read_replace_after_rotations_leaves_one_entry,
     a_rotation_refuses_an_interval_out_of_range,
+    a_callers_open_transaction_across_rotations_loses_nothing,
+    rotations_racing_limited_and_kind_claims_and_returns_keep_every_promise,
 );
 
 const TTL: Duration = Duration::from_secs(60);
@@ -720,4 +722,304 @@ fn postgres_a_rotation_under_an_old_snapshot_loses_no_entry() {
         .map(|j| j.id)
         .collect();
     assert_eq!(taken, vec![id], "the waiting job, claimable");
+}
+
+/// A caller's READ COMMITTED transaction enqueues (a plain job and a limited one), cancels a
+/// waiting job and replaces another's due time, and stays open while rotations are tried on
+/// another connection (on PostgreSQL, after the enqueues, the two that leave the slot of its
+/// entries alone run, and the one that would empty it gives up, not waits; after the cancel
+/// none runs: its delete holds every slot) and, on PostgreSQL, a claim runs (it must neither wait for the
+/// caller nor take the jobs it holds). After the commit, more rotations: the ring is exact,
+/// and a drain claims exactly the waiting jobs, once each. (It fails if a rotation or a
+/// claim waited for the caller: the test hangs and is stopped; if a rotation truncated an
+/// uncommitted entry, or a claim took the cancelled or the replaced job.)
+fn a_callers_open_transaction_across_rotations_loses_nothing(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let mut caller = db.connect();
+    let enqueue = |conn: &mut AnyConnection, job: NewJob| jobs::enqueue(conn, &job).unwrap().id;
+    let doomed = enqueue(&mut conn, NewJob::new("q", "a", vec![]));
+    let keyed = NewJob::new("q", "a", vec![]).dedup_key("d");
+    let replaced = enqueue(&mut conn, keyed.clone());
+    let free = enqueue(&mut conn, NewJob::new("q", "b", vec![]).priority(-1));
+    let (plain, limited) = caller
+        .transaction::<_, Error, _>(|c| {
+            let plain = jobs::enqueue(c, &NewJob::new("q", "a", vec![]))?.id;
+            let limited = jobs::enqueue(c, &NewJob::new("q", "b", vec![]).limit("k", 1))?.id;
+            // Its new entries hold one slot: the two rotations that leave it alone run, the
+            // third, which would empty it, gives up.
+            let mut rotated = 0;
+            for _ in 0..12 {
+                if jobs::rotate_ready(&mut conn, NO_WAIT).unwrap().is_some() {
+                    rotated += 1;
+                }
+            }
+            if backend == Backend::Postgres {
+                assert_eq!(rotated, 2, "rotations beside the open enqueues");
+            }
+            assert!(jobs::cancel(c, doomed)?);
+            let later = keyed
+                .clone()
+                .delay(Duration::from_secs(600))
+                .on_duplicate(OnDuplicate::Replace);
+            assert!(jobs::enqueue(c, &later)?.updated);
+            // Its deletes of entries hold every slot: no rotation now, none waits.
+            for _ in 0..6 {
+                assert_eq!(jobs::rotate_ready(&mut conn, NO_WAIT).unwrap(), None);
+            }
+            if backend == Backend::Postgres {
+                let taken: Vec<i64> = jobs::claim(&mut conn, "q", 10, TTL)
+                    .unwrap()
+                    .iter()
+                    .map(|j| j.id)
+                    .collect();
+                assert_eq!(taken, vec![free], "only the job the caller does not hold");
+            }
+            Ok((plain, limited))
+        })
+        .unwrap();
+    for _ in 0..6 {
+        jobs::rotate_ready(&mut conn, NO_WAIT).unwrap();
+    }
+    assert_ring_exact(&mut conn, backend, "after the caller committed");
+    let mut taken = Vec::new();
+    loop {
+        let batch = jobs::claim(&mut conn, "q", 10, TTL).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        taken.extend(batch.iter().map(|j| j.id));
+        jobs::complete(&mut conn, &claims(&batch)).unwrap();
+        jobs::rotate_ready(&mut conn, NO_WAIT).unwrap();
+    }
+    taken.sort_unstable();
+    let mut expected = vec![plain, limited];
+    if backend != Backend::Postgres {
+        expected.push(free);
+    }
+    expected.sort_unstable();
+    assert_eq!(
+        taken, expected,
+        "{backend}: the jobs due now, once each (not the cancelled {doomed}, not the replaced {replaced})"
+    );
+    assert_ring_exact(&mut conn, backend, "after the drain");
+    assert_eq!(
+        jobs::get(&mut conn, replaced).unwrap().unwrap().state,
+        jobs::JobState::Waiting
+    );
+}
+
+/// A rotator as fast as it can go beside three claimers (two of kinds `a` and `b`, one of
+/// any kind) over 600 jobs of kinds `a`, `b` and `c`, every third limited to two running on
+/// key `k`, while each job's first claim gives it back or snoozes it a few milliseconds
+/// (one in three each: it waits again, entering the ring while rotations move it), and a
+/// canceller cancels every tenth job (at once if it waits, else asks). Each job ends done
+/// once (or cancelled, only if asked), never claimed by two claimers at once, never more
+/// than two of key `k` running, none left waiting, and (PostgreSQL) the ring ends exact.
+fn rotations_racing_limited_and_kind_claims_and_returns_keep_every_promise(backend: Backend) {
+    const JOBS: usize = 600;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let batch: Vec<NewJob> = (0..JOBS)
+        .map(|i| {
+            let job = NewJob::new("lk", ["a", "b", "c"][i % 3], vec![]);
+            if i % 3 == 1 { job.limit("k", 2) } else { job }
+        })
+        .collect();
+    let ids: Vec<i64> = jobs::enqueue_many(&mut conn, &batch)
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let rotations = Arc::new(AtomicUsize::new(0));
+    let rotator = {
+        let (mut conn, stop, rotations) = (db.connect(), stop.clone(), rotations.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                if jobs::rotate_ready(&mut conn, NO_WAIT)
+                    .expect("a rotation must not fail")
+                    .is_some()
+                {
+                    rotations.fetch_add(1, Ordering::SeqCst);
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let canceller = {
+        let (mut conn, ids) = (db.connect(), ids.clone());
+        std::thread::spawn(move || {
+            let mut asked = Vec::new();
+            for id in ids.iter().step_by(10) {
+                if jobs::cancel(&mut conn, *id).expect("cancel must not fail") {
+                    asked.push(*id);
+                }
+                std::thread::sleep(Duration::from_millis(3));
+            }
+            asked
+        })
+    };
+    let returned: Arc<Mutex<std::collections::HashSet<i64>>> = Arc::default();
+    let holding: Arc<Mutex<std::collections::HashSet<i64>>> = Arc::default();
+    let completions: Arc<Mutex<HashMap<i64, Vec<Outcome>>>> = Arc::default();
+    let claimers: Vec<_> = (0..3)
+        .map(|n| {
+            let mut conn = db.connect();
+            let (returned, holding, completions) =
+                (returned.clone(), holding.clone(), completions.clone());
+            std::thread::spawn(move || {
+                let give_up = Clock::now() + Duration::from_secs(60);
+                let mut empty = 0;
+                while Clock::now() < give_up && empty < 30 {
+                    let batch = if n < 2 {
+                        jobs::claim_kinds(&mut conn, "lk", &["a", "b"], 5, TTL)
+                    } else {
+                        jobs::claim(&mut conn, "lk", 5, TTL)
+                    }
+                    .expect("claim must not fail");
+                    if batch.is_empty() {
+                        empty += 1;
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                    empty = 0;
+                    for job in &batch {
+                        assert!(
+                            holding.lock().unwrap().insert(job.id),
+                            "job {} claimed while another claimer held it",
+                            job.id
+                        );
+                        if n < 2 {
+                            assert_ne!(job.kind, "c", "a claim of kinds a and b took a c");
+                        }
+                    }
+                    let running_k = count(
+                        &mut conn,
+                        "SELECT COUNT(*) AS n FROM tenure_jobs \
+                         WHERE state = 'running' AND limit_key = 'k'",
+                    );
+                    assert!(running_k <= 2, "{running_k} jobs of key k running");
+                    let mut done = Vec::new();
+                    for job in &batch {
+                        let first = returned.lock().unwrap().insert(job.id);
+                        holding.lock().unwrap().remove(&job.id);
+                        match (first, job.id % 3) {
+                            (true, 0) => {
+                                jobs::give_back(&mut conn, &[job.claim()]).unwrap();
+                            }
+                            (true, 1) => {
+                                jobs::snooze(&mut conn, job.claim(), Duration::from_millis(5))
+                                    .unwrap();
+                            }
+                            _ => done.push(job),
+                        }
+                    }
+                    if done.is_empty() {
+                        continue;
+                    }
+                    let finished: Vec<JobClaim> = done.iter().map(|j| j.claim()).collect();
+                    let outcomes = jobs::complete(&mut conn, &finished).unwrap();
+                    let mut map = completions.lock().unwrap();
+                    for (job, outcome) in done.iter().zip(outcomes) {
+                        map.entry(job.id).or_default().push(outcome);
+                    }
+                }
+            })
+        })
+        .collect();
+    let asked = canceller.join().unwrap();
+    for claimer in claimers {
+        claimer.join().unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    rotator.join().unwrap();
+    let completions = completions.lock().unwrap();
+    for id in &ids {
+        let state = jobs::get(&mut conn, *id).unwrap().unwrap().state;
+        match completions.get(id).map(Vec::as_slice) {
+            Some([Outcome::Done]) => assert_eq!(state, jobs::JobState::Completed, "job {id}"),
+            Some([Outcome::Cancelled]) => assert!(asked.contains(id), "job {id}: never asked"),
+            None => {
+                assert!(asked.contains(id), "job {id} never completed: {state:?}");
+                assert_eq!(state, jobs::JobState::Cancelled, "job {id}");
+            }
+            Some(other) => panic!("job {id}: {other:?}"),
+        }
+    }
+    let rotated = rotations.load(Ordering::SeqCst);
+    println!(
+        "{backend}: {} jobs done, {} cancelled, {rotated} rotations",
+        completions.len(),
+        asked.len()
+    );
+    if backend == Backend::Postgres {
+        assert!(rotated >= 10, "only {rotated} rotations raced the claims");
+    }
+    assert_ring_exact(&mut conn, backend, "after the race");
+}
+
+/// PostgreSQL: a rotation whose connection is killed before its commit (a worker's process
+/// killed mid-rotation) rolls back, all but the generation's sequence, which `setval` moves
+/// outside the transaction: the sequence is then one generation ahead of the ring's row, and
+/// new entries go to the slot the next rotation empties. That rotation must move them (one
+/// of them written by a transaction still open when it is first tried: it gives up, not
+/// waits), every later one too: the ring stays exact, and each job is claimed once.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_a_rotation_killed_before_its_commit_loses_nothing() {
+    let backend = Backend::Postgres;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let mut ids = vec![
+        jobs::enqueue(&mut conn, &NewJob::new("q", "a", vec![]))
+            .unwrap()
+            .id,
+    ];
+    let mut doomed = db.connect();
+    let pid = count(&mut doomed, "SELECT pg_backend_pid()::bigint AS n");
+    doomed
+        .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED; SELECT tenure_rotate_ready(0)")
+        .unwrap();
+    diesel::sql_query(format!("SELECT pg_terminate_backend({pid})"))
+        .execute(&mut conn)
+        .unwrap();
+    drop(doomed);
+    let ahead = count(
+        &mut conn,
+        "SELECT (SELECT last_value FROM tenure_ready_generation) \
+         - (SELECT generation FROM tenure_ready_ring) AS n",
+    );
+    println!("the sequence is {ahead} generation(s) ahead of the ring after the kill");
+    assert_ring_exact(&mut conn, backend, "after the killed rotation");
+    ids.push(
+        jobs::enqueue(&mut conn, &NewJob::new("q", "a", vec![]))
+            .unwrap()
+            .id,
+    );
+    let mut writer = db.connect();
+    let open = writer
+        .transaction::<_, Error, _>(|w| {
+            let id = jobs::enqueue(w, &NewJob::new("q", "a", vec![]))?.id;
+            // The next rotation would empty the slot this entry is in.
+            assert_eq!(jobs::rotate_ready(&mut conn, NO_WAIT).unwrap(), None);
+            Ok(id)
+        })
+        .unwrap();
+    ids.push(open);
+    for round in 0..4 {
+        jobs::rotate_ready(&mut conn, NO_WAIT).unwrap();
+        assert_ring_exact(&mut conn, backend, &format!("after rotation {round}"));
+    }
+    let mut taken = Vec::new();
+    loop {
+        let batch = jobs::claim(&mut conn, "q", 10, TTL).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        taken.extend(batch.iter().map(|j| j.id));
+        jobs::complete(&mut conn, &claims(&batch)).unwrap();
+    }
+    taken.sort_unstable();
+    assert_eq!(taken, ids, "each job once");
 }
