@@ -27,6 +27,7 @@ conformance!(
     a_rotation_refuses_an_interval_out_of_range,
     a_callers_open_transaction_across_rotations_loses_nothing,
     rotations_racing_limited_and_kind_claims_and_returns_keep_every_promise,
+    the_ring_follows_parked_jobs_workflows_schedules_and_bulk_retries,
 );
 
 const TTL: Duration = Duration::from_secs(60);
@@ -1022,4 +1023,102 @@ fn postgres_a_rotation_killed_before_its_commit_loses_nothing() {
     }
     taken.sort_unstable();
     assert_eq!(taken, ids, "each job once");
+}
+
+/// The paths the first exactness test leaves out, each followed by a rotation and a check:
+/// parked jobs (enqueued parked, resumed, failed into a retry, completed, expired),
+/// workflows (enqueued blocked, cancelled with their callbacks; a step dead, its dependents
+/// settled and its callback released; the dead step retried by kind), a schedule's tick
+/// (keyed enqueues), then a drain: every waiting job claimed once, the ring empty of them.
+fn the_ring_follows_parked_jobs_workflows_schedules_and_bulk_retries(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let check = |conn: &mut AnyConnection, what: &str| {
+        jobs::rotate_ready(conn, NO_WAIT).unwrap();
+        assert_ring_exact(conn, backend, what);
+    };
+    let hour = Duration::from_secs(3600);
+    let parked: Vec<_> = (0..4)
+        .map(|i| {
+            let deadline = if i == 3 { Duration::ZERO } else { hour };
+            jobs::enqueue_parked(&mut conn, &NewJob::new("p", "a", vec![]), deadline).unwrap()
+        })
+        .collect();
+    check(&mut conn, "after parked enqueues");
+    jobs::resume_parked(&mut conn, &parked[0].token, None).unwrap();
+    check(&mut conn, "after a resume");
+    jobs::fail_parked(&mut conn, &parked[1].token, "declined").unwrap();
+    check(&mut conn, "after a parked job failed into a retry");
+    jobs::complete_parked(&mut conn, &parked[2].token, None).unwrap();
+    check(&mut conn, "after a parked job completed");
+    assert_eq!(
+        jobs::expire_parked(&mut conn, 10).unwrap(),
+        vec![parked[3].id]
+    );
+    check(&mut conn, "after a parked job expired");
+    let workflow = |name: &str| {
+        let mut w = jobs::Workflow::new(name);
+        let first = w.add(NewJob::new(name, "a", vec![]));
+        w.add(NewJob::new(name, "a", vec![]));
+        w.add_after(&[first], NewJob::new(name, "b", vec![]));
+        w.on_finish(NewJob::new(name, "c", vec![]));
+        w
+    };
+    let cancelled = jobs::enqueue_workflow(&mut conn, &workflow("w1")).unwrap();
+    check(&mut conn, "after a workflow enqueued");
+    assert!(jobs::cancel_workflow(&mut conn, cancelled.id).unwrap() > 0);
+    check(&mut conn, "after a workflow cancelled");
+    jobs::enqueue_workflow(&mut conn, &workflow("w2")).unwrap();
+    for job in jobs::claim_kinds(&mut conn, "w2", &["a"], 10, TTL).unwrap() {
+        jobs::fail(&mut conn, job.claim(), "dead", Retry::Never).unwrap();
+    }
+    check(&mut conn, "after a workflow's steps died");
+    assert_eq!(jobs::retry_dead_of_kind(&mut conn, "w2", "a").unwrap(), 2);
+    check(&mut conn, "after the dead steps retried by kind");
+    tenure::schedules::upsert(
+        &mut conn,
+        &tenure::schedules::Schedule::every(
+            "s",
+            Duration::from_secs(1),
+            NewJob::new("s", "a", vec![]),
+        ),
+    )
+    .unwrap();
+    tenure::schedules::tick(&mut conn).unwrap();
+    check(&mut conn, "after a schedule's tick");
+    let mut claimed: HashMap<i64, usize> = HashMap::new();
+    for queue in ["p", "w1", "w2", "s"] {
+        loop {
+            let batch = jobs::claim(&mut conn, queue, 10, TTL).unwrap();
+            if batch.is_empty() {
+                break;
+            }
+            for job in &batch {
+                *claimed.entry(job.id).or_default() += 1;
+            }
+            jobs::complete(&mut conn, &claims(&batch)).unwrap();
+            check(&mut conn, &format!("while draining {queue}"));
+        }
+    }
+    let twice: Vec<_> = claimed.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "{backend}: claimed twice: {twice:?}");
+    let left: Vec<Entry> = diesel::sql_query(
+        "SELECT id, queue, kind, priority, '' AS due, limit_key FROM tenure_jobs \
+         WHERE state = 'waiting' ORDER BY id",
+    )
+    .load(&mut conn)
+    .unwrap();
+    println!("{backend}: left waiting {left:?}");
+    assert_eq!(
+        count(
+            &mut conn,
+            &format!(
+                "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'waiting' \
+                 AND id NOT IN ({}, {})",
+                parked[1].id, parked[3].id
+            )
+        ),
+        0,
+        "{backend}: a job left waiting (but the failed and the expired parked ones, in their backoff)"
+    );
 }
