@@ -28,6 +28,7 @@ conformance!(
     a_callers_open_transaction_across_rotations_loses_nothing,
     rotations_racing_limited_and_kind_claims_and_returns_keep_every_promise,
     the_ring_follows_parked_jobs_workflows_schedules_and_bulk_retries,
+    replacing_duplicates_racing_rotations_and_claims_never_run_a_job_early,
 );
 
 const TTL: Duration = Duration::from_secs(60);
@@ -1121,4 +1122,78 @@ fn the_ring_follows_parked_jobs_workflows_schedules_and_bulk_retries(backend: Ba
         0,
         "{backend}: a job left waiting (but the failed and the expired parked ones, in their backoff)"
     );
+}
+
+/// Replacing duplicates (OnDuplicate::Replace and KeepEarlierDue, each moving a waiting job's
+/// due time to now or ten minutes on) race a rotator and two claimers on 20 keys: no job is
+/// ever claimed before the due time it has when claimed (an entry left with an old due time
+/// would be), none twice at once, and the ring ends exact.
+fn replacing_duplicates_racing_rotations_and_claims_never_run_a_job_early(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let stop = Arc::new(AtomicBool::new(false));
+    let rotator = {
+        let (mut conn, stop) = (db.connect(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                jobs::rotate_ready(&mut conn, NO_WAIT).expect("a rotation must not fail");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let replacer = {
+        let mut conn = db.connect();
+        std::thread::spawn(move || {
+            for i in 0..400u32 {
+                let delay = if i % 3 == 0 {
+                    Duration::ZERO
+                } else {
+                    Duration::from_secs(600)
+                };
+                let mode = if i % 5 == 0 {
+                    OnDuplicate::KeepEarlierDue
+                } else {
+                    OnDuplicate::Replace
+                };
+                let job = NewJob::new("rd", "a", vec![])
+                    .dedup_key(format!("k{}", i % 20))
+                    .delay(delay)
+                    .on_duplicate(mode);
+                jobs::enqueue(&mut conn, &job).expect("enqueue must not fail");
+            }
+        })
+    };
+    let claimers: Vec<_> = (0..2)
+        .map(|_| {
+            let (mut conn, stop) = (db.connect(), stop.clone());
+            std::thread::spawn(move || {
+                let mut taken = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let batch = jobs::claim(&mut conn, "rd", 5, TTL).expect("claim must not fail");
+                    for job in &batch {
+                        assert!(
+                            job.due_at <= job.claimed_at,
+                            "job {} claimed at {} before its due time {}",
+                            job.id,
+                            job.claimed_at,
+                            job.due_at
+                        );
+                    }
+                    taken += batch.len();
+                    if !batch.is_empty() {
+                        jobs::complete(&mut conn, &claims(&batch)).expect("complete must not fail");
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                taken
+            })
+        })
+        .collect();
+    replacer.join().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::SeqCst);
+    let taken: usize = claimers.into_iter().map(|c| c.join().unwrap()).sum();
+    rotator.join().unwrap();
+    let mut conn = db.connect();
+    println!("{backend}: {taken} jobs claimed");
+    assert_ring_exact(&mut conn, backend, "after the replacing duplicates");
 }
