@@ -45,11 +45,21 @@ END $$;
 -- statement that makes jobs running, deletes the entries it took itself, in one statement
 -- (`claim_forget`): no other statement of tenure's makes a job running (tenure_jobs is
 -- read-only to applications, README's schema contract).
+-- A waiting job's entry not found: a rotation moved it after the snapshot of a caller's
+-- REPEATABLE READ or SERIALIZABLE transaction (the copy is too new to see, the slot it left
+-- truncated). Deleting nothing would leave the copy listing a job that no longer waits, for
+-- a claim to take (claims trust the ring); the transaction fails instead, as for any row
+-- changed since its snapshot. (A READ COMMITTED statement waits for the rotation's slot
+-- lock, then reads afresh.)
 CREATE FUNCTION tenure_ready_updated() RETURNS trigger LANGUAGE plpgsql
     SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
     IF OLD.state = 'waiting' THEN
         DELETE FROM tenure_ready WHERE id = OLD.id;
+        IF NOT FOUND AND current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'could not serialize access due to a concurrent rotation of the ready ring (job %)', OLD.id
+                USING ERRCODE = 'serialization_failure';
+        END IF;
     END IF;
     IF NEW.state = 'waiting' THEN
         INSERT INTO tenure_ready (slot, id, queue, kind, priority, due_at, limit_key)
@@ -64,6 +74,10 @@ CREATE FUNCTION tenure_ready_deleted() RETURNS trigger LANGUAGE plpgsql
     SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
     DELETE FROM tenure_ready WHERE id = OLD.id;
+    IF NOT FOUND AND current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'could not serialize access due to a concurrent rotation of the ready ring (job %)', OLD.id
+            USING ERRCODE = 'serialization_failure';
+    END IF;
     RETURN NULL;
 END $$;
 
@@ -106,9 +120,9 @@ INSERT INTO tenure_ready_ring (generation, rotated_at) VALUES (0, statement_time
 -- and is truncated, and the generation moves on, in the caller's transaction. Returns how
 -- many entries moved; -1 when not due or another rotation holds the rotation lock ("tenure.r"
 -- as a transaction advisory lock); -2 when another transaction uses the slot; -3 when more
--- than 10,000 entries still wait in it (a backlog, jobs due later): moving them would hold
--- every claim behind the slot's lock for as long, so the ring waits until claims have taken
--- them (the backlog's oldest entries are the first claimed).
+-- than 2,000 entries still wait in it (a backlog, jobs due later): moving them holds every
+-- claim behind the slot's lock for as long (100,000 took 849 ms), so the ring waits until
+-- claims have taken them (the backlog's oldest entries are the first claimed).
 CREATE FUNCTION tenure_rotate_ready(min_interval_us bigint) RETURNS bigint LANGUAGE plpgsql
     SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
@@ -116,6 +130,13 @@ DECLARE
     oldest text;
     moved bigint;
 BEGIN
+    -- Each statement must read afresh, after the slot's lock (READ COMMITTED, which
+    -- `rotate_ready` begins): a copy under an older snapshot (REPEATABLE READ, SERIALIZABLE)
+    -- would miss the entries committed since, and the truncate would remove them.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'tenure_rotate_ready needs a READ COMMITTED transaction, not %',
+            current_setting('transaction_isolation') USING ERRCODE = 'invalid_transaction_state';
+    END IF;
     IF NOT pg_try_advisory_xact_lock(8387231331756879474) THEN
         RETURN -1;
     END IF;
@@ -125,9 +146,9 @@ BEGIN
         RETURN -1;
     END IF;
     oldest := 'tenure_ready_' || ((current_generation + 1) % 3);
-    EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %I LIMIT 10001) AS waiting', oldest)
+    EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %I LIMIT 2001) AS waiting', oldest)
         INTO moved;
-    IF moved > 10000 THEN
+    IF moved > 2000 THEN
         RETURN -3;
     END IF;
     BEGIN

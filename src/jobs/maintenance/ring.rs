@@ -25,7 +25,7 @@ const LOCK_TRIES: u32 = 10;
 /// One rotation, if due (the migration's `tenure_rotate_ready`: it runs as the owner who
 /// migrated, so that an application user with row privileges alone may rotate). Returns the
 /// entries moved, -1 when not due or another rotation runs, -2 when the slot is busy, -3
-/// when more than 10,000 entries wait in it (moving them would hold claims up as long).
+/// when more than 2,000 entries wait in it (moving them would hold claims up as long).
 #[cfg(feature = "postgres")]
 const ROTATE: &str = "SELECT tenure_rotate_ready(?) AS n";
 
@@ -40,12 +40,13 @@ struct N {
 /// least `min_interval` old by the database's clock. Returns how many waiting jobs' entries
 /// moved to the current slot, or `None` when nothing was done: not due yet, another rotation
 /// running, the slot busy (a transaction still uses it: tried again at the next call), more
-/// than 10,000 jobs still waiting in it (a backlog: the ring waits for claims to take them
+/// than 2,000 jobs still waiting in it (a backlog: the ring waits for claims to take them
 /// rather than hold every claim while it moves them), or a backend without a ring (SQLite,
 /// MySQL/MariaDB). A worker calls it every second; a
 /// program that claims without a worker ([`crate::jobs::claim`]) should too, from one place
 /// (any number of callers is safe: one rotation at a time, the others return `None`).
-/// Needs a bare connection.
+/// Needs a bare connection. A `min_interval` longer than [`crate::MAX_TTL`] is
+/// [`crate::Error::InvalidInput`].
 ///
 /// ```
 /// # fn main() -> Result<(), tenure::Error> {
@@ -60,6 +61,15 @@ pub fn rotate_ready<C: TenureConnection>(
     conn: &mut C,
     min_interval: Duration,
 ) -> Result<Option<u64>> {
+    if min_interval > crate::MAX_TTL {
+        return Err(crate::Error::invalid(
+            "min_interval",
+            format!(
+                "{min_interval:?} is longer than {} days",
+                crate::MAX_TTL.as_secs() / 86400
+            ),
+        ));
+    }
     let micros = i64::try_from(min_interval.as_micros())
         .map_err(|_| crate::Error::invalid("min_interval", "too long"))?;
     dispatch!(conn, c => c.rotate(micros))

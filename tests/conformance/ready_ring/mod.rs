@@ -1,0 +1,342 @@
+//! The ready ring (PostgreSQL's storage for what claims read, docs/storage-design.md): it
+//! lists exactly the waiting jobs whatever changed them (here), its rotations lose and
+//! duplicate nothing while claims, enqueues and cancels race them and reclaim the claims' dead
+//! entries under a held snapshot ([`rotations`]), and callers' own transactions across
+//! rotations never leave an entry behind nor lose one ([`transactions`]). On SQLite and
+//! MySQL/MariaDB, which claim from `tenure_jobs`, a rotation does nothing and the same races
+//! hold.
+
+mod rotations;
+mod transactions;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use tenure::jobs::{self, JobClaim, NewJob, OnDuplicate, Retry};
+use tenure::{AnyConnection, Backend};
+
+use crate::common::{TestDb, conformance, count};
+
+conformance!(
+    the_ring_lists_exactly_the_waiting_jobs,
+    the_ring_follows_parked_jobs_workflows_schedules_and_bulk_retries,
+);
+
+pub(super) const TTL: Duration = Duration::from_secs(60);
+pub(super) const NO_WAIT: Duration = Duration::ZERO;
+
+pub(super) fn claims(jobs: &[jobs::ClaimedJob]) -> Vec<JobClaim> {
+    jobs.iter().map(|j| j.claim()).collect()
+}
+
+#[derive(QueryableByName, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Entry {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    id: i64,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    queue: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    kind: String,
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    priority: i32,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    due: String,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    limit_key: Option<String>,
+}
+
+/// PostgreSQL: the ring's entries and the waiting jobs agree, one entry per waiting job with
+/// its claim columns; elsewhere there is no ring and a rotation does nothing.
+pub(super) fn assert_ring_exact(conn: &mut AnyConnection, backend: Backend, context: &str) {
+    if backend != Backend::Postgres {
+        assert_eq!(
+            jobs::rotate_ready(conn, NO_WAIT).unwrap(),
+            None,
+            "{context}"
+        );
+        return;
+    }
+    let read = |conn: &mut AnyConnection, table: &str, filter: &str| -> Vec<Entry> {
+        let sql = format!(
+            "SELECT id, queue, kind, priority, due_at::text AS due, limit_key FROM {table} \
+             {filter} ORDER BY id"
+        );
+        diesel::sql_query(&sql)
+            .load(conn)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    };
+    let ring = read(conn, "tenure_ready", "");
+    let waiting = read(conn, "tenure_jobs", "WHERE state = 'waiting'");
+    assert_eq!(
+        ring, waiting,
+        "{context}: the ring differs from the waiting jobs"
+    );
+}
+
+/// Every way a job starts or stops waiting, or changes what a claim reads of it while it
+/// waits: the ring follows each, on its own and in bulk.
+fn the_ring_lists_exactly_the_waiting_jobs(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let check = |conn: &mut AnyConnection, what: &str| assert_ring_exact(conn, backend, what);
+    jobs::enqueue(&mut conn, &NewJob::new("q", "a", vec![1])).unwrap();
+    let later = jobs::enqueue(
+        &mut conn,
+        &NewJob::new("q", "b", vec![]).delay(Duration::from_secs(600)),
+    )
+    .unwrap()
+    .id;
+    check(&mut conn, "after single enqueues");
+    let bulk: Vec<NewJob> = (0..300)
+        .map(|i| NewJob::new("q", if i % 2 == 0 { "a" } else { "b" }, vec![]).priority(i % 5))
+        .collect();
+    jobs::enqueue_many(&mut conn, &bulk).unwrap();
+    check(&mut conn, "after a bulk enqueue");
+    jobs::enqueue(&mut conn, &NewJob::new("q", "a", vec![]).limit("k", 2)).unwrap();
+    check(&mut conn, "after a limited enqueue");
+    // A duplicate that replaces the waiting job's payload and due time.
+    let dedup = NewJob::new("q", "a", vec![])
+        .dedup_key("d")
+        .delay(Duration::from_secs(60));
+    jobs::enqueue(&mut conn, &dedup).unwrap();
+    let replace = NewJob::new("q", "a", vec![9])
+        .dedup_key("d")
+        .on_duplicate(OnDuplicate::Replace);
+    jobs::enqueue(&mut conn, &replace).unwrap();
+    check(&mut conn, "after a duplicate replaced a waiting job");
+    let claimed = jobs::claim(&mut conn, "q", 40, TTL).unwrap();
+    check(&mut conn, "after a claim");
+    let (done, rest) = claimed.split_at(10);
+    jobs::complete(&mut conn, &claims(done)).unwrap();
+    let (failed, rest) = rest.split_at(10);
+    for job in failed {
+        jobs::fail(
+            &mut conn,
+            job.claim(),
+            "again",
+            Retry::After(Duration::from_secs(5)),
+        )
+        .unwrap();
+    }
+    check(&mut conn, "after retries");
+    let (snoozed, rest) = rest.split_at(10);
+    for job in snoozed {
+        jobs::snooze(&mut conn, job.claim(), Duration::from_secs(30)).unwrap();
+    }
+    let (given_back, rest) = rest.split_at(5);
+    jobs::give_back(&mut conn, &claims(given_back)).unwrap();
+    check(&mut conn, "after snoozes and give-backs");
+    for job in rest {
+        jobs::fail(&mut conn, job.claim(), "dead", Retry::Never).unwrap();
+    }
+    jobs::retry_dead(&mut conn, rest[0].id).unwrap();
+    check(&mut conn, "after dead jobs and a retry of one");
+    assert!(jobs::cancel(&mut conn, later).unwrap());
+    let fresh = jobs::enqueue(&mut conn, &NewJob::new("q", "c", vec![]))
+        .unwrap()
+        .id;
+    assert!(jobs::cancel(&mut conn, fresh).unwrap());
+    check(&mut conn, "after cancels");
+    // A workflow's dependent: blocked (not in the ring) until its dependency completes.
+    let first = jobs::enqueue(&mut conn, &NewJob::new("w", "a", vec![]))
+        .unwrap()
+        .id;
+    let then = jobs::enqueue(
+        &mut conn,
+        &NewJob::new("w", "a", vec![]).depends_on([first]),
+    )
+    .unwrap()
+    .id;
+    check(&mut conn, "with a blocked dependent");
+    let taken = jobs::claim(&mut conn, "w", 1, TTL).unwrap();
+    assert_eq!(taken[0].id, first);
+    jobs::complete(&mut conn, &claims(&taken)).unwrap();
+    check(&mut conn, "after the dependency completed");
+    assert_eq!(jobs::claim(&mut conn, "w", 1, TTL).unwrap()[0].id, then);
+    // A lapsed claim rescued: waiting again.
+    let lapsing = jobs::enqueue(&mut conn, &NewJob::new("r", "a", vec![]))
+        .unwrap()
+        .id;
+    jobs::claim(&mut conn, "r", 1, Duration::from_millis(1)).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let rescued = jobs::rescue(&mut conn, 10).unwrap();
+    assert!(rescued.requeued.contains(&lapsing), "{rescued:?}");
+    check(&mut conn, "after a rescue");
+    // Rotations in between change none of it.
+    for _ in 0..4 {
+        jobs::rotate_ready(&mut conn, NO_WAIT).unwrap();
+    }
+    check(&mut conn, "after rotations");
+    // A waiting job deleted by hand leaves the ring too.
+    let doomed = jobs::enqueue(&mut conn, &NewJob::new("q", "d", vec![]))
+        .unwrap()
+        .id;
+    diesel::sql_query(format!("DELETE FROM tenure_jobs WHERE id = {doomed}"))
+        .execute(&mut conn)
+        .unwrap();
+    check(&mut conn, "after a delete");
+}
+
+/// The paths the first exactness test leaves out, each followed by a rotation and a check:
+/// parked jobs (enqueued parked, resumed, failed into a retry, completed, expired),
+/// workflows (enqueued blocked, cancelled with their callbacks; a step dead, its dependents
+/// settled and its callback released; the dead step retried by kind), a schedule's tick
+/// (keyed enqueues), then a drain: every waiting job claimed once, the ring empty of them.
+fn the_ring_follows_parked_jobs_workflows_schedules_and_bulk_retries(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let check = |conn: &mut AnyConnection, what: &str| {
+        jobs::rotate_ready(conn, NO_WAIT).unwrap();
+        assert_ring_exact(conn, backend, what);
+    };
+    let hour = Duration::from_secs(3600);
+    let parked: Vec<_> = (0..4)
+        .map(|i| {
+            let deadline = if i == 3 { Duration::ZERO } else { hour };
+            jobs::enqueue_parked(&mut conn, &NewJob::new("p", "a", vec![]), deadline).unwrap()
+        })
+        .collect();
+    check(&mut conn, "after parked enqueues");
+    jobs::resume_parked(&mut conn, &parked[0].token, None).unwrap();
+    check(&mut conn, "after a resume");
+    jobs::fail_parked(&mut conn, &parked[1].token, "declined").unwrap();
+    check(&mut conn, "after a parked job failed into a retry");
+    jobs::complete_parked(&mut conn, &parked[2].token, None).unwrap();
+    check(&mut conn, "after a parked job completed");
+    assert_eq!(
+        jobs::expire_parked(&mut conn, 10).unwrap(),
+        vec![parked[3].id]
+    );
+    check(&mut conn, "after a parked job expired");
+    let workflow = |name: &str| {
+        let mut w = jobs::Workflow::new(name);
+        let first = w.add(NewJob::new(name, "a", vec![]));
+        w.add(NewJob::new(name, "a", vec![]));
+        w.add_after(&[first], NewJob::new(name, "b", vec![]));
+        w.on_finish(NewJob::new(name, "c", vec![]));
+        w
+    };
+    let cancelled = jobs::enqueue_workflow(&mut conn, &workflow("w1")).unwrap();
+    check(&mut conn, "after a workflow enqueued");
+    assert!(jobs::cancel_workflow(&mut conn, cancelled.id).unwrap() > 0);
+    check(&mut conn, "after a workflow cancelled");
+    jobs::enqueue_workflow(&mut conn, &workflow("w2")).unwrap();
+    for job in jobs::claim_kinds(&mut conn, "w2", &["a"], 10, TTL).unwrap() {
+        jobs::fail(&mut conn, job.claim(), "dead", Retry::Never).unwrap();
+    }
+    check(&mut conn, "after a workflow's steps died");
+    assert_eq!(jobs::retry_dead_of_kind(&mut conn, "w2", "a").unwrap(), 2);
+    check(&mut conn, "after the dead steps retried by kind");
+    tenure::schedules::upsert(
+        &mut conn,
+        &tenure::schedules::Schedule::every(
+            "s",
+            Duration::from_secs(1),
+            NewJob::new("s", "a", vec![]),
+        ),
+    )
+    .unwrap();
+    tenure::schedules::tick(&mut conn).unwrap();
+    check(&mut conn, "after a schedule's tick");
+    let mut claimed: HashMap<i64, usize> = HashMap::new();
+    for queue in ["p", "w1", "w2", "s"] {
+        loop {
+            let batch = jobs::claim(&mut conn, queue, 10, TTL).unwrap();
+            if batch.is_empty() {
+                break;
+            }
+            for job in &batch {
+                *claimed.entry(job.id).or_default() += 1;
+            }
+            jobs::complete(&mut conn, &claims(&batch)).unwrap();
+            check(&mut conn, &format!("while draining {queue}"));
+        }
+    }
+    let twice: Vec<_> = claimed.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "{backend}: claimed twice: {twice:?}");
+    let left: Vec<Entry> = diesel::sql_query(
+        "SELECT id, queue, kind, priority, '' AS due, limit_key FROM tenure_jobs \
+         WHERE state = 'waiting' ORDER BY id",
+    )
+    .load(&mut conn)
+    .unwrap();
+    println!("{backend}: left waiting {left:?}");
+    assert_eq!(
+        count(
+            &mut conn,
+            &format!(
+                "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'waiting' \
+                 AND id NOT IN ({}, {})",
+                parked[1].id, parked[3].id
+            )
+        ),
+        0,
+        "{backend}: a job left waiting (but the failed and the expired parked ones, in their backoff)"
+    );
+}
+
+/// PostgreSQL: a live database migrated to the ring keeps every job, and the ring lists its
+/// waiting ones exactly: jobs in every state are written under the layout before it (the
+/// ring's migration reverted by its own `down.sql`), then the migration runs again.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_a_live_database_migrates_into_the_ring() {
+    let backend = Backend::Postgres;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    conn.batch_execute(include_str!(
+        "../../../migrations/postgres/tenure-0045_ready_ring/down.sql"
+    ))
+    .unwrap();
+    let removed =
+        diesel::sql_query("DELETE FROM __diesel_schema_migrations WHERE version LIKE '%0045%'")
+            .execute(&mut conn)
+            .unwrap();
+    assert_eq!(removed, 1, "the ring's migration is on record once");
+    let bulk: Vec<NewJob> = (0..500)
+        .map(|i| NewJob::new("live", "a", vec![]).priority(i % 3))
+        .collect();
+    jobs::enqueue_many(&mut conn, &bulk).unwrap();
+    jobs::enqueue(
+        &mut conn,
+        &NewJob::new("live", "a", vec![]).delay(Duration::from_secs(600)),
+    )
+    .unwrap();
+    // Jobs in other states, written as the layout before the ring left them (its claim
+    // cannot run here: this build's claim reads the ring).
+    conn.batch_execute(
+        "UPDATE tenure_jobs SET state = 'completed', finished_at = now() WHERE id % 10 = 1; \
+         UPDATE tenure_jobs SET state = 'dead', finished_at = now() WHERE id % 10 = 2; \
+         UPDATE tenure_jobs SET due_at = now() + interval '1 minute' WHERE id % 10 = 3",
+    )
+    .unwrap();
+    let waiting_before = count(
+        &mut conn,
+        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'waiting'",
+    );
+    let all_before = count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs");
+    let applied = tenure::run_migrations(&mut conn).unwrap();
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert_ring_exact(&mut conn, backend, "after migrating a live database");
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_ready"),
+        waiting_before
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"),
+        all_before
+    );
+    // The waiting jobs due now drain once each.
+    let mut drained = 0;
+    loop {
+        let batch = jobs::claim(&mut conn, "live", 100, TTL).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        drained += batch.len();
+        jobs::complete(&mut conn, &claims(&batch)).unwrap();
+    }
+    assert_eq!(drained, 350, "the waiting jobs due now, each once");
+}
