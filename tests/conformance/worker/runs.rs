@@ -333,7 +333,7 @@ fn a_cancelled_run_holds_its_limit_until_the_handler_returns(backend: Backend) {
     let worker = Worker::builder(pool.clone())
         .queue("lim")
         .threads(2)
-        .claim_ttl(Duration::from_millis(600))
+        .claim_ttl(Duration::from_secs(3))
         .poll_interval(Duration::from_millis(10))
         .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
             let start = Clock::now();
