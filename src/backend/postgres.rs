@@ -48,7 +48,7 @@ static SYNTAX: Syntax = Syntax {
     claim_lock: " FOR UPDATE OF c, j SKIP LOCKED",
     claim_forget: Some(
         "WITH marked AS ({marked}), forgotten AS (DELETE FROM tenure_ready \
-         WHERE id IN (SELECT id FROM marked)) SELECT * FROM marked",
+         WHERE id = ANY (ARRAY(SELECT id FROM marked))) SELECT * FROM marked",
     ),
     greatest: "GREATEST",
     window_over: "finished_at + dedup_window_micros * interval '1 microsecond' <= {now}",
