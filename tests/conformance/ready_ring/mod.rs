@@ -10,6 +10,8 @@ mod rotations;
 mod transactions;
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
@@ -339,4 +341,27 @@ fn postgres_a_live_database_migrates_into_the_ring() {
         jobs::complete(&mut conn, &claims(&batch)).unwrap();
     }
     assert_eq!(drained, 350, "the waiting jobs due now, each once");
+}
+
+/// A thread rotating the ring on its own connection as often as it can (`pause` between
+/// calls) until `stop`, counting the rotations done; a failed rotation fails the test.
+pub(super) fn spawn_rotator(
+    mut conn: AnyConnection,
+    stop: Arc<AtomicBool>,
+    pause: Duration,
+) -> (std::thread::JoinHandle<()>, Arc<AtomicUsize>) {
+    let rotations = Arc::new(AtomicUsize::new(0));
+    let done = rotations.clone();
+    let thread = std::thread::spawn(move || {
+        while !stop.load(Ordering::SeqCst) {
+            if jobs::rotate_ready(&mut conn, NO_WAIT)
+                .expect("a rotation must not fail")
+                .is_some()
+            {
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+            std::thread::sleep(pause);
+        }
+    });
+    (thread, rotations)
 }

@@ -4,7 +4,7 @@
 //! a rotation killed before its commit; bad input refused.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant as Clock};
 
@@ -13,7 +13,7 @@ use diesel::prelude::*;
 use tenure::jobs::{self, JobClaim, NewJob, Outcome};
 use tenure::{AnyConnection, Backend, Error};
 
-use super::{NO_WAIT, TTL, assert_ring_exact, claims};
+use super::{NO_WAIT, TTL, assert_ring_exact, claims, spawn_rotator};
 use crate::common::{TestDb, conformance, count};
 
 conformance!(
@@ -38,21 +38,7 @@ fn rotations_racing_claims_lose_and_repeat_nothing(backend: Backend) {
     let enqueued_all = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let completions: Arc<Mutex<HashMap<i64, Vec<Outcome>>>> = Arc::default();
-    let rotations = Arc::new(AtomicUsize::new(0));
-    let rotator = {
-        let (mut conn, stop, rotations) = (db.connect(), stop.clone(), rotations.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
-                if jobs::rotate_ready(&mut conn, NO_WAIT)
-                    .expect("a rotation must not fail")
-                    .is_some()
-                {
-                    rotations.fetch_add(1, Ordering::SeqCst);
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        })
-    };
+    let (rotator, rotations) = spawn_rotator(db.connect(), stop.clone(), Duration::from_millis(5));
     let enqueuers: Vec<_> = (0..ENQUEUERS)
         .map(|e| {
             let mut conn = db.connect();
@@ -188,21 +174,7 @@ fn rotations_racing_limited_and_kind_claims_and_returns_keep_every_promise(backe
         .map(|e| e.id)
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
-    let rotations = Arc::new(AtomicUsize::new(0));
-    let rotator = {
-        let (mut conn, stop, rotations) = (db.connect(), stop.clone(), rotations.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
-                if jobs::rotate_ready(&mut conn, NO_WAIT)
-                    .expect("a rotation must not fail")
-                    .is_some()
-                {
-                    rotations.fetch_add(1, Ordering::SeqCst);
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        })
-    };
+    let (rotator, rotations) = spawn_rotator(db.connect(), stop.clone(), Duration::from_millis(2));
     let canceller = {
         let (mut conn, ids) = (db.connect(), ids.clone());
         std::thread::spawn(move || {

@@ -13,7 +13,7 @@ use diesel::prelude::*;
 use tenure::jobs::{self, NewJob, OnDuplicate};
 use tenure::{AnyConnection, Backend, Error};
 
-use super::{NO_WAIT, TTL, assert_ring_exact, claims};
+use super::{NO_WAIT, TTL, assert_ring_exact, claims, spawn_rotator};
 use crate::common::{TestDb, conformance};
 
 conformance!(
@@ -318,15 +318,7 @@ fn a_callers_open_transaction_across_rotations_loses_nothing(backend: Backend) {
 fn replacing_duplicates_racing_rotations_and_claims_never_run_a_job_early(backend: Backend) {
     let db = TestDb::migrated(backend);
     let stop = Arc::new(AtomicBool::new(false));
-    let rotator = {
-        let (mut conn, stop) = (db.connect(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
-                jobs::rotate_ready(&mut conn, NO_WAIT).expect("a rotation must not fail");
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        })
-    };
+    let (rotator, _) = spawn_rotator(db.connect(), stop.clone(), Duration::from_millis(2));
     let replacer = {
         let mut conn = db.connect();
         std::thread::spawn(move || {
