@@ -60,6 +60,7 @@ static SYNTAX: Syntax = Syntax {
     claim_lock: " FOR UPDATE SKIP LOCKED",
     claim_forget: None,
     greatest: "GREATEST",
+    insertion_tiebreak: "name",
     window_over: "finished_at + INTERVAL dedup_window_micros MICROSECOND <= {now}",
     lock_ends_with_process: false,
     rendered: Rendered::new(),

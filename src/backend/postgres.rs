@@ -51,6 +51,7 @@ static SYNTAX: Syntax = Syntax {
          WHERE id = ANY (ARRAY(SELECT id FROM marked))) SELECT * FROM marked",
     ),
     greatest: "GREATEST",
+    insertion_tiebreak: "name",
     window_over: "finished_at + dedup_window_micros * interval '1 microsecond' <= {now}",
     lock_ends_with_process: false,
     rendered: Rendered::new(),

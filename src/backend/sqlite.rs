@@ -41,6 +41,7 @@ static SYNTAX: Syntax = Syntax {
     claim_lock: "",
     claim_forget: None,
     greatest: "MAX",
+    insertion_tiebreak: "rowid",
     window_over: "strftime('%Y-%m-%d %H:%M:%f', finished_at, \
                 printf('%+.3f seconds', dedup_window_micros / 1000000.0)) <= {now}",
     lock_ends_with_process: true,

@@ -81,6 +81,12 @@ pub(crate) struct Syntax {
     /// `{greatest}`: the larger of two values (SQLite's two-argument MAX, GREATEST on the
     /// servers).
     pub greatest: &'static str,
+    /// An ORDER BY tiebreak for rows of one table written at one instant of
+    /// [`Syntax::now`] (today `tenure_steps`): SQLite's clock reads milliseconds, so rows of
+    /// consecutive quick transactions share one, and its rowid keeps their insertion order;
+    /// the servers' clocks read microseconds at each transaction's start, so a later
+    /// transaction's row is later, and the name only orders rows of one transaction.
+    pub insertion_tiebreak: &'static str,
     /// `{window_over}`: a finished job's dedup window is over by the database's clock
     /// (`finished_at + dedup_window_micros <= now`).
     pub window_over: &'static str,

@@ -24,7 +24,6 @@ fn fails(out: &Output, code: i32, words: &[&str]) {
     }
 }
 
-// Found by the attacks on issue 17's promises after the polish pass (SQLite files only; cli/attacks17.rs).
 /// A file that is not a database was "database error: file is not a database", exit 1,
 /// without its path.
 #[test]

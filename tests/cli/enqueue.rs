@@ -37,7 +37,6 @@ fn job_count(url: &str) -> usize {
     list.as_array().unwrap().len()
 }
 
-// Found by the attacks on issue 17's promises after the polish pass (SQLite files only; cli/attacks17.rs).
 /// A shell job /bin/sh can never be started with (a NUL byte in the command or an
 /// environment value, an environment name empty or holding `=`) was enqueued, and retried
 /// 25 times with "nul byte found in provided data".
@@ -73,7 +72,6 @@ fn shell_jobs_that_cannot_start_are_refused() {
     assert!(ok(&url, &["schedules", "list"]).contains("(none)"));
 }
 
-// Found by the attacks on issue 17's promises after the polish pass (SQLite files only; cli/attacks17.rs).
 /// Durations out of the library's range (`--every 0s`, `--delay 367d`, `--older-than
 /// 400d`), `--older-than` without a unit and an unknown `--time-zone` were checked only
 /// after the database was opened: exit 4 on a missing file instead of 2, and messages

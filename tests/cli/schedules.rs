@@ -31,7 +31,6 @@ fn migrated(dir: &Path) -> String {
     url
 }
 
-// Found by the attacks on issue 17's promises after the polish pass (SQLite files only; cli/attacks17.rs).
 /// A cron expression whose date never comes ("0 0 31 2 *") passed the field check and
 /// failed after the database was opened with "no next tick: CronScheduler time search
 /// limit exceeded".
@@ -72,8 +71,7 @@ fn a_cron_expression_that_never_fires_is_refused_first() {
     );
 }
 
-// Found by the attacks on issue 17's promises after the polish pass (SQLite files only;
-// cli/attacks17.rs): `--every 24h` was listed as `every 1d`. Chosen: a schedule keeps a
+// `--every 24h` was once listed as `every 1d`. Chosen: a schedule keeps a
 // Duration, not the text it was given, and the list shows it in the largest exact unit (an
 // equal interval, never a rounded one); keeping the text would need a column for nothing the
 // schedule does.

@@ -209,7 +209,6 @@ fn job_count(url: &str) -> usize {
     list.as_array().unwrap().len()
 }
 
-// Found by the attacks on issue 17's promises after the polish pass (SQLite files only; cli/attacks17.rs).
 /// `--env =VALUE` repeated the value (often a secret) in its error, and so did a shell
 /// payload whose `env` was a string (serde's "invalid type: string \"TOKEN=...\"").
 #[test]
@@ -245,7 +244,6 @@ fn env_values_are_not_repeated_in_errors() {
     assert_eq!(job_count(&url), 0);
 }
 
-// Found by the attacks on issue 17's promises after the polish pass (SQLite files only; cli/attacks17.rs).
 /// A server URL without its scheme (`u:hunter2@localhost/db`) is taken as an SQLite file
 /// path, and the error names that path, password included. Refusing `USER:PASS@HOST` paths
 /// is a heuristic (such a file name is legal) that the library's URL parsing should own.

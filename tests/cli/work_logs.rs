@@ -117,7 +117,6 @@ fn migrated(dir: &Path) -> String {
     url
 }
 
-// Found by the attacks on issue 17's promises after the polish pass (SQLite files only; cli/attacks17.rs).
 /// `tenure work` said its grace period in Debug form ("grace 0ns", "grace 8639999999913600s").
 #[test]
 fn work_says_its_grace_as_given() {

@@ -21,7 +21,6 @@ conformance!(
 const BOUND: Duration = Duration::from_secs(30);
 const TTL: Duration = Duration::from_secs(60);
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// A call that gives up waiting for a row lock (PostgreSQL lock_timeout, MariaDB
 /// innodb_lock_wait_timeout, SQLite busy_timeout) is retryable, and not "outcome unknown":
 /// the connection is fine and nothing was applied.
@@ -101,7 +100,6 @@ fn kill_and_wait(admin: &mut AnyConnection, kill: &str, alive: &str) {
     .expect("the victim never went away");
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// The connection is killed inside a caller's tenure::transaction (after verify and some work),
 /// so the COMMIT is sent on a dead connection: the caller cannot know whether the work
 /// committed, and the error must say so (is_outcome_unknown).
@@ -143,7 +141,6 @@ fn a_commit_on_a_killed_connection_is_outcome_unknown(backend: Backend) {
     );
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// A connection killed while idle, then used by a tenure call: the call fails as outcome
 /// unknown (the client cannot tell how far the statement got).
 fn a_call_on_a_connection_killed_while_idle_is_outcome_unknown(backend: Backend) {

@@ -474,7 +474,6 @@ fn a_panicking_event_hook_neither_wedges_the_worker_nor_loses_runs(backend: Back
     assert_eq!(seen, ids, "the second hook gets every run");
 }
 
-// Found by the round-5 attacks on the kinds claim, snooze, typed jobs, events and tenure::testing (attacks5.rs).
 /// A job snoozed once, then completed: each run's context times are the row's (created,
 /// due, claimed), queue_wait is claimed - due and never negative, and each run's event
 /// carries the same queue_wait and attempt.

@@ -363,7 +363,6 @@ fn a_claim_reports_when_the_job_was_enqueued_and_claimed(backend: Backend) {
     assert_eq!(second.created_at, first.created_at);
 }
 
-// Found by the round-5 attacks on the kinds claim, snooze, typed jobs, events and tenure::testing (attacks5.rs).
 /// Six claimers with overlapping kind sets race on one queue of five kinds (one of which no
 /// claimer takes): every job of a taken kind is claimed exactly once, by a claimer of its
 /// kind, each claim in queue order; the other kind is untouched.
@@ -422,7 +421,6 @@ fn overlapping_kind_sets_race_without_double_claims_or_strangers(backend: Backen
     }
 }
 
-// Found by the round-5 attacks on the kinds claim, snooze, typed jobs, events and tenure::testing (attacks5.rs).
 /// Jobs of three kinds share one limit key (at most 2 running). Claimers of one kind each
 /// and one of all three race, many rounds: never more than 2 running; between rounds the
 /// judge completes what runs.
@@ -474,7 +472,6 @@ fn a_limit_key_shared_by_kinds_holds_across_kinds_and_claimers(backend: Backend)
     );
 }
 
-// Found by the round-5 attacks on the kinds claim, snooze, typed jobs, events and tenure::testing (attacks5.rs).
 /// Kinds that differ by case, a trailing space, an accent, LIKE wildcards, quotes or
 /// backslashes are different kinds; a 255-byte kind and 100 kinds in one claim work; a
 /// repeated kind is harmless; 101 kinds are refused.

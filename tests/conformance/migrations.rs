@@ -6,7 +6,6 @@ use crate::common::{TestDb, conformance};
 
 conformance!(migrations_race_raw_connections_and_version_reads_in_transactions,);
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// Many threads race run_migrations (on connections without session settings) against
 /// schema_version read inside a caller's transaction, on fresh databases.
 fn migrations_race_raw_connections_and_version_reads_in_transactions(backend: Backend) {

@@ -40,7 +40,6 @@ fn settings(backend: Backend, conn: &mut AnyConnection) -> Vec<String> {
         .collect()
 }
 
-// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// `AnyConnection::connect` gives the same session as a pooled connection, through each URL
 /// spelling of the backend (SQLite: plain path, `sqlite://`, `file:` URI), and the values
 /// the docs promise (WAL, 5000 ms, FULL = 2, foreign keys on; MySQL strict and UTC).

@@ -250,7 +250,6 @@ fn run_events() -> (
     })
 }
 
-// Found by the round-5 attacks on the kinds claim, snooze, typed jobs, events and tenure::testing (attacks5.rs).
 /// A job one snooze short of the free ones, with two attempts, that always snoozes: a free
 /// snooze, a paid one (attempt 1 used), then a snooze with no attempt left kills it. The
 /// database says dead: so must the event and the report (not "snoozed").

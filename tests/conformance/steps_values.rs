@@ -1,7 +1,8 @@
 //! Durable steps' values and names (`jobs::run_step`, `JobContext::step`): the value a step
 //! returns to the run that commits it is the value every later run reads back (a value JSON
 //! cannot carry is refused before anything commits, not stored to fail every retry), and
-//! step names are compared byte for byte at every length up to the bound. (Steps in general:
+//! step names are compared byte for byte at every length up to the bound, and steps are
+//! listed in the order they committed. (Steps in general:
 //! `steps`; races: `steps_races`.) Found by the steps attack round.
 
 use std::collections::HashMap;
@@ -19,6 +20,7 @@ conformance!(
     a_value_json_cannot_carry_is_refused_and_commits_nothing,
     odd_step_names_are_distinct_and_exact,
     a_test_context_gives_what_it_keeps,
+    steps_are_listed_in_the_order_they_committed,
 );
 
 fn writes(conn: &mut AnyConnection, job: i64) -> i64 {
@@ -228,4 +230,23 @@ fn a_test_context_gives_what_it_keeps(backend: Backend) {
     );
     let ok: f64 = ctx.step("nan", |_| Ok::<_, JobError>(2.0)).unwrap();
     assert_eq!(ok, 2.0);
+}
+
+/// Forty quick steps, named in descending order, commit within a few of SQLite's
+/// millisecond clock ticks: `jobs::steps` lists them as they committed, not by name among
+/// those of one tick (which CI once showed as `<b>upload</b>` before `fetch`).
+fn steps_are_listed_in_the_order_they_committed(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let claim = claimed(&mut conn);
+    let names: Vec<String> = (0..40).rev().map(|i| format!("step {i:02}")).collect();
+    for name in &names {
+        jobs::run_step(&mut conn, claim, name, |_| Ok::<_, JobError>(1)).unwrap();
+    }
+    let listed: Vec<String> = jobs::steps(&mut conn, claim.id)
+        .unwrap()
+        .into_iter()
+        .map(|step| step.name)
+        .collect();
+    assert_eq!(listed, names);
 }

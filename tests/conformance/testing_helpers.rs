@@ -116,7 +116,6 @@ fn enqueued_and_assert_enqueued_see_waiting_jobs_only(backend: Backend) {
     assert_eq!(testing::enqueued::<Signup, _>(&mut conn).unwrap().len(), 1);
 }
 
-// Found by the round-5 attacks on the kinds claim, snooze, typed jobs, events and tenure::testing (attacks5.rs).
 /// `drain` with a hook that panics: every job still runs and is recorded once.
 fn drain_survives_a_panicking_event_hook(backend: Backend) {
     let db = TestDb::migrated(backend);
@@ -137,7 +136,6 @@ fn drain_survives_a_panicking_event_hook(backend: Backend) {
     assert_eq!(report.completed, 3, "{report:?}");
 }
 
-// Found by the round-5 attacks on the kinds claim, snooze, typed jobs, events and tenure::testing (attacks5.rs).
 /// A handler that enqueues another job every run: drain runs jobs handlers enqueue, and must
 /// also end. The handler stops enqueueing after a safety cap so the test itself ends; the
 /// drain should have stopped (an error, or a report) well before.
@@ -181,7 +179,6 @@ fn drain_ends_when_handlers_enqueue_forever(backend: Backend) {
     assert_eq!(waiting[0].attempt, 0);
 }
 
-// Found by the round-5 attacks on the kinds claim, snooze, typed jobs, events and tenure::testing (attacks5.rs).
 /// `drain` on a pool of one: a hook that reads the database when a run is recorded (a
 /// test checking what it sees) gets a connection too, as handlers do.
 fn a_drain_hook_may_use_a_pool_of_one(backend: Backend) {

@@ -348,7 +348,6 @@ impl JobArgs for Forever {
     const TIMEOUT: Option<Duration> = Some(Duration::MAX);
 }
 
-// Found by the round-5 attacks on the kinds claim, snooze, typed jobs, events and tenure::testing (attacks5.rs).
 /// A type whose TIMEOUT is too long for an `Instant`: either the builder refuses it (a typed
 /// error) or the worker runs it; its heartbeat must keep renewing the claim either way. The
 /// handler waits until it sees its claim renewed (or lapsed: rescued, a lapse counted).
@@ -430,7 +429,6 @@ bad_type!(
     });
 );
 
-// Found by the round-5 attacks on the kinds claim, snooze, typed jobs, events and tenure::testing (attacks5.rs).
 /// Bad consts of a `JobArgs` type are typed errors where they are used (enqueue for the
 /// job's own options, the builder for the worker's), never a panic, and write nothing.
 fn bad_typed_consts_are_typed_errors_and_change_nothing(backend: Backend) {

@@ -75,7 +75,6 @@ fn jobs_of_kind(conn: &mut AnyConnection, kind: &str) -> i64 {
     )
 }
 
-// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// Re-entrancy: inside a tenure transaction on connection A (which holds this process's turn on
 /// SQLite), the same thread writes through connection B to the same database. On SQLite B must
 /// not wait forever for a turn its own thread holds: it fails within its busy timeout (here
@@ -135,7 +134,6 @@ fn a_write_on_a_second_connection_inside_a_transaction_fails_retryably_in_time(b
     assert_eq!(jobs_of_kind(&mut b, "after"), 1);
 }
 
-// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// A holder keeps the turn; a writer with a short busy timeout gives up (leaving the queue),
 /// another with a long one waits. Once the holder commits, the patient writer must get in
 /// promptly (bound 30 s, far below its 120 s busy timeout), and a third writer after it too.
@@ -181,7 +179,6 @@ fn a_timed_out_turn_leaves_the_queue_usable(backend: Backend) {
     });
 }
 
-// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// Inside a tenure transaction on A (the turn's holder), a write on B (busy timeout 300 ms)
 /// says which lock it waited for. Writes that take their turn fail with the turn queue's
 /// message; a write that skips the queue fails with SQLite's own busy error, having waited
@@ -214,7 +211,6 @@ fn schedule_writes_wait_their_turn_like_job_writes(backend: Backend) {
     check_turns(&db, backend, ops);
 }
 
-// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// The same check for the job operations that are single statements (the control: these
 /// take their turn).
 fn job_single_writes_wait_their_turn(backend: Backend) {
@@ -274,7 +270,6 @@ fn check_turns(db: &TestDb, backend: Backend, ops: Vec<(&str, Op)>) {
     );
 }
 
-// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// A thread panics inside a tenure transaction on its own connection (dropped while
 /// unwinding). The next writer (busy timeout 120 s) must get in within 30 s.
 fn a_panic_in_a_transaction_closure_lets_the_next_writer_in(backend: Backend) {
@@ -303,7 +298,6 @@ fn a_panic_in_a_transaction_closure_lets_the_next_writer_in(backend: Backend) {
     );
 }
 
-// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// A panic inside `tenure::transaction` caught by the caller (`catch_unwind`, as a worker
 /// framework or a request handler does), with the connection kept. The turn is released, but
 /// is the transaction? A later `tenure::transaction` + enqueue on the same connection returns
@@ -331,7 +325,6 @@ fn a_caught_panic_leaves_no_transaction_open_on_the_connection(backend: Backend)
     );
 }
 
-// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// SQLite: after a caught panic (connection kept alive, unused), another writer (busy timeout
 /// 120 s) must get in within 30 s. The turn is released on unwind; the write lock of the
 /// still-open BEGIN IMMEDIATE is not. On the servers the writes touch different rows.
@@ -355,7 +348,6 @@ fn a_caught_panic_does_not_keep_the_write_lock(backend: Backend) {
     drop(conn);
 }
 
-// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// Turns are per file: inside a tenure transaction on file X, a write on file Y (busy timeout
 /// 120 s) succeeds at once (bound 30 s). On the servers: two databases, trivially.
 fn two_files_in_one_process_do_not_share_turns(backend: Backend) {
@@ -382,7 +374,6 @@ fn two_files_in_one_process_do_not_share_turns(backend: Backend) {
     .expect("X's transaction");
 }
 
-// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// `:memory:` connections are private databases: no turns, no waits. A shared-cache
 /// in-memory database (`file:NAME?mode=memory&cache=shared`) is one database for several
 /// connections: a write on the second while the first is in a tenure transaction must return
@@ -434,7 +425,6 @@ fn private_and_shared_memory_databases_never_hang(backend: Backend) {
     jobs::enqueue(&mut *b.lock().unwrap(), &job("b2")).expect("B writes once A committed");
 }
 
-// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// Six threads, each on its own connection (busy timeout 30 s), 25 rounds of: claim a job,
 /// then one tenure transaction that enqueues, cancels what it enqueued, and completes the
 /// claim, then a lease take/release and a lone enqueue. No call may fail: with turns no

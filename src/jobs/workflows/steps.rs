@@ -379,8 +379,8 @@ fn stored_for(conn: &mut AnyConnection, claim: JobClaim, name: &str) -> Result<O
     }
 }
 
-/// The completed steps of job `id`, in the order they committed (by name among those of
-/// one instant); empty for a job with none, or no such job.
+/// The completed steps of job `id`, in the order they committed; empty for a job with none,
+/// or no such job.
 ///
 /// ```
 /// # fn main() -> Result<(), tenure::Error> {
@@ -394,7 +394,10 @@ pub fn steps<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Vec<JobStep>>
     Ok(dispatch!(conn, c => {
         tenure_steps::table
             .filter(tenure_steps::job_id.eq(id))
-            .order((tenure_steps::created_at, tenure_steps::name))
+            .order((
+                tenure_steps::created_at,
+                diesel::dsl::sql::<BigInt>(c.syntax().insertion_tiebreak),
+            ))
             .select(JobStep::as_select())
             .load(c)
     })?)

@@ -34,7 +34,6 @@ fn lease_run(url: &str, dir: &Path, args: &[&str]) -> Command {
     command
 }
 
-// Found by the attacks on `tenure lease run` (cli/lease_run_attacks.rs).
 /// Hostile arguments: names at and past the length limit, names with spaces, quotes and
 /// non-ASCII, ttls out of range, a zero grace, a zero wait, a directory and an empty string
 /// as the command, an over-long holder. Accepted ones work and pass the name through exactly;

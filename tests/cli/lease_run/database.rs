@@ -287,7 +287,6 @@ fn lease_run_attack_killed_connections_are_replaced_and_the_lease_kept(backend: 
     assert_eq!(lease_state(url, "conns"), (false, fence));
 }
 
-// Found by the attacks on `tenure lease run` (cli/lease_run_attacks.rs).
 /// The lease's row is locked by someone else's transaction far longer than the ttl, so a
 /// renewal hangs (PostgreSQL: no lock timeout; MariaDB: 50 s; SQLite: the write lock, 5 s
 /// busy timeouts over and over). The guard's local deadline still fires: the command is

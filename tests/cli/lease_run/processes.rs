@@ -65,7 +65,6 @@ fn kill_group(pgid: i64) {
         .status();
 }
 
-// Found by the attacks on `tenure lease run` (cli/lease_run_attacks.rs).
 /// The runner is SIGKILLed (it cannot catch that): its command's whole group dies with it
 /// (the shell by PR_SET_PDEATHSIG, its child `sleep` by the watchdog, which the runner's death
 /// wakes), and the lease is not held forever: a waiting runner takes it once it expired, with
@@ -118,7 +117,6 @@ fn lease_run_attack_sigkilled_runner_kills_its_command_and_the_lease_expires(bac
     assert_eq!(lease_state(url, "killed"), (false, b_fence));
 }
 
-// Found by the attacks on `tenure lease run` (cli/lease_run_attacks.rs).
 /// A command that leaves a double-forked child in its group, and one in a new session
 /// (`setsid`, documented as escaping), then exits: the runner does not hang waiting for
 /// either (stdout and stderr of the escapee are its own), stops the one left in its group,
@@ -159,7 +157,6 @@ fn lease_run_attack_escaping_children_do_not_hang_the_runner(backend: Backend) {
     );
 }
 
-// Found by the attacks on `tenure lease run` (cli/lease_run_attacks.rs).
 /// 20 runs of a command that exits at once, one after another (50 took over nextest's minute
 /// at load 20: three processes a run): each exits 0, leaves the
 /// lease free, and takes the next fence.
@@ -194,7 +191,6 @@ fn lease_run_attack_twenty_quick_runs_release_every_time(backend: Backend) {
     }
 }
 
-// Found by the attacks on `tenure lease run` (cli/lease_run_attacks.rs).
 /// A command that closes its stdin, stdout and stderr at once, and one that writes 20 MB:
 /// the runner neither cares nor blocks (the command has the runner's own stdout), and
 /// passes the status on.
@@ -264,7 +260,6 @@ fn full_pipe() -> (File, OwnedFd) {
     }
 }
 
-// Found by the attacks on `tenure lease run` (cli/lease_run_attacks.rs).
 /// Signals at awkward moments: SIGTERM after the lease was taken but before the command
 /// started (tenure is blocked writing "took" to a full stderr pipe), two SIGINTs in a row to a
 /// command that traps them, SIGHUP. Each: the command's status, the lease free, the group

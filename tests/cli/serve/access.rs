@@ -72,7 +72,6 @@ fn held(conn: &mut AnyConnection, name: &str) -> bool {
         .is_some_and(|info| info.held)
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 /// A Host that starts with a loopback name and goes on after `]` or `:` with anything
 /// (`[::1].evil.example`, `localhost:80@evil.example`, `localhost:evil.example`) is taken
 /// for loopback: the check reads up to `]`, or cuts at the last `:`, and never looks at the
@@ -101,7 +100,6 @@ fn a_host_that_only_starts_like_a_loopback_address_is_refused() {
     }
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 // ---------------------------------------------------------------------------------------
 // Attacks the server withstands (these pass).
 // ---------------------------------------------------------------------------------------
@@ -168,7 +166,6 @@ fn odd_host_headers_are_refused_unguarded() {
     assert_eq!(refused.header("X-Content-Type-Options"), Some("nosniff"));
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 /// Paths that look like an action, methods other than GET and POST, and ids in odd spellings
 /// change nothing.
 #[test]
@@ -256,7 +253,6 @@ fn path_method_and_id_tricks_change_nothing() {
     assert_eq!(get(base, &format!("/job?id={id}%23x")).status, 400);
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 /// The CSRF check has no seams: a token given twice, in the query, in another body type,
 /// from the null origin, another port or a shouting cross-site.
 #[test]
@@ -371,7 +367,6 @@ fn csrf_and_origin_subtleties_are_refused() {
     assert_eq!(state(&mut conn, id), JobState::Cancelled);
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 /// A force-release needs exactly `confirm=yes`; read-only refuses it even with everything
 /// right, and offers no form on its confirmation page.
 #[test]
@@ -437,7 +432,6 @@ fn a_force_release_needs_its_confirmation_and_read_only_refuses_it() {
     assert!(!jobs::is_paused(&mut conn, "job-lock").unwrap());
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 /// Credentials: every odd spelling of the Authorization header is refused, the right ones
 /// in any case of the scheme are let in, and actions still need the CSRF token.
 #[test]

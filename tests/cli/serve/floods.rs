@@ -26,7 +26,6 @@ fn get_within(addr: SocketAddr, path: &str, limit: Duration) -> std::io::Result<
     Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
-// Found by the second round of attacks on `tenure serve`'s own HTTP server (cli/serve_attacks2.rs).
 // ---------------------------------------------------------------------------------------
 // Attacks the server withstands (these pass).
 // ---------------------------------------------------------------------------------------
@@ -62,7 +61,6 @@ fn a_flood_of_whole_requests_gets_answers_and_the_server_recovers() {
     assert_eq!(status(&answer), 200, "{answer}");
 }
 
-// Found by the second round of attacks on `tenure serve`'s own HTTP server (cli/serve_attacks2.rs).
 /// Many connections: slow readers beyond the limit, a head dripped a byte at a time, and a
 /// thousand quick requests. The process's threads stay bounded (handlers, a thread per
 /// open connection up to `MAX_CONNECTIONS`, a few more), a drip does not stretch the read deadline, the dashboard serves

@@ -43,7 +43,6 @@ fn cpu_ticks(pid: u32) -> u64 {
     fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
-// Found by the second round of attacks on `tenure serve`'s own HTTP server (cli/serve_attacks2.rs).
 /// `Content-Length = 1*DIGIT` (RFC 9110 8.6), and a server must refuse any other value with
 /// a 400 (RFC 9112 6.3): the server trims the value as Unicode (a no-break space after the
 /// digits passes) and parses it with Rust's `usize::from_str`, which takes a leading `+`.
@@ -70,7 +69,6 @@ fn a_content_length_that_is_not_all_digits_is_refused() {
     assert!(taken.is_empty(), "Content-Length values taken: {taken:#?}");
 }
 
-// Found by the second round of attacks on `tenure serve`'s own HTTP server (cli/serve_attacks2.rs).
 /// "Head ≤ 16 KiB": the size is checked only when a read ends without the head's end, and a
 /// read takes up to 4 KiB, so a head of up to 20 KiB that arrives at once is taken.
 #[test]
@@ -95,7 +93,6 @@ fn a_head_over_16_kib_is_refused_however_it_arrives() {
     assert!(taken.is_empty(), "{taken:#?}");
 }
 
-// Found by the second round of attacks on `tenure serve`'s own HTTP server (cli/serve_attacks2.rs).
 /// The reader looks for the head's end through the whole buffer after every read, so a
 /// head that comes a byte at a time costs time quadratic in its length: eight clients
 /// dripping 15 KB heads over 8 s keep the server's CPU busier than a core (some 9 s of CPU
@@ -134,7 +131,6 @@ fn a_head_sent_a_byte_at_a_time_costs_little_cpu() {
     drop(streams);
 }
 
-// Found by the second round of attacks on `tenure serve`'s own HTTP server (cli/serve_attacks2.rs).
 /// One request per connection whatever follows it; a client that resets at once, or
 /// half-closes, leaves the server serving; odd Content-Length spellings, targets and header
 /// names are refused or harmless.

@@ -64,7 +64,6 @@ fn basic(pair: &str) -> String {
     )
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 /// The request path must not forge log lines: a line feed in it (the old server ended a
 /// line only at CRLF) wrote a line of the attacker's choosing into the log.
 #[test]
@@ -89,7 +88,6 @@ fn the_log_cannot_be_forged_through_the_path() {
     );
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 /// The log holds one line per request, without the query, the form, the CSRF token or the
 /// credentials; a 500's line names no URL.
 #[test]

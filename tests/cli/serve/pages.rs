@@ -29,7 +29,6 @@ fn held(conn: &mut AnyConnection, name: &str) -> bool {
         .is_some_and(|info| info.held)
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 /// NUL can be in no queue, kind or text tenure stores (names are checked), yet the jobs list
 /// passes it to the database: PostgreSQL then fails the query (a 500 "Database error" for bad
 /// input), the others say no job matches. Like an over-long filter, it should be a 400.
@@ -49,7 +48,6 @@ fn nul_in_a_jobs_filter_is_bad_input(backend: Backend) {
     }
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 /// Names with NUL or too long, everywhere but the jobs list's filters: a 400 that says so,
 /// and nothing changed.
 fn nul_and_oversized_names_are_bad_input_everywhere_else(backend: Backend) {
@@ -102,7 +100,6 @@ fn nul_and_oversized_names_are_bad_input_everywhere_else(backend: Backend) {
     assert!(!jobs::is_paused(&mut conn, "q").unwrap());
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 /// Markup in every stored value the earlier tests do not cover (schedule names, queues and
 /// kinds, lease names and holders on the confirmation page, limit keys, dedup keys, progress
 /// messages, results, outputs, dead kinds), and a `javascript:` queue name in a link.
@@ -210,7 +207,6 @@ fn stored_markup_is_escaped_on_every_page(backend: Backend) {
     );
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 /// A database error is a 500 "Database error" page, never an empty list or "no such" page;
 /// its log line names no URL; the other pages keep working, and on a server the dashboard
 /// recovers when its connections are killed under it.

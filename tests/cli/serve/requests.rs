@@ -199,7 +199,6 @@ fn a_huge_declared_body_neither_panics_nor_stops_the_server() {
     }
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 /// Clients that declare a body and never send it, or send too large a body, must not hold
 /// the threads every page needs: a body over the limit is refused before it is read, and
 /// a body that does not come holds only a reader thread, until its deadline. On a guarded
@@ -241,7 +240,6 @@ fn clients_that_never_send_their_body_do_not_stall_the_dashboard() {
     drop(stalled);
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 /// A request line must not be read whole into memory, however long, before any check: an
 /// unauthenticated client must not make the server hold as much memory as it sends.
 #[test]
@@ -281,7 +279,6 @@ fn a_huge_request_line_is_not_held_in_memory() {
     );
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 /// Clients that open a connection and never finish their headers (slowloris), or never send
 /// a small declared body, must not leave a new connection unanswered (the old server read
 /// them on a pool of threads with no timeout, and a connection arriving in a burst could
@@ -313,7 +310,6 @@ fn clients_slow_to_send_their_headers_do_not_stall_the_dashboard() {
     drop(slow);
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 /// A request line saying HTTP/2.0 (or 3.0) must be answered and closed (the old server
 /// deadlocked on it, keeping a thread and a file descriptor for good).
 #[test]
@@ -336,7 +332,6 @@ fn an_http2_request_line_gets_an_answer_and_a_close() {
     }
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 /// When the process runs out of file descriptors (many connections held open at once,
 /// each sending a request that never ends), the dashboard must serve again once they are
 /// gone: an accept error is waited out, never the end of the server.
@@ -376,7 +371,6 @@ fn running_out_of_file_descriptors_does_not_stop_the_server_for_good() {
     assert!(log.contains("cannot accept a connection"), "{log}");
 }
 
-// Found by the attacks on `tenure serve` (cli/serve_attacks.rs).
 /// Oddly formed requests get a 4xx/5xx or a closed connection, never a panic, and the
 /// server serves on.
 #[test]

@@ -130,7 +130,6 @@ fn a_client_that_never_reads_its_reply_holds_no_handler() {
     drop(stuck);
 }
 
-// Found by the second round of attacks on `tenure serve`'s own HTTP server (cli/serve_attacks2.rs).
 /// "A reply is written within 10 s": the deadline is the socket's write timeout, which
 /// bounds each `write` call, not the reply; every call that moves a byte starts a new 10 s.
 /// A client that reads a kilobyte every half second gets the whole 240 KB page over minutes,
@@ -174,7 +173,6 @@ fn a_reply_is_not_written_past_its_deadline_to_a_client_that_reads_a_drop_at_a_t
     );
 }
 
-// Found by the second round of attacks on `tenure serve`'s own HTTP server (cli/serve_attacks2.rs).
 /// SIGTERM must stop the server promptly, but `serve` joins its handler threads, and a
 /// handler writing to a client that does not read finishes only when the write gives up
 /// (about 30 s here, forever for a client that reads a drop at a time: see above).
@@ -197,7 +195,6 @@ fn sigterm_does_not_wait_for_a_client_that_never_reads() {
     drop(stuck);
 }
 
-// Found by the second round of attacks on `tenure serve`'s own HTTP server (cli/serve_attacks2.rs).
 /// `MAX_READERS` slow clients (each sends part of a head, and renews its connection every
 /// 10 s) shut everyone else out: every connection beyond them is closed unread. 128
 /// connections from one client take down the dashboard as long as it likes. A new
@@ -220,7 +217,6 @@ fn slow_readers_at_the_limit_do_not_shut_out_a_real_request() {
     drop(slow);
 }
 
-// Found by the second round of attacks on `tenure serve`'s own HTTP server (cli/serve_attacks2.rs).
 /// SIGTERM with slow readers, a drip and queued requests in flight: the process exits 0 at
 /// once (it waits for no reader), and the port is free again.
 #[test]

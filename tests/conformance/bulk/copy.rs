@@ -54,11 +54,10 @@ fn plain(n: usize) -> Vec<NewJob> {
         .collect()
 }
 
-// Found by the round-20 attacks on NOTIFY after commit, bulk enqueue by COPY and queue_depth (attacks20.rs).
 /// README.md's least privileges (row privileges on the tables, nothing on sequences)
 /// enqueue a batch of 63 by INSERT: a batch of 64 must go as well.
 #[test]
-fn attacks20_pg_app_user_enqueues_a_batch_of_64() {
+fn pg_app_user_enqueues_a_batch_of_64() {
     let db = TestDb::migrated(Backend::Postgres);
     let role = AppRole::new(&db);
     {
@@ -90,12 +89,11 @@ fn attacks20_pg_app_user_enqueues_a_batch_of_64() {
     drop(role);
 }
 
-// Found by the round-20 attacks on NOTIFY after commit, bulk enqueue by COPY and queue_depth (attacks20.rs).
 /// tenure's tables in a schema of their own on the search_path (README: "or a schema on
 /// PostgreSQL's search_path"), with a name that needs quoting, and a decoy `tenure_jobs`
 /// in public.
 #[test]
-fn attacks20_pg_copy_in_a_schema_on_the_search_path() {
+fn pg_copy_in_a_schema_on_the_search_path() {
     let db = TestDb::empty(Backend::Postgres);
     let name = url::Url::parse(db.url())
         .unwrap()
@@ -134,12 +132,11 @@ fn attacks20_pg_copy_in_a_schema_on_the_search_path() {
     assert!(after > *ids.last().unwrap());
 }
 
-// Found by the round-20 attacks on NOTIFY after commit, bulk enqueue by COPY and queue_depth (attacks20.rs).
 /// A COPY that fails mid-stream (row 30 of 64 collides with a job given an explicit id):
 /// an error, nothing of the batch written, the connection and the caller's transaction
 /// usable.
 #[test]
-fn attacks20_pg_a_copy_failing_mid_stream_leaves_nothing_and_a_usable_connection() {
+fn pg_a_copy_failing_mid_stream_leaves_nothing_and_a_usable_connection() {
     let db = TestDb::migrated(Backend::Postgres);
     let mut conn = db.connect();
     let first = jobs::enqueue(&mut conn, &NewJob::new("app", "k", vec![]))
@@ -175,11 +172,10 @@ fn attacks20_pg_a_copy_failing_mid_stream_leaves_nothing_and_a_usable_connection
     );
 }
 
-// Found by the round-20 attacks on NOTIFY after commit, bulk enqueue by COPY and queue_depth (attacks20.rs).
 /// A user-set statement_timeout that a large batch exceeds (at whichever of its
 /// statements): an error, nothing written, the connection usable afterwards.
 #[test]
-fn attacks20_pg_statement_timeout_during_a_large_batch() {
+fn pg_statement_timeout_during_a_large_batch() {
     let db = TestDb::migrated(Backend::Postgres);
     let mut conn = db.connect();
     let batch: Vec<NewJob> = (0..100_000)
@@ -199,10 +195,9 @@ fn attacks20_pg_statement_timeout_during_a_large_batch() {
     assert_eq!(job.payload, vec![(999 % 251) as u8; 200]);
 }
 
-// Found by the round-20 attacks on NOTIFY after commit, bulk enqueue by COPY and queue_depth (attacks20.rs).
 /// 100,000 jobs in one batch, each with a concurrency limit and a rate.
 #[test]
-fn attacks20_pg_copy_of_100k_limited_jobs() {
+fn pg_copy_of_100k_limited_jobs() {
     let db = TestDb::migrated(Backend::Postgres);
     let mut conn = db.connect();
     let batch: Vec<NewJob> = (0..100_000u32)
@@ -226,10 +221,9 @@ fn attacks20_pg_copy_of_100k_limited_jobs() {
     );
 }
 
-// Found by the round-20 attacks on NOTIFY after commit, bulk enqueue by COPY and queue_depth (attacks20.rs).
 /// The largest payloads next to empty ones in one copied batch.
 #[test]
-fn attacks20_pg_copy_of_max_payloads() {
+fn pg_copy_of_max_payloads() {
     let db = TestDb::migrated(Backend::Postgres);
     let mut conn = db.connect();
     let payload = |i: usize| {

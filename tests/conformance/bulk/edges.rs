@@ -12,10 +12,10 @@ use tenure::{AnyConnection, Backend};
 use crate::common::{TestDb, conformance, count, race};
 
 conformance!(
-    attacks20_edge_fields_are_the_same_by_copy_and_by_insert,
-    attacks20_batches_of_63_64_and_65_agree,
-    attacks20_concurrent_bulk_enqueues_and_claims_never_mix_ids,
-    attacks20_a_callers_failed_transaction_refuses_a_long_batch_cleanly,
+    edge_fields_are_the_same_by_copy_and_by_insert,
+    batches_of_63_64_and_65_agree,
+    concurrent_bulk_enqueues_and_claims_never_mix_ids,
+    a_callers_failed_transaction_refuses_a_long_batch_cleanly,
 );
 
 /// The edge cases of every field a plain job has.
@@ -91,8 +91,7 @@ fn stored(conn: &mut AnyConnection, ids: &[i64], relative: &[bool]) -> Vec<(Job,
         .collect()
 }
 
-// Found by the round-20 attacks on NOTIFY after commit, bulk enqueue by COPY and queue_depth (attacks20.rs).
-fn attacks20_edge_fields_are_the_same_by_copy_and_by_insert(backend: Backend) {
+fn edge_fields_are_the_same_by_copy_and_by_insert(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let batch = edge_jobs();
@@ -114,8 +113,7 @@ fn attacks20_edge_fields_are_the_same_by_copy_and_by_insert(backend: Backend) {
     }
 }
 
-// Found by the round-20 attacks on NOTIFY after commit, bulk enqueue by COPY and queue_depth (attacks20.rs).
-fn attacks20_batches_of_63_64_and_65_agree(backend: Backend) {
+fn batches_of_63_64_and_65_agree(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     for n in [63usize, 64, 65] {
@@ -147,11 +145,10 @@ fn attacks20_batches_of_63_64_and_65_agree(backend: Backend) {
     }
 }
 
-// Found by the round-20 attacks on NOTIFY after commit, bulk enqueue by COPY and queue_depth (attacks20.rs).
 /// Three bulk enqueuers (batches of 64 to 130, copied on PostgreSQL), one single enqueuer
 /// and one claimer at once: every id returned is the job at its position, and no job is
 /// claimed twice or lost.
-fn attacks20_concurrent_bulk_enqueues_and_claims_never_mix_ids(backend: Backend) {
+fn concurrent_bulk_enqueues_and_claims_never_mix_ids(backend: Backend) {
     let db = TestDb::migrated(backend);
     let rounds = 15;
     let results = race(&db, 5, move |t, conn| {
@@ -212,8 +209,7 @@ fn attacks20_concurrent_bulk_enqueues_and_claims_never_mix_ids(backend: Backend)
     assert_eq!(total as usize, seen.len());
 }
 
-// Found by the round-20 attacks on NOTIFY after commit, bulk enqueue by COPY and queue_depth (attacks20.rs).
-fn attacks20_a_callers_failed_transaction_refuses_a_long_batch_cleanly(backend: Backend) {
+fn a_callers_failed_transaction_refuses_a_long_batch_cleanly(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let batch: Vec<NewJob> = (0..100).map(|_| NewJob::new("q", "k", vec![1])).collect();

@@ -17,7 +17,6 @@ conformance!(
 
 const TTL: Duration = Duration::from_secs(600);
 
-// Found by the round-18b attacks on uniqueness over time: dedup windows against schedules, kinds and concurrent pruning (attacks18b.rs).
 /// A schedule's job with a dedup key and a one-hour window over completed jobs. `upsert`
 /// refuses what a schedule cannot keep (a rate limit, a second limit, a fixed due time) with
 /// `InvalidInput`; the window and the mode it accepts and then drops: the next tick, a
@@ -64,7 +63,6 @@ fn a_schedule_never_drops_its_jobs_dedup_window_silently(backend: Backend) {
     );
 }
 
-// Found by the round-18b attacks on uniqueness over time: dedup windows against schedules, kinds and concurrent pruning (attacks18b.rs).
 /// Two kinds share a queue and a key space (typed jobs all default to the queue "default";
 /// keys such as a user id). Kind "b" enqueued with Replace while a waiting job of kind "a"
 /// has the key: the answer is `updated: true`, and the job of kind "a" now carries the
@@ -131,7 +129,6 @@ fn wait_for_a_lock_wait(
     .expect("the pruner never waited for a lock");
 }
 
-// Found by the round-18b attacks on uniqueness over time: dedup windows against schedules, kinds and concurrent pruning (attacks18b.rs).
 /// Two finished keyed jobs without a window (X1, then X2: enqueued with a key alone). A
 /// caller's `tenure::transaction` enqueues with a one-hour window over any final state, key
 /// of X2 first (folding into X2, holding its lock), then key of X1. Between the two, a

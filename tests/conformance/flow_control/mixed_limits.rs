@@ -49,7 +49,6 @@ fn a_job_with_a_larger_cap_waits_for_a_smaller_capped_running_job_then_runs(back
     assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![b]);
 }
 
-// Found by the round-18 attacks on flow control: jobs that share a key but declare different limits (attacks18.rs).
 /// Key `k`: job R (1 start an hour) starts, so `k` is throttled for an hour. Job C carries
 /// only a concurrency cap on `k` (at most 5 running, none running): no rate holds it back,
 /// and admission would take it. The pick leaves out every job with any limit on a throttled
@@ -75,7 +74,6 @@ fn a_job_without_a_rate_is_not_held_back_by_another_jobs_rate_on_its_key(backend
     );
 }
 
-// Found by the round-18 attacks on flow control: jobs that share a key but declare different limits (attacks18.rs).
 /// Key `k`: job L (1 start an hour) starts; `throttled_until` becomes an hour from now. Job
 /// S carries 100 starts a second on `k`. Once a second has passed since L's start, S's own
 /// window holds no start, so a claim must take it; the hint computed from L's window keeps
@@ -109,7 +107,6 @@ fn a_job_with_a_short_rate_is_not_held_to_another_jobs_long_window(backend: Back
     );
 }
 
-// Found by the round-18 attacks on flow control: jobs that share a key but declare different limits (attacks18.rs).
 /// Key `k`: jobs S (10 starts a second) start twice, 1.5 s apart; then job L (2 starts an
 /// hour) is due. L's own window (the last hour) already holds 2 starts of `k`, so L must
 /// wait. But each claim of S pruned the starts older than S's one-second window (the key's

@@ -20,7 +20,6 @@ conformance!(
 
 const TTL: Duration = Duration::from_secs(600);
 
-// Found by the round-18c attacks on flow control: queue-wide limits set while claims are in flight (attacks18c.rs).
 /// Fixed: a claim reads the queue's limit again after the keys' locks and, if one was
 /// created meanwhile, takes nothing (the next claim takes the queue's lock first).
 ///
@@ -86,7 +85,6 @@ fn limited_job(i: usize) -> NewJob {
         ))
 }
 
-// Found by the round-18c attacks on flow control: queue-wide limits set while claims are in flight (attacks18c.rs).
 /// For 5 s: 6 claimers (any kind, or kind `a` or `b`) complete, give back or kill what
 /// they claim; a canceller cancels jobs, retries dead ones and enqueues more; a pruner
 /// deletes finished jobs. Jobs carry a cap of 2 on one of 6 keys and a rate of 3 per 50 ms

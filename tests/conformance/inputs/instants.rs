@@ -21,7 +21,6 @@ fn utc(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> DateTime<Utc> {
     Utc.with_ymd_and_hms(y, mo, d, h, mi, s).unwrap()
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// chrono represents a leap second as nanoseconds past 1e9. Such an instant, within years 1
 /// to 9999, enters through NewJob::at and Retry::At: it must be stored (as some instant of
 /// that second) or refused as invalid input, never a database error or a corrupt row.
@@ -73,7 +72,6 @@ fn leap_second_instants_are_stored_or_refused_as_invalid_input(backend: Backend)
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// The last representable nanosecond of year 9999 is inside the range: it is stored as an
 /// instant of year 9999 (never rounded up into year 10000) and is never due.
 fn the_last_nanosecond_of_9999_is_stored_as_year_9999(backend: Backend) {
@@ -97,7 +95,6 @@ fn the_last_nanosecond_of_9999_is_stored_as_year_9999(backend: Backend) {
     );
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// A backoff with no cap (max = Duration::MAX) is accepted by fail for early attempts; once
 /// its delay passes 366 days it must either be clamped or refused as invalid input, and in the
 /// latter case the claim is left as it was.

@@ -46,7 +46,6 @@ fn job(kind: &str) -> NewJob {
     NewJob::new("q", kind, vec![])
 }
 
-// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// A LeaseGuard (ttl 30 s, renewing every 10 s on its own connection, busy timeout 5 s)
 /// while the caller holds a tenure transaction (SQLite: the turn and the write lock) for 12 s,
 /// spanning a renewal: the renewal waits and must land after the commit, so the lease stays
@@ -91,7 +90,6 @@ fn a_guard_renews_after_a_long_caller_transaction_and_releases_after_it(backend:
     .expect("the dropped guard's release never landed after the commit");
 }
 
-// Found by the attacks on the SQLite write turns, connect's session settings and lease grant times (round 3, attacks3.rs).
 /// Four threads on their own connections, 12 grants each, by `lease::take` (waiting). A
 /// winner proves it holds the lease by `verify` + the database clock in one tenure transaction
 /// (a point of its holding by the database clock), then either releases or lets the lease

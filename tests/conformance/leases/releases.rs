@@ -29,7 +29,6 @@ fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static
         .unwrap_or_else(|e| panic!("{what} did not return within {BOUND:?}: {e}"))
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// A guard whose lease was force-released and taken by someone else: release_on, in the
 /// caller's transaction, says false and leaves the new holder's lease alone.
 fn release_on_after_the_lease_was_lost_returns_false_and_spares_the_new_holder(backend: Backend) {
@@ -65,7 +64,6 @@ fn release_on_after_the_lease_was_lost_returns_false_and_spares_the_new_holder(b
     );
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// release() of a guard whose lease was lost returns false, well within the release wait.
 fn release_after_the_lease_was_lost_returns_false_promptly(backend: Backend) {
     let db = TestDb::migrated(backend);
@@ -85,7 +83,6 @@ fn release_after_the_lease_was_lost_returns_false_promptly(backend: Backend) {
         .expect("the new holder still holds it");
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// Dropping a guard inside the transaction that verified its lease releases like release():
 /// it must not hang either.
 fn dropping_a_guard_inside_its_verify_transaction_does_not_hang(backend: Backend) {

@@ -62,7 +62,6 @@ fn set_next_due(conn: &mut AnyConnection, name: &str, at: DateTime<Utc>) {
     assert_eq!(next_due_at(conn, name), at, "the literal round-trips");
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// A cron that fires only on leap days is accepted, and its next tick is a February 29th.
 fn a_leap_day_cron_ticks_on_february_29(backend: Backend) {
     use chrono::Datelike;
@@ -83,7 +82,6 @@ fn a_leap_day_cron_ticks_on_february_29(backend: Backend) {
     assert_eq!(schedules::tick(&mut conn).unwrap(), 0);
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// With catch-up, a daily cron down across DST changes in zones with odd rules fires once per
 /// local day: Lord Howe's half-hour shift, Dublin's negative DST, São Paulo's midnight gap,
 /// Santiago's midnight gap, Apia's skipped day (2011-12-30). Overlap ticks fire at their first
@@ -234,7 +232,6 @@ fn catch_up_across_dst_in_odd_zones_fires_one_tick_per_local_day(backend: Backen
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// With catch-up, a 1 ms schedule down for 5 s has 5000 missed ticks: one call fires exactly
 /// MAX_TICKS_PER_CALL of them, 1 ms apart, and leaves the schedule at the next one.
 fn catch_up_of_a_1_ms_schedule_fires_exactly_the_cap_of_consecutive_ticks(backend: Backend) {
@@ -268,7 +265,6 @@ fn catch_up_of_a_1_ms_schedule_fires_exactly_the_cap_of_consecutive_ticks(backen
     );
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// The longest interval, 366 days, down for 2.5 intervals with catch-up: three ticks, exactly
 /// 366 days apart, and the next one 366 days after the last.
 fn a_366_day_interval_catches_up_exactly(backend: Backend) {
@@ -300,7 +296,6 @@ fn a_366_day_interval_catches_up_exactly(backend: Backend) {
     assert_eq!(schedules::tick(&mut conn).unwrap(), 0);
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// A cron whose every tick falls in a spring-forward gap (02:30 on the second Sunday of March,
 /// New York): each fires at the first instant after the gap (07:00 UTC). With catch-up, every
 /// year's tick fires; without, after a long downtime the one job is the newest missed tick

@@ -78,7 +78,6 @@ fn set_next_due(conn: &mut AnyConnection, name: &str, at: DateTime<Utc>) {
     assert_eq!(next_due_at(conn, name), at, "the literal round-trips");
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// Cron expressions that match no date at all (February 30th, April 31st) cannot have a next
 /// tick: upsert refuses them as invalid input, promptly, and stores nothing.
 fn crons_that_never_fire_are_refused_and_write_nothing(backend: Backend) {
@@ -111,7 +110,6 @@ fn crons_that_never_fire_are_refused_and_write_nothing(backend: Backend) {
     );
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// A schedule redeclared with a new timing while paused stays paused, and its next tick is
 /// computed afresh: resuming fires nothing of the old, overdue timing.
 fn a_schedule_changed_while_paused_stays_paused_and_starts_afresh(backend: Backend) {
@@ -152,7 +150,6 @@ fn a_schedule_changed_while_paused_stays_paused_and_starts_afresh(backend: Backe
     assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 0);
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// A user's job holding the dedup key a schedule's job uses: the tick enqueues nothing (as
 /// documented), reports 0, moves the schedule on, and leaves the user's job as it was.
 fn a_schedules_dedup_key_colliding_with_a_user_job_consumes_the_tick(backend: Backend) {
@@ -192,7 +189,6 @@ fn a_schedules_dedup_key_colliding_with_a_user_job_consumes_the_tick(backend: Ba
     assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"), 1);
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// Four schedulers racing on separate connections, two of them also redeclaring the same
 /// (unchanged) schedule while they tick, over many rounds of ten missed ticks caught up:
 /// every round's ten ticks are enqueued exactly once.
@@ -267,7 +263,6 @@ fn concurrent_upserts_and_ticks_enqueue_each_caught_up_tick_once(backend: Backen
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// One schedule whose ticks cannot be computed (a catching-up cron in Pacific/Apia, due just
 /// before the day Samoa skipped, 2011-12-30) must not stop every other schedule from firing:
 /// `tick` goes on with the others (as it does for a schedule it cannot parse).
@@ -305,7 +300,6 @@ fn one_uncomputable_schedule_does_not_block_the_others(backend: Backend) {
     );
 }
 
-// Found by the outside attacks on schedules, instants at the edges, lease releases and error classes (round 2, attacks2.rs).
 /// More than 100 schedules always due (1 ms intervals) and one more, overdue, whose name
 /// sorts last: tick fires "every due tick of every schedule", so the last one fires too
 /// within a few calls, and is never starved by the others.

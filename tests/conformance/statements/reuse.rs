@@ -53,7 +53,6 @@ fn rollback(_why: String) -> Error {
     Error::Database(diesel::result::Error::RollbackTransaction)
 }
 
-// Found by the attacks on the statements diesel keeps prepared (round 4, attacks4.rs).
 /// One connection, statements cached, goes through a unique violation in a caller's
 /// transaction, a rolled-back transaction that finished jobs, a nested savepoint: each later
 /// call on it means what it should.
@@ -141,7 +140,6 @@ fn one_connection_survives_errors_and_rolled_back_transactions(backend: Backend)
     assert_eq!(states(&mut conn, "tx", "completed"), 8);
 }
 
-// Found by the attacks on the statements diesel keeps prepared (round 4, attacks4.rs).
 /// A trigger makes cached UPDATE statements fail (as a deadlock or a lock timeout would):
 /// the failed call changes nothing, and once the cause is gone the same statements on the
 /// same connection work.
@@ -254,7 +252,6 @@ fn exercise(conn: &mut AnyConnection, round: usize) {
     assert!(held.release(conn).unwrap());
 }
 
-// Found by the attacks on the statements diesel keeps prepared (round 4, attacks4.rs).
 /// A user's own migration adds a column to tenure's tables between two calls on a connection
 /// that has tenure's statements prepared; and `run_migrations` runs on such a connection.
 fn cached_statements_survive_an_added_column_and_migrations(backend: Backend) {
@@ -300,7 +297,6 @@ fn held(conn: &mut AnyConnection) -> Option<i64> {
     Some(concrete!(conn, c => diesel::sql_query(sql).get_result::<Held>(c).unwrap().n))
 }
 
-// Found by the attacks on the statements diesel keeps prepared (round 4, attacks4.rs).
 /// Every operation through every id-list shape on one connection: how many statements the
 /// server then holds for it. MariaDB's `max_prepared_stmt_count` (16,382 by default) is for
 /// the whole server; a pool of N connections across P processes holds N * P times this.

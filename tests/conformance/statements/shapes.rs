@@ -44,7 +44,6 @@ fn states(conn: &mut AnyConnection, queue: &str, state: &str) -> i64 {
     )
 }
 
-// Found by the attacks on the statements diesel keeps prepared (round 4, attacks4.rs).
 /// Every shape of an id list (1, 2, 3 -> 4, 511 -> 512, 512, 513 -> 1024, 999, 1000) through
 /// renew, give back, complete, and prune: one outcome per claim, exact counts, the padding
 /// never acts on a job twice nor on a job outside the call.
@@ -155,7 +154,6 @@ fn ids_of(claims: &[JobClaim], i: usize) -> i64 {
     claims[i].id
 }
 
-// Found by the attacks on the statements diesel keeps prepared (round 4, attacks4.rs).
 /// 1000 claims lapse at once: one rescue returns each exactly once (the padded id neither
 /// listed twice nor given a second history entry or lapse).
 fn a_rescue_of_a_thousand_lapsed_claims_lists_each_once(backend: Backend) {
@@ -198,7 +196,6 @@ fn a_rescue_of_a_thousand_lapsed_claims_lists_each_once(backend: Backend) {
     assert_eq!(states(&mut conn, "lapse", "waiting"), 1000);
 }
 
-// Found by the attacks on the statements diesel keeps prepared (round 4, attacks4.rs).
 /// Queue, kind, dedup key, limit key and lease names full of placeholder syntax are values:
 /// they round-trip, match only themselves, and never shift a bind.
 fn names_and_values_that_look_like_sql_are_only_values(backend: Backend) {
@@ -291,7 +288,6 @@ fn names_and_values_that_look_like_sql_are_only_values(backend: Backend) {
     }
 }
 
-// Found by the attacks on the statements diesel keeps prepared (round 4, attacks4.rs).
 /// `jobs::list` by ids: duplicates and unknown ids are harmless, 1000 ids work, 1001 are
 /// refused, none gives none; the id filter combines with the others.
 fn list_by_ids_and_dedup_key(backend: Backend) {

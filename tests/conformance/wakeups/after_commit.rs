@@ -55,11 +55,10 @@ fn plain(n: usize) -> Vec<NewJob> {
         .collect()
 }
 
-// Found by the round-20 attacks on NOTIFY after commit, bulk enqueue by COPY and queue_depth (attacks20.rs).
 /// A NOTIFY that fails after the commit (here: pg_notify not executable by the app user)
 /// is logged, never the enqueue's error: the jobs are in.
 #[test]
-fn attacks20_pg_notify_failing_after_the_commit_is_not_an_enqueue_error() {
+fn pg_notify_failing_after_the_commit_is_not_an_enqueue_error() {
     let db = TestDb::migrated(Backend::Postgres);
     let role = AppRole::new(&db);
     db.connect()
@@ -88,11 +87,10 @@ fn attacks20_pg_notify_failing_after_the_commit_is_not_an_enqueue_error() {
     drop(role);
 }
 
-// Found by the round-20 attacks on NOTIFY after commit, bulk enqueue by COPY and queue_depth (attacks20.rs).
 /// A batch by COPY wakes each of its queues once after the commit; in a caller's
 /// transaction only if it commits.
 #[test]
-fn attacks20_pg_a_copied_batch_notifies_its_queues_after_commit_only() {
+fn pg_a_copied_batch_notifies_its_queues_after_commit_only() {
     let db = TestDb::migrated(Backend::Postgres);
     let mut listen = db.connect();
     listen.batch_execute("LISTEN tenure_jobs").unwrap();
@@ -119,12 +117,11 @@ fn attacks20_pg_a_copied_batch_notifies_its_queues_after_commit_only() {
     assert_eq!(got, ["x", "y", "z"]);
 }
 
-// Found by the round-20 attacks on NOTIFY after commit, bulk enqueue by COPY and queue_depth (attacks20.rs).
 /// A job another process committed and notified (raw SQL here: this process's own
 /// wake-up is not involved) starts at once on an idle worker with a long poll interval;
 /// and again after the worker's LISTEN connection was killed (it reconnects).
 #[test]
-fn attacks20_pg_listener_wakes_for_other_processes_jobs_and_after_its_connection_dies() {
+fn pg_listener_wakes_for_other_processes_jobs_and_after_its_connection_dies() {
     let db = TestDb::migrated(Backend::Postgres);
     let worker = tenure::worker::Worker::builder(db.pool(4))
         .queue("lq")

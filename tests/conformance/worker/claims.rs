@@ -27,7 +27,6 @@ fn wait_flag(flag: &AtomicBool, limit: Duration) {
     });
 }
 
-// Found by an outside tester's attacks on the worker's promises; fixed in the library (worker_attacks.rs).
 /// Forces a job's claim to lapse and rescues it (as if the worker stalled) while its handler
 /// still runs; the same worker claims it again (another entry: job id + new token) and runs
 /// it in a second thread. The stale run hears `should_stop`, returns later, and is counted
@@ -170,7 +169,6 @@ fn a_lost_claim_reclaimed_by_the_same_worker_runs_and_counts_once_each(backend: 
     );
 }
 
-// Found by an outside tester's attacks on the worker's promises; fixed in the library (worker_attacks.rs).
 /// A worker with one thread claims short jobs ahead; one of the claimed-ahead jobs is
 /// cancelled (a cancel request: it is `running` in the database) while a long job holds the
 /// thread. It must never run, end cancelled, and use no attempt.
@@ -289,7 +287,6 @@ fn a_cancelled_claimed_ahead_job_never_runs(backend: Backend) {
     );
 }
 
-// Found by an outside tester's attacks on the worker's promises; fixed in the library (worker_attacks.rs).
 /// A cancelled run whose handler then panics (and another that passes its timeout): the job
 /// ends cancelled. The report documents panicked and timed_out as "also counted as retried
 /// or dead"; here neither is retried nor dead, so the counts do not add up.
@@ -333,7 +330,6 @@ fn a_cancelled_run_that_panics_is_not_counted_as_retried_or_panicked_alone(backe
     );
 }
 
-// Found by an outside tester's attacks on the worker's promises; fixed in the library (worker_attacks.rs).
 /// Two workers, limit(key, 2), a timeout every handler overruns (ignoring should_stop for
 /// a while), retries due almost at once: at no moment do more than 2 handlers of the key run,
 /// across both workers.

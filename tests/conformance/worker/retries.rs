@@ -19,7 +19,6 @@ conformance!(
     two_workers_with_retries_due_at_once_run_each_attempt_once,
 );
 
-// Found by an outside tester's attacks on the worker's promises; fixed in the library (worker_attacks.rs).
 /// Odd retry instants (before 4713 BC, which PostgreSQL refuses; years 0..999 and past 9999,
 /// outside MariaDB's DATETIME; signed years in SQLite's text layout). Each must be recorded
 /// as asked (an instant in the past is due at once) or, when refused, with the kind's backoff
@@ -94,7 +93,6 @@ fn a_refused_retry_instant_falls_back_to_the_kinds_backoff(backend: Backend) {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-// Found by an outside tester's attacks on the worker's promises; fixed in the library (worker_attacks.rs).
 /// A retry instant past year 9999 on one job must not hold up other jobs of the queue. On
 /// MariaDB the DATETIME column takes it as the zero date `0000-00-00`, which sorts first and
 /// cannot be read back: every claim that picks the job fails after marking its whole batch
@@ -152,7 +150,6 @@ fn a_refused_retry_instant_does_not_block_other_jobs(backend: Backend) {
     );
 }
 
-// Found by an outside tester's attacks on the worker's promises; fixed in the library (worker_attacks.rs).
 /// Two workers on one queue; every job's first run fails with a retry due at once, so both
 /// workers race for the retries while their first runs are being recorded. Each job runs
 /// exactly twice (attempts 1 and 2), ends completed, and the two reports add up exactly.

@@ -24,7 +24,6 @@ fn wait_flag(flag: &AtomicBool, limit: Duration) {
     .expect("timed out waiting for a flag");
 }
 
-// Found by an outside tester's attacks on the worker's promises; fixed in the library (worker_attacks.rs).
 /// Under `limit(key, 1)`, worker A runs a handler that ignores `should_stop` for 1.5 s and is
 /// shut down with no grace. The shutdown gives the job back while its handler still runs, so
 /// the key's slot is free: worker B starts a second job of the key (and the given-back job
@@ -84,7 +83,6 @@ fn shutdown_past_grace_keeps_the_limit_until_the_handler_returns(backend: Backen
     );
 }
 
-// Found by an outside tester's attacks on the worker's promises; fixed in the library (worker_attacks.rs).
 /// The same shutdown, without limits: the given-back job is claimed by another worker and
 /// its handler starts while the first run's handler (which ignores should_stop) still runs:
 /// one job run twice at once. A run past the grace period keeps no claim.
@@ -135,7 +133,6 @@ fn shutdown_past_grace_never_runs_a_job_twice_at_once(backend: Backend) {
     );
 }
 
-// Found by an outside tester's attacks on the worker's promises; fixed in the library (worker_attacks.rs).
 /// A running job is asked to cancel, then its worker shuts down with no grace while the
 /// handler still runs (ignoring should_stop). The worker does not give it back while the
 /// handler may still work on it (no second run, limit slot kept): its claim lapses and the

@@ -19,7 +19,6 @@ conformance!(
 
 const TTL: Duration = Duration::from_secs(120);
 
-// Found by the third round-19 attacks on workflows: a finisher retried after a deadlock, MariaDB's locking read waiting mid-fetch (attacks19c.rs).
 /// A worker completes [A, B] (both running) in one call: its locking read of their rows
 /// (`LOCK_STATES`, no lock taken ahead by an UPDATE) locks A, then waits for B, which a
 /// caller's transaction holds (it asked B to cancel). That transaction then asks A to
@@ -83,7 +82,6 @@ fn a_batch_completion_waiting_mid_fetch_in_a_deadlock_with_cancels_does_not_hang
     }
 }
 
-// Found by the third round-19 attacks on workflows: a finisher retried after a deadlock, MariaDB's locking read waiting mid-fetch (attacks19c.rs).
 /// E has dependents R < S, and X (id above S) runs. A worker completes [E, X]: it locks E
 /// and X, releases R, then counts S down and waits for S's row, which a caller's
 /// transaction holds; that transaction then writes X's row: a deadlock. Where the

@@ -24,7 +24,6 @@ conformance!(
 
 const TTL: Duration = Duration::from_secs(120);
 
-// Found by the round-19 attacks on workflows: REPEATABLE READ callers, a retried dead dependency, lock orders, races with a dependency's finish (attacks19.rs).
 /// A worker's finisher completes a batch [Z, A]: Z has 300 dependents, A is a step of a
 /// workflow whose on_finish callback F also waits for a step B0 of lower id. While the
 /// completion settles Z's dependents (holding A's row), the workflow is cancelled:
@@ -69,7 +68,6 @@ fn cancel_workflow_racing_a_batch_completion_does_not_deadlock(backend: Backend)
     assert!(jobs::claim(&mut conn, "w", 10, TTL).unwrap().is_empty());
 }
 
-// Found by the round-19 attacks on workflows: REPEATABLE READ callers, a retried dead dependency, lock orders, races with a dependency's finish (attacks19.rs).
 /// `enqueue_many([J1 after B, 60 jobs after other jobs, J2 after A])` locks B, then A; a
 /// completion of A (B depends on A) locks A, then B's row to release it. Both must succeed.
 fn enqueue_many_racing_a_completion_does_not_deadlock(backend: Backend) {
@@ -116,7 +114,6 @@ fn enqueue_many_racing_a_completion_does_not_deadlock(backend: Backend) {
     assert_eq!(state(&mut conn, b), JobState::Waiting);
 }
 
-// Found by the second round-19 attacks on workflows: finishers holding rows of higher id than a dependent they settle, retry_dead against completions (attacks19b.rs).
 /// E (external) has 300 dependents, then a workflow whose step S waits for E and whose step
 /// X (id above S's) runs. A finisher completes [E, X]: it holds E's and X's rows while it
 /// settles E's 300 dependents, then S (id below X). Meanwhile `cancel_workflow` locks the
@@ -165,7 +162,6 @@ fn a_batch_completion_settling_a_step_of_lower_id_does_not_deadlock_cancel_workf
     assert!(jobs::claim(&mut conn, "w", 10, TTL).unwrap().is_empty());
 }
 
-// Found by the second round-19 attacks on workflows: finishers holding rows of higher id than a dependent they settle, retry_dead against completions (attacks19b.rs).
 /// As above, with the rescue as the finisher: E (external, 300 dependents) and the step X
 /// (id above the step S that waits for E) are both stalled, E asked to cancel. The rescue
 /// locks E and X, cancels E and settles its dependents, S last; `cancel_workflow` holds S
@@ -215,7 +211,6 @@ fn a_rescue_settling_a_step_of_lower_id_does_not_deadlock_cancel_workflow(backen
     assert!(jobs::claim(&mut conn, "w", 10, TTL).unwrap().is_empty());
 }
 
-// Found by the second round-19 attacks on workflows: finishers holding rows of higher id than a dependent they settle, retry_dead against completions (attacks19b.rs).
 /// A finisher completes [E, X] (E has 300 dependents, then D blocked on E, then X): it holds
 /// X's row while it settles D, of lower id. An enqueue of a job that depends on [D, X]
 /// locks D, then waits for X. Both must succeed, and the new job waits for D.
@@ -257,7 +252,6 @@ fn a_batch_completion_settling_a_dependent_of_lower_id_does_not_deadlock_an_enqu
     assert_eq!(state(&mut conn, enqueued.unwrap()), JobState::Blocked);
 }
 
-// Found by the second round-19 attacks on workflows: finishers holding rows of higher id than a dependent they settle, retry_dead against completions (attacks19b.rs).
 /// C (AllFinished) waits for 17 jobs, spread over 2 stripes (even positions in stripe 0,
 /// odd in stripe 1). Stripe 0 is done (d0 dead, the rest completed); stripe 1 waits for d15
 /// only (d1 dead). `retry_dead_of_kind` retries d0 and d1: it re-arms stripe 0 (which takes

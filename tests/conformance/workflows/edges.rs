@@ -13,12 +13,11 @@ use crate::common::{
 conformance!(
     a_fan_in_of_2000_completed_in_batches_of_50_in_mixed_orders_by_8_threads,
     odd_dependency_lists_are_refused_or_normalised,
-    attacks20_a_workflow_of_100_independent_steps_is_whole,
+    a_workflow_of_100_independent_steps_is_whole,
 );
 
 const TTL: Duration = Duration::from_secs(120);
 
-// Found by the round-19 attacks on workflows: REPEATABLE READ callers, a retried dead dependency, lock orders, races with a dependency's finish (attacks19.rs).
 /// One job depends on 2,000 (the stripes cap); 8 threads claim 50 at a time and complete
 /// each batch in one call, listing the claims reversed or rotated: no error, and the
 /// dependent is released exactly once, after the last.
@@ -86,7 +85,6 @@ fn a_fan_in_of_2000_completed_in_batches_of_50_in_mixed_orders_by_8_threads(back
     assert_eq!(jobs::claim(&mut conn, "j", 10, TTL).unwrap().len(), 1);
 }
 
-// Found by the round-19 attacks on workflows: REPEATABLE READ callers, a retried dead dependency, lock orders, races with a dependency's finish (attacks19.rs).
 /// Negative and missing ids are refused and write nothing; repeats count once (the
 /// dependent is released by the one completion).
 fn odd_dependency_lists_are_refused_or_normalised(backend: Backend) {
@@ -128,10 +126,9 @@ fn odd_dependency_lists_are_refused_or_normalised(backend: Backend) {
     );
 }
 
-// Found by the round-20 attacks on NOTIFY after commit, bulk enqueue by COPY and queue_depth (attacks20.rs).
 /// A workflow's first run of 100 steps without dependencies (copied on PostgreSQL): every
 /// step is the workflow's, and its callback runs once they all completed.
-fn attacks20_a_workflow_of_100_independent_steps_is_whole(backend: Backend) {
+fn a_workflow_of_100_independent_steps_is_whole(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let mut flow = jobs::Workflow::new("wide");

@@ -25,7 +25,6 @@ conformance!(
     a_chain_whose_middle_died_keeps_its_inputs_through_prunes_racing_its_revival,
 );
 
-// Found by the round-19 attacks on workflows: REPEATABLE READ callers, a retried dead dependency, lock orders, races with a dependency's finish (attacks19.rs).
 /// C runs when A and B have finished, however. A dies (counted as finished), an operator
 /// retries A (waiting again), then B completes: C must not run while A runs again.
 fn a_retried_dead_dependency_is_waited_for_again_by_an_all_finished_dependent(backend: Backend) {
@@ -51,7 +50,6 @@ fn a_retried_dead_dependency_is_waited_for_again_by_an_all_finished_dependent(ba
     );
 }
 
-// Found by the round-19 attacks on workflows: REPEATABLE READ callers, a retried dead dependency, lock orders, races with a dependency's finish (attacks19.rs).
 /// D is blocked on A alone; in each round A's completion and D's cancel run at the same
 /// instant. Both succeed, the cancel returns true, and D ends cancelled (never runnable).
 fn cancel_of_a_blocked_job_racing_its_last_dependency_is_decided_once(backend: Backend) {
@@ -90,7 +88,6 @@ fn cancel_of_a_blocked_job_racing_its_last_dependency_is_decided_once(backend: B
     );
 }
 
-// Found by the round-19 attacks on workflows: REPEATABLE READ callers, a retried dead dependency, lock orders, races with a dependency's finish (attacks19.rs).
 /// A is completed and prunable; in each round one thread enqueues a dependent of A while
 /// another prunes A's queue. Either the enqueue is refused (A is gone) or A stays as long
 /// as its dependent is unfinished.
@@ -140,7 +137,6 @@ fn prune_racing_an_enqueue_of_a_dependent_never_deletes_its_dependency(backend: 
     );
 }
 
-// Found by the second round-19 attacks on workflows: finishers holding rows of higher id than a dependent they settle, retry_dead against completions (attacks19b.rs).
 /// In each round C (AllFinished) waits for A and B, A is dead (counted), and `retry_dead(A)`
 /// races B's completion. Both succeed, and either C waits for A (blocked; A's completion
 /// then releases it) or the completion went first and released C before the retry.
@@ -213,7 +209,6 @@ fn retry_dead_racing_the_last_other_dependency_never_strands_the_dependent(backe
     );
 }
 
-// Found by the second round-19 attacks on workflows: finishers holding rows of higher id than a dependent they settle, retry_dead against completions (attacks19b.rs).
 /// C (AllFinished) waits for A and B. A dies, is retried, dies again, is retried again;
 /// B completes: C still waits; A completes: C runs. A second `retry_dead` of a waiting job
 /// changes nothing.

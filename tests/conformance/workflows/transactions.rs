@@ -15,7 +15,6 @@ conformance!(
     a_completion_with_a_result_rolled_back_with_the_callers_transaction_leaves_nothing,
 );
 
-// Found by the round-19 attacks on workflows: REPEATABLE READ callers, a retried dead dependency, lock orders, races with a dependency's finish (attacks19.rs).
 /// A handler's own transaction at REPEATABLE READ (MySQL's default isolation; a choice on
 /// PostgreSQL) reads first, then completes its job. Meanwhile a second dependent of the job
 /// was enqueued (the job already had one, so its row is not written again). Either the
@@ -81,7 +80,6 @@ fn a_completion_in_a_repeatable_read_transaction_never_misses_a_dependent(backen
     }
 }
 
-// Found by the round-19 attacks on workflows: REPEATABLE READ callers, a retried dead dependency, lock orders, races with a dependency's finish (attacks19.rs).
 /// A completion with a result inside the caller's transaction that rolls back: the job is
 /// still running, no result, its dependent blocked; completing again (another result)
 /// releases the dependent, which reads the second result.
