@@ -196,7 +196,8 @@ impl Error {
     /// True for transient conflicts after which the whole call can be repeated as it is:
     /// serialization failures and deadlocks (PostgreSQL 40001, 40P01; MySQL/MariaDB 1213),
     /// lock timeouts (PostgreSQL 55P03; MySQL/MariaDB 1205), MariaDB's 1020 ("record has
-    /// changed"), SQLite's `SQLITE_BUSY`, a pool that had no free connection in time, and
+    /// changed") and 1412 ("table definition has changed": a REPEATABLE READ transaction
+    /// whose read view is older than a ready ring rotation changed a waiting job), SQLite's `SQLITE_BUSY`, a pool that had no free connection in time, and
     /// a call refused, before it sent anything, on a connection whose transaction an earlier
     /// lost connection left broken (diesel's `BrokenTransactionManager`: repeat it on a new
     /// connection; a pool discards that one).
@@ -245,7 +246,7 @@ impl Error {
 
 /// Messages of the transient errors diesel does not give a kind for (see `is_retryable`).
 /// A transient conflict, also behind a failed commit's rollback.
-fn is_transient(error: &DieselError) -> bool {
+pub(crate) fn is_transient(error: &DieselError) -> bool {
     match error {
         DieselError::DatabaseError(kind, info) => {
             matches!(kind, DatabaseErrorKind::SerializationFailure)
@@ -330,6 +331,7 @@ fn is_transient_message(message: &str) -> bool {
         "Deadlock found",                          // MySQL/MariaDB 1213
         "Lock wait timeout exceeded",              // MySQL/MariaDB 1205
         "Record has changed since last read",      // MariaDB 1020
+        "Table definition has changed",            // MySQL/MariaDB 1412 (a ring rotation)
         "database is locked",                      // SQLITE_BUSY
         "database table is locked",                // SQLITE_LOCKED (shared cache)
         STALE_PLAN,                                // PostgreSQL 0A000, see below

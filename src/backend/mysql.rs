@@ -55,8 +55,15 @@ static SYNTAX: Syntax = Syntax {
     notify_queue: None,
     notify_queue_unflushed: None,
     notify_in_returning: "",
-    claim_from: "tenure_jobs c FORCE INDEX (tenure_jobs_claim)",
-    claim_waiting: " AND c.state = 'waiting'",
+    // The job by its primary key, pinned: with `j.state` in the pick, the optimizer read
+    // the jobs through the stalled-claims index on state, every waiting job (and locked
+    // what it read).
+    claim_from: "tenure_ready c FORCE INDEX (tenure_ready_claim) \
+                 STRAIGHT_JOIN tenure_jobs j FORCE INDEX (PRIMARY) ON j.id = c.id",
+    // The ring is exact (its triggers change it with the job, in one transaction), and a
+    // locking read sees the job's latest version: a job that no longer waits is never
+    // claimed even if it were not (a read of the row the join reads anyway).
+    claim_waiting: " AND j.state = 'waiting'",
     claim_lock: " FOR UPDATE SKIP LOCKED",
     claim_forget: None,
     greatest: "GREATEST",
@@ -64,7 +71,8 @@ static SYNTAX: Syntax = Syntax {
     window_over: "finished_at + INTERVAL dedup_window_micros MICROSECOND <= {now}",
     lock_ends_with_process: false,
     rendered: Rendered::new(),
-    claim_kind_from: "tenure_jobs c FORCE INDEX (tenure_jobs_claim_kind)",
+    claim_kind_from: "tenure_ready c FORCE INDEX (tenure_ready_claim_kind) \
+                      STRAIGHT_JOIN tenure_jobs j FORCE INDEX (PRIMARY) ON j.id = c.id",
 };
 
 /// What `GET_LOCK` and `RELEASE_LOCK` return: 1 done, 0 timed out, NULL on an error.

@@ -51,32 +51,34 @@ pub(crate) struct Syntax {
     /// The same wake-up as a column of an insert's RETURNING list (empty where there is
     /// none), so a single enqueue is one round trip.
     pub notify_in_returning: &'static str,
-    /// `{claim_from}`: where a claim picks waiting jobs, as `c` (with their job rows as `j`
-    /// where those are another table): PostgreSQL's ready ring (`tenure_ready`, see
-    /// docs/storage-design.md) joined to the jobs it lists; elsewhere `tenure_jobs` itself,
-    /// through the claim index pinned where the planner might otherwise pick another
-    /// (SQLite's skip-scan plus a sort; MySQL, whose locking reads must follow the index
-    /// order).
+    /// `{claim_from}`: where a claim picks waiting jobs, as `c`, with their job rows as `j`
+    /// where those are another table: on the servers the ready ring (`tenure_ready`, see
+    /// docs/storage-design.md) joined to the jobs it lists (MySQL: through the ring's claim
+    /// index, pinned, and in that join order, so its locking read follows the index order);
+    /// on SQLite `tenure_jobs` itself, through the claim index (pinned: the planner might
+    /// take a skip-scan plus a sort).
     pub claim_from: &'static str,
     /// `{claim_kind_from}`: the same for a claim of some kinds, which the kind-leading claim
     /// index serves (one range per kind, in claim order within it).
     pub claim_kind_from: &'static str,
-    /// `{claim_waiting}`: the pick's condition that the job waits, where `c` is the jobs
-    /// table. Empty on PostgreSQL: an entry exists exactly while its job waits (the ring's
-    /// triggers change both in one transaction, and a job changed since the pick's snapshot
-    /// had its entry deleted, which the lock finds), and a `j.state` condition made the
-    /// planner read the jobs through their partial claim index, every dead entry of it
-    /// included, instead of by their primary key.
+    /// `{claim_waiting}`: the pick's condition that the job waits (`c.state` where `c` is
+    /// the jobs table, `j.state` beside MySQL's ring, where a locking read sees the job's
+    /// latest version). Empty on PostgreSQL: an entry exists exactly while its job waits
+    /// (the ring's triggers change both in one transaction, and a job changed since the
+    /// pick's snapshot had its entry deleted, which the lock finds), and a `j.state`
+    /// condition made the planner read the jobs through their partial claim index, every
+    /// dead entry of it included, instead of by their primary key.
     pub claim_waiting: &'static str,
-    /// `{claim_lock}`: the pick's locking clause, skipping rows other claimers hold: on
-    /// PostgreSQL both the ring's entry and the job's row, so that a claim never waits for
-    /// a job another transaction changes (which waits, through the ring's trigger, for its
+    /// `{claim_lock}`: the pick's locking clause, skipping rows other claimers hold: on the
+    /// servers both the ring's entry and the job's row, so that a claim never waits for a
+    /// job another transaction changes (which waits, through the ring's trigger, for its
     /// entry); nothing on SQLite (the IMMEDIATE transaction has the write lock).
     pub claim_lock: &'static str,
-    /// Where the picked entries leave (PostgreSQL's ring): the claim's mark (`UPDATE ...
-    /// RETURNING`, in place of `{marked}`) wrapped in a statement that also deletes the
-    /// entries of the jobs it marked, in the same round trip. None where the pick reads the
-    /// jobs themselves.
+    /// Where the picked entries leave, on PostgreSQL (whose ring triggers skip waiting to
+    /// running): the claim's mark (`UPDATE ... RETURNING`, in place of `{marked}`) wrapped
+    /// in a statement that also deletes the entries of the jobs it marked, in the same round
+    /// trip. None elsewhere: MySQL's row triggers delete them as the mark changes each job
+    /// (they fire per row anyway); SQLite picks the jobs themselves.
     pub claim_forget: Option<&'static str>,
     /// `{greatest}`: the larger of two values (SQLite's two-argument MAX, GREATEST on the
     /// servers).

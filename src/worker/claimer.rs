@@ -40,6 +40,7 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
     let mut next_prune = Instant::now();
     let mut next_expire = Instant::now();
     let mut next_schedules = Instant::now();
+    let mut rotation_failures: u64 = 0;
     let mut next_rotation = Instant::now();
     // With schedules to fire, idle waits stay short enough to fire them on time.
     let max_idle = if config.run_schedules {
@@ -93,8 +94,19 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
             // A rotation that moved many waiting jobs' entries (a backlog) is spaced out: at
             // most a twentieth of this thread's time.
             next_rotation = Instant::now() + ROTATE_EVERY.max(started.elapsed() * 20);
-            if let Err(e) = outcome {
-                tracing::warn!(error = %e, "rotating the ready ring failed");
+            match outcome {
+                Ok(_) => rotation_failures = 0,
+                Err(e) => {
+                    // A failure that repeats (a user without the privileges MariaDB's rotation
+                    // needs, README) is tried every half minute, and said the first time
+                    // and then every hundredth.
+                    next_rotation = Instant::now() + ROTATE_EVERY * 30;
+                    if rotation_failures % 100 == 0 {
+                        tracing::warn!(error = %e, failures = rotation_failures + 1,
+                            "rotating the ready ring failed");
+                    }
+                    rotation_failures += 1;
+                }
             }
         }
         if Instant::now() >= next_rescue {

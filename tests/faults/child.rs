@@ -115,9 +115,10 @@ fn worker(url: &str) {
         .queue("chaos")
         .threads(4)
         // Long enough that heartbeats keep every live claim on a loaded machine (on SQLite,
-        // 4 processes' writers wait on one file lock), short enough that a kill's claims
-        // lapse within the run.
-        .claim_ttl(Duration::from_millis(3000))
+        // 4 processes' writers wait on one file lock, and with builds writing beside them a
+        // heartbeat once came more than 3 s late: a live worker's job ran twice). A kill's
+        // claims come back sooner: its liveness lock ends with the process.
+        .claim_ttl(Duration::from_secs(10))
         .poll_interval(Duration::from_millis(50))
         .raw_handler("effect", move |ctx: &JobContext, _: &[u8]| {
             std::thread::sleep(Duration::from_millis(10 + (ctx.id as u64 * 7919) % 41));

@@ -1,13 +1,14 @@
-//! Reclaiming the ready ring (PostgreSQL; docs/storage-design.md): claims read waiting jobs
-//! from `tenure_ready`, three partitions ("slots") kept exact by triggers on `tenure_jobs`.
-//! A claim deletes the entries it takes, and while another transaction holds an old snapshot
-//! vacuum cannot remove them, so each rotation empties the slot that new entries go to next
-//! by `TRUNCATE`, which needs no vacuum and ignores snapshots. Entries still waiting in it
-//! (a backlog, jobs due later) move to the current slot first, in the same transaction,
-//! under the slot's exclusive lock: a truncate never removes a waiting job's entry.
+//! Reclaiming the ready ring (PostgreSQL and MySQL/MariaDB; docs/storage-design.md): claims
+//! read waiting jobs from `tenure_ready`, three partitions ("slots") kept exact by triggers on
+//! `tenure_jobs`. A claim deletes the entries it takes, and while another transaction holds
+//! an old snapshot (a read view) neither vacuum nor purge can remove them, so each rotation
+//! empties the slot that new entries go to next by `TRUNCATE`, which needs neither and
+//! ignores snapshots. Entries still waiting in it (a backlog, jobs due later) move to the
+//! current slot first, under a lock no other writer of the ring holds: a truncate never
+//! removes a waiting job's entry.
 //!
-//! SQLite and MySQL/MariaDB claim from `tenure_jobs` itself (no ring yet: a rotation does
-//! nothing there).
+//! SQLite claims from `tenure_jobs` itself (one writer, no snapshot held across processes):
+//! a rotation does nothing there.
 
 use std::time::Duration;
 
@@ -19,8 +20,32 @@ use crate::{Result, TenureConnection};
 
 /// How many times a rotation tries for the slot's exclusive lock (`NOWAIT`: a rotation
 /// never queues claims behind it) before it gives up until the next call.
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 const LOCK_TRIES: u32 = 10;
+
+/// How many waiting entries a rotation moves at most: more (a backlog) would hold every
+/// claim behind its lock for as long, so the ring waits until claims have taken them (the
+/// backlog's oldest entries are the first claimed).
+#[cfg(feature = "mysql")]
+const MAX_MOVED: i64 = 2000;
+
+/// MariaDB rotates (with a nonzero interval) only while InnoDB's history list, the undo
+/// that purge has not removed, holds more than this many transactions: a read view is held
+/// open, or purge has fallen behind, and delete-marked entries pile up in the ring. While
+/// purge keeps up it removes them itself, and a truncate would only make older REPEATABLE
+/// READ transactions that change a waiting job fail (1412, retryable). A clean run of
+/// bench G at 1,000 jobs/s keeps the list at a few hundred; a held read view passes this
+/// within seconds.
+#[cfg(feature = "mysql")]
+const PURGE_LAG: i64 = 5_000;
+
+/// Whether a zero interval forces a rotation whatever the history list says (see
+/// [`rotate_ready`]); with a nonzero one, MariaDB rotates only while purge lags, or when the
+/// list cannot be read (no PROCESS privilege, the counter disabled).
+#[cfg(feature = "mysql")]
+fn purge_lets_rotate(min_interval_micros: i64, history: Option<i64>) -> bool {
+    min_interval_micros == 0 || history.is_none_or(|length| length > PURGE_LAG)
+}
 
 /// One rotation, if due (the migration's `tenure_rotate_ready`: it runs as the owner who
 /// migrated, so that an application user with row privileges alone may rotate). Returns the
@@ -30,7 +55,7 @@ const LOCK_TRIES: u32 = 10;
 const ROTATE: &str = "SELECT tenure_rotate_ready(?) AS n";
 
 #[derive(QueryableByName)]
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 struct N {
     #[diesel(sql_type = BigInt)]
     n: i64,
@@ -41,12 +66,21 @@ struct N {
 /// moved to the current slot, or `None` when nothing was done: not due yet, another rotation
 /// running, the slot busy (a transaction still uses it: tried again at the next call), more
 /// than 2,000 jobs still waiting in it (a backlog: the ring waits for claims to take them
-/// rather than hold every claim while it moves them), or a backend without a ring (SQLite,
-/// MySQL/MariaDB). A worker calls it every second; a
-/// program that claims without a worker ([`crate::jobs::claim`]) should too, from one place
-/// (any number of callers is safe: one rotation at a time, the others return `None`).
-/// Needs a bare connection. A `min_interval` longer than [`crate::MAX_TTL`] is
-/// [`crate::Error::InvalidInput`].
+/// rather than hold every claim while it moves them), or a backend without a ring (SQLite).
+/// A worker calls it every second; a program that claims without a worker
+/// ([`crate::jobs::claim`]) should too, from one place (any number of callers is safe: one
+/// rotation at a time, the others return `None`). Needs a bare connection. A
+/// `min_interval` longer than [`crate::MAX_TTL`] is [`crate::Error::InvalidInput`].
+///
+/// On MySQL/MariaDB a rotation takes a table lock (`LOCK TABLES`, with `NOWAIT`) and
+/// truncates a partition: the connection's user needs the `LOCK TABLES` and `DROP`
+/// privileges (README's least-privileged user has neither: then this is an error and the
+/// ring is reclaimed by purge alone, as `tenure_jobs` always was). A REPEATABLE READ
+/// transaction whose read view is older than a truncate, and that then changes a waiting
+/// job (a cancel, a replacing duplicate), fails with 1412 "Table definition has changed",
+/// which [`crate::Error::is_retryable`] says to repeat; so MariaDB rotates only while
+/// purge lags (InnoDB's history list over 5,000: a read view held open), or whatever it
+/// says when `min_interval` is zero.
 ///
 /// ```
 /// # fn main() -> Result<(), tenure::Error> {
@@ -75,7 +109,7 @@ pub fn rotate_ready<C: TenureConnection>(
     dispatch!(conn, c => c.rotate(micros))
 }
 
-/// The rotation, per backend: PostgreSQL's ring; nothing where claims read `tenure_jobs`.
+/// The rotation, per backend: the servers' rings; nothing where claims read `tenure_jobs`.
 trait ReadyRing {
     /// One rotation if due (see [`rotate_ready`]).
     fn rotate(&mut self, _min_interval_micros: i64) -> Result<Option<u64>> {
@@ -85,9 +119,6 @@ trait ReadyRing {
 
 #[cfg(feature = "sqlite")]
 impl ReadyRing for diesel::sqlite::SqliteConnection {}
-
-#[cfg(feature = "mysql")]
-impl ReadyRing for diesel::mysql::MysqlConnection {}
 
 #[cfg(feature = "postgres")]
 impl ReadyRing for diesel::pg::PgConnection {
@@ -108,5 +139,132 @@ impl ReadyRing for diesel::pg::PgConnection {
             }
         }
         Ok(None)
+    }
+}
+
+/// MariaDB's rotation, step by step on the bare connection (a table lock cannot be taken
+/// inside a stored routine). `LOCK TABLES ... WRITE NOWAIT` is granted only when no open
+/// transaction has used the ring (a claim, or any statement on `tenure_jobs`, whose triggers
+/// hold the ring's metadata lock until it ends), and never waits in the queue where claims
+/// would wait behind it; under it this connection alone reads and writes the ring, so the
+/// count, the move, the truncate and the generation agree. Each statement commits on its
+/// own: one killed half-way leaves the ring exact (the entries moved, or not yet), and the
+/// next rotation finishes the job.
+#[cfg(feature = "mysql")]
+mod mysql {
+    pub(super) const DUE: &str = "SELECT generation AS n FROM tenure_ready_ring \
+        WHERE one = 1 AND rotated_at + INTERVAL ? MICROSECOND <= NOW(6)";
+    pub(super) const LOCK: &str = "LOCK TABLES tenure_ready WRITE, tenure_ready_ring WRITE NOWAIT";
+    pub(super) const UNLOCK: &str = "UNLOCK TABLES";
+    pub(super) const WAITING: &str =
+        "SELECT COUNT(*) AS n FROM (SELECT 1 FROM tenure_ready WHERE slot = ? LIMIT ?) AS waiting";
+    pub(super) const MOVE: &str = "UPDATE tenure_ready SET slot = ? WHERE slot = ?";
+    /// By slot: a partition's name is not a value a statement can bind.
+    pub(super) const TRUNCATE: [&str; 3] = [
+        "ALTER TABLE tenure_ready TRUNCATE PARTITION p0",
+        "ALTER TABLE tenure_ready TRUNCATE PARTITION p1",
+        "ALTER TABLE tenure_ready TRUNCATE PARTITION p2",
+    ];
+    pub(super) const ADVANCE: &str = "UPDATE tenure_ready_ring \
+        SET generation = generation + 1, rotated_at = NOW(6) WHERE one = 1";
+    /// InnoDB's history list length (undo purge has not yet removed), where readable.
+    pub(super) const HISTORY: &str = "SELECT CAST(count AS SIGNED) AS n \
+        FROM information_schema.INNODB_METRICS \
+        WHERE name = 'trx_rseg_history_len' AND status = 'enabled'";
+}
+
+#[cfg(feature = "mysql")]
+impl ReadyRing for diesel::mysql::MysqlConnection {
+    fn rotate(&mut self, micros: i64) -> Result<Option<u64>> {
+        use diesel::connection::SimpleConnection;
+
+        use crate::backend::statement::statement;
+        use crate::backend::transaction::in_transaction;
+        // LOCK TABLES would commit the caller's transaction half-way.
+        if in_transaction(self) {
+            return Err(crate::Error::InTransaction {
+                operation: "rotate_ready",
+            });
+        }
+        let due = |c: &mut Self| -> Result<Option<i64>> {
+            Ok(statement(mysql::DUE)
+                .bind::<BigInt, _>(micros)
+                .get_result::<N>(c)
+                .optional()?
+                .map(|row| row.n))
+        };
+        if due(self)?.is_none() {
+            return Ok(None);
+        }
+        let history = statement(mysql::HISTORY)
+            .get_result::<N>(self)
+            .ok()
+            .map(|row| row.n);
+        if !purge_lets_rotate(micros, history) {
+            return Ok(None);
+        }
+        let mut locked = false;
+        for attempt in 1..=LOCK_TRIES {
+            match self.batch_execute(mysql::LOCK) {
+                Ok(()) => {
+                    locked = true;
+                    break;
+                }
+                Err(e) if crate::error::is_transient(&e) && attempt < LOCK_TRIES => {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                // Another transaction uses the ring: the next call.
+                Err(e) if crate::error::is_transient(&e) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if !locked {
+            return Ok(None);
+        }
+        let rotated = (|| -> Result<Option<u64>> {
+            // Due again, under the lock: another rotation may have run since.
+            let Some(generation) = due(self)? else {
+                return Ok(None);
+            };
+            let current = i16::try_from(generation.rem_euclid(3)).unwrap_or(0);
+            let oldest = (current + 1) % 3;
+            let waiting = statement(mysql::WAITING)
+                .bind::<diesel::sql_types::SmallInt, _>(oldest)
+                .bind::<BigInt, _>(MAX_MOVED + 1)
+                .get_result::<N>(self)?
+                .n;
+            if waiting > MAX_MOVED {
+                return Ok(None);
+            }
+            let moved = statement(mysql::MOVE)
+                .bind::<diesel::sql_types::SmallInt, _>(current)
+                .bind::<diesel::sql_types::SmallInt, _>(oldest)
+                .execute(self)?;
+            let truncate = mysql::TRUNCATE[usize::try_from(oldest).unwrap_or(0)];
+            self.batch_execute(truncate)?;
+            statement(mysql::ADVANCE).execute(self)?;
+            Ok(Some(moved as u64))
+        })();
+        let unlocked = self.batch_execute(mysql::UNLOCK);
+        let rotated = rotated?;
+        unlocked?;
+        Ok(rotated)
+    }
+}
+
+#[cfg(all(test, feature = "mysql"))]
+mod tests {
+    use super::{PURGE_LAG, purge_lets_rotate};
+
+    #[test]
+    fn mariadb_rotates_while_purge_lags_or_when_forced_or_unknown() {
+        assert!(!purge_lets_rotate(1_000_000, Some(300)), "purge keeps up");
+        assert!(!purge_lets_rotate(1_000_000, Some(PURGE_LAG)));
+        assert!(
+            purge_lets_rotate(1_000_000, Some(PURGE_LAG + 1)),
+            "purge lags"
+        );
+        assert!(purge_lets_rotate(1_000_000, None), "the list unreadable");
+        assert!(purge_lets_rotate(0, Some(0)), "a zero interval forces it");
     }
 }

@@ -1,11 +1,12 @@
-//! The ready ring (PostgreSQL's storage for what claims read, docs/storage-design.md): it
+//! The ready ring (the servers' storage for what claims read, docs/storage-design.md): it
 //! lists exactly the waiting jobs whatever changed them (here), its rotations lose and
 //! duplicate nothing while claims, enqueues and cancels race them and reclaim the claims' dead
 //! entries under a held snapshot ([`rotations`]), and callers' own transactions across
-//! rotations never leave an entry behind nor lose one ([`transactions`]). On SQLite and
-//! MySQL/MariaDB, which claim from `tenure_jobs`, a rotation does nothing and the same races
-//! hold.
+//! rotations never leave an entry behind nor lose one ([`transactions`]). On SQLite, which
+//! claims from `tenure_jobs`, a rotation does nothing and the same races hold.
 
+#[cfg(feature = "mysql")]
+mod mariadb;
 mod rotations;
 mod transactions;
 
@@ -49,22 +50,26 @@ struct Entry {
     limit_key: Option<String>,
 }
 
-/// PostgreSQL: the ring's entries and the waiting jobs agree, one entry per waiting job with
-/// its claim columns; elsewhere there is no ring and a rotation does nothing.
+/// The servers: the ring's entries and the waiting jobs agree, one entry per waiting job
+/// with its claim columns; on SQLite there is no ring and a rotation does nothing.
 pub(super) fn assert_ring_exact(conn: &mut AnyConnection, backend: Backend, context: &str) {
-    if backend != Backend::Postgres {
-        assert_eq!(
-            jobs::rotate_ready(conn, NO_WAIT).unwrap(),
-            None,
-            "{context}"
-        );
-        return;
-    }
+    let columns = match backend {
+        Backend::Sqlite => {
+            assert_eq!(
+                jobs::rotate_ready(conn, NO_WAIT).unwrap(),
+                None,
+                "{context}"
+            );
+            return;
+        }
+        Backend::Postgres => "id, queue, kind, priority, due_at::text AS due, limit_key",
+        Backend::Mysql => {
+            "id, CAST(queue AS CHAR) AS queue, CAST(kind AS CHAR) AS kind, priority, \
+             CAST(due_at AS CHAR) AS due, CAST(limit_key AS CHAR) AS limit_key"
+        }
+    };
     let read = |conn: &mut AnyConnection, table: &str, filter: &str| -> Vec<Entry> {
-        let sql = format!(
-            "SELECT id, queue, kind, priority, due_at::text AS due, limit_key FROM {table} \
-             {filter} ORDER BY id"
-        );
+        let sql = format!("SELECT {columns} FROM {table} {filter} ORDER BY id");
         diesel::sql_query(&sql)
             .load(conn)
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
@@ -279,19 +284,32 @@ fn the_ring_follows_parked_jobs_workflows_schedules_and_bulk_retries(backend: Ba
     );
 }
 
-/// PostgreSQL: a live database migrated to the ring keeps every job, and the ring lists its
-/// waiting ones exactly: jobs in every state are written under the layout before it (the
-/// ring's migration reverted by its own `down.sql`), then the migration runs again.
+/// A live database migrated to the ring keeps every job, and the ring lists its waiting ones
+/// exactly: jobs in every state are written under the layout before it (the ring's migration
+/// reverted by its own `down.sql`), then the migration runs again.
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_a_live_database_migrates_into_the_ring() {
-    let backend = Backend::Postgres;
+    a_live_database_migrates_into_the_ring(
+        Backend::Postgres,
+        include_str!("../../../migrations/postgres/tenure-0045_ready_ring/down.sql"),
+    );
+}
+
+/// [`postgres_a_live_database_migrates_into_the_ring`] on MariaDB.
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_a_live_database_migrates_into_the_ring() {
+    a_live_database_migrates_into_the_ring(
+        Backend::Mysql,
+        include_str!("../../../migrations/mysql/tenure-0045_ready_ring/down.sql"),
+    );
+}
+
+fn a_live_database_migrates_into_the_ring(backend: Backend, down: &str) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    conn.batch_execute(include_str!(
-        "../../../migrations/postgres/tenure-0045_ready_ring/down.sql"
-    ))
-    .unwrap();
+    conn.batch_execute(down).unwrap();
     let removed =
         diesel::sql_query("DELETE FROM __diesel_schema_migrations WHERE version LIKE '%0045%'")
             .execute(&mut conn)
@@ -308,11 +326,15 @@ fn postgres_a_live_database_migrates_into_the_ring() {
     .unwrap();
     // Jobs in other states, written as the layout before the ring left them (its claim
     // cannot run here: this build's claim reads the ring).
-    conn.batch_execute(
-        "UPDATE tenure_jobs SET state = 'completed', finished_at = now() WHERE id % 10 = 1; \
-         UPDATE tenure_jobs SET state = 'dead', finished_at = now() WHERE id % 10 = 2; \
-         UPDATE tenure_jobs SET due_at = now() + interval '1 minute' WHERE id % 10 = 3",
-    )
+    let (now, later) = match backend {
+        Backend::Mysql => ("NOW(6)", "NOW(6) + INTERVAL 1 MINUTE"),
+        _ => ("now()", "now() + interval '1 minute'"),
+    };
+    conn.batch_execute(&format!(
+        "UPDATE tenure_jobs SET state = 'completed', finished_at = {now} WHERE id % 10 = 1; \
+         UPDATE tenure_jobs SET state = 'dead', finished_at = {now} WHERE id % 10 = 2; \
+         UPDATE tenure_jobs SET due_at = {later} WHERE id % 10 = 3"
+    ))
     .unwrap();
     let waiting_before = count(
         &mut conn,

@@ -58,7 +58,7 @@ fn after_rotations_in_repeatable_read<T>(
                 }
             }
         }
-        if backend == Backend::Postgres {
+        if backend != Backend::Sqlite {
             assert_eq!(rotated, 3, "rotations under the caller's snapshot");
         }
         change(c)
@@ -256,8 +256,12 @@ fn a_callers_open_transaction_across_rotations_loses_nothing(backend: Backend) {
                     rotated += 1;
                 }
             }
-            if backend == Backend::Postgres {
-                assert_eq!(rotated, 2, "rotations beside the open enqueues");
+            // MariaDB's rotation needs the whole ring to itself (a table lock): none runs
+            // while a transaction that wrote entries is open.
+            match backend {
+                Backend::Postgres => assert_eq!(rotated, 2, "rotations beside the open enqueues"),
+                Backend::Mysql => assert_eq!(rotated, 0, "rotations beside the open enqueues"),
+                Backend::Sqlite => {}
             }
             assert!(jobs::cancel(c, doomed)?);
             let later = keyed
@@ -269,7 +273,7 @@ fn a_callers_open_transaction_across_rotations_loses_nothing(backend: Backend) {
             for _ in 0..6 {
                 assert_eq!(jobs::rotate_ready(&mut conn, NO_WAIT).unwrap(), None);
             }
-            if backend == Backend::Postgres {
+            if backend != Backend::Sqlite {
                 let taken: Vec<i64> = jobs::claim(&mut conn, "q", 10, TTL)
                     .unwrap()
                     .iter()
@@ -296,7 +300,7 @@ fn a_callers_open_transaction_across_rotations_loses_nothing(backend: Backend) {
     }
     taken.sort_unstable();
     let mut expected = vec![plain, limited];
-    if backend != Backend::Postgres {
+    if backend == Backend::Sqlite {
         expected.push(free);
     }
     expected.sort_unstable();

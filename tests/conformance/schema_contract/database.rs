@@ -43,6 +43,16 @@ const BACKEND_INTERNAL_TABLES: &[(Backend, &str, &str)] = &[
         "tenure_ready_ring",
         "the ring's generation and last rotation",
     ),
+    (
+        Backend::Mysql,
+        "tenure_ready",
+        "the ready ring: one entry per waiting job (partitions p0..p2 are its slots)",
+    ),
+    (
+        Backend::Mysql,
+        "tenure_ready_ring",
+        "the ring's generation and last rotation",
+    ),
 ];
 
 /// Tables in a tenure database that are not tenure's.
