@@ -37,8 +37,9 @@ fn sql_of(query: &str) -> String {
         .to_string()
 }
 
-/// Transaction control goes as simple statements, never prepared: not counted.
-fn is_transaction_control(sql: &str) -> bool {
+/// Transaction control, and MariaDB's ring rotation's table lock and truncate, go as simple
+/// statements, never prepared: not counted.
+fn is_simple_statement(sql: &str) -> bool {
     let upper = sql.trim_start().to_ascii_uppercase();
     [
         "BEGIN",
@@ -47,6 +48,9 @@ fn is_transaction_control(sql: &str) -> bool {
         "SAVEPOINT",
         "RELEASE",
         "SET TRANSACTION",
+        "LOCK TABLES",
+        "UNLOCK TABLES",
+        "ALTER TABLE TENURE_READY TRUNCATE PARTITION",
     ]
     .iter()
     .any(|p| upper.starts_with(p))
@@ -63,7 +67,7 @@ fn counting() -> Option<Box<dyn Instrumentation>> {
         }
         InstrumentationEvent::StartQuery { query, .. } => {
             let sql = sql_of(&query.to_string());
-            if is_transaction_control(&sql) {
+            if is_simple_statement(&sql) {
                 return;
             }
             STARTED.fetch_add(1, Ordering::SeqCst);
