@@ -246,7 +246,7 @@ impl Error {
 
 /// Messages of the transient errors diesel does not give a kind for (see `is_retryable`).
 /// A transient conflict, also behind a failed commit's rollback.
-pub(crate) fn is_transient(error: &DieselError) -> bool {
+fn is_transient(error: &DieselError) -> bool {
     match error {
         DieselError::DatabaseError(kind, info) => {
             matches!(kind, DatabaseErrorKind::SerializationFailure)

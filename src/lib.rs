@@ -45,13 +45,13 @@
 //!   exactly once. A lapsed claim uses no attempt (a worker may die holding jobs it claimed
 //!   ahead and never started) but counts as a lapse; [`jobs::MAX_LAPSES`] of them make a job
 //!   dead, so a job that takes its worker down every time cannot loop forever.
-//! - **On PostgreSQL, a claim walks no more than seconds of dead entries, whatever snapshot
-//!   another transaction holds.** Claims read a ready ring (`tenure_ready`: one entry per
-//!   waiting job, kept exact by triggers) whose oldest slot each rotation
-//!   ([`jobs::rotate_ready`], every second in a worker) empties by `TRUNCATE`, which needs no
-//!   vacuum: a report or a forgotten `BEGIN` no longer slows every claim with the entries of
-//!   every job claimed since it began (docs/storage-design.md). MariaDB and SQLite claim from
-//!   `tenure_jobs` as before.
+//! - **On PostgreSQL and MariaDB, a claim walks no more than seconds of dead entries,
+//!   whatever snapshot another transaction holds.** Claims read a ready ring
+//!   (`tenure_ready`: one entry per waiting job, kept exact by triggers) whose oldest slot
+//!   each rotation ([`jobs::rotate_ready`], every second in a worker; on MariaDB while purge
+//!   lags) empties by `TRUNCATE`, which needs neither vacuum nor purge: a report or a
+//!   forgotten `BEGIN` no longer slows every claim with the entries of every job claimed
+//!   since it began (docs/storage-design.md). SQLite claims from `tenure_jobs`.
 //! - **A dead worker is recognised by its process ending, not by a timer.** A worker holds a
 //!   lock for its process's life (a database session's lock on a server, a file lock on
 //!   SQLite): when it dies, its claims (running and claimed ahead) are taken back within

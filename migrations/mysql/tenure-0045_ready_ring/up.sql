@@ -31,7 +31,7 @@ CREATE TABLE IF NOT EXISTS tenure_ready_ring (
     generation BIGINT      NOT NULL,
     rotated_at DATETIME(6) NOT NULL
 ) ENGINE = InnoDB;
-INSERT IGNORE INTO tenure_ready_ring (one, generation, rotated_at) VALUES (1, 0, NOW(6));
+INSERT IGNORE INTO tenure_ready_ring (one, generation, rotated_at) VALUES (1, 0, UTC_TIMESTAMP(6));
 
 -- A job enters the ring when it starts waiting, leaves it when it stops (a claim included:
 -- unlike PostgreSQL's, whose claim deletes its entries in its own statement, MariaDB's row
@@ -54,7 +54,8 @@ DROP TRIGGER IF EXISTS tenure_ready_updated;
 CREATE TRIGGER tenure_ready_updated AFTER UPDATE ON tenure_jobs FOR EACH ROW
 BEGIN
     DECLARE ring_slot TINYINT;
-    DECLARE moved BOOLEAN DEFAULT NOT (OLD.queue <=> NEW.queue AND OLD.kind <=> NEW.kind
+    DECLARE moved BOOLEAN DEFAULT NOT (OLD.id <=> NEW.id
+        AND OLD.queue <=> NEW.queue AND OLD.kind <=> NEW.kind
         AND OLD.priority <=> NEW.priority AND OLD.due_at <=> NEW.due_at
         AND OLD.limit_key <=> NEW.limit_key);
     IF OLD.state = 'waiting' AND (NEW.state <> 'waiting' OR moved) THEN
@@ -79,7 +80,8 @@ END;
 -- readers of a queue's jobs by state (queue_depth, admission's running jobs).
 DROP INDEX IF EXISTS tenure_jobs_claim_kind ON tenure_jobs;
 
--- The jobs waiting now enter the ring (the migration holds the migration lock, which
--- workers wait for; IGNORE: an entry an enqueue's trigger made meanwhile stays).
-INSERT IGNORE INTO tenure_ready (slot, id, queue, kind, priority, due_at, limit_key)
-SELECT 0, id, queue, kind, priority, due_at, limit_key FROM tenure_jobs WHERE state = 'waiting';
+-- The jobs waiting now enter the ring, those an enqueue's trigger or a rotation (which
+-- takes no migration lock) put in some slot meanwhile excepted.
+INSERT INTO tenure_ready (slot, id, queue, kind, priority, due_at, limit_key)
+SELECT 0, j.id, j.queue, j.kind, j.priority, j.due_at, j.limit_key FROM tenure_jobs j
+WHERE j.state = 'waiting' AND NOT EXISTS (SELECT 1 FROM tenure_ready r WHERE r.id = j.id);

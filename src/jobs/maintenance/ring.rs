@@ -25,7 +25,7 @@ const LOCK_TRIES: u32 = 10;
 
 /// How many waiting entries a rotation moves at most: more (a backlog) would hold every
 /// claim behind its lock for as long, so the ring waits until claims have taken them (the
-/// backlog's oldest entries are the first claimed).
+/// backlog's oldest entries are the first claimed). PostgreSQL's is in its migration.
 #[cfg(feature = "mysql")]
 const MAX_MOVED: i64 = 2000;
 
@@ -142,41 +142,65 @@ impl ReadyRing for diesel::pg::PgConnection {
     }
 }
 
-/// MariaDB's rotation, step by step on the bare connection (a table lock cannot be taken
-/// inside a stored routine). `LOCK TABLES ... WRITE NOWAIT` is granted only when no open
-/// transaction has used the ring (a claim, or any statement on `tenure_jobs`, whose triggers
-/// hold the ring's metadata lock until it ends), and never waits in the queue where claims
-/// would wait behind it; under it this connection alone reads and writes the ring, so the
-/// count, the move, the truncate and the generation agree. Each statement commits on its
-/// own: one killed half-way leaves the ring exact (the entries moved, or not yet), and the
-/// next rotation finishes the job.
+/// MariaDB's rotation, statement by statement on the bare connection (a table lock cannot
+/// be taken in a stored routine, and a batch of statements that `KILL QUERY` interrupts
+/// left the client waiting for a result the server never sent). `LOCK TABLES ... WRITE
+/// NOWAIT` is granted only when no open transaction has used the ring (a claim, or any
+/// statement on `tenure_jobs`, whose triggers hold the ring's metadata lock until it ends),
+/// and never waits in the queue where claims would wait behind it. Under it this connection
+/// alone reads and writes the ring: everything still in the oldest slot moves to the
+/// current one, the slot is truncated, and the generation moves on unless another rotation
+/// moved it meanwhile. That is safe whatever the generation (what the truncate removes was
+/// moved first), so each statement commits on its own: a rotation stopped after any of them
+/// leaves the ring exact, and the next does the rest. While it holds the lock, its session
+/// waits at most [`mysql::STALLED`] for its next statement: a client stopped or cut off
+/// between two of them loses its connection, and its lock, instead of holding every claim
+/// for the server's `wait_timeout` (hours).
 #[cfg(feature = "mysql")]
 mod mysql {
-    pub(super) const DUE: &str = "SELECT generation AS n FROM tenure_ready_ring \
-        WHERE one = 1 AND rotated_at + INTERVAL ? MICROSECOND <= NOW(6)";
-    pub(super) const LOCK: &str = "LOCK TABLES tenure_ready WRITE, tenure_ready_ring WRITE NOWAIT";
-    pub(super) const UNLOCK: &str = "UNLOCK TABLES";
+    /// The generation, and whether a rotation is due by the database's clock (UTC, as all
+    /// of tenure's instants: `NOW()` follows the session's time zone). No row: the
+    /// migration's row is gone.
+    pub(super) const DUE: &str = "SELECT generation AS n, \
+        CAST(rotated_at + INTERVAL ? MICROSECOND <= UTC_TIMESTAMP(6) AS SIGNED) AS due \
+        FROM tenure_ready_ring WHERE one = 1";
+    /// How many entries (at most `?`) the slot `?` holds.
     pub(super) const WAITING: &str =
         "SELECT COUNT(*) AS n FROM (SELECT 1 FROM tenure_ready WHERE slot = ? LIMIT ?) AS waiting";
+    /// Seconds the rotating session waits for its client's next statement.
+    pub(super) const STALLED: &str = "SET SESSION wait_timeout = 2";
+    pub(super) const UNSTALLED: &str = "SET SESSION wait_timeout = DEFAULT";
+    pub(super) const LOCK: &str = "LOCK TABLES tenure_ready WRITE, tenure_ready_ring WRITE NOWAIT";
     pub(super) const MOVE: &str = "UPDATE tenure_ready SET slot = ? WHERE slot = ?";
-    /// By slot: a partition's name is not a value a statement can bind.
+    /// By slot (a partition's name is not a value a statement can bind).
     pub(super) const TRUNCATE: [&str; 3] = [
         "ALTER TABLE tenure_ready TRUNCATE PARTITION p0",
         "ALTER TABLE tenure_ready TRUNCATE PARTITION p1",
         "ALTER TABLE tenure_ready TRUNCATE PARTITION p2",
     ];
     pub(super) const ADVANCE: &str = "UPDATE tenure_ready_ring \
-        SET generation = generation + 1, rotated_at = NOW(6) WHERE one = 1";
+        SET generation = generation + 1, rotated_at = UTC_TIMESTAMP(6) \
+        WHERE one = 1 AND generation = ?";
+    pub(super) const UNLOCK: &str = "UNLOCK TABLES";
     /// InnoDB's history list length (undo purge has not yet removed), where readable.
     pub(super) const HISTORY: &str = "SELECT CAST(count AS SIGNED) AS n \
         FROM information_schema.INNODB_METRICS \
         WHERE name = 'trx_rseg_history_len' AND status = 'enabled'";
+
+    #[derive(diesel::QueryableByName)]
+    pub(super) struct Due {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        pub(super) n: i64,
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        pub(super) due: i64,
+    }
 }
 
 #[cfg(feature = "mysql")]
 impl ReadyRing for diesel::mysql::MysqlConnection {
     fn rotate(&mut self, micros: i64) -> Result<Option<u64>> {
-        use diesel::connection::SimpleConnection;
+        use diesel::connection::{SimpleConnection, TransactionManager};
+        use diesel::sql_types::SmallInt;
 
         use crate::backend::statement::statement;
         use crate::backend::transaction::in_transaction;
@@ -186,14 +210,18 @@ impl ReadyRing for diesel::mysql::MysqlConnection {
                 operation: "rotate_ready",
             });
         }
-        let due = |c: &mut Self| -> Result<Option<i64>> {
-            Ok(statement(mysql::DUE)
-                .bind::<BigInt, _>(micros)
-                .get_result::<N>(c)
-                .optional()?
-                .map(|row| row.n))
-        };
-        if due(self)?.is_none() {
+        let ring = statement(mysql::DUE)
+            .bind::<BigInt, _>(micros)
+            .get_result::<mysql::Due>(self)
+            .optional()?
+            .ok_or_else(|| {
+                crate::Error::Migration(
+                    "tenure_ready_ring has no row: the ready ring cannot rotate (run the \
+                     migrations again, or restore the row the migration wrote)"
+                        .to_string(),
+                )
+            })?;
+        if ring.due == 0 {
             return Ok(None);
         }
         let history = statement(mysql::HISTORY)
@@ -203,53 +231,73 @@ impl ReadyRing for diesel::mysql::MysqlConnection {
         if !purge_lets_rotate(micros, history) {
             return Ok(None);
         }
-        let mut locked = false;
-        for attempt in 1..=LOCK_TRIES {
-            match self.batch_execute(mysql::LOCK) {
-                Ok(()) => {
-                    locked = true;
-                    break;
-                }
-                Err(e) if crate::error::is_transient(&e) && attempt < LOCK_TRIES => {
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                // Another transaction uses the ring: the next call.
-                Err(e) if crate::error::is_transient(&e) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        if !locked {
+        let current = i16::try_from(ring.n.rem_euclid(3)).unwrap_or(0);
+        let oldest = (current + 1) % 3;
+        // Counted before the lock: what the rotation moves (a backlog's slot is left for
+        // claims to empty; only a writer with an old read view adds to the oldest slot).
+        let waiting = statement(mysql::WAITING)
+            .bind::<SmallInt, _>(oldest)
+            .bind::<BigInt, _>(MAX_MOVED + 1)
+            .get_result::<N>(self)?
+            .n;
+        if waiting > MAX_MOVED {
             return Ok(None);
         }
-        let rotated = (|| -> Result<Option<u64>> {
-            // Due again, under the lock: another rotation may have run since.
-            let Some(generation) = due(self)? else {
-                return Ok(None);
+        self.batch_execute(mysql::STALLED)?;
+        let mut locked = Ok(false);
+        for attempt in 1..=LOCK_TRIES {
+            locked = match self.batch_execute(mysql::LOCK) {
+                Ok(()) => Ok(true),
+                // Another transaction uses the ring: a little later, or at the next call.
+                Err(e) if is_lock_refused(&e) => Ok(false),
+                Err(e) => Err(e),
             };
-            let current = i16::try_from(generation.rem_euclid(3)).unwrap_or(0);
-            let oldest = (current + 1) % 3;
-            let waiting = statement(mysql::WAITING)
-                .bind::<diesel::sql_types::SmallInt, _>(oldest)
-                .bind::<BigInt, _>(MAX_MOVED + 1)
-                .get_result::<N>(self)?
-                .n;
-            if waiting > MAX_MOVED {
-                return Ok(None);
+            if !matches!(locked, Ok(false)) {
+                break;
             }
-            let moved = statement(mysql::MOVE)
-                .bind::<diesel::sql_types::SmallInt, _>(current)
-                .bind::<diesel::sql_types::SmallInt, _>(oldest)
-                .execute(self)?;
-            let truncate = mysql::TRUNCATE[usize::try_from(oldest).unwrap_or(0)];
-            self.batch_execute(truncate)?;
-            statement(mysql::ADVANCE).execute(self)?;
-            Ok(Some(moved as u64))
-        })();
-        let unlocked = self.batch_execute(mysql::UNLOCK);
-        let rotated = rotated?;
-        unlocked?;
-        Ok(rotated)
+            if attempt < LOCK_TRIES {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        let rotated = match locked {
+            Ok(true) => (|| -> Result<Option<u64>> {
+                let moved = statement(mysql::MOVE)
+                    .bind::<SmallInt, _>(current)
+                    .bind::<SmallInt, _>(oldest)
+                    .execute(self)?;
+                let truncate = mysql::TRUNCATE[usize::try_from(oldest).unwrap_or(0)];
+                self.batch_execute(truncate)?;
+                statement(mysql::ADVANCE)
+                    .bind::<BigInt, _>(ring.n)
+                    .execute(self)?;
+                Ok(u64::try_from(moved).ok())
+            })(),
+            Ok(false) => Ok(None),
+            Err(e) => Err(e.into()),
+        };
+        // Whatever happened (an interrupted statement included: `KILL QUERY` may land on
+        // any of these), no connection goes back to a pool holding the ring's lock, which
+        // would stop every claim, nor waiting two seconds for its next statement: tried a
+        // few times, else the connection is marked broken, which a pool discards.
+        let tidied = (0..10).any(|try_number| {
+            if try_number > 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            self.batch_execute(mysql::UNLOCK).is_ok()
+        }) && (0..10).any(|_| self.batch_execute(mysql::UNSTALLED).is_ok());
+        if !tidied {
+            <Self as diesel::Connection>::TransactionManager::transaction_manager_status_mut(self)
+                .set_in_error();
+        }
+        rotated
     }
+}
+
+/// MariaDB refused `LOCK TABLES ... NOWAIT` (1205): another transaction uses the ring.
+#[cfg(feature = "mysql")]
+fn is_lock_refused(error: &diesel::result::Error) -> bool {
+    matches!(error, diesel::result::Error::DatabaseError(_, info)
+        if info.message().contains("Lock wait timeout exceeded"))
 }
 
 #[cfg(all(test, feature = "mysql"))]
