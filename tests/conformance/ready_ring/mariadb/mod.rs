@@ -18,13 +18,11 @@ use tenure::{AnyConnection, Backend, Error};
 use super::{NO_WAIT, TTL, assert_ring_exact, claims};
 use crate::common::{TestDb, count};
 
-
 /// The slot new entries go to, and the one the next rotation empties.
 pub(super) fn slots(conn: &mut AnyConnection) -> (i64, i64) {
     let generation = count(conn, "SELECT generation AS n FROM tenure_ready_ring");
     (generation % 3, (generation + 1) % 3)
 }
-
 
 /// Claims every job of queue `q` due now, completing each; returns their ids in order.
 pub(super) fn drain(conn: &mut AnyConnection) -> Vec<i64> {
