@@ -98,7 +98,7 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
                 Ok(_) => rotation_failures = 0,
                 Err(e) => {
                     // A failure that repeats (a user without the privileges MariaDB's rotation
-                    // needs, README) is tried every half minute, and said the first time
+                    // needs, docs/guide.md) is tried every half minute, and said the first time
                     // and then every hundredth.
                     next_rotation = Instant::now() + ROTATE_EVERY * 30;
                     if rotation_failures % 100 == 0 {

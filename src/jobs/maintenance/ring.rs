@@ -74,13 +74,14 @@ struct N {
 ///
 /// On MySQL/MariaDB a rotation takes a table lock (`LOCK TABLES`, with `NOWAIT`) and
 /// truncates a partition: the connection's user needs the `LOCK TABLES` and `DROP`
-/// privileges (README's least-privileged user has neither: then this is an error and the
-/// ring is reclaimed by purge alone, as `tenure_jobs` always was). A REPEATABLE READ
-/// transaction whose read view is older than a truncate, and that then changes a waiting
-/// job (a cancel, a replacing duplicate), fails with 1412 "Table definition has changed",
-/// which [`crate::Error::is_retryable`] says to repeat; so MariaDB rotates only while
-/// purge lags (InnoDB's history list over 5,000: a read view held open), or whatever it
-/// says when `min_interval` is zero.
+/// privileges (the least-privileged user of docs/guide.md has neither: then this is an
+/// error, and the ring is reclaimed by purge alone, as `tenure_jobs` always was); a user
+/// without PROCESS, which reading the history list needs, rotates on the interval alone.
+/// A REPEATABLE READ transaction whose read view is older than a truncate, and that then
+/// changes a waiting job (a cancel, a replacing duplicate), fails with 1412 "Table
+/// definition has changed", which [`crate::Error::is_retryable`] says to repeat; so
+/// MariaDB rotates only while purge lags (InnoDB's history list over 5,000: a read view
+/// held open), or whatever it says when `min_interval` is zero.
 ///
 /// ```
 /// # fn main() -> Result<(), tenure::Error> {
