@@ -365,6 +365,21 @@ fn a_live_database_migrates_into_the_ring(backend: Backend, down: &str) {
     assert_eq!(drained, 350, "the waiting jobs due now, each once");
 }
 
+/// Up to `wanted` rotations on `conn`, tried at most a thousand times (a rotation may find
+/// the ring busy); returns how many ran.
+pub(super) fn rotate_times(conn: &mut AnyConnection, wanted: usize) -> usize {
+    let mut rotated = 0;
+    for _ in 0..1000 {
+        if rotated == wanted {
+            break;
+        }
+        if jobs::rotate_ready(conn, NO_WAIT).unwrap().is_some() {
+            rotated += 1;
+        }
+    }
+    rotated
+}
+
 /// A thread rotating the ring on its own connection as often as it can (`pause` between
 /// calls) until `stop`, counting the rotations done; a failed rotation fails the test.
 pub(super) fn spawn_rotator(

@@ -13,7 +13,7 @@ use diesel::prelude::*;
 use tenure::jobs::{self, NewJob, OnDuplicate};
 use tenure::{AnyConnection, Backend, Error};
 
-use super::{NO_WAIT, TTL, assert_ring_exact, claims, spawn_rotator};
+use super::{NO_WAIT, TTL, assert_ring_exact, claims, rotate_times, spawn_rotator};
 use crate::common::{TestDb, conformance};
 
 conformance!(
@@ -49,15 +49,7 @@ fn after_rotations_in_repeatable_read<T>(
     .unwrap();
     caller.transaction::<_, Error, _>(|c| {
         assert_eq!(jobs::get(c, id)?.unwrap().state, jobs::JobState::Waiting);
-        let mut rotated = 0;
-        for _ in 0..1000 {
-            if jobs::rotate_ready(conn, NO_WAIT).unwrap().is_some() {
-                rotated += 1;
-                if rotated == 3 {
-                    break;
-                }
-            }
-        }
+        let rotated = rotate_times(conn, 3);
         if backend != Backend::Sqlite {
             assert_eq!(rotated, 3, "rotations under the caller's snapshot");
         }
@@ -181,15 +173,7 @@ fn postgres_a_rotation_under_an_old_snapshot_loses_no_entry() {
     let id = writer
         .transaction::<_, Error, _>(|w| {
             let id = jobs::enqueue(w, &NewJob::new("q", "a", vec![]))?.id;
-            let mut rotated = 0;
-            for _ in 0..1000 {
-                if jobs::rotate_ready(&mut conn, NO_WAIT).unwrap().is_some() {
-                    rotated += 1;
-                    if rotated == 2 {
-                        break;
-                    }
-                }
-            }
+            let rotated = rotate_times(&mut conn, 2);
             assert_eq!(rotated, 2, "rotations beside the open enqueue");
             rotator
                 .batch_execute(

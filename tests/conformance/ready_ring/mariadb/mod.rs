@@ -15,7 +15,7 @@ use diesel::prelude::*;
 use tenure::jobs::{self, NewJob};
 use tenure::{AnyConnection, Backend, Error};
 
-use super::{NO_WAIT, TTL, assert_ring_exact, claims};
+use super::{NO_WAIT, TTL, assert_ring_exact, claims, rotate_times};
 use crate::common::{TestDb, count};
 
 /// The slot new entries go to, and the one the next rotation empties.
@@ -59,15 +59,7 @@ fn mysql_an_entry_written_under_an_old_read_view_survives_the_rotations() {
             // The read view starts at the first read (of another table: one of the ring's
             // would hold its metadata lock, and no rotation could run).
             count(c, "SELECT COUNT(*) AS n FROM tenure_leases");
-            let mut rotated = 0;
-            for _ in 0..1000 {
-                if jobs::rotate_ready(&mut conn, NO_WAIT).unwrap().is_some() {
-                    rotated += 1;
-                    if rotated == 2 {
-                        break;
-                    }
-                }
-            }
+            let rotated = rotate_times(&mut conn, 2);
             assert_eq!(rotated, 2, "rotations beside the caller's read view");
             Ok(jobs::enqueue(c, &NewJob::new("q", "a", vec![]))?.id)
         })
