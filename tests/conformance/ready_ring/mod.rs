@@ -365,6 +365,21 @@ fn a_live_database_migrates_into_the_ring(backend: Backend, down: &str) {
     assert_eq!(drained, 350, "the waiting jobs due now, each once");
 }
 
+/// Claims every job of queue `q` due now, completing each; returns their ids in order.
+pub(super) fn drain(conn: &mut AnyConnection) -> Vec<i64> {
+    let mut taken = Vec::new();
+    loop {
+        let batch = jobs::claim(conn, "q", 10, TTL).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        taken.extend(batch.iter().map(|j| j.id));
+        jobs::complete(conn, &claims(&batch)).unwrap();
+    }
+    taken.sort_unstable();
+    taken
+}
+
 /// Up to `wanted` rotations on `conn`, tried at most a thousand times (a rotation may find
 /// the ring busy); returns how many ran.
 pub(super) fn rotate_times(conn: &mut AnyConnection, wanted: usize) -> usize {

@@ -524,15 +524,5 @@ fn postgres_a_rotation_killed_before_its_commit_loses_nothing() {
         jobs::rotate_ready(&mut conn, NO_WAIT).unwrap();
         assert_ring_exact(&mut conn, backend, &format!("after rotation {round}"));
     }
-    let mut taken = Vec::new();
-    loop {
-        let batch = jobs::claim(&mut conn, "q", 10, TTL).unwrap();
-        if batch.is_empty() {
-            break;
-        }
-        taken.extend(batch.iter().map(|j| j.id));
-        jobs::complete(&mut conn, &claims(&batch)).unwrap();
-    }
-    taken.sort_unstable();
-    assert_eq!(taken, ids, "each job once");
+    assert_eq!(super::drain(&mut conn), ids, "each job once");
 }

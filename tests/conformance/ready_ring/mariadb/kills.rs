@@ -7,8 +7,9 @@ use diesel::prelude::*;
 use tenure::jobs::{self, NewJob};
 use tenure::{Backend, Error};
 
+use super::super::drain;
 use super::super::{NO_WAIT, TTL, assert_ring_exact, claims};
-use super::{drain, slots};
+use super::slots;
 use crate::common::{TestDb, count};
 
 /// A rotation's connection killed after each of its steps (the entries moved; the slot

@@ -15,28 +15,13 @@ use diesel::prelude::*;
 use tenure::jobs::{self, NewJob};
 use tenure::{AnyConnection, Backend, Error};
 
-use super::{NO_WAIT, TTL, assert_ring_exact, claims, rotate_times};
+use super::{NO_WAIT, TTL, assert_ring_exact, drain, rotate_times};
 use crate::common::{TestDb, count};
 
 /// The slot new entries go to, and the one the next rotation empties.
 pub(super) fn slots(conn: &mut AnyConnection) -> (i64, i64) {
     let generation = count(conn, "SELECT generation AS n FROM tenure_ready_ring");
     (generation % 3, (generation + 1) % 3)
-}
-
-/// Claims every job of queue `q` due now, completing each; returns their ids in order.
-pub(super) fn drain(conn: &mut AnyConnection) -> Vec<i64> {
-    let mut taken = Vec::new();
-    loop {
-        let batch = jobs::claim(conn, "q", 10, TTL).unwrap();
-        if batch.is_empty() {
-            break;
-        }
-        taken.extend(batch.iter().map(|j| j.id));
-        jobs::complete(conn, &claims(&batch)).unwrap();
-    }
-    taken.sort_unstable();
-    taken
 }
 
 /// A caller's REPEATABLE READ transaction reads (its read view starts), two rotations run
