@@ -41,7 +41,7 @@ const PURGE_LAG: i64 = 5_000;
 
 /// Whether a zero interval forces a rotation whatever the history list says (see
 /// [`rotate_ready`]); with a nonzero one, MariaDB rotates only while purge lags, or when the
-/// list cannot be read (no PROCESS privilege, the counter disabled).
+/// server does not report the list (a MySQL-family server without the status variable).
 #[cfg(feature = "mysql")]
 fn purge_lets_rotate(min_interval_micros: i64, history: Option<i64>) -> bool {
     min_interval_micros == 0 || history.is_none_or(|length| length > PURGE_LAG)
@@ -75,8 +75,9 @@ struct N {
 /// On MySQL/MariaDB a rotation takes a table lock (`LOCK TABLES`, with `NOWAIT`) and
 /// truncates a partition: the connection's user needs the `LOCK TABLES` and `DROP`
 /// privileges (the least-privileged user of docs/guide.md has neither: then this is an
-/// error, and the ring is reclaimed by purge alone, as `tenure_jobs` always was); a user
-/// without PROCESS, which reading the history list needs, rotates on the interval alone.
+/// error, and the ring is reclaimed by purge alone, as `tenure_jobs` always was). The
+/// history list is read from the server's status (`Innodb_history_list_length`), which
+/// needs no privilege.
 /// A REPEATABLE READ transaction whose read view is older than a truncate, and that then
 /// changes a waiting job (a cancel, a replacing duplicate), fails with 1412 "Table
 /// definition has changed", which [`crate::Error::is_retryable`] says to repeat; so
@@ -183,10 +184,12 @@ mod mysql {
         SET generation = generation + 1, rotated_at = UTC_TIMESTAMP(6) \
         WHERE one = 1 AND generation = ?";
     pub(super) const UNLOCK: &str = "UNLOCK TABLES";
-    /// InnoDB's history list length (undo purge has not yet removed), where readable.
-    pub(super) const HISTORY: &str = "SELECT CAST(count AS SIGNED) AS n \
-        FROM information_schema.INNODB_METRICS \
-        WHERE name = 'trx_rseg_history_len' AND status = 'enabled'";
+    /// InnoDB's history list length (undo purge has not yet removed): a status variable,
+    /// which any user may read (`INNODB_METRICS` needs PROCESS, and names its columns
+    /// differently on MySQL and MariaDB). No row: the server does not report it.
+    pub(super) const HISTORY: &str = "SELECT CAST(VARIABLE_VALUE AS SIGNED) AS n \
+        FROM information_schema.GLOBAL_STATUS \
+        WHERE VARIABLE_NAME = 'INNODB_HISTORY_LIST_LENGTH'";
 
     #[derive(diesel::QueryableByName)]
     pub(super) struct Due {
@@ -225,9 +228,11 @@ impl ReadyRing for diesel::mysql::MysqlConnection {
         if ring.due == 0 {
             return Ok(None);
         }
+        // An error here is an error (a failing read taken as "unknown" would rotate every
+        // second, hiding what broke).
         let history = statement(mysql::HISTORY)
             .get_result::<N>(self)
-            .ok()
+            .optional()?
             .map(|row| row.n);
         if !purge_lets_rotate(micros, history) {
             return Ok(None);

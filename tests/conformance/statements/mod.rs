@@ -37,8 +37,8 @@ fn sql_of(query: &str) -> String {
         .to_string()
 }
 
-/// Transaction control, and MariaDB's ring rotation's table lock and truncate, go as simple
-/// statements, never prepared: not counted.
+/// Transaction control, and MariaDB's ring rotation's session timeout, table lock and
+/// truncate, go as simple statements, never prepared: not counted.
 fn is_simple_statement(sql: &str) -> bool {
     let upper = sql.trim_start().to_ascii_uppercase();
     [
@@ -48,6 +48,7 @@ fn is_simple_statement(sql: &str) -> bool {
         "SAVEPOINT",
         "RELEASE",
         "SET TRANSACTION",
+        "SET SESSION WAIT_TIMEOUT",
         "LOCK TABLES",
         "UNLOCK TABLES",
         "ALTER TABLE TENURE_READY TRUNCATE PARTITION",

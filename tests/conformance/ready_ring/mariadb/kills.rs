@@ -239,7 +239,7 @@ fn mysql_rotations_killed_at_any_moment_lose_nothing() {
     let mut conn = db.connect();
     let (mut due, mut later) = (Vec::new(), Vec::new());
     let started = Instant::now();
-    for i in 0..1500 {
+    for i in 0..600 {
         let mut job = NewJob::new("k", "a", vec![]);
         if i % 10 == 0 {
             job = job.delay(Duration::from_secs(600));
@@ -250,7 +250,7 @@ fn mysql_rotations_killed_at_any_moment_lose_nothing() {
         } else {
             due.push(id);
         }
-        if i % 100 == 0 {
+        if i % 50 == 0 {
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -4,9 +4,11 @@
 //! own. Nothing may lose an entry or leave one behind: here, what changes jobs and the ring
 //! around rotations (old read views, the migration, time zones, a missing row, an id
 //! changed); a rotation stopped at any point ([`kills`]); callers at REPEATABLE READ racing
-//! rotations ([`read_views`]); a stalled client ([`stalls`]).
+//! rotations ([`read_views`]); a stalled client ([`stalls`]); when a rotation is worth its
+//! cost ([`purge`]).
 
 mod kills;
+mod purge;
 mod read_views;
 mod stalls;
 
