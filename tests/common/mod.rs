@@ -160,8 +160,26 @@ impl TestDb {
 
     /// A new connection with tenure's session settings (which `AnyConnection::connect`
     /// applies).
+    /// The server full ("too many clients": the suite's parallel races hold many
+    /// connections each) is waited out for up to a minute; any other failure panics.
     pub fn connect(&self) -> AnyConnection {
-        AnyConnection::connect(&self.url).expect("connect to the test database")
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            match AnyConnection::connect(&self.url) {
+                Ok(conn) => return conn,
+                Err(e)
+                    if format!("{e:?}").contains("too many clients")
+                        || format!("{e:?}").contains("Too many connections") =>
+                {
+                    assert!(
+                        std::time::Instant::now() < give_up,
+                        "connect to the test database: still full after a minute: {e:?}"
+                    );
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+                Err(e) => panic!("connect to the test database: {e:?}"),
+            }
+        }
     }
 
     /// A new connection without any session settings, as a user's own connection may be.
