@@ -157,6 +157,9 @@ fn mysql_rotations_killed_at_any_moment_lose_nothing() {
                 };
                 *outcomes.lock().unwrap().entry(outcome).or_default() += 1;
                 calls.fetch_add(1, Ordering::SeqCst);
+                // A breath between rotations (each a table lock and DDL): back to back, they
+                // starved the enqueuer and the claimer on a loaded server.
+                std::thread::sleep(Duration::from_millis(2));
                 // Usable and unlocked, or gone (killed).
                 let mut lost = false;
                 for _ in 0..5 {
