@@ -67,6 +67,31 @@ pub fn server_url(backend: Backend) -> String {
     }
 }
 
+/// Connects to `url`, waiting out a full server ("too many clients": the suite's parallel
+/// races hold many connections each) for up to a minute; any other failure is returned at
+/// once.
+fn connect_when_room(url: &str) -> Result<AnyConnection, tenure::Error> {
+    when_room(|| AnyConnection::connect(url))
+}
+
+fn when_room(
+    connect: impl Fn() -> Result<AnyConnection, tenure::Error>,
+) -> Result<AnyConnection, tenure::Error> {
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match connect() {
+            Err(e)
+                if std::time::Instant::now() < give_up
+                    && (format!("{e:?}").contains("too many clients")
+                        || format!("{e:?}").contains("Too many connections")) =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// A database of its own for one test, dropped afterwards: `tenure_t_<random>` on a server, a
 /// file in a temporary directory on SQLite (not `:memory:`, which gives each connection its
 /// own database).
@@ -126,7 +151,7 @@ impl TestDb {
             };
         };
         let name = format!("tenure_t_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = AnyConnection::connect(&server).unwrap_or_else(|e| {
+        let mut admin = connect_when_room(&server).unwrap_or_else(|e| {
             panic!(
                 "the {backend} test server is unreachable ({e}). Start it (see README.md) or \
                  point {var} at one; tests never skip a backend."
@@ -160,31 +185,15 @@ impl TestDb {
 
     /// A new connection with tenure's session settings (which `AnyConnection::connect`
     /// applies).
-    /// The server full ("too many clients": the suite's parallel races hold many
-    /// connections each) is waited out for up to a minute; any other failure panics.
     pub fn connect(&self) -> AnyConnection {
-        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        loop {
-            match AnyConnection::connect(&self.url) {
-                Ok(conn) => return conn,
-                Err(e)
-                    if format!("{e:?}").contains("too many clients")
-                        || format!("{e:?}").contains("Too many connections") =>
-                {
-                    assert!(
-                        std::time::Instant::now() < give_up,
-                        "connect to the test database: still full after a minute: {e:?}"
-                    );
-                    std::thread::sleep(std::time::Duration::from_millis(200));
-                }
-                Err(e) => panic!("connect to the test database: {e:?}"),
-            }
-        }
+        connect_when_room(&self.url)
+            .unwrap_or_else(|e| panic!("connect to the test database: {e:?}"))
     }
 
     /// A new connection without any session settings, as a user's own connection may be.
     pub fn connect_raw(&self) -> AnyConnection {
-        AnyConnection::connect_raw(&self.url).expect("connect to the test database")
+        when_room(|| AnyConnection::connect_raw(&self.url))
+            .unwrap_or_else(|e| panic!("connect to the test database: {e:?}"))
     }
 
     /// A new connection with these session settings.
@@ -210,7 +219,7 @@ impl Drop for TestDb {
                 Backend::Postgres => format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
                 _ => format!("DROP DATABASE IF EXISTS {name}"),
             };
-            match AnyConnection::connect(server) {
+            match connect_when_room(server) {
                 Ok(mut admin) => {
                     if let Err(e) = admin.batch_execute(&sql) {
                         eprintln!("could not drop test database {name}: {e}");
