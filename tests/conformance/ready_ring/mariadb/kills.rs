@@ -9,7 +9,7 @@ use tenure::{Backend, Error};
 
 use super::super::drain;
 use super::super::{NO_WAIT, TTL, assert_ring_exact, claims};
-use super::slots;
+use super::{slots, timed_claim};
 use crate::common::{TestDb, count};
 
 /// A rotation's connection killed after each of its steps (the entries moved; the slot
@@ -310,8 +310,8 @@ fn mysql_rotations_killed_at_any_moment_lose_nothing() {
 /// connection must hold no table lock.
 #[test]
 fn mysql_a_rotation_interrupted_by_kill_query_leaves_no_table_locked() {
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, mpsc};
     use std::time::{Duration, Instant};
 
     let backend = Backend::Mysql;
@@ -372,16 +372,7 @@ fn mysql_a_rotation_interrupted_by_kill_query_leaves_no_table_locked() {
         return;
     };
     // What the rest of the database sees meanwhile: a claim on another connection.
-    let (sender, receiver) = mpsc::channel();
-    let claimer = {
-        let mut conn = db.connect();
-        std::thread::spawn(move || {
-            let started = Instant::now();
-            let taken = jobs::claim(&mut conn, "q", 10, TTL).map(|b| b.len());
-            sender.send(started.elapsed()).unwrap();
-            taken
-        })
-    };
+    let (receiver, claimer) = timed_claim(&db);
     let waited = receiver.recv_timeout(Duration::from_secs(3));
     // Let the claim go (the lock ends with the session) before the test ends.
     drop(rotator);

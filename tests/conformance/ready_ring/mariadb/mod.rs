@@ -26,6 +26,25 @@ pub(super) fn slots(conn: &mut AnyConnection) -> (i64, i64) {
     (generation % 3, (generation + 1) % 3)
 }
 
+/// A claim of queue `q` on a connection of its own, in a thread: the receiver gets how
+/// long it took (to tell a claim held behind the ring's lock from one that went through).
+pub(super) fn timed_claim(
+    db: &TestDb,
+) -> (
+    std::sync::mpsc::Receiver<std::time::Duration>,
+    std::thread::JoinHandle<Result<usize, Error>>,
+) {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let mut conn = db.connect();
+    let claimer = std::thread::spawn(move || {
+        let started = std::time::Instant::now();
+        let taken = jobs::claim(&mut conn, "q", 10, TTL).map(|b| b.len());
+        sender.send(started.elapsed()).unwrap();
+        taken
+    });
+    (receiver, claimer)
+}
+
 /// A caller's REPEATABLE READ transaction reads (its read view starts), two rotations run
 /// on another connection, then it enqueues: its trigger reads the generation of its read
 /// view, two behind, so the entry goes to the slot the next rotation empties. That rotation

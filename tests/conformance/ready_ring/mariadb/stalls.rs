@@ -4,7 +4,8 @@
 use tenure::jobs::{self, NewJob};
 use tenure::{AnyConnection, Backend};
 
-use super::super::{NO_WAIT, TTL};
+use super::super::NO_WAIT;
+use super::timed_claim;
 use crate::common::TestDb;
 
 /// A TCP proxy to the test server that forwards everything, but holds the first client
@@ -76,7 +77,6 @@ fn holding_proxy(
 #[test]
 fn mysql_a_stalled_rotation_does_not_stop_every_claim() {
     use std::sync::atomic::Ordering;
-    use std::sync::mpsc;
     use std::time::{Duration, Instant};
 
     let backend = Backend::Mysql;
@@ -108,16 +108,7 @@ fn mysql_a_stalled_rotation_does_not_stop_every_claim() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    let (sender, receiver) = mpsc::channel();
-    let claimer = {
-        let mut conn = db.connect();
-        std::thread::spawn(move || {
-            let started = Instant::now();
-            let taken = jobs::claim(&mut conn, "q", 10, TTL).map(|b| b.len());
-            sender.send(started.elapsed()).unwrap();
-            taken
-        })
-    };
+    let (receiver, claimer) = timed_claim(&db);
     let waited = receiver.recv_timeout(Duration::from_secs(6));
     let rotated = rotator.join().unwrap();
     let taken = claimer.join().unwrap();
