@@ -50,6 +50,17 @@ struct Entry {
     limit_key: Option<String>,
 }
 
+/// A claimed job was due when it was claimed (both instants the database's).
+pub(super) fn assert_not_early(job: &jobs::ClaimedJob) {
+    assert!(
+        job.due_at <= job.claimed_at,
+        "job {} claimed at {} before its due time {}",
+        job.id,
+        job.claimed_at,
+        job.due_at
+    );
+}
+
 /// The servers: the ring's entries and the waiting jobs agree, one entry per waiting job
 /// with its claim columns; on SQLite there is no ring and a rotation does nothing.
 pub(super) fn assert_ring_exact(conn: &mut AnyConnection, backend: Backend, context: &str) {

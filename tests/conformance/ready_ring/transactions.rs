@@ -13,7 +13,9 @@ use diesel::prelude::*;
 use tenure::jobs::{self, NewJob, OnDuplicate};
 use tenure::{AnyConnection, Backend, Error};
 
-use super::{NO_WAIT, TTL, assert_ring_exact, claims, rotate_times, spawn_rotator};
+use super::{
+    NO_WAIT, TTL, assert_not_early, assert_ring_exact, claims, rotate_times, spawn_rotator,
+};
 use crate::common::{TestDb, conformance};
 
 conformance!(
@@ -337,13 +339,7 @@ fn replacing_duplicates_racing_rotations_and_claims_never_run_a_job_early(backen
                 while !stop.load(Ordering::SeqCst) {
                     let batch = jobs::claim(&mut conn, "rd", 5, TTL).expect("claim must not fail");
                     for job in &batch {
-                        assert!(
-                            job.due_at <= job.claimed_at,
-                            "job {} claimed at {} before its due time {}",
-                            job.id,
-                            job.claimed_at,
-                            job.due_at
-                        );
+                        assert_not_early(job);
                     }
                     taken += batch.len();
                     if !batch.is_empty() {

@@ -6,7 +6,7 @@ use diesel::prelude::*;
 use tenure::jobs::{self, NewJob};
 use tenure::{Backend, Error};
 
-use super::super::{NO_WAIT, TTL, assert_ring_exact, claims};
+use super::super::{NO_WAIT, TTL, assert_not_early, assert_ring_exact, claims};
 use crate::common::TestDb;
 
 /// Promise 6 with real threads: two callers run REPEATABLE READ transactions whose read view
@@ -44,13 +44,7 @@ fn mysql_repeatable_read_callers_racing_rotations_keep_the_ring_exact() {
                 while !stop.load(Ordering::SeqCst) {
                     let batch = jobs::claim(&mut conn, "rr", 5, TTL).expect("claim must not fail");
                     for job in &batch {
-                        assert!(
-                            job.due_at <= job.claimed_at,
-                            "job {} claimed at {} before its due time {}",
-                            job.id,
-                            job.claimed_at,
-                            job.due_at
-                        );
+                        assert_not_early(job);
                         *claimed.lock().unwrap().entry(job.id).or_default() += 1;
                     }
                     if !batch.is_empty() {
