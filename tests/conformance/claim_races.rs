@@ -241,7 +241,9 @@ fn a_lapsed_worker_is_refused_after_a_rescue(backend: Backend) {
 /// (no deadlock) and no job lost.
 fn heartbeats_and_rescues_race_without_errors(backend: Backend) {
     const JOBS: usize = 200;
-    const RUN: Duration = Duration::from_secs(10);
+    // Each worker's cycle (claim, heartbeat, sometimes a stall) is 20-50 ms and the rescuers
+    // loop every few ms: 5 s is hundreds of cycles each.
+    const RUN: Duration = Duration::from_secs(5);
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let batch: Vec<NewJob> = (0..JOBS)

@@ -85,7 +85,7 @@ fn limited_job(i: usize) -> NewJob {
         ))
 }
 
-/// For 5 s: 6 claimers (any kind, or kind `a` or `b`) complete, give back or kill what
+/// For 3 s: 6 claimers (any kind, or kind `a` or `b`) complete, give back or kill what
 /// they claim; a canceller cancels jobs, retries dead ones and enqueues more; a pruner
 /// deletes finished jobs. Jobs carry a cap of 2 on one of 6 keys and a rate of 3 per 50 ms
 /// on one of 4 keys; the queue is limited to 4. A checker counts running jobs per key and
@@ -179,7 +179,7 @@ fn claimers_finishers_cancellers_and_pruners_of_limited_jobs_keep_every_cap(back
         }));
     }
     let mut worst = (0i64, 0i64);
-    let end = Clock::now() + Duration::from_secs(5);
+    let end = Clock::now() + Duration::from_secs(3);
     while Clock::now() < end {
         let queue = count(
             &mut conn,

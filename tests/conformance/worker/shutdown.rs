@@ -9,13 +9,18 @@ use tenure::Backend;
 use tenure::jobs::{self, JobState, NewJob};
 use tenure::worker::{JobContext, Worker};
 
-use crate::common::{Intervals, TestDb, conformance, overlaps, poll_until};
+use crate::common::{Intervals, TestDb, conformance, overlaps, poll_until, wait_until};
 
 conformance!(
     shutdown_past_grace_keeps_the_limit_until_the_handler_returns,
     shutdown_past_grace_never_runs_a_job_twice_at_once,
     a_cancel_at_shutdown_is_counted_and_ends_the_job_cancelled,
 );
+
+/// The first worker's claim ttl: its slow handler (1.5 s) ends well before the claim lapses.
+const LAPSING_TTL: Duration = Duration::from_secs(6);
+/// The second worker's: it looks for lapsed claims every second (half its ttl).
+const RESCUING_TTL: Duration = Duration::from_secs(2);
 
 fn wait_flag(flag: &AtomicBool, limit: Duration) {
     poll_until(limit, Duration::from_millis(5), || {
@@ -55,9 +60,13 @@ fn shutdown_past_grace_keeps_the_limit_until_the_handler_returns(backend: Backen
             Ok(())
         }
     };
+    // A's claim lapses 6 s after its last renewal (4.5 s after the slow run ends, margin
+    // for a loaded machine); B's rescue (every 1 s) then gives the job to B: the test sees
+    // the rerun instead of waiting out the default 30 s ttl.
     let a = Worker::builder(db.pool(8))
         .queue("lim")
         .threads(2)
+        .claim_ttl(LAPSING_TTL)
         .poll_interval(Duration::from_millis(10))
         .raw_handler("k", handler.clone())
         .start()
@@ -67,11 +76,13 @@ fn shutdown_past_grace_keeps_the_limit_until_the_handler_returns(backend: Backen
     let b = Worker::builder(db.pool(8))
         .queue("lim")
         .threads(2)
+        .claim_ttl(RESCUING_TTL)
         .poll_interval(Duration::from_millis(10))
         .raw_handler("k", handler)
         .start()
         .unwrap();
-    poll_until(Duration::from_secs(30), Duration::from_millis(20), || {
+    // A's slow run, B's run of the second job and B's rerun of the given-back one.
+    wait_until("three runs", Duration::from_secs(60), || {
         (intervals.lock().unwrap().len() >= 3).then_some(())
     });
     let report_b = b.shutdown(Duration::from_secs(5));
@@ -108,6 +119,7 @@ fn shutdown_past_grace_never_runs_a_job_twice_at_once(backend: Backend) {
     let a = Worker::builder(db.pool(8))
         .queue("twice")
         .threads(1)
+        .claim_ttl(LAPSING_TTL)
         .poll_interval(Duration::from_millis(10))
         .raw_handler("k", handler.clone())
         .start()
@@ -117,11 +129,13 @@ fn shutdown_past_grace_never_runs_a_job_twice_at_once(backend: Backend) {
     let b = Worker::builder(db.pool(8))
         .queue("twice")
         .threads(1)
+        .claim_ttl(RESCUING_TTL)
         .poll_interval(Duration::from_millis(10))
         .raw_handler("k", handler)
         .start()
         .unwrap();
-    poll_until(Duration::from_secs(20), Duration::from_millis(20), || {
+    // A's slow run, and B's run once A's claim has lapsed.
+    wait_until("the rerun", Duration::from_secs(60), || {
         (intervals.lock().unwrap().len() >= 2).then_some(())
     });
     let report_b = b.shutdown(Duration::from_secs(5));
