@@ -44,9 +44,11 @@ fn a_retry_claimed_while_the_first_run_is_recorded_runs_once(backend: Backend) {
     let worker = Worker::builder(pool)
         .queue("again")
         .threads(8)
-        // Short enough that an orphaned claim lapses and is rescued within the test, long
-        // enough that heartbeats on a loaded machine keep the others.
-        .claim_ttl(Duration::from_secs(3))
+        // Short enough that an orphaned claim lapses and is rescued within the test's wait
+        // for the jobs to end (a dropped completion leaves its job running until then), long
+        // enough that heartbeats delayed by a loaded machine's disk keep the others (3 s lapsed
+        // a hundred claims while CI built beside the suite).
+        .claim_ttl(Duration::from_secs(10))
         .poll_interval(Duration::from_millis(20))
         .raw_handler("k", move |ctx: &JobContext, _: &[u8]| {
             seen.lock()
@@ -61,9 +63,9 @@ fn a_retry_claimed_while_the_first_run_is_recorded_runs_once(backend: Backend) {
         })
         .start()
         .unwrap();
-    let live = crate::common::live_jobs_after(&mut conn, Duration::from_secs(60));
-    // Past a whole ttl and a rescue period: an orphaned claim would have lapsed and rerun.
-    std::thread::sleep(Duration::from_millis(5000));
+    // A job whose completion was dropped stays running until its claim lapses, is rescued
+    // and runs again: it is live until then, so once none is live, none can run again.
+    let live = crate::common::live_jobs_after(&mut conn, Duration::from_secs(45));
     let report = worker.shutdown(Duration::from_secs(5));
     assert_eq!(live, 0, "{report:?}");
     assert_eq!(
