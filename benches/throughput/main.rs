@@ -10,14 +10,13 @@
 //!   --samples N       enqueue -> start samples for the latency workload (default 200)
 //!   --scale           also drain with 1,000,000 finished and with 100,000 waiting jobs
 //!   --prefetch N      the workers' prefetch (default: the builder's, 100)
-//!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; E, F, G, H, K, L, Q, R, V
-//!                     and W only when listed)
+//!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; E, F, G, H, K, L, P, Q, R,
+//!                     V and W only when listed)
 //!   --phase-secs N    G: seconds of its clean and released phases; the snapshot is held
 //!                     twice as long (default 30)
 //!   --rate N          G: jobs a second (default 1000)
-//!   --window-secs N   G: seconds per printed window (default 5)
-//!   --autovacuum-on   G: turn PostgreSQL's autovacuum on for the run (ALTER SYSTEM, reset
-//!                     after); G prints the setting it ran with
+//!   --window-secs N   G and P: seconds per printed window (default 5)
+//!   --capacity-secs N P: seconds of the run at capacity (default 300)
 //!   --events          the drain's worker has an `on_event` hook (counting events)
 //!   --metrics         a Prometheus recorder is installed (with the `metrics` feature)
 //! ```
@@ -28,12 +27,17 @@
 //! half of N each). p50/p95 are per `claim_kinds` call.
 //!
 //! Servers: `TENURE_TEST_POSTGRES_URL` / `TENURE_TEST_MYSQL_URL` (defaulting to the local
-//! services); each run gets a database of its own, dropped afterwards. SQLite runs on a file
+//! services); each run gets a database of its own, dropped afterwards. G and P print the
+//! server's `autovacuum` setting; to measure with it on (this machine's server has it off),
+//! point `TENURE_TEST_POSTGRES_URL` at a private server: `TENURE_PRIVATE_PG_SETTINGS="-c
+//! fsync=on -c autovacuum=on" scripts/private-servers start-postgres DIR` prints its URL. The
+//! harness never changes a server's settings. SQLite runs on a file
 //! in a temporary directory. Everything runs with tenure's defaults (SQLite synchronous=FULL)
 //! and the servers' defaults.
 
 use std::time::Duration;
 
+mod capacity;
 mod drain;
 mod enqueue;
 mod fleet;
@@ -257,6 +261,16 @@ fn main() {
     if options.only.contains(&'G') {
         for &backend in &options.backends {
             steady::steady(backend, &options.steady);
+        }
+    }
+    if options.only.contains(&'P') {
+        for &backend in &options.backends {
+            capacity::capacity(
+                backend,
+                options.capacity_secs,
+                options.steady.window_secs,
+                options.workers,
+            );
         }
     }
     println!();

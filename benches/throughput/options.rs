@@ -17,6 +17,8 @@ pub struct Options {
     pub events: bool,
     pub metrics: bool,
     pub steady: steady::Steady,
+    /// P: seconds of the run at capacity.
+    pub capacity_secs: u64,
 }
 
 pub fn parse_options() -> Result<Options, String> {
@@ -36,8 +38,8 @@ pub fn parse_options() -> Result<Options, String> {
             phase_secs: 30,
             rate: 1000,
             window_secs: 5,
-            autovacuum_on: false,
         },
+        capacity_secs: 300,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -56,7 +58,7 @@ pub fn parse_options() -> Result<Options, String> {
             "--phase-secs" => options.steady.phase_secs = number("--phase-secs")? as u64,
             "--rate" => options.steady.rate = number("--rate")? as u64,
             "--window-secs" => options.steady.window_secs = number("--window-secs")? as u64,
-            "--autovacuum-on" => options.steady.autovacuum_on = true,
+            "--capacity-secs" => options.capacity_secs = number("--capacity-secs")? as u64,
             "--scale" => options.scale = true,
             "--prefetch" => {
                 options.prefetch = Some(

@@ -28,20 +28,10 @@ pub struct Steady {
     pub phase_secs: u64,
     pub rate: u64,
     pub window_secs: u64,
-    /// PostgreSQL: turn the server's autovacuum on for the run (`ALTER SYSTEM`, reset after).
-    pub autovacuum_on: bool,
 }
 
-/// PostgreSQL's `autovacuum` setting, with `ALTER SYSTEM` when asked to turn it on for the
-/// run (reset by [`reset_autovacuum`]).
-fn autovacuum(conn: &mut AnyConnection, turn_on: bool) -> String {
-    if turn_on {
-        conn.batch_execute("ALTER SYSTEM SET autovacuum = on")
-            .expect("ALTER SYSTEM");
-        conn.batch_execute("SELECT pg_reload_conf()")
-            .expect("reload");
-        std::thread::sleep(Duration::from_secs(1));
-    }
+/// PostgreSQL's `autovacuum` setting on the server the run measures.
+pub fn autovacuum(conn: &mut AnyConnection) -> String {
     #[derive(diesel::QueryableByName)]
     struct Setting {
         #[diesel(sql_type = diesel::sql_types::Text)]
@@ -50,13 +40,6 @@ fn autovacuum(conn: &mut AnyConnection, turn_on: bool) -> String {
     diesel::sql_query("SELECT current_setting('autovacuum') AS value")
         .get_result::<Setting>(conn)
         .map_or_else(|e| e.to_string(), |s| s.value)
-}
-
-fn reset_autovacuum(conn: &mut AnyConnection) {
-    conn.batch_execute("ALTER SYSTEM RESET autovacuum")
-        .expect("ALTER SYSTEM");
-    conn.batch_execute("SELECT pg_reload_conf()")
-        .expect("reload");
 }
 
 #[derive(diesel::QueryableByName)]
@@ -73,7 +56,7 @@ fn number(conn: &mut AnyConnection, sql: &str) -> i64 {
 }
 
 /// (dead row versions, or the backend's closest reading; bytes of table and indexes).
-fn table_readings(
+pub fn table_readings(
     conn: &mut AnyConnection,
     backend: Backend,
     sqlite_path: Option<&str>,
@@ -111,6 +94,14 @@ fn table_readings(
             // The WAL's size stands for what a checkpoint could not yet write back.
             (size(&format!("{path}-wal")), size(path))
         }
+    }
+}
+
+/// The ready ring's generation (how many rotations so far; servers only, -1 on SQLite).
+pub fn ring_generation(conn: &mut AnyConnection, backend: Backend) -> i64 {
+    match backend {
+        Backend::Sqlite => -1,
+        _ => number(conn, "SELECT generation AS n FROM tenure_ready_ring"),
     }
 }
 
@@ -179,10 +170,7 @@ pub fn steady(backend: Backend, shape: &Steady) {
         ("released", shape.phase_secs),
     ];
     let vacuum = if backend == Backend::Postgres {
-        format!(
-            ", autovacuum {}",
-            autovacuum(&mut watch, shape.autovacuum_on)
-        )
+        format!(", autovacuum {}", autovacuum(&mut watch))
     } else {
         String::new()
     };
@@ -191,8 +179,10 @@ pub fn steady(backend: Backend, shape: &Steady) {
         "G on {backend:?}: {} jobs/s, windows of {} s{vacuum}",
         shape.rate, shape.window_secs
     );
-    println!("| phase | t (s) | pickup p50 | pickup p99 | due depth | dead versions | size (MB) |");
-    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| phase | t (s) | pickup p50 | pickup p99 | due depth | dead versions | size (MB) | rotations |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     let mut summary: Vec<(&str, Vec<Duration>, i64)> = Vec::new();
     for (phase, secs) in phases {
         if phase == "snapshot held" {
@@ -214,8 +204,9 @@ pub fn steady(backend: Backend, shape: &Steady) {
                 .map_or(-1, |d| d.due as i64);
             let (dead, size) = table_readings(&mut watch, backend, sqlite_path.as_deref());
             peak_size = peak_size.max(size);
+            let rotations = ring_generation(&mut watch, backend);
             println!(
-                "| {phase} | {} | {} | {} | {depth} | {dead} | {:.1} |",
+                "| {phase} | {} | {} | {} | {depth} | {dead} | {:.1} | {rotations} |",
                 started_at.elapsed().as_secs(),
                 ms(percentile(&window, 0.5)),
                 ms(percentile(&window, 0.99)),
@@ -229,9 +220,6 @@ pub fn steady(backend: Backend, shape: &Steady) {
     stop.store(true, Ordering::Relaxed);
     producer.join().expect("the producer panicked");
     worker.shutdown(Duration::from_secs(10));
-    if backend == Backend::Postgres && shape.autovacuum_on {
-        reset_autovacuum(&mut watch);
-    }
     let clean_p99 = percentile(&summary[0].1, 0.99);
     for (phase, pickups, peak) in &summary {
         let p99 = percentile(pickups, 0.99);

@@ -1,6 +1,13 @@
 //! The claimer: claims jobs for the free threads plus a prefetch sized by how fast jobs run,
-//! hands them out, rescues stalled jobs, fails parked jobs past their deadline, prunes, fires
-//! schedules, and backs off while idle.
+//! hands them out, rotates the ready ring, and backs off while idle. The other passes run on
+//! the maintenance thread (`maintenance.rs`), so none of them delays a claim.
+//!
+//! The rotation stays here: it delays claims wherever it runs (they wait behind its lock
+//! while it empties a slot), and MariaDB grants its lock only in an instant when no open
+//! transaction has used the ring. From the claimer, whose own transactions are the ring's
+//! most frequent, it found one every second through bench G's 90 s hold; from a thread
+//! beside it, about half as often even with 200 tries, and claims slowed with the
+//! delete-marked entries left between rotations (held p50 12 -> 19 ms).
 
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
@@ -8,22 +15,11 @@ use std::time::{Duration, Instant};
 use super::Task;
 use super::connection::Connection;
 use super::runs::{RunInfo, Shared};
-use crate::events::Event;
-use crate::jobs::{self, Finished, Retention};
-
-/// How often a worker that runs schedules fires them.
-const SCHEDULES_EVERY: Duration = Duration::from_millis(100);
-
-/// How often a worker fails parked jobs past their deadline ([`jobs::expire_parked`]): a
-/// read of the open parks' index by deadline.
-const EXPIRE_EVERY: Duration = Duration::from_secs(1);
+use crate::jobs;
 
 /// How often a worker rotates the ready ring ([`jobs::rotate_ready`]; once for all workers of
 /// a database, by the database's clock).
 const ROTATE_EVERY: Duration = Duration::from_secs(1);
-
-/// How often a worker with retention policies prunes.
-const PRUNE_EVERY: Duration = Duration::from_secs(5);
 
 pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
     let config = &shared.config;
@@ -31,23 +27,9 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
     let mut conn = Connection::new(&config.pool);
     let mut idle = Duration::from_millis(10);
     let mut error_pause = Duration::from_millis(100);
-    let rescue_every = (config.claim_ttl / 2).min(Duration::from_secs(30));
-    let mut next_rescue = Instant::now();
-    // Dead workers' claims are looked for often (the look is a read of a small table), and
-    // first when this worker starts: a worker started in place of one that died takes its
-    // jobs back within seconds.
-    let mut next_dead_workers = Instant::now();
-    let mut next_prune = Instant::now();
-    let mut next_expire = Instant::now();
-    let mut next_schedules = Instant::now();
+    let max_idle = config.poll_interval;
     let mut rotation_failures: u64 = 0;
     let mut next_rotation = Instant::now();
-    // With schedules to fire, idle waits stay short enough to fire them on time.
-    let max_idle = if config.run_schedules {
-        config.poll_interval.min(SCHEDULES_EVERY)
-    } else {
-        config.poll_interval
-    };
     let mut next_queue = 0;
     // When a rate that held jobs back has room again (from the claims' answers): an idle
     // wait ends then, so a rate-limited queue is claimed when its window allows, not at the
@@ -76,18 +58,6 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
                 state = shared.wait(state, config.poll_interval);
             }
         };
-        if config.run_schedules && Instant::now() >= next_schedules {
-            next_schedules = Instant::now() + SCHEDULES_EVERY;
-            match conn.with(crate::schedules::tick) {
-                Ok(0) => {}
-                Ok(enqueued) => shared.emit(Event::SchedulesFired { enqueued }),
-                Err(e) => tracing::warn!(error = %e, "firing schedules failed"),
-            }
-        }
-        if !config.retention.is_empty() && Instant::now() >= next_prune {
-            next_prune = Instant::now() + PRUNE_EVERY;
-            prune_all(shared, &mut conn, &config.retention);
-        }
         if Instant::now() >= next_rotation {
             let started = Instant::now();
             let outcome = conn.with(|c| jobs::rotate_ready(c, ROTATE_EVERY));
@@ -108,20 +78,6 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
                     rotation_failures += 1;
                 }
             }
-        }
-        if Instant::now() >= next_rescue {
-            next_rescue = Instant::now() + rescue_every;
-            rescued(shared, conn.with(|c| jobs::rescue_lapsed(c, 100)));
-        }
-        if Instant::now() >= next_expire {
-            next_expire = Instant::now() + EXPIRE_EVERY;
-            if let Err(e) = conn.with(|c| jobs::expire_parked(c, 100)) {
-                tracing::warn!(error = %e, "failing parked jobs past their deadline failed");
-            }
-        }
-        if Instant::now() >= next_dead_workers {
-            next_dead_workers = Instant::now() + jobs::registry::DEAD_WORKERS_EVERY;
-            rescued(shared, conn.with(|c| jobs::rescue_dead(c, 100)));
         }
         let Some(queue) = config.queues.get(next_queue % config.queues.len().max(1)) else {
             return;
@@ -195,55 +151,6 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
                 drop(shared.wait(state, error_pause));
                 error_pause = (error_pause * 2).min(Duration::from_secs(5));
             }
-        }
-    }
-}
-
-/// Reports what a rescue pass did.
-fn rescued(shared: &Shared, outcome: crate::Result<jobs::Rescued>) {
-    match outcome {
-        Ok(rescued)
-            if !(rescued.requeued.is_empty()
-                && rescued.dead.is_empty()
-                && rescued.cancelled.is_empty()) =>
-        {
-            shared.emit(Event::Rescued {
-                requeued: rescued.requeued.len(),
-                dead: rescued.dead.len(),
-                cancelled: rescued.cancelled.len(),
-            });
-        }
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "rescue failed"),
-    }
-}
-
-/// One pruning pass: every policy, at most `MAX_BATCH` jobs a call, until a call deletes fewer.
-fn prune_all(
-    shared: &Shared,
-    conn: &mut Connection<'_>,
-    policies: &[(String, Finished, Retention)],
-) {
-    for (queue, finished, policy) in policies {
-        let mut deleted = 0;
-        loop {
-            match conn.with(|c| jobs::prune(c, queue, *finished, *policy, jobs::MAX_BATCH)) {
-                Ok(n) if n == jobs::MAX_BATCH => deleted += n,
-                Ok(n) => {
-                    deleted += n;
-                    break;
-                }
-                Err(e) => {
-                    tracing::warn!(%queue, error = %e, "pruning failed");
-                    break;
-                }
-            }
-        }
-        if deleted > 0 {
-            shared.emit(Event::Pruned {
-                queue: queue.clone(),
-                deleted,
-            });
         }
     }
 }

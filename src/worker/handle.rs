@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::connection::Connection;
 use super::runs::{Config, Report, RunInfo, Shared, claim_groups};
-use super::{Task, claimer, finisher, handlers, heartbeat, listener, liveness};
+use super::{Task, claimer, finisher, handlers, heartbeat, listener, liveness, maintenance};
 use crate::Error;
 use crate::events::RunOutcome;
 use crate::jobs::{self, Outcome};
@@ -17,6 +17,7 @@ use crate::jobs::{self, Outcome};
 pub struct WorkerHandle {
     shared: Arc<Shared>,
     claimer: Option<JoinHandle<()>>,
+    maintenance: Option<JoinHandle<()>>,
     finisher: Option<JoinHandle<()>>,
     heartbeat: Option<JoinHandle<()>>,
     listener: Option<JoinHandle<()>>,
@@ -149,11 +150,19 @@ pub(crate) fn start(config: Config) -> crate::Result<WorkerHandle> {
             Box::new(move || claimer::claim_loop(&shared, tasks)),
         )?
     };
+    let maintenance = {
+        let shared = shared.clone();
+        spawn(
+            "tenure-maintenance".into(),
+            Box::new(move || maintenance::maintain(&shared)),
+        )?
+    };
     let waker: Arc<dyn crate::wake::Waker> = shared.clone();
     crate::wake::register(Arc::downgrade(&waker));
     Ok(WorkerHandle {
         shared,
         claimer: Some(claimer),
+        maintenance: Some(maintenance),
         finisher: Some(finisher),
         heartbeat: Some(heartbeat),
         listener,
@@ -188,8 +197,11 @@ impl WorkerHandle {
         self.done = true;
         self.shared.lock().stopping = true;
         self.shared.changed.notify_all();
-        if let Some(claimer) = self.claimer.take() {
-            let _ = claimer.join();
+        for thread in [self.claimer.take(), self.maintenance.take()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = thread.join();
         }
         let settled = |shared: &Shared, until: Instant| {
             let mut state = shared.lock();

@@ -1,8 +1,9 @@
 //! Workers on plain threads: claim jobs, run their handlers, heartbeat their claims, finish
 //! them, and shut down gracefully.
 //!
-//! A worker holds three pooled connections (one claims and rescues, one records finished
-//! runs, one renews claims), plus, outside the pool, on PostgreSQL and MySQL/MariaDB one
+//! A worker holds three pooled connections (one claims, one records finished runs, one renews
+//! claims), plus, outside the pool, one for maintenance (schedules, rescues, the ready ring's
+//! rotation, retention: no claim waits behind them), on PostgreSQL and MySQL/MariaDB one
 //! dedicated connection that holds its lock (see below) and on PostgreSQL one that LISTENs
 //! for new jobs. Handler threads need none of their own, but handlers that use the pool need
 //! one each: the builder refuses a pool smaller than `threads + 3`.
@@ -89,6 +90,7 @@ mod heartbeat;
 mod job;
 mod listener;
 mod liveness;
+mod maintenance;
 mod runs;
 mod steps;
 
@@ -407,7 +409,7 @@ impl WorkerBuilder {
 
     /// Calls `hook` with every [`Event`] of this worker (call again to add hooks): each run
     /// as recorded, each rescue, prune and schedules pass. Hooks run on the worker's own
-    /// threads (the finisher's, the claimer's): keep them quick. A worker without hooks
+    /// threads (the finisher's, the maintenance thread's): keep them quick. A worker without hooks
     /// builds no events for them.
     ///
     /// ```

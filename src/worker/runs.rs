@@ -440,7 +440,6 @@ impl Shared {
             .0
     }
 
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub fn stopping(&self) -> bool {
         self.lock().stopping
     }

@@ -1,6 +1,6 @@
 //! A worker's claims: one lost and re-claimed by the same worker, a cancelled job claimed ahead,
 //! a cancelled run that panics, and limits across two workers with timeouts; exact report
-//! counts.
+//! counts; claims that never wait behind maintenance.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -19,6 +19,7 @@ conformance!(
     a_cancelled_claimed_ahead_job_never_runs,
     a_cancelled_run_that_panics_is_not_counted_as_retried_or_panicked_alone,
     limits_hold_across_two_workers_with_timeouts,
+    claims_go_on_while_a_prune_pass_is_stuck,
 );
 
 fn wait_flag(flag: &AtomicBool, limit: Duration) {
@@ -394,4 +395,57 @@ fn limits_hold_across_two_workers_with_timeouts(backend: Backend) {
     assert!(timed_out >= 8, "A {ra:?}, B {rb:?}");
     assert_eq!(ra.completed + rb.completed, 8, "A {ra:?}, B {rb:?}");
     assert_eq!(ran.load(Ordering::SeqCst), timed_out + 8);
+}
+
+/// Claims never wait behind maintenance: a prune pass that takes long (here: its `Pruned`
+/// hook blocks until the test lets it go; in life, retention walking the dead versions a long
+/// transaction keeps, bench G's p99) must not hold up the next claim. Broke when retention ran
+/// on the claimer thread: the second job waited for the whole pass.
+fn claims_go_on_while_a_prune_pass_is_stuck(backend: Backend) {
+    use std::sync::mpsc::{channel, sync_channel};
+    use tenure::events::Event;
+    use tenure::jobs::{Finished, Retention};
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let first = jobs::enqueue(&mut conn, &NewJob::new("q", "noop", vec![]))
+        .unwrap()
+        .id;
+    let (pruning, pruned) = sync_channel::<()>(1);
+    let (let_go, held) = channel::<()>();
+    let held = Mutex::new(held);
+    let ran: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let seen = ran.clone();
+    let worker = Worker::builder(db.pool(8))
+        .queue("q")
+        .threads(2)
+        .poll_interval(Duration::from_millis(50))
+        .retention("q", Finished::Completed, Retention::DeleteAll)
+        .on_event(move |event: &Event| {
+            if matches!(event, Event::Pruned { .. }) {
+                let _ = pruning.try_send(());
+                let _ = held.lock().unwrap().recv_timeout(Duration::from_secs(120));
+            }
+        })
+        .raw_handler("noop", move |ctx: &JobContext, _: &[u8]| {
+            seen.lock().unwrap().push(ctx.id);
+            Ok(())
+        })
+        .start()
+        .unwrap();
+    // The first job runs and is pruned; the pass is then stuck in its hook.
+    pruned
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the first job was pruned within a minute");
+    assert!(jobs::get(&mut conn, first).unwrap().is_none());
+    let second = jobs::enqueue(&mut conn, &NewJob::new("q", "noop", vec![]))
+        .unwrap()
+        .id;
+    crate::common::wait_until(
+        "the second job to run while the prune pass is stuck",
+        Duration::from_secs(30),
+        || ran.lock().unwrap().contains(&second).then_some(()),
+    );
+    let _ = let_go.send(());
+    let report = worker.shutdown(Duration::from_secs(10));
+    assert_eq!(report.completed, 2, "{report:?}");
 }

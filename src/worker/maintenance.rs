@@ -1,0 +1,184 @@
+//! The maintenance thread: fires schedules, rescues lapsed claims and dead workers' claims,
+//! fails parked jobs past their deadline and prunes, on a connection of its own outside the
+//! pool. (The ready ring's rotation stays on the claimer: `claimer.rs` says why.)
+//!
+//! Why not on the claimer: these passes read tables whose dead row versions a long
+//! transaction keeps (retention's prune walks every finished job deleted since the oldest
+//! snapshot began), so one of them can take long while the database is under such a hold,
+//! and a claim waiting behind it is a pickup delayed by all of it (bench G's p99). Here they
+//! delay only each other, and a busy worker (every thread running a long job, nothing to
+//! claim) still rescues and prunes.
+
+use std::time::{Duration, Instant};
+
+use super::runs::Shared;
+use crate::events::Event;
+use crate::jobs::{self, Finished, Retention};
+use crate::{AnyConnection, Result};
+
+/// How often a worker that runs schedules fires them.
+const SCHEDULES_EVERY: Duration = Duration::from_millis(100);
+
+/// How often a worker fails parked jobs past their deadline ([`jobs::expire_parked`]): a
+/// read of the open parks' index by deadline.
+const EXPIRE_EVERY: Duration = Duration::from_secs(1);
+
+/// How often a worker with retention policies prunes.
+const PRUNE_EVERY: Duration = Duration::from_secs(5);
+
+/// The thread's connection, opened when first needed and again after an error (it may be
+/// broken: the database restarted).
+struct Dedicated<'a> {
+    pool: &'a crate::Pool,
+    conn: Option<AnyConnection>,
+}
+
+impl Dedicated<'_> {
+    fn with<T>(&mut self, f: impl FnOnce(&mut AnyConnection) -> Result<T>) -> Result<T> {
+        let conn = match self.conn.as_mut() {
+            Some(conn) => conn,
+            None => self.conn.insert(self.pool.dedicated_connection()?),
+        };
+        let outcome = f(conn);
+        if outcome.is_err() {
+            self.conn = None;
+        }
+        outcome
+    }
+}
+
+/// When each pass is next due.
+struct Due {
+    schedules: Instant,
+    prune: Instant,
+    rescue: Instant,
+    expire: Instant,
+    dead_workers: Instant,
+}
+
+pub(super) fn maintain(shared: &Shared) {
+    let config = &shared.config;
+    shared.registration.wait_for_first(shared);
+    let mut conn = Dedicated {
+        pool: &config.pool,
+        conn: None,
+    };
+    let rescue_every = (config.claim_ttl / 2).min(Duration::from_secs(30));
+    let now = Instant::now();
+    // Dead workers' claims are looked for often (the look is a read of a small table), and
+    // first when this worker starts: a worker started in place of one that died takes its
+    // jobs back within seconds.
+    let mut due = Due {
+        schedules: now,
+        prune: now,
+        rescue: now,
+        expire: now,
+        dead_workers: now,
+    };
+    loop {
+        {
+            let mut state = shared.lock();
+            loop {
+                if state.stopping {
+                    return;
+                }
+                let next = [
+                    config.run_schedules.then_some(due.schedules),
+                    (!config.retention.is_empty()).then_some(due.prune),
+                    Some(due.rescue),
+                    Some(due.expire),
+                    Some(due.dead_workers),
+                ]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(now);
+                let left = next.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                state = shared.wait(state, left);
+            }
+        }
+        if config.run_schedules && Instant::now() >= due.schedules {
+            due.schedules = Instant::now() + SCHEDULES_EVERY;
+            match conn.with(crate::schedules::tick) {
+                Ok(0) => {}
+                Ok(enqueued) => shared.emit(Event::SchedulesFired { enqueued }),
+                Err(e) => tracing::warn!(error = %e, "firing schedules failed"),
+            }
+        }
+        if Instant::now() >= due.dead_workers {
+            due.dead_workers = Instant::now() + jobs::registry::DEAD_WORKERS_EVERY;
+            rescued(shared, conn.with(|c| jobs::rescue_dead(c, 100)));
+        }
+        if Instant::now() >= due.rescue {
+            due.rescue = Instant::now() + rescue_every;
+            rescued(shared, conn.with(|c| jobs::rescue_lapsed(c, 100)));
+        }
+        if Instant::now() >= due.expire {
+            due.expire = Instant::now() + EXPIRE_EVERY;
+            if let Err(e) = conn.with(|c| jobs::expire_parked(c, 100)) {
+                tracing::warn!(error = %e, "failing parked jobs past their deadline failed");
+            }
+        }
+        if !config.retention.is_empty() && Instant::now() >= due.prune {
+            due.prune = Instant::now() + PRUNE_EVERY;
+            prune_all(shared, &mut conn, &config.retention);
+        }
+    }
+}
+
+/// Reports what a rescue pass did, and wakes the claimer for the jobs it made due again.
+fn rescued(shared: &Shared, outcome: Result<jobs::Rescued>) {
+    match outcome {
+        Ok(rescued)
+            if !(rescued.requeued.is_empty()
+                && rescued.dead.is_empty()
+                && rescued.cancelled.is_empty()) =>
+        {
+            if !rescued.requeued.is_empty() {
+                shared.lock().woken = true;
+                shared.changed.notify_all();
+            }
+            shared.emit(Event::Rescued {
+                requeued: rescued.requeued.len(),
+                dead: rescued.dead.len(),
+                cancelled: rescued.cancelled.len(),
+            });
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "rescue failed"),
+    }
+}
+
+/// One pruning pass: every policy, at most `MAX_BATCH` jobs a call, until a call deletes
+/// fewer or the worker stops.
+fn prune_all(
+    shared: &Shared,
+    conn: &mut Dedicated<'_>,
+    policies: &[(String, Finished, Retention)],
+) {
+    for (queue, finished, policy) in policies {
+        let mut deleted = 0;
+        loop {
+            match conn.with(|c| jobs::prune(c, queue, *finished, *policy, jobs::MAX_BATCH)) {
+                Ok(n) if n == jobs::MAX_BATCH && !shared.stopping() => deleted += n,
+                Ok(n) => {
+                    deleted += n;
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(%queue, error = %e, "pruning failed");
+                    break;
+                }
+            }
+        }
+        if deleted > 0 {
+            shared.emit(Event::Pruned {
+                queue: queue.clone(),
+                deleted,
+            });
+        }
+    }
+}
