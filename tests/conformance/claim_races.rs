@@ -183,15 +183,19 @@ fn a_lapsed_worker_is_refused_after_a_rescue(backend: Backend) {
     let id = jobs::enqueue(&mut a, &NewJob::new("f", "k", vec![1]))
         .unwrap()
         .id;
-    let first = jobs::claim(&mut a, "f", 1, Duration::from_millis(200))
-        .unwrap()
-        .remove(0);
+    // A long ttl, then the lapse forced: "not lapsed yet" cannot depend on how fast the
+    // rescue follows the claim (a 200 ms ttl had lapsed already in a busy CI run).
+    let first = jobs::claim(&mut a, "f", 1, TTL).unwrap().remove(0);
     assert_eq!((first.id, first.attempt), (id, 1));
     assert!(
         jobs::rescue(&mut b, 100).unwrap().requeued.is_empty(),
         "not lapsed yet"
     );
-    std::thread::sleep(Duration::from_millis(300));
+    diesel::connection::SimpleConnection::batch_execute(
+        &mut b,
+        &format!("UPDATE tenure_jobs SET claim_expires_at = created_at WHERE id = {id}"),
+    )
+    .unwrap();
     assert_eq!(jobs::rescue(&mut b, 100).unwrap().requeued, vec![id]);
     let second = jobs::claim(&mut b, "f", 1, TTL).unwrap().remove(0);
     // A lapsed claim uses no attempt (the worker may have died before the run began).
