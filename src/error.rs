@@ -82,6 +82,19 @@ pub enum Error {
         name: String,
     },
 
+    /// A take asked for a number of holders other than the one the lease's current holders
+    /// took it with: a name keeps one number of holders while anyone holds it (or its lock
+    /// delay runs). Nothing changed.
+    #[error("lease {name:?} is held by up to {holders} at once; this take asked for {asked}")]
+    LeaseHoldersMismatch {
+        /// The lease's name.
+        name: String,
+        /// The number of holders its current holders took it with.
+        holders: u32,
+        /// The number this take asked for.
+        asked: u32,
+    },
+
     /// [`LeaseGuard::release`](crate::LeaseGuard::release) (or dropping the guard) could not
     /// release the lease within [`RELEASE_WAIT`](crate::lease::RELEASE_WAIT): its row is
     /// locked by an open transaction that ran [`Lease::verify`](crate::lease::Lease::verify),

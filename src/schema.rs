@@ -39,19 +39,68 @@ diesel::table! {
     use diesel::sql_types::*;
     use crate::sql_types::{Instant, Token};
 
-    /// Leases: one row per name, never deleted (so fences never go back).
-    tenure_leases (name) {
+    /// Leases: one row per holder slot of a name (`slot` 0 .. N-1; a lease of one holder has
+    /// only slot 0). Never deleted by tenure.
+    tenure_leases (name, slot) {
         /// The lease's name.
         name -> Text,
+        /// Which of the name's holders this row is (0 .. N-1).
+        slot -> Integer,
         /// The current grant's token; NULL once released.
         token -> Nullable<Token>,
         /// The last holder's label.
         holder -> Text,
-        /// The last grant's fence.
+        /// The last grant's fence (fences grow per name, over all its slots).
         fence -> BigInt,
         /// When the last grant was made.
         acquired_at -> Instant,
         /// When it expires (or expired, or was released).
+        expires_at -> Instant,
+        /// When the slot may be granted again: the release time after a release; the expiry
+        /// plus the holder's lock delay while held or lapsed; after a force release, its time
+        /// plus that delay.
+        reusable_at -> Instant,
+        /// The lock delay the holder asked for, in microseconds (0: none).
+        lock_delay_us -> BigInt,
+        /// What the holder published with its grant ([`Lease::set_value`](crate::lease::Lease::set_value)); cleared at each grant.
+        value -> Nullable<Text>,
+        /// Reserved for the registration of the holder's process; NULL.
+        held_by -> Nullable<BigInt>,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+
+    /// One row per lease name, never deleted (so fences never go back). Every grant of the
+    /// name locks it.
+    tenure_lease_names (name) {
+        /// The lease's name.
+        name -> Text,
+        /// How many may hold it at once (N), as its current or last holders asked.
+        holders -> Integer,
+        /// The last fence granted for the name, whichever slot.
+        fence -> BigInt,
+        /// The ticket the next waiter gets.
+        next_ticket -> BigInt,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::sql_types::Instant;
+
+    /// Callers waiting in line for a lease, served in ticket order.
+    tenure_lease_waiters (name, ticket) {
+        /// The lease's name.
+        name -> Text,
+        /// The waiter's place in line (smaller: earlier).
+        ticket -> BigInt,
+        /// The waiter's holder label.
+        holder -> Text,
+        /// When it joined the line.
+        joined_at -> Instant,
+        /// When its place lapses unless it renews it (it gave up or died).
         expires_at -> Instant,
     }
 }
@@ -442,6 +491,8 @@ diesel::joinable!(tenure_dependency_stripes -> tenure_jobs (job_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     tenure_leases,
+    tenure_lease_names,
+    tenure_lease_waiters,
     tenure_jobs,
     tenure_job_errors,
     tenure_job_outputs,

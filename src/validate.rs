@@ -54,6 +54,20 @@ pub(crate) fn label(field: &'static str, value: &str) -> Result<()> {
     Ok(())
 }
 
+/// A free text of at most `max` bytes, no NUL (which PostgreSQL's text cannot hold).
+pub(crate) fn text(field: &'static str, value: &str, max: usize) -> Result<()> {
+    if value.len() > max {
+        return Err(Error::invalid(
+            field,
+            format!("is {} bytes long, the limit is {max}", value.len()),
+        ));
+    }
+    if value.contains('\0') {
+        return Err(Error::invalid(field, "must not contain a NUL character"));
+    }
+    Ok(())
+}
+
 /// A time to live: at least a millisecond (SQLite's clock resolution), at most [`MAX_TTL`].
 /// Returns it in microseconds, the unit the SQL adds to the database clock.
 pub(crate) fn ttl(ttl: Duration) -> Result<i64> {

@@ -52,6 +52,7 @@ static SYNTAX: Syntax = Syntax {
     for_update: " FOR UPDATE",
     skip_locked: " FOR UPDATE SKIP LOCKED",
     random_token: "RANDOM_BYTES(16)",
+    notify_lease: None,
     notify_queue: None,
     notify_queue_unflushed: None,
     notify_in_returning: "",

@@ -38,6 +38,7 @@ static SYNTAX: Syntax = Syntax {
     for_update: " FOR UPDATE",
     skip_locked: " FOR UPDATE SKIP LOCKED",
     random_token: "gen_random_uuid()",
+    notify_lease: Some("SELECT pg_notify('tenure_leases', ?)"),
     notify_queue: Some("SELECT pg_notify('tenure_jobs', ?)"),
     notify_queue_unflushed: Some(
         "SELECT set_config('synchronous_commit', 'off', true) AS c, pg_notify('tenure_jobs', ?) AS n",
@@ -206,6 +207,17 @@ pub(crate) fn listen(conn: &mut PgConnection) -> QueryResult<()> {
     Ok(())
 }
 
+/// The channel on which a lease's release wakes its waiters (the payload is its name).
+pub(crate) const LEASE_CHANNEL: &str = "tenure_leases";
+
+/// Starts (`true`) or stops listening for lease releases on `conn`, a caller's connection
+/// while it waits in line.
+pub(crate) fn listen_leases(conn: &mut PgConnection, on: bool) -> QueryResult<()> {
+    let verb = if on { "LISTEN" } else { "UNLISTEN" };
+    diesel::sql_query(format!("{verb} {LEASE_CHANNEL}")).execute(conn)?;
+    Ok(())
+}
+
 /// Whether the server's autovacuum is off: then nothing reclaims the dead row versions that
 /// every job leaves in `tenure_jobs` (three a job), and claims slow down as they pile up.
 pub(crate) fn autovacuum_is_off(conn: &mut PgConnection) -> QueryResult<bool> {
@@ -219,7 +231,8 @@ pub(crate) fn autovacuum_is_off(conn: &mut PgConnection) -> QueryResult<bool> {
     Ok(setting.value == "off")
 }
 
-/// The queues named by notifications that arrived since the last call. diesel's iterator
+/// The payloads of notifications that arrived since the last call (queues on a worker's
+/// listener, lease names on a lease waiter's connection). diesel's iterator
 /// does not block (it returns at once when nothing is pending), so callers poll it.
 pub(crate) fn notified_queues(conn: &mut PgConnection) -> QueryResult<Vec<String>> {
     conn.notifications_iter()

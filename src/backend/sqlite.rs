@@ -33,6 +33,7 @@ static SYNTAX: Syntax = Syntax {
     for_update: "",
     skip_locked: "",
     random_token: "randomblob(16)",
+    notify_lease: None,
     notify_queue: None,
     notify_queue_unflushed: None,
     notify_in_returning: "",

@@ -44,6 +44,9 @@ pub(crate) struct Syntax {
     /// A statement that wakes idle workers of the queue bound to it (PostgreSQL NOTIFY; sent
     /// at commit, so a rolled-back enqueue wakes nobody).
     pub notify_queue: Option<&'static str>,
+    /// A statement that wakes the waiters of the lease bound to it, in other processes
+    /// (PostgreSQL NOTIFY, sent at commit).
+    pub notify_lease: Option<&'static str>,
     /// [`Syntax::notify_queue`] for a transaction of its own, after an enqueue committed:
     /// its commit need not wait for the log to reach the disk (a crash can lose a wake-up,
     /// never a job).

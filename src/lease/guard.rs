@@ -6,8 +6,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as Clock};
 
-use super::{Lease, Wait, take_timed, try_take};
-use crate::{Error, Pool, PooledConnection, Result, TenureConnection, validate};
+use super::{Lease, Take, Wait};
+use crate::{Error, Pool, PooledConnection, Result, TenureConnection};
 
 /// How long [`LeaseGuard::release`] (and drop) wait for the release to be done before saying
 /// [`Error::LeaseReleasePending`].
@@ -63,6 +63,16 @@ struct Renewer {
     released: Receiver<Result<bool>>,
 }
 
+/// [`LeaseGuard::is_held`] for another thread than the guard's owner.
+#[derive(Clone)]
+pub(super) struct HeldView(Arc<Shared>);
+
+impl HeldView {
+    pub(super) fn is_held(&self) -> bool {
+        !self.0.lock().check_deadline(Clock::now())
+    }
+}
+
 struct Shared {
     state: Mutex<State>,
     changed: Condvar,
@@ -116,14 +126,11 @@ impl std::fmt::Debug for LeaseGuard {
 impl LeaseGuard {
     /// Takes the lease on `conn` (which the guard keeps, for its renewals) if it is free; see
     /// [`super::try_take`]. `Ok(None)` if someone holds it.
-    pub fn try_take<C>(mut conn: C, name: &str, ttl: Duration, holder: &str) -> Result<Option<Self>>
+    pub fn try_take<C>(conn: C, name: &str, ttl: Duration, holder: &str) -> Result<Option<Self>>
     where
         C: TenureConnection + 'static,
     {
-        validate::ttl(ttl)?;
-        let sent = Clock::now();
-        Ok(try_take(&mut conn, name, ttl, holder)?
-            .map(|lease| Self::start(conn, None, lease, ttl, sent)))
+        Self::take_on(conn, &Take::new(name, ttl, holder))
     }
 
     /// Like [`LeaseGuard::try_take`] on a connection of `pool`; when a renewal fails for a
@@ -147,11 +154,7 @@ impl LeaseGuard {
         ttl: Duration,
         holder: &str,
     ) -> Result<Option<Self>> {
-        validate::ttl(ttl)?;
-        let mut conn = pool.get()?;
-        let sent = Clock::now();
-        Ok(try_take(&mut conn, name, ttl, holder)?
-            .map(|lease| Self::start(conn, Some(reconnect(pool)), lease, ttl, sent)))
+        Self::take_pooled_as(pool, &Take::new(name, ttl, holder))
     }
 
     /// Like [`LeaseGuard::try_take_pooled`], waiting for the lease as [`super::take`] does.
@@ -162,15 +165,12 @@ impl LeaseGuard {
         holder: &str,
         wait: Wait,
     ) -> Result<Option<Self>> {
-        validate::ttl(ttl)?;
-        let mut conn = pool.get()?;
-        Ok(take_timed(&mut conn, name, ttl, holder, wait)?
-            .map(|(lease, sent)| Self::start(conn, Some(reconnect(pool)), lease, ttl, sent)))
+        Self::take_pooled_as(pool, &Take::new(name, ttl, holder).wait(wait))
     }
 
     /// Like [`LeaseGuard::try_take`], waiting for the lease as [`super::take`] does.
     pub fn take<C>(
-        mut conn: C,
+        conn: C,
         name: &str,
         ttl: Duration,
         holder: &str,
@@ -179,8 +179,44 @@ impl LeaseGuard {
     where
         C: TenureConnection + 'static,
     {
-        validate::ttl(ttl)?;
-        Ok(take_timed(&mut conn, name, ttl, holder, wait)?
+        Self::take_on(conn, &Take::new(name, ttl, holder).wait(wait))
+    }
+
+    /// Takes the lease as `take` asks (more holders, a lock delay, a wait in line) on a
+    /// connection of `pool`, and holds it as [`LeaseGuard::try_take_pooled`] does.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), tenure::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = tenure::Pool::open(&dir.path().join("app.db").display().to_string())?;
+    /// # tenure::run_migrations(&mut pool.get()?)?;
+    /// use std::time::Duration;
+    /// use tenure::lease::{Take, Wait};
+    /// let take = Take::new("backups", Duration::from_secs(30), "host-a")
+    ///     .holders(3)
+    ///     .wait(Wait::up_to(Duration::from_secs(10)));
+    /// let first = tenure::LeaseGuard::take_pooled_as(&pool, &take)?.unwrap();
+    /// let second = tenure::LeaseGuard::take_pooled_as(&pool, &take)?.unwrap();
+    /// assert!(second.fence() > first.fence());
+    /// # Ok(()) }
+    /// ```
+    pub fn take_pooled_as(pool: &Pool, take: &Take) -> Result<Option<Self>> {
+        let mut conn = pool.get()?;
+        let ttl = take.ttl();
+        Ok(take
+            .timed(&mut conn)?
+            .map(|(lease, sent)| Self::start(conn, Some(reconnect(pool)), lease, ttl, sent)))
+    }
+
+    /// Takes the lease as `take` asks on `conn` (which the guard keeps, for its renewals),
+    /// and holds it as [`LeaseGuard::try_take`] does.
+    pub fn take_on<C>(mut conn: C, take: &Take) -> Result<Option<Self>>
+    where
+        C: TenureConnection + 'static,
+    {
+        let ttl = take.ttl();
+        Ok(take
+            .timed(&mut conn)?
             .map(|(lease, sent)| Self::start(conn, None, lease, ttl, sent)))
     }
 
@@ -248,6 +284,11 @@ impl LeaseGuard {
     /// deadline has not passed.
     pub fn is_held(&self) -> bool {
         !self.shared.lock().check_deadline(Clock::now())
+    }
+
+    /// What another thread may read of the guard: whether it is held.
+    pub(super) fn held_view(&self) -> HeldView {
+        HeldView(self.shared.clone())
     }
 
     /// The local monotonic instant until which the lease is surely held: the deadline

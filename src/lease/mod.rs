@@ -37,111 +37,98 @@
 //! # Ok(()) }
 //! ```
 
+mod grant;
 mod guard;
+mod leader;
+mod take;
 
-use std::time::{Duration, Instant as Clock};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Text};
+use diesel::sql_types::{BigInt, Integer, Text};
 use uuid::Uuid;
 
 use crate::backend::statement::statement;
 use crate::backend::transaction::bare_write_transaction;
-use crate::backend::{Dialect, Upsert, dispatch};
+use crate::backend::{Dialect, dispatch};
 use crate::sql_types::{DatabaseNow, Token};
 use crate::{Error, Result, TenureConnection, validate};
 
 pub use guard::{LeaseGuard, RELEASE_WAIT};
+pub use leader::{Leadership, LeadershipChange, leader};
+pub use take::{Take, Wait};
 
-/// PostgreSQL and SQLite. The update happens only when the row is released or expired; when
-/// it does not, the statement changes nothing. On PostgreSQL a contender that waited for
-/// another's row lock re-checks the WHERE on the row the other committed, so it cannot
-/// overwrite a fresh grant (the race of a SELECT followed by an unconditional UPDATE).
-///
-/// The grant's times are those of the moment the statement won the row (`{grant_times}`),
-/// not of its start: a take that waited for the row lock (behind the holder's release, or
-/// its `verify` transaction) would otherwise record a grant instant from before the previous
-/// holder let go, and a lease shorter than its ttl by the wait.
-const TAKE_ON_CONFLICT: &str = "\
-    INSERT INTO tenure_leases (name, token, holder, fence, acquired_at, expires_at) \
-    VALUES (?, ?, ?, 1, {now}, {now+ttl}) \
-    ON CONFLICT (name) DO UPDATE SET token = excluded.token, holder = excluded.holder, \
-        fence = tenure_leases.fence + 1, {grant_times} \
-    WHERE tenure_leases.token IS NULL OR tenure_leases.expires_at <= {now}";
+/// The longest value a holder can publish with its lease ([`Lease::set_value`]), in bytes.
+pub const MAX_VALUE_BYTES: usize = 65_535;
 
-/// MySQL/MariaDB: no WHERE on an upsert, so every column is conditional. MySQL assigns left
-/// to right and each assignment sees the ones before it: `token` decides first, from the old
-/// row, and the others follow "the token is now ours". The token is 128 random bits, so it
-/// equals ours only if this statement wrote it. (`ON DUPLICATE KEY UPDATE` takes an exclusive
-/// record lock on the existing primary key, not the shared lock of a failed plain INSERT,
-/// which is what makes contenders deadlock.)
-///
-/// As on PostgreSQL, the grant is stamped when the statement won the row: `UTC_TIMESTAMP(6)`
-/// is the statement's start, before any wait for the row lock, so the time waited (`SYSDATE`
-/// runs on, `NOW` does not; both in the session's zone) is added. The expiry is the new
-/// `acquired_at` plus the ttl (the ttl being the difference of the two inserted values).
-const TAKE_ON_DUPLICATE_KEY: &str = "\
-    INSERT INTO tenure_leases (name, token, holder, fence, acquired_at, expires_at) \
-    VALUES (?, ?, ?, 1, {now}, {now+ttl}) \
-    ON DUPLICATE KEY UPDATE \
-        token = IF(token IS NULL OR expires_at <= {now}, VALUES(token), token), \
-        fence = IF(token = VALUES(token), fence + 1, fence), \
-        holder = IF(token = VALUES(token), VALUES(holder), holder), \
-        acquired_at = IF(token = VALUES(token), UTC_TIMESTAMP(6) + INTERVAL \
-            GREATEST(0, TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6))) MICROSECOND, acquired_at), \
-        expires_at = IF(token = VALUES(token), acquired_at + INTERVAL \
-            TIMESTAMPDIFF(MICROSECOND, VALUES(acquired_at), VALUES(expires_at)) MICROSECOND, \
-            expires_at)";
-
-/// A lease row, read back after a take or a renewal.
-const SELECT_LEASE: &str = "\
-    SELECT name, token, holder, fence, acquired_at, expires_at FROM tenure_leases WHERE name = ?";
+/// The most holders a lease can have at once.
+pub const MAX_HOLDERS: u32 = 1_000;
 
 /// Only the current token, and only while not lapsed: a renewal after the lease lapsed says
-/// "lost" even if nobody took it over.
+/// "lost" even if nobody took it over. The second `{now+ttl}` is when the slot may be granted
+/// again should this holder lapse (the expiry plus its lock delay).
 const RENEW: &str = "\
-    UPDATE tenure_leases SET expires_at = {now+ttl} \
-    WHERE name = ? AND token = ? AND expires_at > {now}";
+    UPDATE tenure_leases SET expires_at = {now+ttl}, reusable_at = {now+ttl} \
+    WHERE name = ? AND slot = ? AND token = ? AND expires_at > {now}";
 
 /// Clears the token; the row and its fence stay. A released lease's expiry becomes the
-/// release time (if that is earlier).
+/// release time (if that is earlier), and its slot is free at once: a clean release needs no
+/// lock delay.
 const RELEASE: &str = "\
     UPDATE tenure_leases SET token = NULL, \
-        expires_at = CASE WHEN expires_at > {now} THEN {now} ELSE expires_at END \
-    WHERE name = ? AND token = ?";
+        expires_at = CASE WHEN expires_at > {now} THEN {now} ELSE expires_at END, \
+        reusable_at = {now} \
+    WHERE name = ? AND slot = ? AND token = ?";
 
+/// An operator's release of one holder: its slot waits out the holder's lock delay (the
+/// `{now+ttl}`), since the holder may still be writing.
 const FORCE_RELEASE: &str = "\
     UPDATE tenure_leases SET token = NULL, \
-        expires_at = CASE WHEN expires_at > {now} THEN {now} ELSE expires_at END \
-    WHERE name = ? AND token IS NOT NULL";
+        expires_at = CASE WHEN expires_at > {now} THEN {now} ELSE expires_at END, \
+        reusable_at = {now+ttl} \
+    WHERE name = ? AND slot = ? AND token = ?";
 
 /// A write that changes nothing but takes the row's write lock in the caller's transaction
 /// (on SQLite, the database's write lock), so the lease cannot change hands before it
 /// commits. It matches only while the token is ours and the lease has not lapsed.
 const VERIFY: &str = "\
     UPDATE tenure_leases SET fence = fence \
-    WHERE name = ? AND token = ? AND expires_at > {now}";
+    WHERE name = ? AND slot = ? AND token = ? AND expires_at > {now}";
 
-/// A lease as stored: the model of a `tenure_leases` row ([`crate::schema::tenure_leases`]), for
-/// your own queries; [`inspect`] and [`list`] read these (with the database's now, to say
-/// whether each is held).
+const SET_VALUE: &str = "\
+    UPDATE tenure_leases SET value = ? \
+    WHERE name = ? AND slot = ? AND token = ? AND expires_at > {now}";
+
+/// A lease as stored: the model of a `tenure_leases` row ([`crate::schema::tenure_leases`]),
+/// one per holder slot of a name, for your own queries; [`inspect`], [`holders`] and [`list`]
+/// read these (with the database's now, to say whether each is held).
 #[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, QueryableByName)]
 #[diesel(table_name = crate::schema::tenure_leases)]
 pub struct LeaseRecord {
     /// The lease's name.
     pub name: String,
+    /// Which of the name's holders this row is (0 .. N-1).
+    pub slot: i32,
     /// The current grant's token; `None` once released. Whoever has it can renew and release
     /// the lease: show it to no one.
     pub token: Option<Uuid>,
     /// The label of the last holder.
     pub holder: String,
-    /// The fence of the last grant.
+    /// The fence of the last grant of this slot.
     pub fence: i64,
     /// When the last grant was made (database clock).
     pub acquired_at: DateTime<Utc>,
     /// When it expires or expired; for a released lease, when it was released.
     pub expires_at: DateTime<Utc>,
+    /// When the slot may be granted again (see [`crate::schema::tenure_leases::reusable_at`]).
+    pub reusable_at: DateTime<Utc>,
+    /// The lock delay its holder asked for, in microseconds.
+    pub lock_delay_us: i64,
+    /// What the holder published ([`Lease::set_value`]).
+    pub value: Option<String>,
+    /// Reserved; `None`.
+    pub held_by: Option<i64>,
 }
 
 /// A lease this caller was granted. It stays a record of the grant after it is lost or
@@ -149,22 +136,26 @@ pub struct LeaseRecord {
 #[derive(Debug, Clone)]
 pub struct Lease {
     name: String,
+    slot: i32,
     token: Uuid,
     fence: i64,
     holder: String,
     acquired_at: DateTime<Utc>,
     expires_at: DateTime<Utc>,
+    lock_delay_micros: i64,
     lost: bool,
 }
 
-/// What [`inspect`] and [`list`] show of a lease row.
+/// What [`inspect`], [`holders`] and [`list`] show of a lease's holder slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseInfo {
     /// The lease's name.
     pub name: String,
+    /// Which of the name's holders (0 .. N-1; always 0 for a lease of one holder).
+    pub slot: i32,
     /// The label of the last holder.
     pub holder: String,
-    /// The fence of the last grant.
+    /// The fence of the last grant of this slot.
     pub fence: i64,
     /// When the last grant was made (database clock).
     pub acquired_at: DateTime<Utc>,
@@ -172,6 +163,11 @@ pub struct LeaseInfo {
     pub expires_at: DateTime<Utc>,
     /// Whether someone holds it now: it has a token and `now < expires_at`.
     pub held: bool,
+    /// What the holder published with its grant ([`Lease::set_value`]).
+    pub value: Option<String>,
+    /// When the slot may be granted again: after `expires_at` by the holder's lock delay
+    /// while held or lapsed.
+    pub reusable_at: DateTime<Utc>,
     /// The database's clock when this was read.
     pub now: DateTime<Utc>,
 }
@@ -181,24 +177,57 @@ impl LeaseInfo {
         LeaseInfo {
             held: record.token.is_some() && now < record.expires_at,
             name: record.name,
+            slot: record.slot,
             holder: record.holder,
             fence: record.fence,
             acquired_at: record.acquired_at,
             expires_at: record.expires_at,
+            value: record.value,
+            reusable_at: record.reusable_at,
             now,
         }
     }
 }
 
+/// A lease's holder slot as (name, slot, token) binds.
+macro_rules! bind_holder {
+    ($statement:expr, $lease:expr) => {
+        $statement
+            .bind::<Text, _>($lease.name.as_str())
+            .bind::<Integer, _>($lease.slot)
+            .bind::<Token, _>($lease.token)
+    };
+}
+
 impl Lease {
+    fn granted(row: LeaseRecord, token: Uuid) -> Lease {
+        Lease {
+            name: row.name,
+            slot: row.slot,
+            token,
+            fence: row.fence,
+            holder: row.holder,
+            acquired_at: row.acquired_at,
+            expires_at: row.expires_at,
+            lock_delay_micros: row.lock_delay_us,
+            lost: false,
+        }
+    }
+
     /// The lease's name.
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    /// The fencing number of this grant: strictly greater than every earlier grant's.
+    /// The fencing number of this grant: strictly greater than every earlier grant's of this
+    /// name, whichever holder slot it took.
     pub fn fence(&self) -> i64 {
         self.fence
+    }
+
+    /// Which of the name's holder slots this grant took (0 .. N-1).
+    pub fn slot(&self) -> i32 {
+        self.slot
     }
 
     /// The random token that owns this grant.
@@ -242,20 +271,24 @@ impl Lease {
         if self.lost {
             return Err(self.lost_error());
         }
-        let (name, token) = (self.name.as_str(), self.token);
+        let reusable = micros.saturating_add(self.lock_delay_micros);
+        let this = &*self;
         let renewed: Option<DateTime<Utc>> = dispatch!(conn, c => {
             bare_write_transaction(c, "renewing a lease", |c| {
                 let syntax = c.syntax();
-                let changed = statement(syntax.render(RENEW))
-                    .bind::<BigInt, _>(micros)
-                    .bind::<Text, _>(name)
-                    .bind::<Token, _>(token)
-                    .execute(c)?;
+                let changed = bind_holder!(
+                    statement(syntax.render(RENEW))
+                        .bind::<BigInt, _>(micros)
+                        .bind::<BigInt, _>(reusable),
+                    this
+                )
+                .execute(c)?;
                 if changed == 0 {
                     return Ok(None);
                 }
-                let row = statement(SELECT_LEASE)
-                    .bind::<Text, _>(name)
+                let row = statement(grant::SELECT_SLOT)
+                    .bind::<Text, _>(this.name.as_str())
+                    .bind::<Integer, _>(this.slot)
                     .get_result::<LeaseRecord>(c)?;
                 Ok(Some(row.expires_at))
             })
@@ -273,38 +306,38 @@ impl Lease {
     }
 
     /// Gives the lease up: clears the token if it is still this one (the row and its fence
-    /// stay). Returns whether this call released it; `false` when it was already released or
-    /// someone else holds it now, in which case nothing changes. Safe to repeat. Needs a bare
-    /// connection.
+    /// stay), and wakes whoever waits for it. Returns whether this call released it; `false`
+    /// when it was already released or someone else holds it now, in which case nothing
+    /// changes. Safe to repeat. Needs a bare connection.
     pub fn release<C: TenureConnection>(&mut self, conn: &mut C) -> Result<bool> {
-        let (name, token) = (self.name.as_str(), self.token);
+        let this = &*self;
         let released = dispatch!(conn, c => {
             bare_write_transaction(c, "releasing a lease", |c| {
                 let sql = c.syntax().render(RELEASE);
-                Ok(statement(sql)
-                    .bind::<Text, _>(name)
-                    .bind::<Token, _>(token)
-                    .execute(c)?)
+                let released = bind_holder!(statement(sql), this).execute(c)?;
+                take::notify_released(c, &this.name)?;
+                Ok(released)
             })
         })?;
         self.lost = true;
+        take::wake_waiters();
         Ok(released == 1)
     }
 
     /// [`Lease::release`] inside the caller's transaction if `conn` has one open (in a
     /// savepoint), on its own otherwise: [`LeaseGuard::release_on`].
     pub(crate) fn release_joining<C: TenureConnection>(&mut self, conn: &mut C) -> Result<bool> {
-        let (name, token) = (self.name.as_str(), self.token);
+        let this = &*self;
         let released = crate::transaction(conn, |conn| {
             dispatch!(conn, c => {
                 let sql = c.syntax().render(RELEASE);
-                statement(sql)
-                    .bind::<Text, _>(name)
-                    .bind::<Token, _>(token)
-                    .execute(c)
+                let released = bind_holder!(statement(sql), this).execute(c)?;
+                take::notify_released(c, &this.name)?;
+                Ok::<_, Error>(released)
             })
         })?;
         self.lost = true;
+        take::wake_waiters();
         Ok(released == 1)
     }
 
@@ -334,13 +367,49 @@ impl Lease {
         if self.lost {
             return Err(self.lost_error());
         }
-        let (name, token) = (self.name.as_str(), self.token);
         let matched = dispatch!(conn, c => {
             let sql = c.syntax().render(VERIFY);
-            statement(sql)
-                .bind::<Text, _>(name)
-                .bind::<Token, _>(token)
-                .execute(c)
+            bind_holder!(statement(sql), self).execute(c)
+        })?;
+        if matched == 1 {
+            Ok(())
+        } else {
+            Err(self.lost_error())
+        }
+    }
+
+    /// Publishes `value` with this grant (a leader's address, a job's progress): readable by
+    /// anyone through [`inspect`], [`holders`] and [`leader`], written only while this token
+    /// holds the lease and it has not lapsed ([`Error::LeaseLost`] otherwise, and nothing
+    /// changes). `None` clears it; a new grant of the slot starts with none. At most
+    /// [`MAX_VALUE_BYTES`] bytes. Joins the caller's transaction if one is open, so the value
+    /// can commit with the work it describes.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), tenure::Error> {
+    /// # use std::time::Duration;
+    /// # let mut conn = tenure::AnyConnection::connect(":memory:")?;
+    /// # tenure::run_migrations(&mut conn)?;
+    /// let lease = tenure::lease::try_take(&mut conn, "primary", Duration::from_secs(30), "host-a")?.unwrap();
+    /// lease.set_value(&mut conn, Some("10.0.0.7:8080"))?;
+    /// let info = tenure::lease::inspect(&mut conn, "primary")?.unwrap();
+    /// assert_eq!(info.value.as_deref(), Some("10.0.0.7:8080"));
+    /// # Ok(()) }
+    /// ```
+    pub fn set_value<C: TenureConnection>(&self, conn: &mut C, value: Option<&str>) -> Result<()> {
+        if let Some(value) = value {
+            validate::text("lease value", value, MAX_VALUE_BYTES)?;
+        }
+        if self.lost {
+            return Err(self.lost_error());
+        }
+        let matched = crate::transaction(conn, |conn| {
+            dispatch!(conn, c => {
+                let sql = c.syntax().render(SET_VALUE);
+                bind_holder!(statement(sql).bind::<diesel::sql_types::Nullable<Text>, _>(value), self)
+                    .execute(c)
+                    .map_err(Error::from)
+            })
         })?;
         if matched == 1 {
             Ok(())
@@ -351,9 +420,10 @@ impl Lease {
 }
 
 /// Takes the lease `name` for `ttl` if it is absent, released or expired by the database's
-/// clock; `Ok(None)` if someone holds it. Atomic on every backend: of any number of
-/// concurrent callers exactly one gets `Some`, and none gets an error. `holder` is a label
-/// for humans (host, process, purpose). Needs a bare connection.
+/// clock and nobody waits in line for it ([`Take`]); `Ok(None)` if someone holds it. Atomic
+/// on every backend: of any number of concurrent callers exactly one gets `Some`, and none
+/// gets an error. `holder` is a label for humans (host, process, purpose). Needs a bare
+/// connection.
 ///
 /// `name`: 1 to 255 bytes, no NUL, compared byte for byte. `ttl`: 1 ms to 366 days.
 pub fn try_take<C: TenureConnection>(
@@ -362,73 +432,13 @@ pub fn try_take<C: TenureConnection>(
     ttl: Duration,
     holder: &str,
 ) -> Result<Option<Lease>> {
-    validate::name("lease name", name)?;
-    validate::label("holder", holder)?;
-    let micros = validate::ttl(ttl)?;
-    let token = Uuid::new_v4();
-    let row = dispatch!(conn, c => {
-        bare_write_transaction(c, "taking a lease", |c| {
-            let syntax = c.syntax();
-            let upsert = match syntax.upsert {
-                Upsert::OnConflictWhere => TAKE_ON_CONFLICT,
-                Upsert::OnDuplicateKey => TAKE_ON_DUPLICATE_KEY,
-            };
-            statement(syntax.render(upsert))
-                .bind::<Text, _>(name)
-                .bind::<Token, _>(token)
-                .bind::<Text, _>(holder)
-                .bind::<BigInt, _>(micros)
-                .execute(c)?;
-            // The winner is decided by reading the row back, not by an affected-rows count
-            // (MySQL reports 1 for an upsert that changed nothing).
-            let row = statement(SELECT_LEASE)
-                .bind::<Text, _>(name)
-                .get_result::<LeaseRecord>(c)?;
-            Ok(row)
-        })
-    })?;
-    if row.token != Some(token) {
-        return Ok(None);
-    }
-    Ok(Some(Lease {
-        name: row.name,
-        token,
-        fence: row.fence,
-        holder: row.holder,
-        acquired_at: row.acquired_at,
-        expires_at: row.expires_at,
-        lost: false,
-    }))
+    Take::new(name, ttl, holder).on(conn)
 }
 
-/// How long [`take`] waits, and how often it asks.
-#[derive(Debug, Clone, Copy)]
-pub struct Wait {
-    timeout: Duration,
-    poll_interval: Duration,
-}
-
-impl Wait {
-    /// Wait up to `timeout`, asking at most every 100 ms once the backoff has grown.
-    pub fn up_to(timeout: Duration) -> Wait {
-        Wait {
-            timeout,
-            poll_interval: Duration::from_millis(100),
-        }
-    }
-
-    /// The longest pause between two attempts (default 100 ms): after the holder releases,
-    /// [`take`] returns within about this long.
-    pub fn poll_interval(mut self, poll_interval: Duration) -> Wait {
-        self.poll_interval = poll_interval;
-        self
-    }
-}
-
-/// Like [`try_take`], but waits up to `wait`'s timeout for the lease to be free, polling with
-/// jittered exponential backoff (10 ms growing to the poll interval). `Ok(None)` when the
-/// timeout passes first. Transient errors (`SQLITE_BUSY`, lock timeouts) are retried until
-/// then; others are returned.
+/// Like [`try_take`], but waits in line up to `wait`'s timeout for the lease to be free:
+/// waiters are served first come, first served, and woken when a holder releases. `Ok(None)`
+/// when the timeout passes first. Transient errors (`SQLITE_BUSY`, lock timeouts) are
+/// retried until then; others are returned. See [`Take`] for more holders and a lock delay.
 ///
 /// ```
 /// # fn main() -> Result<(), tenure::Error> {
@@ -448,75 +458,76 @@ pub fn take<C: TenureConnection>(
     holder: &str,
     wait: Wait,
 ) -> Result<Option<Lease>> {
-    Ok(take_timed(conn, name, ttl, holder, wait)?.map(|(lease, _)| lease))
+    Take::new(name, ttl, holder).wait(wait).on(conn)
 }
 
-/// [`take`], also returning when the winning attempt was sent (for the guard's deadline).
-fn take_timed<C: TenureConnection>(
-    conn: &mut C,
-    name: &str,
-    ttl: Duration,
-    holder: &str,
-    wait: Wait,
-) -> Result<Option<(Lease, Clock)>> {
-    if wait.poll_interval.is_zero() {
-        return Err(Error::invalid("poll interval", "must be longer than zero"));
-    }
-    let deadline = Clock::now() + wait.timeout;
-    let mut backoff = wait.poll_interval.min(Duration::from_millis(10));
-    loop {
-        let sent = Clock::now();
-        match try_take(conn, name, ttl, holder) {
-            Ok(Some(lease)) => return Ok(Some((lease, sent))),
-            Ok(None) => {}
-            Err(e) if e.is_retryable() => {}
-            Err(e) => return Err(e),
-        }
-        let now = Clock::now();
-        if now >= deadline {
-            return Ok(None);
-        }
-        // Uniform in [backoff/2, backoff], so contenders do not poll in step.
-        let pause = backoff.mul_f64(rand::random_range(0.5..=1.0));
-        std::thread::sleep(pause.min(deadline - now));
-        backoff = (backoff * 2).min(wait.poll_interval);
-    }
-}
-
-/// For operators: clears whatever token holds `name` (the row and its fence stay). Returns
-/// whether there was one. The evicted holder's renewals, releases and verifications then
-/// fail as lost. Needs a bare connection.
+/// For operators: clears the tokens of whoever holds `name` (every holder of a lease of N;
+/// the rows and fences stay). Returns whether there was one. The evicted holders' renewals,
+/// releases and verifications then fail as lost; each slot is granted again only after its
+/// holder's lock delay ([`Take::lock_delay`]), as the holder may still be writing. Needs a
+/// bare connection.
 pub fn force_release<C: TenureConnection>(conn: &mut C, name: &str) -> Result<bool> {
+    use crate::schema::tenure_leases;
     validate::name("lease name", name)?;
     let released = dispatch!(conn, c => {
         bare_write_transaction(c, "force-releasing a lease", |c| {
+            let slots = tenure_leases::table
+                .filter(tenure_leases::name.eq(name))
+                .filter(tenure_leases::token.is_not_null())
+                .select(LeaseRecord::as_select())
+                .load::<LeaseRecord>(c)?;
             let sql = c.syntax().render(FORCE_RELEASE);
-            Ok(statement(sql).bind::<Text, _>(name).execute(c)?)
+            let mut released = 0;
+            for slot in slots {
+                // Matched by the token read: a slot granted again since is not this holder's.
+                released += statement(sql)
+                    .bind::<BigInt, _>(slot.lock_delay_us)
+                    .bind::<Text, _>(name)
+                    .bind::<Integer, _>(slot.slot)
+                    .bind::<diesel::sql_types::Nullable<Token>, _>(slot.token)
+                    .execute(c)?;
+            }
+            if released > 0 {
+                take::notify_released(c, name)?;
+            }
+            Ok(released)
         })
     })?;
-    Ok(released == 1)
+    take::wake_waiters();
+    Ok(released > 0)
 }
 
-/// The lease row for `name`, or `None` if it was never taken.
+/// The holder slot of `name` granted last (its only one for a lease of one holder), or `None`
+/// if it was never taken. [`holders`] shows every slot.
 pub fn inspect<C: TenureConnection>(conn: &mut C, name: &str) -> Result<Option<LeaseInfo>> {
+    Ok(holders(conn, name)?
+        .into_iter()
+        .max_by_key(|info| info.fence))
+}
+
+/// Every holder slot of `name`, by slot (empty if it was never taken).
+pub fn holders<C: TenureConnection>(conn: &mut C, name: &str) -> Result<Vec<LeaseInfo>> {
     use crate::schema::tenure_leases;
     validate::name("lease name", name)?;
-    let row = dispatch!(conn, c => {
+    let rows = dispatch!(conn, c => {
         tenure_leases::table
-            .find(name)
+            .filter(tenure_leases::name.eq(name))
+            .order(tenure_leases::slot)
             .select((LeaseRecord::as_select(), DatabaseNow))
-            .get_result::<(LeaseRecord, DateTime<Utc>)>(c)
-            .optional()
+            .load::<(LeaseRecord, DateTime<Utc>)>(c)
     })?;
-    Ok(row.map(|(record, now)| LeaseInfo::new(record, now)))
+    Ok(rows
+        .into_iter()
+        .map(|(record, now)| LeaseInfo::new(record, now))
+        .collect())
 }
 
-/// Every lease row, by name.
+/// Every lease's holder slots, by name and slot.
 pub fn list<C: TenureConnection>(conn: &mut C) -> Result<Vec<LeaseInfo>> {
     use crate::schema::tenure_leases;
     let rows = dispatch!(conn, c => {
         tenure_leases::table
-            .order(tenure_leases::name)
+            .order((tenure_leases::name, tenure_leases::slot))
             .select((LeaseRecord::as_select(), DatabaseNow))
             .load::<(LeaseRecord, DateTime<Utc>)>(c)
     })?;

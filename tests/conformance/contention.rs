@@ -13,7 +13,7 @@ use tenure::jobs::{self, NewJob};
 use tenure::lease;
 use tenure::{AnyConnection, Backend, SessionSetup};
 
-use crate::common::{TestDb, conformance, count, placeholders, poll_until};
+use crate::common::{TestDb, conformance, count, now_sql, placeholders, poll_until};
 
 conformance!(
     a_busy_writer_does_not_starve_the_other_writers_of_its_process,
@@ -244,7 +244,8 @@ fn a_take_that_waited_for_the_row_is_stamped_when_it_won(backend: Backend) {
             // Released in the transaction that holds the row (`Lease::release` itself needs a
             // bare connection).
             let release = format!(
-                "UPDATE tenure_leases SET token = NULL WHERE name = {}",
+                "UPDATE tenure_leases SET token = NULL, reusable_at = {} WHERE name = {}",
+                now_sql(backend),
                 placeholders(backend, 1)
             );
             diesel::sql_query(release)
@@ -300,7 +301,7 @@ fn wait_until_blocked(backend: Backend, monitor: &mut AnyConnection) {
         // is not always listed in `innodb_trx`: look for the running statement itself.
         Backend::Mysql => {
             "SELECT COUNT(*) AS n FROM information_schema.processlist \
-             WHERE db = DATABASE() AND info LIKE 'INSERT INTO tenure_leases%'"
+             WHERE db = DATABASE() AND info LIKE 'SELECT slot, reusable_at%'"
         }
     };
     poll_until(Duration::from_secs(30), Duration::from_millis(5), || {

@@ -86,7 +86,7 @@ fn portable_types_round_trip_through_any_connection(backend: Backend) {
         .unwrap()
         .expect("a free lease");
     let token: Option<uuid::Uuid> = tenure_leases::table
-        .find("portable")
+        .find(("portable", 0))
         .select(tenure_leases::token)
         .first(&mut conn)
         .unwrap();

@@ -9,8 +9,19 @@ use crate::{Failure, Outcome, lease_run};
 
 #[derive(Subcommand)]
 pub enum LeasesCommand {
-    /// Every lease: holder, fence, expiry.
+    /// Every lease's holders: slot, holder, fence, expiry, value.
     List,
+    /// Show every holder of the lease NAME (a lease of N holders has N slots), and how many
+    /// wait in line.
+    Show { name: String },
+    /// Print who holds the lease NAME each time that changes (a leader election's leader),
+    /// until interrupted or COUNT changes were printed.
+    Watch {
+        name: String,
+        /// Stop after this many lines.
+        #[arg(long)]
+        count: Option<u64>,
+    },
     /// Release a lease whoever holds it. Its holder is not told: use only for a holder you
     /// know is gone.
     Release {
@@ -30,25 +41,16 @@ pub fn run(pool: &Pool, command: LeasesCommand, out: &Out) -> Outcome {
     match command {
         LeasesCommand::List => {
             let leases = tenure::lease::list(&mut conn)?;
-            out.print(
-                json!(leases.iter().map(|l| json!({"name": l.name, "holder": l.holder, "fence": l.fence, "held": l.held,
-                    "acquired_at": l.acquired_at, "expires_at": l.expires_at})).collect::<Vec<_>>()),
-                || {
-                    table(
-                        &["name", "holder", "fence", "held", "expires in"],
-                        leases.iter().map(|l| {
-                            vec![
-                                l.name.clone(),
-                                l.holder.clone(),
-                                l.fence.to_string(),
-                                if l.held { "yes".into() } else { "no".into() },
-                                if l.held { age(l.expires_at - l.now) } else { String::new() },
-                            ]
-                        }),
-                    )
-                },
-            )
+            print_holders(out, &leases)
         }
+        LeasesCommand::Show { name } => {
+            let holders = tenure::lease::holders(&mut conn, &name)?;
+            if holders.is_empty() {
+                return Err(Failure::new(1, format!("no lease {name:?} was ever taken")));
+            }
+            print_holders(out, &holders)
+        }
+        LeasesCommand::Watch { name, count } => watch(&mut conn, &name, count, out),
         LeasesCommand::Release { name, force } => {
             if !force {
                 return Err(Failure::new(
@@ -65,4 +67,84 @@ pub fn run(pool: &Pool, command: LeasesCommand, out: &Out) -> Outcome {
         // Dispatched in `main`, before a pool of this size is opened.
         LeasesCommand::Run(_) => Err(Failure::new(1, "`lease run` reached the wrong place")),
     }
+}
+
+fn print_holders(out: &Out, leases: &[tenure::lease::LeaseInfo]) -> Outcome {
+    out.print(
+        json!(
+            leases
+                .iter()
+                .map(
+                    |l| json!({"name": l.name, "slot": l.slot, "holder": l.holder,
+            "fence": l.fence, "held": l.held, "acquired_at": l.acquired_at,
+            "expires_at": l.expires_at, "value": l.value})
+                )
+                .collect::<Vec<_>>()
+        ),
+        || {
+            table(
+                &[
+                    "name",
+                    "slot",
+                    "holder",
+                    "fence",
+                    "held",
+                    "expires in",
+                    "value",
+                ],
+                leases.iter().map(|l| {
+                    vec![
+                        l.name.clone(),
+                        l.slot.to_string(),
+                        l.holder.clone(),
+                        l.fence.to_string(),
+                        if l.held { "yes".into() } else { "no".into() },
+                        if l.held {
+                            age(l.expires_at - l.now)
+                        } else {
+                            String::new()
+                        },
+                        l.value.clone().unwrap_or_default(),
+                    ]
+                }),
+            )
+        },
+    )
+}
+
+/// How often `lease watch` reads the lease.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Prints the lease's holders (label, fence, value) whenever they change.
+fn watch(conn: &mut tenure::AnyConnection, name: &str, count: Option<u64>, out: &Out) -> Outcome {
+    let mut last: Option<Vec<(String, i64, Option<String>)>> = None;
+    let mut printed = 0;
+    while count.is_none_or(|count| printed < count) {
+        let holders: Vec<_> = tenure::lease::holders(conn, name)?
+            .into_iter()
+            .filter(|h| h.held)
+            .map(|h| (h.holder, h.fence, h.value))
+            .collect();
+        if last.as_ref() != Some(&holders) {
+            out.print(
+                json!({"name": name, "holders": holders.iter().map(|(holder, fence, value)|
+                    json!({"holder": holder, "fence": fence, "value": value})).collect::<Vec<_>>()}),
+                || match holders.is_empty() {
+                    true => format!("{name}: nobody"),
+                    false => holders
+                        .iter()
+                        .map(|(holder, fence, value)| match value {
+                            Some(value) => format!("{name}: {holder} (fence {fence}, value {value})"),
+                            None => format!("{name}: {holder} (fence {fence})"),
+                        })
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                },
+            )?;
+            printed += 1;
+            last = Some(holders);
+        }
+        std::thread::sleep(WATCH_EVERY);
+    }
+    Ok(())
 }

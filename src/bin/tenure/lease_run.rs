@@ -9,11 +9,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use tenure::lease::{Take, Wait};
 use tenure::{LeaseGuard, Pool};
 
 use crate::children::{group_lives, signal_group};
 use crate::lease_signals::{
-    COMMAND_STARTED, catch_signals, signal_name, take_signals,
+    COMMAND_STARTED, catch_signals, signal_name, signals_pending, take_signals,
     watch_signals_until_the_command_starts,
 };
 use crate::watchdog::Watchdog;
@@ -76,6 +77,14 @@ pub struct RunArgs {
     /// Exit at once with status 75 when someone else holds the lease.
     #[arg(long, conflicts_with = "wait")]
     no_wait: bool,
+    /// How many may hold the lease at once (a semaphore: at most N runs at a time); every
+    /// runner of NAME must give the same N.
+    #[arg(long, short = 'n', default_value_t = 1)]
+    holders: u32,
+    /// After the lease lapses or is force-released (not after a clean release), nobody gets
+    /// it for this long more, so that a stopped holder's writes in flight land first.
+    #[arg(long, default_value = "0s")]
+    lock_delay: String,
     /// A label for `tenure leases list` (default: HOST:PID).
     #[arg(long)]
     holder: Option<String>,
@@ -150,6 +159,17 @@ pub fn run(target: &database::Target, args: RunArgs) -> Outcome {
         false => parse_flag("--wait", &args.wait)?,
     };
     let grace = parse_flag("--grace", &args.grace)?;
+    let lock_delay = parse_flag("--lock-delay", &args.lock_delay)?;
+    if args.holders == 0 || args.holders > tenure::lease::MAX_HOLDERS {
+        return Err(Failure::new(
+            2,
+            format!(
+                "-n {} is out of range: 1 to {}",
+                args.holders,
+                tenure::lease::MAX_HOLDERS
+            ),
+        ));
+    }
     let holder = args
         .holder
         .clone()
@@ -168,7 +188,10 @@ pub fn run(target: &database::Target, args: RunArgs) -> Outcome {
     // say why a lease was lost.
     let pool = database::open(target, 4, true)?;
 
-    let guard = take(&pool, name, ttl, &holder, wait, args.no_wait, &say)?;
+    let terms = Take::new(name, ttl, &holder)
+        .holders(args.holders)
+        .lock_delay(lock_delay);
+    let guard = take(&pool, &terms, wait, args.no_wait, &say)?;
     let fence = guard.fence();
     say(format!("took {name:?} (fence {fence}) as {holder:?}"));
 
@@ -289,67 +312,71 @@ fn check_input(name: &str, holder: &str, ttl: Duration) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Takes the lease, waiting up to `wait`; a signal meanwhile gives up (exit 128 + signal).
+/// Takes the lease, waiting up to `wait` in line (first come, first served); a signal
+/// meanwhile gives up (exit 128 + signal).
 fn take(
     pool: &Pool,
-    name: &str,
-    ttl: Duration,
-    holder: &str,
+    terms: &Take,
     wait: Duration,
     no_wait: bool,
     say: &dyn Fn(String),
 ) -> Result<LeaseGuard, Failure> {
-    let deadline = Instant::now() + wait;
-    let mut backoff = Duration::from_millis(20);
-    let mut said = no_wait;
-    loop {
-        if let Some(&signal) = take_signals().first() {
-            return Err(Failure::new(
-                (128 + signal) as u8,
+    let name = terms.name();
+    let gave_up = |signal: libc::c_int| {
+        Failure::new(
+            (128 + signal) as u8,
+            format!(
+                "{} while waiting for {name:?}: the command did not run",
+                signal_name(signal)
+            ),
+        )
+    };
+    let mut taken = LeaseGuard::take_pooled_as(pool, terms);
+    let busy = matches!(taken, Ok(None));
+    if !no_wait && (busy || taken.as_ref().is_err_and(|e| e.is_retryable())) {
+        if busy {
+            say(format!("{name:?} is held; waiting up to {wait:?}"));
+        }
+        let in_line = Wait::up_to(wait)
+            .poll_interval(Duration::from_millis(200))
+            .cancel_when(signals_pending);
+        taken = LeaseGuard::take_pooled_as(pool, &terms.clone().wait(in_line));
+    }
+    if let Some(&signal) = take_signals().first() {
+        return Err(gave_up(signal));
+    }
+    match taken {
+        Ok(Some(guard)) => return Ok(guard),
+        Ok(None) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let who = match pool
+        .get()
+        .and_then(|mut c| tenure::lease::holders(&mut c, name))
+    {
+        Ok(holders) if holders.iter().any(|h| h.held) => holders
+            .iter()
+            .filter(|h| h.held)
+            .map(|info| {
                 format!(
-                    "{} while waiting for {name:?}: the command did not run",
-                    signal_name(signal)
-                ),
-            ));
-        }
-        match LeaseGuard::try_take_pooled(pool, name, ttl, holder) {
-            Ok(Some(guard)) => return Ok(guard),
-            Ok(None) if !said => {
-                said = true;
-                say(format!("{name:?} is held; waiting up to {wait:?}"));
-            }
-            Ok(None) => {}
-            Err(e) if e.is_retryable() => {}
-            Err(e) => return Err(e.into()),
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            let who = match pool
-                .get()
-                .and_then(|mut c| tenure::lease::inspect(&mut c, name))
-            {
-                Ok(Some(info)) if info.held => format!(
                     "{:?} holds it (fence {}, expires in {})",
                     info.holder,
                     info.fence,
                     crate::output::age(info.expires_at - info.now)
-                ),
-                _ => "someone holds it".into(),
-            };
-            let when = match no_wait {
-                true => "--no-wait".to_string(),
-                false => format!("waited {wait:?}"),
-            };
-            return Err(Failure::new(
-                HELD,
-                format!("lease {name:?} is held: {who}; {when}, the command did not run"),
-            ));
-        }
-        // Jittered, so waiting runners do not ask in step.
-        let pause = backoff.mul_f64(rand::random_range(0.5..=1.0));
-        std::thread::sleep(pause.min(deadline - now));
-        backoff = (backoff * 2).min(Duration::from_millis(200));
-    }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        _ => "someone holds it".into(),
+    };
+    let when = match no_wait {
+        true => "--no-wait".to_string(),
+        false => format!("waited {wait:?}"),
+    };
+    Err(Failure::new(
+        HELD,
+        format!("lease {name:?} is held: {who}; {when}, the command did not run"),
+    ))
 }
 
 /// Why the command is being stopped.

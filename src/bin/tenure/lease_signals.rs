@@ -76,6 +76,11 @@ pub fn watch_signals_until_the_command_starts() {
     });
 }
 
+/// Whether a signal arrived that [`take_signals`] has not taken yet.
+pub fn signals_pending() -> bool {
+    PENDING.load(Ordering::SeqCst) != 0
+}
+
 /// The signals received since the last call.
 pub fn take_signals() -> Vec<libc::c_int> {
     let bits = PENDING.swap(0, Ordering::SeqCst);

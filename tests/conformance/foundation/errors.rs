@@ -92,13 +92,14 @@ fn other_errors_are_not_retryable(backend: Backend) {
     let now = tenure::database_now(&mut conn).unwrap();
     insert_lease_row(&mut conn, "dup", 1, now);
     let sql = format!(
-        "INSERT INTO tenure_leases (name, holder, fence, acquired_at, expires_at) VALUES ({})",
-        placeholders(backend, 5)
+        "INSERT INTO tenure_leases (name, holder, fence, acquired_at, expires_at, reusable_at) VALUES ({})",
+        placeholders(backend, 6)
     );
     let dup: Error = concrete!(&mut conn, c => diesel::sql_query(sql)
         .bind::<Text, _>("dup")
         .bind::<Text, _>("x")
         .bind::<BigInt, _>(2)
+        .bind::<tenure::sql_types::Instant, _>(now)
         .bind::<tenure::sql_types::Instant, _>(now)
         .bind::<tenure::sql_types::Instant, _>(now)
         .execute(c))

@@ -46,13 +46,14 @@ fn names_are_byte_exact(backend: Backend) {
 fn insert_lease_row(conn: &mut AnyConnection, name: &str, fence: i64, at: DateTime<Utc>) {
     let backend = conn.backend();
     let sql = format!(
-        "INSERT INTO tenure_leases (name, holder, fence, acquired_at, expires_at) VALUES ({})",
-        placeholders(backend, 5)
+        "INSERT INTO tenure_leases (name, holder, fence, acquired_at, expires_at, reusable_at) VALUES ({})",
+        placeholders(backend, 6)
     );
     concrete!(conn, c => diesel::sql_query(sql)
         .bind::<Text, _>(name)
         .bind::<Text, _>("test")
         .bind::<BigInt, _>(fence)
+        .bind::<tenure::sql_types::Instant, _>(at)
         .bind::<tenure::sql_types::Instant, _>(at)
         .bind::<tenure::sql_types::Instant, _>(at)
         .execute(c))

@@ -25,7 +25,7 @@ const ROUNDS: usize = 200;
 /// Makes a lease expired by the database's clock without waiting: expiry = acquisition.
 fn expire(conn: &mut AnyConnection, name: &str) {
     let sql = format!(
-        "UPDATE tenure_leases SET expires_at = acquired_at WHERE name = {}",
+        "UPDATE tenure_leases SET expires_at = acquired_at, reusable_at = acquired_at WHERE name = {}",
         placeholders(conn.backend(), 1)
     );
     let changed = diesel::sql_query(sql)

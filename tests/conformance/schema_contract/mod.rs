@@ -81,10 +81,28 @@ fn schema_tables() -> Vec<TableSpec> {
     let tables = vec![
         table_spec!(tenure_leases {
             name,
+            slot,
             token,
             holder,
             fence,
             acquired_at,
+            expires_at,
+            reusable_at,
+            lock_delay_us,
+            value,
+            held_by,
+        }),
+        table_spec!(tenure_lease_names {
+            name,
+            holders,
+            fence,
+            next_ticket,
+        }),
+        table_spec!(tenure_lease_waiters {
+            name,
+            ticket,
+            holder,
+            joined_at,
             expires_at,
         }),
         table_spec!(tenure_jobs {

@@ -22,14 +22,15 @@ pub fn list(
             p.muted { "No lease was ever taken." }
         } @else {
             table #leases {
-                thead { tr { th { "Name" } th { "State" } th { "Holder" } th.num { "Fence" } th { "Acquired" } th { "Expires" } th { "" } } }
+                thead { tr { th { "Name" } th { "State" } th { "Holder" } th.num { "Fence" } th { "Value" } th { "Acquired" } th { "Expires" } th { "" } } }
                 tbody {
                     @for info in leases.iter().take(MAX_LEASES) {
                         tr data-lease=(info.name) {
-                            td { (info.name) }
+                            td { (info.name) @if info.slot > 0 { " #" (info.slot) } }
                             td { @if info.held { span.state.running { "held" } } @else { span.state.completed { "free" } } }
                             td { (info.holder) }
                             td.num { (info.fence) }
+                            td { (info.value.as_deref().unwrap_or("")) }
                             td { (instant(info.acquired_at, info.now)) }
                             td { (instant(info.expires_at, info.now)) }
                             td { @if info.held && !dashboard.read_only {

@@ -1,0 +1,313 @@
+//! One attempt to grant a lease: the transaction that decides, under the lock of the name's
+//! row, whether a slot is free for this caller and whether anyone waits before it in line.
+//!
+//! Every grant of a name locks its `tenure_lease_names` row first, then its slot rows, so
+//! grants of one name take turns (and a grant waits for a holder's open [`verify`]
+//! transaction, which locks its slot's row). The decision is made in Rust from rows read
+//! under those locks with the database's clock; nothing it read can change before the
+//! commit. Renewals, releases and verifications lock only their own slot row.
+//!
+//! [`verify`]: super::Lease::verify
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Integer, Text};
+use uuid::Uuid;
+
+use super::{Lease, LeaseRecord};
+use crate::backend::statement::statement;
+use crate::backend::transaction::bare_write_transaction;
+use crate::backend::{Dialect, Upsert, dispatch};
+use crate::sql_types::{Instant, Token};
+use crate::{Error, Result, TenureConnection};
+
+/// Creates the name's row if it is new; on MySQL also takes its lock (an
+/// `ON DUPLICATE KEY UPDATE` takes the exclusive lock; a failed plain insert would take a
+/// shared one, and two of those deadlock on the `FOR UPDATE` that follows).
+const NAME_ON_CONFLICT: &str = "\
+    INSERT INTO tenure_lease_names (name, holders, fence, next_ticket) VALUES (?, ?, 0, 1) \
+    ON CONFLICT (name) DO NOTHING";
+const NAME_ON_DUPLICATE_KEY: &str = "\
+    INSERT INTO tenure_lease_names (name, holders, fence, next_ticket) VALUES (?, ?, 0, 1) \
+    ON DUPLICATE KEY UPDATE fence = fence";
+
+const LOCK_NAME: &str = "\
+    SELECT holders, fence, next_ticket FROM tenure_lease_names WHERE name = ?{for_update}";
+
+/// The name's slots, locked, with the clock read after the locks were granted (on
+/// PostgreSQL `statement_timestamp()` is the statement's start, before any wait: an earlier
+/// clock only finds fewer slots free).
+const LOCK_SLOTS: &str = "\
+    SELECT slot, reusable_at, {now} AS now FROM tenure_leases \
+    WHERE name = ? ORDER BY slot{for_update}";
+
+const WAITERS_AHEAD: &str = "\
+    SELECT COUNT(*) AS count FROM tenure_lease_waiters \
+    WHERE name = ? AND ticket < ? AND expires_at > {now}";
+
+/// A grant to an existing slot, decided free under its lock. The two `{now+ttl}` are the
+/// expiry and the time the slot may be granted again once lapsed (expiry + lock delay).
+const GRANT_SLOT: &str = "\
+    UPDATE tenure_leases SET token = ?, holder = ?, fence = ?, acquired_at = {now}, \
+        expires_at = {now+ttl}, reusable_at = {now+ttl}, lock_delay_us = ?, value = NULL, \
+        held_by = NULL \
+    WHERE name = ? AND slot = ?";
+
+const GRANT_NEW_SLOT: &str = "\
+    INSERT INTO tenure_leases (name, slot, token, holder, fence, acquired_at, expires_at, \
+        reusable_at, lock_delay_us) \
+    VALUES (?, ?, ?, ?, ?, {now}, {now+ttl}, {now+ttl}, ?)";
+
+const GRANTED: &str = "UPDATE tenure_lease_names SET fence = ?, holders = ? WHERE name = ?";
+
+pub(super) const SELECT_SLOT: &str = "\
+    SELECT name, slot, token, holder, fence, acquired_at, expires_at, reusable_at, \
+        lock_delay_us, value, held_by \
+    FROM tenure_leases WHERE name = ? AND slot = ?";
+
+const JOIN_LINE: &str = "\
+    INSERT INTO tenure_lease_waiters (name, ticket, holder, joined_at, expires_at) \
+    VALUES (?, ?, ?, {now}, {now+ttl})";
+
+const NEXT_TICKET: &str =
+    "UPDATE tenure_lease_names SET next_ticket = next_ticket + 1 WHERE name = ?";
+
+/// Only while the place has not lapsed: a waiter whose place lapsed joins again at the end.
+const KEEP_PLACE: &str = "\
+    UPDATE tenure_lease_waiters SET expires_at = {now+ttl} \
+    WHERE name = ? AND ticket = ? AND expires_at > {now}";
+
+pub(super) const LEAVE_LINE: &str =
+    "DELETE FROM tenure_lease_waiters WHERE name = ? AND ticket = ?";
+
+const DROP_LAPSED_PLACES: &str =
+    "DELETE FROM tenure_lease_waiters WHERE name = ? AND expires_at <= {now}";
+
+#[derive(QueryableByName)]
+struct NameRow {
+    #[diesel(sql_type = Integer)]
+    holders: i32,
+    #[diesel(sql_type = BigInt)]
+    fence: i64,
+    #[diesel(sql_type = BigInt)]
+    next_ticket: i64,
+}
+
+#[derive(QueryableByName)]
+struct SlotRow {
+    #[diesel(sql_type = Integer)]
+    slot: i32,
+    #[diesel(sql_type = Instant)]
+    reusable_at: DateTime<Utc>,
+    #[diesel(sql_type = Instant)]
+    now: DateTime<Utc>,
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    count: i64,
+}
+
+/// What one attempt asks for (checked by the caller).
+pub(super) struct Ask<'a> {
+    pub name: &'a str,
+    pub holder: &'a str,
+    pub holders: u32,
+    pub ttl_micros: i64,
+    pub lock_delay_micros: i64,
+    /// Where the caller stands in line.
+    pub line: Line,
+    /// How long a place in line lasts unless renewed, in microseconds.
+    pub place_micros: i64,
+}
+
+/// Where a caller stands in line for a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Line {
+    /// Not in line, and not joining (`try_take`): granted only if nobody waits.
+    Outside,
+    /// Not in line yet; joins at the end if not granted now.
+    Join,
+    /// In line with this ticket; renews its place if not granted now.
+    At(i64),
+}
+
+/// What an attempt came to.
+pub(super) enum Attempt {
+    Granted(Lease),
+    /// Not granted; the caller's place in line now, if it stands in one.
+    Busy(Line),
+}
+
+pub(super) fn attempt<C: TenureConnection>(conn: &mut C, ask: &Ask<'_>) -> Result<Attempt> {
+    let token = Uuid::new_v4();
+    dispatch!(conn, c => {
+        bare_write_transaction(c, "taking a lease", |c| attempt_in(c, ask, token))
+    })
+}
+
+fn attempt_in<D: Dialect + TenureConnection>(
+    c: &mut D,
+    ask: &Ask<'_>,
+    token: Uuid,
+) -> Result<Attempt> {
+    let syntax = c.syntax();
+    let holders = i32::try_from(ask.holders).unwrap_or(i32::MAX);
+    let create = match syntax.upsert {
+        Upsert::OnConflictWhere => NAME_ON_CONFLICT,
+        Upsert::OnDuplicateKey => NAME_ON_DUPLICATE_KEY,
+    };
+    dispatch!(c, c => statement(create)
+        .bind::<Text, _>(ask.name)
+        .bind::<Integer, _>(holders)
+        .execute(c))?;
+    let name_row = dispatch!(c, c => statement(syntax.render(LOCK_NAME))
+        .bind::<Text, _>(ask.name)
+        .get_result::<NameRow>(c))?;
+    let slots = dispatch!(c, c => statement(syntax.render(LOCK_SLOTS))
+        .bind::<Text, _>(ask.name)
+        .load::<SlotRow>(c))?;
+
+    // A slot is taken while held or while its lock delay runs after a lapse.
+    let taken = |s: &SlotRow| s.reusable_at > s.now;
+    if name_row.holders != holders && slots.iter().any(taken) {
+        return Err(Error::LeaseHoldersMismatch {
+            name: ask.name.to_owned(),
+            holders: u32::try_from(name_row.holders).unwrap_or(0),
+            asked: ask.holders,
+        });
+    }
+    let in_range = |s: &&SlotRow| s.slot >= 0 && s.slot < holders;
+    let taken_count = slots.iter().filter(in_range).filter(|s| taken(s)).count();
+    let free_count = usize::try_from(holders)
+        .unwrap_or(0)
+        .saturating_sub(taken_count);
+    // The lowest free slot: a free row, or the first number no row has.
+    let free = (0..holders).find(|n| !slots.iter().any(|s| s.slot == *n && taken(s)));
+
+    let ticket = match ask.line {
+        Line::At(ticket) => ticket,
+        Line::Outside | Line::Join => i64::MAX,
+    };
+    let ahead = if free.is_some() {
+        dispatch!(c, c => statement(syntax.render(WAITERS_AHEAD))
+            .bind::<Text, _>(ask.name)
+            .bind::<BigInt, _>(ticket)
+            .get_result::<Count>(c))?
+        .count
+    } else {
+        0
+    };
+    let served = i64::try_from(free_count).unwrap_or(i64::MAX) > ahead;
+    match free {
+        Some(slot) if served => {
+            let exists = slots.iter().any(|s| s.slot == slot);
+            grant(c, ask, token, slot, exists, name_row.fence + 1)
+        }
+        _ => Ok(Attempt::Busy(stand_in_line(c, ask, name_row.next_ticket)?)),
+    }
+}
+
+fn grant<D: Dialect + TenureConnection>(
+    c: &mut D,
+    ask: &Ask<'_>,
+    token: Uuid,
+    slot: i32,
+    exists: bool,
+    fence: i64,
+) -> Result<Attempt> {
+    let syntax = c.syntax();
+    let reusable_micros = ask.ttl_micros.saturating_add(ask.lock_delay_micros);
+    if exists {
+        dispatch!(c, c => statement(syntax.render(GRANT_SLOT))
+            .bind::<Token, _>(token)
+            .bind::<Text, _>(ask.holder)
+            .bind::<BigInt, _>(fence)
+            .bind::<BigInt, _>(ask.ttl_micros)
+            .bind::<BigInt, _>(reusable_micros)
+            .bind::<BigInt, _>(ask.lock_delay_micros)
+            .bind::<Text, _>(ask.name)
+            .bind::<Integer, _>(slot)
+            .execute(c))?;
+    } else {
+        dispatch!(c, c => statement(syntax.render(GRANT_NEW_SLOT))
+            .bind::<Text, _>(ask.name)
+            .bind::<Integer, _>(slot)
+            .bind::<Token, _>(token)
+            .bind::<Text, _>(ask.holder)
+            .bind::<BigInt, _>(fence)
+            .bind::<BigInt, _>(ask.ttl_micros)
+            .bind::<BigInt, _>(reusable_micros)
+            .bind::<BigInt, _>(ask.lock_delay_micros)
+            .execute(c))?;
+    }
+    dispatch!(c, c => statement(GRANTED)
+        .bind::<BigInt, _>(fence)
+        .bind::<Integer, _>(i32::try_from(ask.holders).unwrap_or(i32::MAX))
+        .bind::<Text, _>(ask.name)
+        .execute(c))?;
+    if let Line::At(ticket) = ask.line {
+        dispatch!(c, c => statement(LEAVE_LINE)
+            .bind::<Text, _>(ask.name)
+            .bind::<BigInt, _>(ticket)
+            .execute(c))?;
+    }
+    dispatch!(c, c => statement(syntax.render(DROP_LAPSED_PLACES))
+        .bind::<Text, _>(ask.name)
+        .execute(c))?;
+    let row = dispatch!(c, c => statement(SELECT_SLOT)
+        .bind::<Text, _>(ask.name)
+        .bind::<Integer, _>(slot)
+        .get_result::<LeaseRecord>(c))?;
+    Ok(Attempt::Granted(Lease::granted(row, token)))
+}
+
+/// Not granted: a caller that waits keeps its place, or joins the line at its end.
+fn stand_in_line<D: Dialect + TenureConnection>(
+    c: &mut D,
+    ask: &Ask<'_>,
+    next_ticket: i64,
+) -> Result<Line> {
+    let syntax = c.syntax();
+    if let Line::At(ticket) = ask.line {
+        let kept = dispatch!(c, c => statement(syntax.render(KEEP_PLACE))
+            .bind::<BigInt, _>(ask.place_micros)
+            .bind::<Text, _>(ask.name)
+            .bind::<BigInt, _>(ticket)
+            .execute(c))?;
+        if kept == 1 {
+            return Ok(Line::At(ticket));
+        }
+        // Its place lapsed (it waited too long between two attempts): the end of the line.
+        dispatch!(c, c => statement(LEAVE_LINE)
+            .bind::<Text, _>(ask.name)
+            .bind::<BigInt, _>(ticket)
+            .execute(c))?;
+    } else if ask.line == Line::Outside {
+        return Ok(Line::Outside);
+    }
+    dispatch!(c, c => statement(syntax.render(JOIN_LINE))
+        .bind::<Text, _>(ask.name)
+        .bind::<BigInt, _>(next_ticket)
+        .bind::<Text, _>(ask.holder)
+        .bind::<BigInt, _>(ask.place_micros)
+        .execute(c))?;
+    dispatch!(c, c => statement(NEXT_TICKET)
+        .bind::<Text, _>(ask.name)
+        .execute(c))?;
+    Ok(Line::At(next_ticket))
+}
+
+/// Leaves the line (a waiter that gave up), in a transaction of its own.
+pub(super) fn leave_line<C: TenureConnection>(conn: &mut C, name: &str, ticket: i64) -> Result<()> {
+    dispatch!(conn, c => {
+        bare_write_transaction(c, "leaving a lease's line", |c| {
+            statement(LEAVE_LINE)
+                .bind::<Text, _>(name)
+                .bind::<BigInt, _>(ticket)
+                .execute(c)?;
+            Ok(())
+        })
+    })
+}
