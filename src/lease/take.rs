@@ -172,7 +172,7 @@ fn wait_in_line<C: TenureConnection>(
     wait: Wait,
 ) -> Result<Option<(Lease, Clock)>> {
     let deadline = Clock::now() + wait.timeout;
-    let mut backoff = wait.poll_interval.min(Duration::from_millis(10));
+    let mut backoff = wait.poll_interval.min(wait.first_pause);
     loop {
         let sent = Clock::now();
         // Read before the attempt, so that a release between the attempt and the wait below
@@ -203,6 +203,7 @@ fn wait_in_line<C: TenureConnection>(
 pub struct Wait {
     pub(super) timeout: Duration,
     pub(super) poll_interval: Duration,
+    first_pause: Duration,
     cancelled: Option<fn() -> bool>,
 }
 
@@ -213,6 +214,7 @@ impl Wait {
         Wait {
             timeout,
             poll_interval: Duration::from_millis(100),
+            first_pause: Duration::from_millis(10),
             cancelled: None,
         }
     }
@@ -222,6 +224,14 @@ impl Wait {
     /// line is granted within about this long.
     pub fn poll_interval(mut self, poll_interval: Duration) -> Wait {
         self.poll_interval = poll_interval;
+        self
+    }
+
+    /// The pause after the first attempt (default 10 ms); each pause doubles, up to the poll
+    /// interval. Where releases wake waiters (in one process; on PostgreSQL in any), a long
+    /// first pause and poll interval cost only the wait for a lease that lapses unreleased.
+    pub fn first_pause(mut self, first_pause: Duration) -> Wait {
+        self.first_pause = first_pause;
         self
     }
 

@@ -3,8 +3,11 @@
 
 mod guard;
 mod holders;
+mod line;
 mod races;
 mod releases;
+mod semaphore;
+mod terms;
 
 use std::time::{Duration, Instant as Clock};
 
