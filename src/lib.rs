@@ -33,11 +33,13 @@
 //!   `"Job"`, `"job"` and `"job "` are three names, also on MySQL, whose default collations
 //!   would fold them together. Names are checked in Rust (non-empty, at most
 //!   [`MAX_NAME_BYTES`] bytes, no NUL) before any statement, so nothing is ever truncated.
-//! - **A lease has one holder.** Taking a lease is one atomic statement per backend: of any
-//!   number of concurrent callers exactly one wins, and none gets an error. Each grant gets a
-//!   fresh random token and a fence greater than every earlier one, renewals and releases
-//!   act only for the current token, and work can be committed only while the lease is held
-//!   ([`lease::Lease::verify`]).
+//! - **A lease has at most its N holders** (one unless [`lease::Take::holders`] asks for
+//!   more). Each grant is decided in one transaction under the name's row lock: of any number
+//!   of concurrent callers at most the free slots' number win, none gets an error; each grant
+//!   has a fresh random token and a fence greater than every earlier one of its name,
+//!   renewals and releases act only for the current token, and work can be committed only
+//!   while the lease is held ([`lease::Lease::verify`]). Waiters are served first come, first
+//!   served; releases wake them (the design: `docs/leases.md` in the repository).
 //! - **A job has one worker at a time.** A claim hands each job to one claimer, under a fresh
 //!   token; completing, failing, renewing or giving it back is fenced by that token, so a
 //!   worker whose claim lapsed and was rescued changes nothing. Handlers run at least once;

@@ -11,7 +11,7 @@
 //!   --scale           also drain with 1,000,000 finished and with 100,000 waiting jobs
 //!   --prefetch N      the workers' prefetch (default: the builder's, 100)
 //!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; E, F, G, H, K, L, P, Q, R,
-//!                     V and W only when listed)
+//!                     S, V and W only when listed)
 //!   --phase-secs N    G: seconds of its clean and released phases; the snapshot is held
 //!                     twice as long (default 30)
 //!   --rate N          G: jobs a second (default 1000)
@@ -43,6 +43,7 @@ mod enqueue;
 mod fleet;
 mod kinds;
 mod latency;
+mod leases;
 mod options;
 mod producers;
 mod recovery;
@@ -226,6 +227,18 @@ fn main() {
             row(
                 "D. enqueue -> start, idle worker",
                 runs(&|| latency(backend, &options)),
+                None,
+            );
+        }
+        if wanted('S') {
+            let label = "S1. lease hand-off, released in this process (release -> grant)";
+            row(label, leases::handoff(backend, &options, false), None);
+            let label = "S2. lease hand-off, released by another session";
+            row(label, leases::handoff(backend, &options, true), None);
+            let label = "S3. lease try_take + release, one caller (per take)";
+            row(
+                label,
+                runs(&|| leases::take_release(backend, &options)),
                 None,
             );
         }

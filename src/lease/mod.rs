@@ -1,20 +1,27 @@
-//! Leases: named, time-limited, token-owned locks in a table (`tenure_leases`).
+//! Leases: named, time-limited, token-owned locks in a table (`tenure_leases`), of one holder
+//! or of N ([`Take::holders`]: a semaphore).
 //!
 //! A lease is held by whoever holds its current token, until its expiry by the database's
-//! clock. Taking one is atomic on every backend: of any number of concurrent callers exactly
-//! one wins, and none gets an error. Each grant has a fresh random token and a *fence*, a
+//! clock. Taking one is atomic on every backend: of any number of concurrent callers at most
+//! the free slots' number win (one, for a lease of one holder), and none gets an error.
+//! Callers that wait ([`take`], [`Take::wait`]) stand in line and are served first come,
+//! first served; a release wakes them (at once in its process, by NOTIFY on PostgreSQL). A
+//! [`Take::lock_delay`] keeps a lapsed holder's slot free for a while; a holder can publish a
+//! value with its grant ([`Lease::set_value`]); [`Leadership`] elects a leader on a lease. The
+//! design (tables, the grant's transaction, wake-ups) is in `docs/leases.md`. Each grant has a fresh random token and a *fence*, a
 //! number strictly greater than every fence granted before for that name (rows are never
 //! deleted, so fences never go back): pass it along with the work so that whatever the work
 //! writes to can refuse a stale holder.
 //!
 //! | operation | connection | what it does |
 //! |---|---|---|
-//! | [`try_take`] / [`take`] | bare | grant if absent, released or expired; `take` waits |
+//! | [`try_take`] / [`take`] / [`Take::on`] | bare | grant a free slot if nobody waits before; `take` waits in line |
 //! | [`Lease::renew`] | bare | expiry = database now + ttl, if still held and not lapsed |
 //! | [`Lease::release`] | bare | clears the token if still ours; idempotent |
 //! | [`Lease::verify`] | caller's transaction | locks the row and checks token and expiry |
 //! | [`force_release`] | bare | operators: clears whoever's token |
-//! | [`inspect`] / [`list`] | any | holder, fence, times and the database's now |
+//! | [`Lease::set_value`] | any | publishes a value, if still held |
+//! | [`inspect`] / [`holders`] / [`list`] / [`leader`] | any | holders, fences, times, values and the database's now |
 //!
 //! [`LeaseGuard`] does the common case: take, renew from a background thread, release on
 //! drop; [`LeaseGuard::release_on`] releases through the caller's connection, inside its

@@ -6,6 +6,7 @@
 
 mod arguments;
 mod database;
+mod holders;
 mod lost;
 mod processes;
 mod signals;

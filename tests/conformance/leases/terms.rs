@@ -201,7 +201,7 @@ fn one_leader_at_a_time_with_growing_fences_through_resignations(backend: Backen
         .map(|c| c.lock().unwrap().as_ref().unwrap().changes())
         .collect();
     let mut fences = Vec::new();
-    let mut resigned = vec![false; 4];
+    let mut resigned = [false; 4];
     for term in 0..12 {
         let leading = poll_until(LONG, Duration::from_millis(5), || {
             let now: Vec<usize> = (0..4)
