@@ -41,9 +41,12 @@ const LOCK_SLOTS: &str = "\
     SELECT slot, reusable_at, {now} AS now FROM tenure_leases \
     WHERE name = ? ORDER BY slot{for_update}";
 
-const WAITERS_AHEAD: &str = "\
-    SELECT COUNT(*) AS count FROM tenure_lease_waiters \
-    WHERE name = ? AND ticket < ? AND expires_at > {now}";
+/// The live places in line: how many stand before the caller's ticket, how many there are,
+/// and whether the caller's own place is among them.
+const LINE: &str = "\
+    SELECT COUNT(CASE WHEN ticket < ? THEN 1 END) AS ahead, COUNT(*) AS live, \
+        COUNT(CASE WHEN ticket = ? THEN 1 END) AS mine \
+    FROM tenure_lease_waiters WHERE name = ? AND expires_at > {now}";
 
 /// A grant to an existing slot, decided free under its lock. The two `{now+ttl}` are the
 /// expiry and the time the slot may be granted again once lapsed (expiry + lock delay).
@@ -104,9 +107,13 @@ struct SlotRow {
 }
 
 #[derive(QueryableByName)]
-struct Count {
+struct LineRow {
     #[diesel(sql_type = BigInt)]
-    count: i64,
+    ahead: i64,
+    #[diesel(sql_type = BigInt)]
+    live: i64,
+    #[diesel(sql_type = BigInt)]
+    mine: i64,
 }
 
 /// What one attempt asks for (checked by the caller).
@@ -169,9 +176,22 @@ fn attempt_in<D: Dialect + TenureConnection>(
         .bind::<Text, _>(ask.name)
         .load::<SlotRow>(c))?;
 
-    // A slot is taken while held or while its lock delay runs after a lapse.
+    let ticket = match ask.line {
+        Line::At(ticket) => ticket,
+        Line::Outside | Line::Join => i64::MAX,
+    };
+    let line = dispatch!(c, c => statement(syntax.render(LINE))
+        .bind::<BigInt, _>(ticket)
+        .bind::<BigInt, _>(ticket)
+        .bind::<Text, _>(ask.name)
+        .get_result::<LineRow>(c))?;
+    // A caller whose place lapsed stands behind every live waiter, as one joining now.
+    let ahead = if line.mine > 0 { line.ahead } else { line.live };
+
+    // A slot is taken while held or while its lock delay runs after a lapse. The name keeps
+    // its number of holders while a slot is taken or anyone waits (for that number).
     let taken = |s: &SlotRow| s.reusable_at > s.now;
-    if name_row.holders != holders && slots.iter().any(taken) {
+    if name_row.holders != holders && (slots.iter().any(taken) || line.live > 0) {
         return Err(Error::LeaseHoldersMismatch {
             name: ask.name.to_owned(),
             holders: u32::try_from(name_row.holders).unwrap_or(0),
@@ -185,20 +205,6 @@ fn attempt_in<D: Dialect + TenureConnection>(
         .saturating_sub(taken_count);
     // The lowest free slot: a free row, or the first number no row has.
     let free = (0..holders).find(|n| !slots.iter().any(|s| s.slot == *n && taken(s)));
-
-    let ticket = match ask.line {
-        Line::At(ticket) => ticket,
-        Line::Outside | Line::Join => i64::MAX,
-    };
-    let ahead = if free.is_some() {
-        dispatch!(c, c => statement(syntax.render(WAITERS_AHEAD))
-            .bind::<Text, _>(ask.name)
-            .bind::<BigInt, _>(ticket)
-            .get_result::<Count>(c))?
-        .count
-    } else {
-        0
-    };
     let served = i64::try_from(free_count).unwrap_or(i64::MAX) > ahead;
     match free {
         Some(slot) if served => {

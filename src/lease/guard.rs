@@ -208,6 +208,20 @@ impl LeaseGuard {
             .map(|(lease, sent)| Self::start(conn, Some(reconnect(pool)), lease, ttl, sent)))
     }
 
+    /// [`LeaseGuard::take_pooled_as`] from the place `line` in the lease's line, keeping the
+    /// place there if the wait times out (a campaign's steps).
+    pub(super) fn take_pooled_in_line(
+        pool: &Pool,
+        take: &Take,
+        line: &mut super::grant::Line,
+    ) -> Result<Option<Self>> {
+        let mut conn = pool.get()?;
+        let ttl = take.ttl();
+        Ok(take
+            .timed_in_line(&mut conn, line, false)?
+            .map(|(lease, sent)| Self::start(conn, Some(reconnect(pool)), lease, ttl, sent)))
+    }
+
     /// Takes the lease as `take` asks on `conn` (which the guard keeps, for its renewals),
     /// and holds it as [`LeaseGuard::try_take`] does.
     pub fn take_on<C>(mut conn: C, take: &Take) -> Result<Option<Self>>
@@ -303,17 +317,18 @@ impl LeaseGuard {
 
     /// Blocks until the lease is lost or `timeout` passes; returns whether it was lost.
     pub fn wait_lost(&self, timeout: Duration) -> bool {
-        let until = Clock::now() + timeout;
+        // A timeout past what the clock can hold waits until the loss.
+        let until = Clock::now().checked_add(timeout);
         let mut state = self.shared.lock();
         loop {
             let now = Clock::now();
             if state.check_deadline(now) {
                 return true;
             }
-            if now >= until {
+            if until.is_some_and(|until| now >= until) {
                 return false;
             }
-            let wake = state.deadline.min(until) - now;
+            let wake = until.map_or(state.deadline, |until| state.deadline.min(until)) - now;
             state = self
                 .shared
                 .changed

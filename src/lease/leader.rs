@@ -6,8 +6,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as Clock};
 
+use super::grant::Line;
 use super::guard::HeldView;
-use super::{LeaseGuard, LeaseInfo, Take, Wait, holders};
+use super::{Lease, LeaseGuard, LeaseInfo, Take, Wait, holders};
 use crate::{Pool, Result, TenureConnection, validate};
 
 /// How long one wait in line lasts before the campaign looks whether it should stop (and so
@@ -65,8 +66,8 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    /// The current term's fence and its guard's view, while leading.
-    term: Option<(i64, HeldView)>,
+    /// The current term's grant and its guard's view, while leading.
+    term: Option<(Lease, HeldView)>,
     stop: bool,
     subscribers: Vec<Sender<LeadershipChange>>,
 }
@@ -77,7 +78,7 @@ impl Shared {
     }
 
     /// Records a change and tells the subscribers that still listen.
-    fn change(&self, term: Option<(i64, HeldView)>, change: LeadershipChange) {
+    fn change(&self, term: Option<(Lease, HeldView)>, change: LeadershipChange) {
         let mut state = self.lock();
         state.term = term;
         state.subscribers.retain(|s| s.send(change).is_ok());
@@ -116,7 +117,12 @@ impl Leadership {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
         });
-        let take = Take::new(name, ttl, holder).wait(Wait::up_to(CAMPAIGN_STEP));
+        // A lock delay of one ttl: a leader that was force-released (or lapsed) learns it at
+        // its next renewal, or at its guard's local deadline at the latest (0.9 ttl after its
+        // last renewal), before anyone else can be elected.
+        let take = Take::new(name, ttl, holder)
+            .lock_delay(ttl)
+            .wait(Wait::up_to(CAMPAIGN_STEP));
         let (pool, value, campaign) = (pool.clone(), value.map(str::to_owned), shared.clone());
         let thread = std::thread::Builder::new()
             .name(format!("tenure-leader-{name}"))
@@ -144,23 +150,63 @@ impl Leadership {
             .term
             .as_ref()
             .filter(|(_, held)| held.is_held())
-            .map(|(fence, _)| *fence)
+            .map(|(lease, _)| lease.fence())
+    }
+
+    /// Inside the caller's transaction: checks that this candidate still leads and locks its
+    /// term's lease until the transaction ends ([`Lease::verify`]), so that the leader's
+    /// writes in the same transaction commit only while it leads. [`crate::Error::LeaseLost`]
+    /// when it does not (return it from the transaction to roll the work back).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), tenure::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = tenure::Pool::open(&dir.path().join("app.db").display().to_string())?;
+    /// # tenure::run_migrations(&mut pool.get()?)?;
+    /// # use std::time::Duration;
+    /// let me = tenure::lease::Leadership::campaign(&pool, "scheduler", Duration::from_secs(10), "host-a", None)?;
+    /// if me.wait_elected(Duration::from_secs(10)) {
+    ///     tenure::transaction(&mut pool.get()?, |conn| {
+    ///         me.verify(conn)?;
+    ///         // ... the leader's writes ...
+    ///         Ok::<_, tenure::Error>(())
+    ///     })?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn verify<C: TenureConnection>(&self, conn: &mut C) -> Result<()> {
+        let term = {
+            let state = self.shared.lock();
+            state
+                .term
+                .as_ref()
+                .filter(|(_, held)| held.is_held())
+                .map(|(lease, _)| lease.clone())
+        };
+        match term {
+            Some(lease) => lease.verify(conn),
+            None => Err(crate::Error::LeaseLost {
+                name: self.name.clone(),
+            }),
+        }
     }
 
     /// Blocks until this candidate leads, up to `timeout`; whether it does.
     pub fn wait_elected(&self, timeout: Duration) -> bool {
-        let deadline = Clock::now() + timeout;
+        // No deadline for a timeout past what the clock can hold: wait for good.
+        let deadline = Clock::now().checked_add(timeout);
         let mut state = self.shared.lock();
         loop {
             if state.term.as_ref().is_some_and(|(_, held)| held.is_held()) {
                 return true;
             }
             let now = Clock::now();
-            if now >= deadline || state.stop {
+            if deadline.is_some_and(|d| now >= d) || state.stop {
                 return false;
             }
             // Wakes on a change, and every 50 ms (a term may end by its deadline alone).
-            let step = (deadline - now).min(Duration::from_millis(50));
+            let left = deadline.map_or(Duration::MAX, |d| d - now);
+            let step = left.min(Duration::from_millis(50));
             state = self
                 .shared
                 .changed
@@ -202,16 +248,35 @@ fn stopping(shared: &Shared) -> bool {
     shared.lock().stop
 }
 
+/// Sleeps `pause`, or less if the campaign is stopped meanwhile.
+fn pause_unless_stopped(shared: &Shared, pause: Duration) {
+    let until = Clock::now() + pause;
+    let mut state = shared.lock();
+    while !state.stop {
+        let now = Clock::now();
+        if now >= until {
+            return;
+        }
+        state = shared
+            .changed
+            .wait_timeout(state, until - now)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    }
+}
+
 /// The campaign: wait in line, lead while held, again.
 fn run(pool: &Pool, take: &Take, value: Option<&str>, shared: &Shared) {
     let mut pause = Duration::from_millis(100);
+    // The campaign's place in line, kept from one step of its wait to the next.
+    let mut line = Line::Join;
     while !stopping(shared) {
-        let guard = match LeaseGuard::take_pooled_as(pool, take) {
+        let guard = match LeaseGuard::take_pooled_in_line(pool, take, &mut line) {
             Ok(Some(guard)) => guard,
             Ok(None) => continue,
             Err(e) => {
                 tracing::warn!(target: "tenure::lease", lease = take.name(), error = %e, "campaign: taking the lease failed");
-                std::thread::sleep(pause);
+                pause_unless_stopped(shared, pause);
                 pause = (pause * 2).min(Duration::from_secs(5));
                 continue;
             }
@@ -230,7 +295,7 @@ fn run(pool: &Pool, take: &Take, value: Option<&str>, shared: &Shared) {
         }
         let fence = guard.fence();
         shared.change(
-            Some((fence, guard.held_view())),
+            Some((guard.lease().clone(), guard.held_view())),
             LeadershipChange::Elected { fence },
         );
         while !stopping(shared) && !guard.wait_lost(Duration::from_millis(100)) {}
@@ -238,6 +303,10 @@ fn run(pool: &Pool, take: &Take, value: Option<&str>, shared: &Shared) {
         if let Err(e) = guard.release() {
             tracing::warn!(target: "tenure::lease", lease = take.name(), error = %e, "campaign: releasing the lease failed");
         }
+    }
+    // Stopped while in line: leave it (else the place lapses on its own).
+    if let Ok(mut conn) = pool.get() {
+        take.leave(&mut conn, line);
     }
 }
 

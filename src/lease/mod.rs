@@ -80,12 +80,14 @@ const RENEW: &str = "\
     WHERE name = ? AND slot = ? AND token = ? AND expires_at > {now}";
 
 /// Clears the token; the row and its fence stay. A released lease's expiry becomes the
-/// release time (if that is earlier), and its slot is free at once: a clean release needs no
-/// lock delay.
+/// release time (if that is earlier). Released before it lapsed, its slot is free at once (a
+/// clean release needs no lock delay); released after, the lock delay runs on: the holder
+/// may have written after its lease lapsed. `reusable_at` comes first: MySQL's later
+/// assignments see the earlier ones' new values.
 const RELEASE: &str = "\
     UPDATE tenure_leases SET token = NULL, \
-        expires_at = CASE WHEN expires_at > {now} THEN {now} ELSE expires_at END, \
-        reusable_at = {now} \
+        reusable_at = CASE WHEN expires_at > {now} THEN {now} ELSE reusable_at END, \
+        expires_at = CASE WHEN expires_at > {now} THEN {now} ELSE expires_at END \
     WHERE name = ? AND slot = ? AND token = ?";
 
 /// An operator's release of one holder: its slot waits out the holder's lock delay (the

@@ -115,6 +115,18 @@ impl Take {
         &self,
         conn: &mut C,
     ) -> Result<Option<(Lease, Clock)>> {
+        self.timed_in_line(conn, &mut Line::Join, true)
+    }
+
+    /// [`Take::timed`] from the place `line` (a ticket an earlier wait kept, or
+    /// [`Line::Join`]); a wait that times out keeps its place in `line` unless `leave` (a
+    /// campaign waits in steps, and must not fall back to the end of the line between them).
+    pub(super) fn timed_in_line<C: TenureConnection>(
+        &self,
+        conn: &mut C,
+        line: &mut Line,
+        leave: bool,
+    ) -> Result<Option<(Lease, Clock)>> {
         validate::name("lease name", &self.name)?;
         validate::label("holder", &self.holder)?;
         let ttl_micros = validate::ttl(self.ttl)?;
@@ -145,24 +157,46 @@ impl Take {
                 Attempt::Busy(_) => None,
             });
         };
-        if wait.poll_interval.is_zero() {
-            return Err(Error::invalid("poll interval", "must be longer than zero"));
+        if wait.poll_interval.is_zero() || wait.first_pause.is_zero() {
+            return Err(Error::invalid(
+                "poll interval",
+                "the poll interval and the first pause must be longer than zero",
+            ));
         }
-        ask.line = Line::Join;
+        if wait.poll_interval > validate::MAX_TTL / 10 {
+            return Err(Error::invalid(
+                "poll interval",
+                format!("must be at most {:?}", validate::MAX_TTL / 10),
+            ));
+        }
+        ask.line = match *line {
+            Line::At(ticket) => Line::At(ticket),
+            Line::Outside | Line::Join => Line::Join,
+        };
         ask.place_micros = validate::ttl(wait.place_ttl())?;
         let listening = listen(conn, true);
         let outcome = wait_in_line(conn, &mut ask, wait);
         if listening {
             listen(conn, false);
         }
-        if let (Ok(None) | Err(_), Line::At(ticket)) = (&outcome, ask.line) {
-            // Gave up: leave the line, so that those behind need not wait for the place to
-            // lapse. If this fails, the place lapses on its own.
+        *line = match (&outcome, ask.line) {
+            (Ok(None), Line::At(ticket)) if !leave => Line::At(ticket),
+            _ => Line::Join,
+        };
+        if leave || outcome.is_err() {
+            self.leave(conn, ask.line);
+        }
+        outcome
+    }
+
+    /// Gives up a place in line (a waiter that stopped waiting), so that those behind need not
+    /// wait for it to lapse. If this fails, the place lapses on its own.
+    pub(super) fn leave<C: TenureConnection>(&self, conn: &mut C, line: Line) {
+        if let Line::At(ticket) = line {
             if leave_line(conn, &self.name, ticket).is_ok() {
                 wake_waiters();
             }
         }
-        outcome
     }
 }
 
@@ -171,7 +205,8 @@ fn wait_in_line<C: TenureConnection>(
     ask: &mut Ask<'_>,
     wait: Wait,
 ) -> Result<Option<(Lease, Clock)>> {
-    let deadline = Clock::now() + wait.timeout;
+    // A timeout past what the clock can hold: no deadline (wait for good).
+    let deadline = Clock::now().checked_add(wait.timeout);
     let mut backoff = wait.poll_interval.min(wait.first_pause);
     loop {
         let sent = Clock::now();
@@ -188,12 +223,14 @@ fn wait_in_line<C: TenureConnection>(
             Err(e) => return Err(e),
         }
         let now = Clock::now();
-        if now >= deadline || wait.cancelled.is_some_and(|cancelled| cancelled()) {
+        let passed = deadline.is_some_and(|deadline| now >= deadline);
+        if passed || wait.cancelled.is_some_and(|cancelled| cancelled()) {
             return Ok(None);
         }
         // Uniform in [backoff/2, backoff], so waiters do not poll in step.
         let pause = backoff.mul_f64(rand::random_range(0.5..=1.0));
-        sleep_until_woken(conn, ask.name, seen, now + pause.min(deadline - now));
+        let left = deadline.map_or(pause, |deadline| deadline - now);
+        sleep_until_woken(conn, ask.name, seen, now + pause.min(left));
         backoff = (backoff * 2).min(wait.poll_interval);
     }
 }
@@ -247,7 +284,9 @@ impl Wait {
     /// larger of 5 s and 10 poll intervals. A waiter that died stops renewing, so those behind
     /// it wait at most this long for it.
     pub fn place_ttl(&self) -> Duration {
-        (self.poll_interval * 10).max(Duration::from_secs(5))
+        self.poll_interval
+            .saturating_mul(10)
+            .max(Duration::from_secs(5))
     }
 }
 

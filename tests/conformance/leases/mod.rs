@@ -3,10 +3,13 @@
 
 mod guard;
 mod holders;
+mod leadership;
 mod line;
+mod line_edges;
 mod races;
 mod releases;
 mod semaphore;
+mod slots;
 mod terms;
 
 use std::time::{Duration, Instant as Clock};
