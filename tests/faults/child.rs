@@ -70,7 +70,7 @@ pub fn spawn(role: &str, args: &[&str]) -> Spawned {
     }
 }
 
-fn report(line: impl std::fmt::Display) {
+pub fn report(line: impl std::fmt::Display) {
     println!("TENURE {line}");
 }
 
@@ -88,6 +88,7 @@ fn role() {
         "worker" => worker(&args[0]),
         "capped-worker" => capped_worker(&args[0]),
         "holder" => holder(&args[0]),
+        "candidate" => crate::leaders::candidate(&args[0]),
         "counter" => counter(&args[0], args[1].parse().expect("iterations")),
         "sqlite-load" => sqlite_load(&args[0], args[1].parse().expect("operations")),
         "sqlite-stuck-writer" => sqlite_stuck_writer(&args[0]),

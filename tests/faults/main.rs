@@ -13,6 +13,7 @@ mod common;
 
 mod child;
 mod hostile;
+mod leaders;
 mod parked;
 mod poison;
 mod processes;
