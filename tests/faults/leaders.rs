@@ -8,14 +8,14 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::BigInt;
 use tenure::lease::Leadership;
-use tenure::{AnyConnection, Backend, Pool};
+use tenure::{Backend, Pool};
 
 use crate::child::{report, spawn, sql};
 use crate::common::{TestDb, conformance, count};
+use crate::processes::{exec, sqlite_write_lock_free};
 
 conformance!(leaders_killed_and_paused_never_overlap);
 
@@ -58,22 +58,6 @@ pub fn candidate(url: &str) {
             Err(e) => report(format!("error {e}")),
         }
     }
-}
-
-fn exec(conn: &mut AnyConnection, sql: &str) {
-    conn.batch_execute(sql).expect(sql);
-}
-
-/// Whether SQLite's write lock is free (a process stopped inside a write transaction holds
-/// it, and nobody can take the lease over until it continues: a documented limit).
-fn sqlite_write_lock_free(conn: &mut AnyConnection) -> bool {
-    exec(conn, "PRAGMA busy_timeout = 0");
-    let free = conn.batch_execute("BEGIN IMMEDIATE").is_ok();
-    if free {
-        exec(conn, "ROLLBACK");
-    }
-    exec(conn, "PRAGMA busy_timeout = 5000");
-    free
 }
 
 fn signal(pid: u32, signal: &str) {

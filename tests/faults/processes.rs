@@ -20,7 +20,7 @@ conformance!(
     a_queue_wide_limit_holds_across_worker_processes,
 );
 
-fn exec(conn: &mut AnyConnection, sql: &str) {
+pub(crate) fn exec(conn: &mut AnyConnection, sql: &str) {
     conn.batch_execute(sql)
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
@@ -191,7 +191,7 @@ fn start_worker(url: &str) -> Spawned {
 }
 
 /// Whether no connection holds the SQLite file's write lock (asked without waiting).
-fn sqlite_write_lock_free(conn: &mut AnyConnection) -> bool {
+pub(crate) fn sqlite_write_lock_free(conn: &mut AnyConnection) -> bool {
     exec(conn, "PRAGMA busy_timeout = 0");
     let free = conn.batch_execute("BEGIN IMMEDIATE").is_ok();
     if free {
