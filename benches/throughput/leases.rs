@@ -61,6 +61,17 @@ fn release_from_outside(conn: &mut AnyConnection, backend: Backend) {
 /// prints p99 beside the table's p50/p95.
 pub fn handoff(backend: Backend, options: &Options, from_outside: bool) -> Figures {
     let db = BenchDb::new(backend);
+    let label = if from_outside { "S2" } else { "S1" };
+    handoff_on(&db, backend, options, from_outside, label)
+}
+
+fn handoff_on(
+    db: &BenchDb,
+    backend: Backend,
+    options: &Options,
+    from_outside: bool,
+    label: &str,
+) -> Figures {
     let mut conn = db.connect();
     let mut waiter_conn = db.connect();
     let (go, start) = mpsc::channel::<()>();
@@ -103,12 +114,49 @@ pub fn handoff(backend: Backend, options: &Options, from_outside: bool) -> Figur
     latencies.sort();
     let p99 = percentile(&latencies, 0.99).unwrap_or_default();
     println!(
-        "| {backend:?} | S{}: p99 {:.2} ms over {} hand-offs | | | | |",
-        if from_outside { 2 } else { 1 },
+        "| {backend:?} | {label}: p99 {:.2} ms over {} hand-offs | | | | |",
         p99.as_secs_f64() * 1000.0,
         latencies.len()
     );
     with_latencies(rate, latencies)
+}
+
+/// S4: S1 with 4 threads polling `try_take` as fast as they can beside the waiter: release ->
+/// the waiter's grant (the pollers never get the lease while the waiter stands in line; a
+/// poller's grant is counted and printed if one ever does).
+pub fn handoff_among_pollers(backend: Backend, options: &Options) -> Figures {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    let db = BenchDb::new(backend);
+    let stop = Arc::new(AtomicBool::new(false));
+    let overtook = Arc::new(AtomicUsize::new(0));
+    let pollers: Vec<_> = (0..4)
+        .map(|i| {
+            let mut conn = db.connect();
+            let (stop, overtook) = (stop.clone(), overtook.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    if let Ok(Some(mut lease)) =
+                        lease::try_take(&mut conn, "handoff", TTL, &format!("poller {i}"))
+                    {
+                        overtook.fetch_add(1, Ordering::SeqCst);
+                        let _ = lease.release(&mut conn);
+                    }
+                }
+            })
+        })
+        .collect();
+    let figures = handoff_on(&db, backend, options, false, "S4");
+    stop.store(true, Ordering::SeqCst);
+    for poller in pollers {
+        poller.join().expect("a poller");
+    }
+    println!(
+        "| {backend:?} | S4: pollers granted while the waiter stood in line: {} | | | | |",
+        overtook.load(Ordering::SeqCst)
+    );
+    figures
 }
 
 /// S3: try_take then release on one connection, no contention: grants a second, and the

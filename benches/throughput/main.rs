@@ -235,6 +235,12 @@ fn main() {
             row(label, leases::handoff(backend, &options, false), None);
             let label = "S2. lease hand-off, released by another session";
             row(label, leases::handoff(backend, &options, true), None);
+            let label = "S4. lease hand-off beside 4 threads polling try_take";
+            row(
+                label,
+                leases::handoff_among_pollers(backend, &options),
+                None,
+            );
             let label = "S3. lease try_take + release, one caller (per take)";
             row(
                 label,

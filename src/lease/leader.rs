@@ -216,10 +216,18 @@ impl Leadership {
         }
     }
 
-    /// The changes of this candidate's leadership from now on, in order.
+    /// The changes of this candidate's leadership from now on, in order; first `Elected`
+    /// with the current term's fence if a term is under way (so that every `Lost` follows its
+    /// `Elected`, also for a term that began before this call).
     pub fn changes(&self) -> Receiver<LeadershipChange> {
         let (sender, receiver) = mpsc::channel();
-        self.shared.lock().subscribers.push(sender);
+        let mut state = self.shared.lock();
+        if let Some((lease, _)) = &state.term {
+            let _ = sender.send(LeadershipChange::Elected {
+                fence: lease.fence(),
+            });
+        }
+        state.subscribers.push(sender);
         receiver
     }
 

@@ -15,6 +15,7 @@ conformance!(
     resign_returns_promptly_while_the_campaign_backs_off_from_errors,
     wait_elected_for_duration_max_does_not_panic,
     a_guards_wait_lost_for_duration_max_does_not_panic,
+    a_subscriber_after_the_election_hears_the_term_first,
 );
 
 const LONG: Duration = Duration::from_secs(120);
@@ -108,4 +109,25 @@ fn a_guards_wait_lost_for_duration_max_does_not_panic(backend: Backend) {
             "LeaseGuard::wait_lost(Duration::MAX) panicked"
         );
     }
+}
+
+/// `changes()` called after the election starts with the current term's `Elected` (found
+/// under load: a subscription made just after `campaign` missed it, and its first change was
+/// a `Lost`), then the term's `Lost` at resignation.
+fn a_subscriber_after_the_election_hears_the_term_first(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let pool = db.pool(4);
+    let me = Leadership::campaign(&pool, "late", Duration::from_secs(30), "a", None).unwrap();
+    assert!(me.wait_elected(Duration::from_secs(60)));
+    let fence = me.fence().expect("leading");
+    let changes = me.changes();
+    assert_eq!(
+        changes.try_recv(),
+        Ok(lease::LeadershipChange::Elected { fence })
+    );
+    me.resign();
+    assert_eq!(
+        changes.recv_timeout(Duration::from_secs(60)),
+        Ok(lease::LeadershipChange::Lost { fence })
+    );
 }
