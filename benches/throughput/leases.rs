@@ -122,8 +122,9 @@ fn handoff_on(
 }
 
 /// S4: S1 with 4 threads polling `try_take` as fast as they can beside the waiter: release ->
-/// the waiter's grant (the pollers never get the lease while the waiter stands in line; a
-/// poller's grant is counted and printed if one ever does).
+/// the waiter's grant. The pollers get the lease only between hand-offs, while nobody stands
+/// in line (their grants are counted: they show the pollers were at it); that none overtakes a
+/// waiter is `leases::line::*::pollers_cannot_overtake_a_waiter`.
 pub fn handoff_among_pollers(backend: Backend, options: &Options) -> Figures {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -153,7 +154,7 @@ pub fn handoff_among_pollers(backend: Backend, options: &Options) -> Figures {
         poller.join().expect("a poller");
     }
     println!(
-        "| {backend:?} | S4: pollers granted while the waiter stood in line: {} | | | | |",
+        "| {backend:?} | S4: grants to the pollers, between hand-offs: {} | | | | |",
         overtook.load(Ordering::SeqCst)
     );
     figures
