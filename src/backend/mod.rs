@@ -17,6 +17,7 @@ use crate::{Error, Result};
 mod descriptors;
 #[cfg(feature = "sqlite")]
 pub(crate) mod file_lock;
+pub(crate) mod lease_listen;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]

@@ -22,7 +22,7 @@ use diesel::sql_types::Text;
 use super::Lease;
 use super::grant::{Ask, Attempt, Line, attempt, leave_line};
 use crate::backend::statement::statement;
-use crate::backend::{Dialect, dispatch};
+use crate::backend::{Dialect, dispatch, lease_listen};
 use crate::{Error, Result, TenureConnection, validate};
 
 /// What a take asks for: a name, a ttl and a holder label, and optionally more holders, a
@@ -174,10 +174,10 @@ impl Take {
             Line::Outside | Line::Join => Line::Join,
         };
         ask.place_micros = validate::ttl(wait.place_ttl())?;
-        let listening = listen(conn, true);
+        let listening = lease_listen::listen(conn, true);
         let outcome = wait_in_line(conn, &mut ask, wait);
         if listening {
-            listen(conn, false);
+            lease_listen::listen(conn, false);
         }
         *line = match (&outcome, ask.line) {
             (Ok(None), Line::At(ticket)) if !leave => Line::At(ticket),
@@ -321,7 +321,7 @@ const NOTIFICATION_POLL: Duration = Duration::from_millis(5);
 /// Sleeps until `until`, or until a release in this process (one since `seen`), or a
 /// notification that `name` was released.
 fn sleep_until_woken<C: TenureConnection>(conn: &mut C, name: &str, seen: u64, until: Clock) {
-    let postgres = is_postgres(conn);
+    let postgres = lease_listen::can_listen(conn);
     loop {
         {
             let releases = RELEASES.lock().unwrap_or_else(PoisonError::into_inner);
@@ -341,60 +341,8 @@ fn sleep_until_woken<C: TenureConnection>(conn: &mut C, name: &str, seen: u64, u
                 return;
             }
         }
-        if postgres && notified(conn, name) {
+        if postgres && lease_listen::released(conn, name) {
             return;
         }
     }
-}
-
-#[cfg(feature = "postgres")]
-fn is_postgres<C: TenureConnection>(conn: &mut C) -> bool {
-    matches!(
-        conn.backend_connection(),
-        crate::BackendConnection::Postgres(_)
-    )
-}
-
-#[cfg(not(feature = "postgres"))]
-fn is_postgres<C: TenureConnection>(_conn: &mut C) -> bool {
-    false
-}
-
-/// Starts or stops listening for lease releases on PostgreSQL; whether it listens. A failure
-/// only costs wake-ups (the waiter still polls).
-#[cfg(feature = "postgres")]
-fn listen<C: TenureConnection>(conn: &mut C, on: bool) -> bool {
-    #[allow(irrefutable_let_patterns)]
-    let crate::BackendConnection::Postgres(pg) = conn.backend_connection() else {
-        return false;
-    };
-    match crate::backend::postgres::listen_leases(pg, on) {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::debug!(target: "tenure::lease", error = %e, on, "LISTEN for lease releases failed");
-            false
-        }
-    }
-}
-
-#[cfg(not(feature = "postgres"))]
-fn listen<C: TenureConnection>(_conn: &mut C, _on: bool) -> bool {
-    false
-}
-
-/// Whether a notification says `name` was released (others are dropped).
-#[cfg(feature = "postgres")]
-fn notified<C: TenureConnection>(conn: &mut C, name: &str) -> bool {
-    #[allow(irrefutable_let_patterns)]
-    let crate::BackendConnection::Postgres(pg) = conn.backend_connection() else {
-        return false;
-    };
-    crate::backend::postgres::notified_queues(pg)
-        .map(|names| names.iter().any(|n| n == name))
-        .unwrap_or(false)
-}
-
-#[cfg(not(feature = "postgres"))]
-fn notified<C: TenureConnection>(_conn: &mut C, _name: &str) -> bool {
-    false
 }

@@ -8,7 +8,7 @@ use tenure::{Backend, LeaseGuard};
 
 use crate::common::{TestDb, conformance};
 
-use super::line_edges::until_in_line;
+use super::line::until_in_line;
 
 conformance!(
     a_force_release_does_not_make_two_leaders,

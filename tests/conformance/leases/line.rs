@@ -23,7 +23,8 @@ conformance!(
 
 const LONG: Duration = Duration::from_secs(120);
 
-fn in_line(conn: &mut AnyConnection, name: &str) -> i64 {
+/// How many callers stand in line for `name` (lapsed places included).
+pub(super) fn in_line(conn: &mut AnyConnection, name: &str) -> i64 {
     count(
         conn,
         &format!("SELECT COUNT(*) AS n FROM tenure_lease_waiters WHERE name = '{name}'"),
@@ -31,7 +32,7 @@ fn in_line(conn: &mut AnyConnection, name: &str) -> i64 {
 }
 
 /// Waits until `n` callers stand in line for `name`.
-fn until_in_line(conn: &mut AnyConnection, name: &str, n: i64) {
+pub(super) fn until_in_line(conn: &mut AnyConnection, name: &str, n: i64) {
     poll_until(LONG, Duration::from_millis(5), || {
         (in_line(conn, name) >= n).then_some(())
     })

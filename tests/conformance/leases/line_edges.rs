@@ -9,7 +9,8 @@ use std::time::{Duration, Instant as Clock};
 use tenure::lease::{self, Take, Wait};
 use tenure::{AnyConnection, Backend, LeaseGuard};
 
-use crate::common::{TestDb, conformance, count, poll_until, wait_for_db_clock};
+use super::line::{in_line, until_in_line};
+use crate::common::{TestDb, conformance, count, wait_for_db_clock};
 
 conformance!(
     a_try_take_asking_another_n_does_not_overtake_a_waiter,
@@ -23,20 +24,6 @@ conformance!(
 const LONG: Duration = Duration::from_secs(120);
 const HOUR: Duration = Duration::from_secs(3600);
 const TEN_MINUTES: Duration = Duration::from_secs(600);
-
-pub(super) fn in_line(conn: &mut AnyConnection, name: &str) -> i64 {
-    count(
-        conn,
-        &format!("SELECT COUNT(*) AS n FROM tenure_lease_waiters WHERE name = '{name}'"),
-    )
-}
-
-pub(super) fn until_in_line(conn: &mut AnyConnection, name: &str, n: i64) {
-    poll_until(LONG, Duration::from_millis(5), || {
-        (in_line(conn, name) >= n).then_some(())
-    })
-    .unwrap_or_else(|| panic!("{n} waiters never stood in line for {name}"));
-}
 
 /// Promise 3: a try_take never overtakes a live waiter. A waiter for a lease of one holder
 /// stands in line (alive: its place is renewed for 100 minutes); the holder lapses; a
