@@ -64,7 +64,10 @@ diesel::table! {
         lock_delay_us -> BigInt,
         /// What the holder published with its grant ([`Lease::set_value`](crate::lease::Lease::set_value)); cleared at each grant.
         value -> Nullable<Text>,
-        /// Reserved for the registration of the holder's process; NULL.
+        /// The key of the holder's liveness lock (fast takeover, see
+        /// [`Take::fast_takeover`](crate::lease::Take::fast_takeover)); NULL when it has
+        /// none; negative once a grant found the holder's process gone (the grant then lapses
+        /// soon and cannot be renewed).
         held_by -> Nullable<BigInt>,
     }
 }

@@ -15,6 +15,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 
+use super::LockSpace;
 use crate::{Error, Result};
 
 /// An exclusive lock on a worker's lock file, held until dropped.
@@ -25,9 +26,14 @@ pub(crate) struct FileLock {
     path: PathBuf,
 }
 
-/// Worker `id`'s lock file, for the database at `database`.
-pub(crate) fn path_of(database: &str, id: i64) -> PathBuf {
-    PathBuf::from(format!("{database}-workers")).join(id.to_string())
+/// Lock file `id` of `space`, for the database at `database`: `<database>-workers/<id>` or
+/// `<database>-lease-holders/<id>`.
+pub(crate) fn path_of(database: &str, space: LockSpace, id: i64) -> PathBuf {
+    let dir = match space {
+        LockSpace::Worker => "workers",
+        LockSpace::LeaseHolder => "lease-holders",
+    };
+    PathBuf::from(format!("{database}-{dir}")).join(id.to_string())
 }
 
 fn failed(path: &Path, source: io::Error) -> Error {
@@ -40,8 +46,8 @@ fn failed(path: &Path, source: io::Error) -> Error {
 impl FileLock {
     /// Creates worker `id`'s lock file (and its directory) if needed and locks it: `None`
     /// if another holds it.
-    pub fn create(database: &str, id: i64) -> Result<Option<FileLock>> {
-        let path = path_of(database, id);
+    pub fn create(database: &str, space: LockSpace, id: i64) -> Result<Option<FileLock>> {
+        let path = path_of(database, space, id);
         let open = || {
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)?;
@@ -71,8 +77,8 @@ impl FileLock {
     /// `None` while it lives; an error of kind `NotFound` when there is no such file (then
     /// nothing can be told: its worker may live, on a path that names the database
     /// differently).
-    pub fn existing(database: &str, id: i64) -> io::Result<Option<FileLock>> {
-        let path = path_of(database, id);
+    pub fn existing(database: &str, space: LockSpace, id: i64) -> io::Result<Option<FileLock>> {
+        let path = path_of(database, space, id);
         let file = OpenOptions::new().read(true).write(true).open(&path)?;
         Ok(try_lock(&file)?.then_some(FileLock { _file: file, path }))
     }

@@ -476,25 +476,34 @@ impl FileLock {
     pub fn remove(self) {}
 }
 
-/// Where a worker's lock is held (see `jobs::registry`): it lasts as long as the worker's
-/// process, and no longer.
+/// Whose lock a liveness lock is: the two kinds never share a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LockSpace {
+    /// A worker's registration (`tenure_workers.id`, see `jobs::registry`).
+    Worker,
+    /// A lease holder's process (`tenure_leases.held_by`, see `lease::liveness`).
+    LeaseHolder,
+}
+
+/// Where a liveness lock is held (a worker's, see `jobs::registry`; a lease holder's, see
+/// `lease::liveness`): it lasts as long as its process, and no longer.
 #[derive(Debug)]
-pub(crate) enum WorkerLock {
+pub(crate) enum LivenessLock {
     /// By the session of the connection that took it (PostgreSQL, MySQL/MariaDB): the
     /// server frees it when the session ends.
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     Session,
-    /// By an exclusive `flock` of the worker's lock file (SQLite): the kernel frees it when
-    /// the process ends.
+    /// By an exclusive `flock` of its lock file (SQLite): the kernel frees it when the
+    /// process ends.
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     File(FileLock),
-    /// Nowhere: nothing can tell this worker's death (an SQLite database in memory, or a
-    /// platform without `flock`). Its claims are protected by their ttl alone.
+    /// Nowhere: nothing can tell this process's death (an SQLite database in memory, or a
+    /// platform without `flock`). What it holds is protected by its ttl alone.
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     Nowhere,
 }
 
-/// What a rescue finds of a worker's lock.
+/// What a look at another process's liveness lock finds (a rescue's, a lease grant's).
 #[derive(Debug)]
 pub(crate) enum Probe {
     /// Held: the worker lives (or its session does).
@@ -507,18 +516,19 @@ pub(crate) enum Probe {
     Unknown,
 }
 
-/// How a worker says it lives, per backend: a lock that ends with its process (see
-/// `jobs::registry`, and `jobs::queue::rescue` for how a dead worker is recognised). One
-/// implementation per backend file.
+/// How a process says it lives, per backend: a lock that ends with its process (see
+/// `jobs::registry`, and `jobs::queue::rescue` for how a dead worker is recognised; and
+/// `lease::liveness` for a lease holder's). One implementation per backend file.
 pub(crate) trait Liveness: Dialect {
-    /// Takes worker `id`'s lock: for this connection's session (servers) or in its lock file
-    /// (SQLite). `None` if another holds it.
-    fn take_worker_lock(&mut self, id: i64) -> Result<Option<WorkerLock>>;
+    /// Takes lock `id` of `space`: for this connection's session (servers) or in its lock
+    /// file (SQLite). `None` if another holds it.
+    fn take_liveness_lock(&mut self, space: LockSpace, id: i64) -> Result<Option<LivenessLock>>;
 
-    /// Whether this connection's session holds worker `id`'s lock (servers; SQLite's file
+    /// Whether this connection's session holds lock `id` of `space` (servers; SQLite's file
     /// lock cannot be lost while the process lives).
-    fn holds_worker_lock(&mut self, id: i64) -> Result<bool>;
+    fn holds_liveness_lock(&mut self, space: LockSpace, id: i64) -> Result<bool>;
 
-    /// Inside a rescue's transaction: whether worker `id`'s lock is free.
-    fn probe_worker_lock(&mut self, id: i64) -> Result<Probe>;
+    /// Inside a transaction (a rescue's, a lease grant's): whether lock `id` of `space` is
+    /// free.
+    fn probe_liveness_lock(&mut self, space: LockSpace, id: i64) -> Result<Probe>;
 }

@@ -10,7 +10,7 @@ use diesel::{QueryResult, RunQueryDsl};
 
 use super::SessionSetup;
 use super::statement::statement;
-use super::{Dialect, Liveness, Probe, Rendered, Syntax, Upsert, WorkerLock};
+use super::{Dialect, Liveness, LivenessLock, LockSpace, Probe, Rendered, Syntax, Upsert};
 use crate::backend::transaction::require_bare;
 use crate::error::DatabaseFailure;
 use crate::sql_types::{Instant, Token, token_from_bytes};
@@ -136,10 +136,16 @@ impl Dialect for MysqlConnection {
     }
 }
 
-/// The name of worker `?`'s lock. Named locks are server-wide, so the database's digest keeps
-/// the workers of two databases apart; at most 64 characters (MySQL's limit), whatever the
-/// database's name: 9 + 32 + 1 + at most 20 for the id.
-const WORKER_LOCK: &str = "CONCAT('tenure.w.', MD5(DATABASE()), '.', ?)";
+/// The name of lock `?` of a space: `tenure.w.` (workers) or `tenure.l.` (lease holders).
+/// Named locks are server-wide, so the database's digest keeps the locks of two databases
+/// apart; at most 64 characters (MySQL's limit), whatever the database's name: 9 + 32 + 1 +
+/// at most 20 for the id.
+fn lock_name(space: LockSpace) -> &'static str {
+    match space {
+        LockSpace::Worker => "CONCAT('tenure.w.', MD5(DATABASE()), '.', ?)",
+        LockSpace::LeaseHolder => "CONCAT('tenure.l.', MD5(DATABASE()), '.', ?)",
+    }
+}
 
 #[derive(diesel::QueryableByName)]
 struct Flag {
@@ -148,18 +154,19 @@ struct Flag {
 }
 
 impl Liveness for MysqlConnection {
-    fn take_worker_lock(&mut self, id: i64) -> Result<Option<WorkerLock>> {
+    fn take_liveness_lock(&mut self, space: LockSpace, id: i64) -> Result<Option<LivenessLock>> {
         // Held by this session until it ends (or RELEASE_LOCK); a wait of 0: no blocking.
-        let got = statement(format!("SELECT GET_LOCK({WORKER_LOCK}, 0) AS got"))
+        let got = statement(format!("SELECT GET_LOCK({}, 0) AS got", lock_name(space)))
             .bind::<BigInt, _>(id)
             .get_result::<LockResult>(self)?
             .got;
-        Ok((got == Some(1)).then_some(WorkerLock::Session))
+        Ok((got == Some(1)).then_some(LivenessLock::Session))
     }
 
-    fn holds_worker_lock(&mut self, id: i64) -> Result<bool> {
+    fn holds_liveness_lock(&mut self, space: LockSpace, id: i64) -> Result<bool> {
         let held = statement(format!(
-            "SELECT CAST(COALESCE(IS_USED_LOCK({WORKER_LOCK}) = CONNECTION_ID(), 0) AS SIGNED) AS flag"
+            "SELECT CAST(COALESCE(IS_USED_LOCK({}) = CONNECTION_ID(), 0) AS SIGNED) AS flag",
+            lock_name(space)
         ))
         .bind::<BigInt, _>(id)
         .get_result::<Flag>(self)?
@@ -167,12 +174,13 @@ impl Liveness for MysqlConnection {
         Ok(held == 1)
     }
 
-    fn probe_worker_lock(&mut self, id: i64) -> Result<Probe> {
+    fn probe_liveness_lock(&mut self, space: LockSpace, id: i64) -> Result<Probe> {
         // A look that takes nothing: the worker may take its lock again right after it, and
         // is then judged by its heartbeat and by how long its lock was found free (see
         // `jobs::queue::rescue`), as on a backend where the look takes the lock.
         let free = statement(format!(
-            "SELECT CAST(IS_USED_LOCK({WORKER_LOCK}) IS NULL AS SIGNED) AS flag"
+            "SELECT CAST(IS_USED_LOCK({}) IS NULL AS SIGNED) AS flag",
+            lock_name(space)
         ))
         .bind::<BigInt, _>(id)
         .get_result::<Flag>(self)?

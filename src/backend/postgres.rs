@@ -12,7 +12,7 @@ use diesel::{QueryResult, RunQueryDsl};
 
 use super::SessionSetup;
 use super::statement::statement;
-use super::{Dialect, Liveness, Probe, Rendered, Syntax, Upsert, WorkerLock};
+use super::{Dialect, Liveness, LivenessLock, LockSpace, Probe, Rendered, Syntax, Upsert};
 use crate::backend::transaction::bare_write_transaction;
 use crate::error::DatabaseFailure;
 use crate::sql_types::{Instant, Token, token_from_bytes};
@@ -128,14 +128,21 @@ impl ToSql<Token, Pg> for uuid::Uuid {
     }
 }
 
-/// The first key of a worker's advisory lock, `pg_advisory_lock(key1, key2)`: the bytes spell
-/// "tenu". The two-key form is a key space apart from the one-key form (which the migration
-/// lock and most applications use), and advisory locks are per database.
-const WORKER_LOCK_CLASS: i32 = 0x7465_6e75;
+/// The first key of a liveness lock, `pg_advisory_lock(key1, key2)`, per space: the bytes
+/// spell "tenu" (workers) and "tenl" (lease holders). The two-key form is a key space apart
+/// from the one-key form (which the migration lock and most applications use), and advisory
+/// locks are per database.
+fn lock_class(space: LockSpace) -> i32 {
+    match space {
+        LockSpace::Worker => 0x7465_6e75,
+        LockSpace::LeaseHolder => 0x7465_6e6c,
+    }
+}
 
-/// The second key of worker `id`'s lock: its low 32 bits (ids are never reused, and four
-/// billion workers apart before two could share a key).
-fn worker_key(id: i64) -> i32 {
+/// The second key of lock `id`: its low 32 bits (worker ids are never reused, and four
+/// billion workers apart before two could share a key; lease holders' keys are random below
+/// 2^31).
+fn lock_key(id: i64) -> i32 {
     id as i32
 }
 
@@ -146,36 +153,36 @@ struct Got {
 }
 
 impl Liveness for PgConnection {
-    fn take_worker_lock(&mut self, id: i64) -> Result<Option<WorkerLock>> {
+    fn take_liveness_lock(&mut self, space: LockSpace, id: i64) -> Result<Option<LivenessLock>> {
         // Session-level: held until the session ends (also if the transaction that took it
         // rolls back), whatever the transactions after it do.
         let got = statement("SELECT pg_try_advisory_lock(?, ?) AS got")
-            .bind::<Integer, _>(WORKER_LOCK_CLASS)
-            .bind::<Integer, _>(worker_key(id))
+            .bind::<Integer, _>(lock_class(space))
+            .bind::<Integer, _>(lock_key(id))
             .get_result::<Got>(self)?
             .got;
-        Ok(got.then_some(WorkerLock::Session))
+        Ok(got.then_some(LivenessLock::Session))
     }
 
-    fn holds_worker_lock(&mut self, id: i64) -> Result<bool> {
+    fn holds_liveness_lock(&mut self, space: LockSpace, id: i64) -> Result<bool> {
         // pg_locks shows each key as an oid; an int4 cast to oid keeps its 32 bits.
         Ok(statement(
             "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
              AND pid = pg_backend_pid() AND classid = CAST(? AS oid) \
              AND objid = CAST(? AS oid) AND objsubid = 2 AND granted) AS got",
         )
-        .bind::<Integer, _>(WORKER_LOCK_CLASS)
-        .bind::<Integer, _>(worker_key(id))
+        .bind::<Integer, _>(lock_class(space))
+        .bind::<Integer, _>(lock_key(id))
         .get_result::<Got>(self)?
         .got)
     }
 
-    fn probe_worker_lock(&mut self, id: i64) -> Result<Probe> {
+    fn probe_liveness_lock(&mut self, space: LockSpace, id: i64) -> Result<Probe> {
         // Taken only if no session holds it (the worker's ended); then held by this
         // transaction until it ends, so the worker cannot take it again meanwhile.
         let free = statement("SELECT pg_try_advisory_xact_lock(?, ?) AS got")
-            .bind::<Integer, _>(WORKER_LOCK_CLASS)
-            .bind::<Integer, _>(worker_key(id))
+            .bind::<Integer, _>(lock_class(space))
+            .bind::<Integer, _>(lock_key(id))
             .get_result::<Got>(self)?
             .got;
         Ok(if free { Probe::Free(None) } else { Probe::Held })

@@ -14,7 +14,7 @@ use diesel::{QueryResult, RunQueryDsl};
 use super::file_lock::{self, FileLock};
 use super::statement::statement;
 use super::turns::{self, Turn};
-use super::{Dialect, Liveness, Probe, Rendered, Syntax, Upsert, WorkerLock};
+use super::{Dialect, Liveness, LivenessLock, LockSpace, Probe, Rendered, Syntax, Upsert};
 use super::{SessionSetup, Synchronous};
 use crate::backend::transaction::bare_write_transaction;
 use crate::sql_types::{Instant, SQLITE_INSTANT_FORMAT, Token, token_from_bytes};
@@ -139,36 +139,36 @@ fn main_file(conn: &mut SqliteConnection) -> QueryResult<Option<String>> {
 }
 
 impl Liveness for SqliteConnection {
-    fn take_worker_lock(&mut self, id: i64) -> Result<Option<WorkerLock>> {
+    fn take_liveness_lock(&mut self, space: LockSpace, id: i64) -> Result<Option<LivenessLock>> {
         let Some(database) = main_file(self)? else {
-            return Ok(Some(WorkerLock::Nowhere));
+            return Ok(Some(LivenessLock::Nowhere));
         };
         if cfg!(not(unix)) {
-            return Ok(Some(WorkerLock::Nowhere));
+            return Ok(Some(LivenessLock::Nowhere));
         }
-        Ok(FileLock::create(&database, id)?.map(WorkerLock::File))
+        Ok(FileLock::create(&database, space, id)?.map(LivenessLock::File))
     }
 
-    fn holds_worker_lock(&mut self, _id: i64) -> Result<bool> {
+    fn holds_liveness_lock(&mut self, _space: LockSpace, _id: i64) -> Result<bool> {
         // A lock on a file this process keeps open is held until the process ends.
         Ok(true)
     }
 
-    fn probe_worker_lock(&mut self, id: i64) -> Result<Probe> {
+    fn probe_liveness_lock(&mut self, space: LockSpace, id: i64) -> Result<Probe> {
         let Some(database) = main_file(self)? else {
             return Ok(Probe::Unknown);
         };
         if cfg!(not(unix)) {
             return Ok(Probe::Unknown);
         }
-        match FileLock::existing(&database, id) {
+        match FileLock::existing(&database, space, id) {
             Ok(Some(lock)) => Ok(Probe::Free(Some(lock))),
             Ok(None) => Ok(Probe::Held),
             // Its worker took it (the file is made before its row commits): someone removed
             // it, or this process names the database by another path. Taken as alive.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Probe::Unknown),
             Err(source) => Err(crate::Error::LockFile {
-                path: file_lock::path_of(&database, id),
+                path: file_lock::path_of(&database, space, id),
                 source,
             }),
         }

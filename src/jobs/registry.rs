@@ -22,7 +22,7 @@ use diesel::sql_types::{BigInt, Text};
 use super::queue::ids_of;
 use crate::backend::statement::statement;
 use crate::backend::transaction::{bare_write_transaction, retry_transient, write_turn};
-use crate::backend::{Dialect, Liveness, WorkerLock, dispatch};
+use crate::backend::{Dialect, Liveness, LivenessLock, LockSpace, dispatch};
 use crate::rows::IdRow;
 use crate::{Error, Result, TenureConnection};
 
@@ -78,7 +78,7 @@ impl Drop for HeldHere {
 #[derive(Debug)]
 pub(crate) struct Registered {
     pub id: i64,
-    pub lock: WorkerLock,
+    pub lock: LivenessLock,
     _here: HeldHere,
 }
 
@@ -91,7 +91,7 @@ pub(crate) fn register<C: TenureConnection>(conn: &mut C, host: &str) -> Result<
     let (id, lock) = dispatch!(conn, c => {
         bare_write_transaction(c, "registering a worker", |c| {
             let id = insert_worker(c, host, pid)?;
-            match dispatch!(c, c => c.take_worker_lock(id))? {
+            match dispatch!(c, c => c.take_liveness_lock(LockSpace::Worker, id))? {
                 Some(lock) => Ok((id, lock)),
                 // Only if an id were used twice: nothing is committed.
                 None => Err(Error::invalid("worker", format!("the lock of new worker {id} is taken"))),
@@ -137,7 +137,7 @@ pub(crate) fn beat<C: TenureConnection>(conn: &mut C, id: i64) -> Result<bool> {
 
 /// Whether `conn`'s session still holds worker `id`'s lock.
 pub(crate) fn holds_lock<C: TenureConnection>(conn: &mut C, id: i64) -> Result<bool> {
-    dispatch!(conn, c => c.holds_worker_lock(id))
+    dispatch!(conn, c => c.holds_liveness_lock(LockSpace::Worker, id))
 }
 
 /// What taking a lost lock again came to.
@@ -155,7 +155,7 @@ pub(crate) enum Relocked {
 /// Takes worker `id`'s lock again on `conn` (a new connection, after its first one was
 /// lost) and says it lives.
 pub(crate) fn relock<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Relocked> {
-    if dispatch!(conn, c => c.take_worker_lock(id))?.is_none() {
+    if dispatch!(conn, c => c.take_liveness_lock(LockSpace::Worker, id))?.is_none() {
         return Ok(Relocked::Busy);
     }
     let rows = dispatch!(conn, c => {

@@ -11,13 +11,16 @@
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Integer, Text};
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use uuid::Uuid;
 
+use std::time::Duration;
+
+use super::liveness::TAKEOVER_AFTER;
 use super::{Lease, LeaseRecord};
 use crate::backend::statement::statement;
 use crate::backend::transaction::bare_write_transaction;
-use crate::backend::{Dialect, Upsert, dispatch};
+use crate::backend::{Dialect, Liveness, LockSpace, Probe, Upsert, dispatch};
 use crate::sql_types::{Instant, Token};
 use crate::{Error, Result, TenureConnection};
 
@@ -38,8 +41,19 @@ const LOCK_NAME: &str = "\
 /// PostgreSQL `statement_timestamp()` is the statement's start, before any wait: an earlier
 /// clock only finds fewer slots free).
 const LOCK_SLOTS: &str = "\
-    SELECT slot, reusable_at, {now} AS now FROM tenure_leases \
+    SELECT slot, expires_at, reusable_at, held_by, {now} AS now FROM tenure_leases \
     WHERE name = ? ORDER BY slot{for_update}";
+
+/// A held slot whose holder's liveness lock was found free: it lapses at `{now+ttl}` (the
+/// bind is [`TAKEOVER_AFTER`], or 0 where a free lock means a dead process) unless sooner,
+/// without lock delay, and its `held_by` turns negative (no one looks again; the holder's
+/// renewals fail). Each column's CASE reads only itself: MySQL's order of assignment does
+/// not matter.
+const HOLDER_GONE: &str = "\
+    UPDATE tenure_leases SET held_by = -held_by, \
+        expires_at = CASE WHEN expires_at > {now+ttl} THEN {now+ttl} ELSE expires_at END, \
+        reusable_at = CASE WHEN reusable_at > {now+ttl} THEN {now+ttl} ELSE reusable_at END \
+    WHERE name = ? AND slot = ?";
 
 /// The live places in line: how many stand before the caller's ticket, how many there are,
 /// and whether the caller's own place is among them.
@@ -53,13 +67,13 @@ const LINE: &str = "\
 const GRANT_SLOT: &str = "\
     UPDATE tenure_leases SET token = ?, holder = ?, fence = ?, acquired_at = {now}, \
         expires_at = {now+ttl}, reusable_at = {now+ttl}, lock_delay_us = ?, value = NULL, \
-        held_by = NULL \
+        held_by = ? \
     WHERE name = ? AND slot = ?";
 
 const GRANT_NEW_SLOT: &str = "\
     INSERT INTO tenure_leases (name, slot, token, holder, fence, acquired_at, expires_at, \
-        reusable_at, lock_delay_us) \
-    VALUES (?, ?, ?, ?, ?, {now}, {now+ttl}, {now+ttl}, ?)";
+        reusable_at, lock_delay_us, held_by) \
+    VALUES (?, ?, ?, ?, ?, {now}, {now+ttl}, {now+ttl}, ?, ?)";
 
 const GRANTED: &str = "UPDATE tenure_lease_names SET fence = ?, holders = ? WHERE name = ?";
 
@@ -101,7 +115,11 @@ struct SlotRow {
     #[diesel(sql_type = Integer)]
     slot: i32,
     #[diesel(sql_type = Instant)]
+    expires_at: DateTime<Utc>,
+    #[diesel(sql_type = Instant)]
     reusable_at: DateTime<Utc>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    held_by: Option<i64>,
     #[diesel(sql_type = Instant)]
     now: DateTime<Utc>,
 }
@@ -127,6 +145,8 @@ pub(super) struct Ask<'a> {
     pub line: Line,
     /// How long a place in line lasts unless renewed, in microseconds.
     pub place_micros: i64,
+    /// The key of the holder's liveness lock ([`super::liveness`]), if it has one.
+    pub held_by: Option<i64>,
 }
 
 /// Where a caller stands in line for a lease.
@@ -172,9 +192,12 @@ fn attempt_in<D: Dialect + TenureConnection>(
     let name_row = dispatch!(c, c => statement(syntax.render(LOCK_NAME))
         .bind::<Text, _>(ask.name)
         .get_result::<NameRow>(c))?;
-    let slots = dispatch!(c, c => statement(syntax.render(LOCK_SLOTS))
+    let mut slots = dispatch!(c, c => statement(syntax.render(LOCK_SLOTS))
         .bind::<Text, _>(ask.name)
         .load::<SlotRow>(c))?;
+    for slot in &mut slots {
+        take_over_if_gone(c, ask.name, slot)?;
+    }
 
     let ticket = match ask.line {
         Line::At(ticket) => ticket,
@@ -215,6 +238,47 @@ fn attempt_in<D: Dialect + TenureConnection>(
     }
 }
 
+/// A held slot whose holder's process is gone by its liveness lock (see
+/// [`super::liveness`]): its grant now lapses soon (at once where the lock says the process
+/// ended), and `slot` is read again as it now stands.
+fn take_over_if_gone<D: Dialect + TenureConnection>(
+    c: &mut D,
+    name: &str,
+    slot: &mut SlotRow,
+) -> Result<()> {
+    let Some(key) = slot.held_by.filter(|key| *key > 0) else {
+        return Ok(());
+    };
+    if slot.expires_at <= slot.now {
+        return Ok(());
+    }
+    let after = match dispatch!(c, c => c.probe_liveness_lock(LockSpace::LeaseHolder, key))? {
+        Probe::Held | Probe::Unknown => return Ok(()),
+        // A lock file is free only once its process ended: nothing of it can still act.
+        Probe::Free(Some(file)) => {
+            file.remove();
+            Duration::ZERO
+        }
+        // A session ended; its process may live, and knows it lost by then.
+        Probe::Free(None) => TAKEOVER_AFTER,
+    };
+    let micros = i64::try_from(after.as_micros()).unwrap_or(i64::MAX);
+    dispatch!(c, c => statement(c.syntax().render(HOLDER_GONE))
+        .bind::<BigInt, _>(micros)
+        .bind::<BigInt, _>(micros)
+        .bind::<BigInt, _>(micros)
+        .bind::<BigInt, _>(micros)
+        .bind::<Text, _>(name)
+        .bind::<Integer, _>(slot.slot)
+        .execute(c))?;
+    let lapses = slot.now + chrono::Duration::from_std(after).unwrap_or_default();
+    slot.expires_at = slot.expires_at.min(lapses);
+    slot.reusable_at = slot.reusable_at.min(lapses);
+    slot.held_by = Some(-key);
+    tracing::info!(target: "tenure::lease", lease = name, slot = slot.slot, "the holder's process is gone (its liveness lock is free): its grant lapses early");
+    Ok(())
+}
+
 fn grant<D: Dialect + TenureConnection>(
     c: &mut D,
     ask: &Ask<'_>,
@@ -233,6 +297,7 @@ fn grant<D: Dialect + TenureConnection>(
             .bind::<BigInt, _>(ask.ttl_micros)
             .bind::<BigInt, _>(reusable_micros)
             .bind::<BigInt, _>(ask.lock_delay_micros)
+            .bind::<Nullable<BigInt>, _>(ask.held_by)
             .bind::<Text, _>(ask.name)
             .bind::<Integer, _>(slot)
             .execute(c))?;
@@ -246,6 +311,7 @@ fn grant<D: Dialect + TenureConnection>(
             .bind::<BigInt, _>(ask.ttl_micros)
             .bind::<BigInt, _>(reusable_micros)
             .bind::<BigInt, _>(ask.lock_delay_micros)
+            .bind::<Nullable<BigInt>, _>(ask.held_by)
             .execute(c))?;
     }
     dispatch!(c, c => statement(GRANTED)

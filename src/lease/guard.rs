@@ -2,12 +2,15 @@
 //! drop.
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as Clock};
 
+use super::grant::Line;
+use super::liveness::{ALIVE_FOR, HolderLock};
+use super::renewal::{Reconnect, Renewal, Shared, State, margin, reconnect};
 use super::{Lease, Take, Wait};
-use crate::{Error, Pool, PooledConnection, Result, TenureConnection};
+use crate::{Error, Pool, Result, TenureConnection};
 
 /// How long [`LeaseGuard::release`] (and drop) wait for the release to be done before saying
 /// [`Error::LeaseReleasePending`].
@@ -24,6 +27,12 @@ pub const RELEASE_WAIT: Duration = Duration::from_secs(5);
 /// successful take or renewal was *sent*, plus the ttl, minus a margin of ttl/10. So it says
 /// "lost" no later than the database would, even when the database cannot be reached and a
 /// renewal hangs. Once lost or released it never renews again.
+///
+/// A guard taken from a pool also holds a lock that ends with its process
+/// ([`Take::fast_takeover`]): when the process dies, another takes the lease over within
+/// seconds. On a server it checks that lock every second and counts the lease as lost when
+/// the lock's session ended, or six seconds after the last check that found it held was
+/// sent (before anyone else can be granted the lease).
 ///
 /// ## Releasing inside a transaction
 ///
@@ -70,46 +79,6 @@ pub(super) struct HeldView(Arc<Shared>);
 impl HeldView {
     pub(super) fn is_held(&self) -> bool {
         !self.0.lock().check_deadline(Clock::now())
-    }
-}
-
-struct Shared {
-    state: Mutex<State>,
-    changed: Condvar,
-}
-
-struct State {
-    /// The lease's name, for the log.
-    name: String,
-    /// Local monotonic instant after which the lease counts as lost.
-    deadline: Clock,
-    lost: bool,
-    stop: bool,
-    /// Whether the renewal thread releases the lease once stopped (not when the caller
-    /// releases it on a connection of its own).
-    release: bool,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic elsewhere while holding the lock leaves plain data; keep going.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-impl State {
-    /// Marks the lease lost once the deadline has passed; loss is sticky.
-    fn check_deadline(&mut self, now: Clock) -> bool {
-        if now >= self.deadline && !self.lost {
-            self.lost = true;
-            tracing::warn!(
-                target: "tenure::lease",
-                lease = %self.name,
-                reason = "no renewal succeeded before the local deadline",
-                "lease lost"
-            );
-        }
-        self.lost
     }
 }
 
@@ -201,25 +170,44 @@ impl LeaseGuard {
     /// # Ok(()) }
     /// ```
     pub fn take_pooled_as(pool: &Pool, take: &Take) -> Result<Option<Self>> {
-        let mut conn = pool.get()?;
-        let ttl = take.ttl();
-        Ok(take
-            .timed(&mut conn)?
-            .map(|(lease, sent)| Self::start(conn, Some(reconnect(pool)), lease, ttl, sent)))
+        Self::take_pooled_from(pool, take, &mut Line::Join, true, &mut None)
     }
 
     /// [`LeaseGuard::take_pooled_as`] from the place `line` in the lease's line, keeping the
-    /// place there if the wait times out (a campaign's steps).
-    pub(super) fn take_pooled_in_line(
+    /// place there if the wait times out unless `leave` (a campaign's steps keep it), and
+    /// the liveness lock in `holder_lock` for the next step if not granted.
+    pub(super) fn take_pooled_from(
         pool: &Pool,
         take: &Take,
-        line: &mut super::grant::Line,
+        line: &mut Line,
+        leave: bool,
+        holder_lock: &mut Option<HolderLock>,
     ) -> Result<Option<Self>> {
+        // One kept from an earlier step may have lost its session meanwhile: a grant with it
+        // would be lost at its first check.
+        if holder_lock
+            .as_mut()
+            .is_some_and(|lock| !matches!(lock.check(), Ok(true)))
+        {
+            *holder_lock = None;
+        }
+        if take.wants_holder_lock() && holder_lock.is_none() {
+            *holder_lock = HolderLock::take(pool)?;
+        }
+        let take = take.held_by(holder_lock.as_ref().map(HolderLock::key));
         let mut conn = pool.get()?;
-        let ttl = take.ttl();
-        Ok(take
-            .timed_in_line(&mut conn, line, false)?
-            .map(|(lease, sent)| Self::start(conn, Some(reconnect(pool)), lease, ttl, sent)))
+        let Some((lease, sent)) = take.timed_in_line(&mut conn, line, leave)? else {
+            return Ok(None);
+        };
+        let reconnect = Some(reconnect(pool));
+        Ok(Some(Self::start(
+            conn,
+            reconnect,
+            lease,
+            take.ttl(),
+            sent,
+            holder_lock.take(),
+        )))
     }
 
     /// Takes the lease as `take` asks on `conn` (which the guard keeps, for its renewals),
@@ -231,7 +219,7 @@ impl LeaseGuard {
         let ttl = take.ttl();
         Ok(take
             .timed(&mut conn)?
-            .map(|(lease, sent)| Self::start(conn, None, lease, ttl, sent)))
+            .map(|(lease, sent)| Self::start(conn, None, lease, ttl, sent, None)))
     }
 
     fn start<C>(
@@ -240,14 +228,17 @@ impl LeaseGuard {
         lease: Lease,
         ttl: Duration,
         sent: Clock,
+        holder_lock: Option<HolderLock>,
     ) -> Self
     where
         C: TenureConnection + 'static,
     {
+        let checks = holder_lock.as_ref().is_some_and(HolderLock::needs_checks);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 name: lease.name.clone(),
-                deadline: sent + ttl - margin(ttl),
+                renewed_until: sent + ttl - margin(ttl),
+                alive_until: checks.then_some(sent + ALIVE_FOR),
                 lost: false,
                 stop: false,
                 release: true,
@@ -260,7 +251,14 @@ impl LeaseGuard {
             std::thread::Builder::new()
                 .name(format!("tenure-lease-{}", lease.fence))
                 .spawn(move || {
-                    let outcome = renew_until_stopped(conn, reconnect, lease, ttl, &shared);
+                    let mut renewal = Renewal {
+                        conn,
+                        reconnect,
+                        lease,
+                        ttl,
+                        holder_lock,
+                    };
+                    let outcome = renewal.until_stopped(&shared);
                     // The guard may have stopped waiting (see `RELEASE_WAIT`).
                     let _ = report.send(outcome);
                 })
@@ -312,7 +310,7 @@ impl LeaseGuard {
     /// lease run` hands it to a watchdog process that stops the command when it passes.
     pub fn held_until(&self) -> Option<Clock> {
         let mut state = self.shared.lock();
-        (!state.check_deadline(Clock::now())).then_some(state.deadline)
+        (!state.check_deadline(Clock::now())).then_some(state.deadline())
     }
 
     /// Blocks until the lease is lost or `timeout` passes; returns whether it was lost.
@@ -328,7 +326,8 @@ impl LeaseGuard {
             if until.is_some_and(|until| now >= until) {
                 return false;
             }
-            let wake = until.map_or(state.deadline, |until| state.deadline.min(until)) - now;
+            let deadline = state.deadline();
+            let wake = until.map_or(deadline, |until| deadline.min(until)) - now;
             state = self
                 .shared
                 .changed
@@ -425,130 +424,5 @@ impl Drop for LeaseGuard {
         {
             tracing::warn!(lease = %self.lease.name, error = %e, "releasing a lease on drop failed; it will expire");
         }
-    }
-}
-
-/// Where a guard gets a fresh connection after a failed renewal.
-type Reconnect<C> = Box<dyn Fn() -> Result<C> + Send>;
-
-fn reconnect(pool: &Pool) -> Reconnect<PooledConnection> {
-    let pool = pool.clone();
-    Box::new(move || pool.get())
-}
-
-/// Releases `lease`, trying again after transient errors (a busy SQLite, a lock timeout)
-/// until the local `deadline`, after which the lease lapses anyway; after another error, once
-/// more on a fresh connection (the connection may have broken since the last renewal).
-fn release_until<C: TenureConnection>(
-    mut conn: C,
-    reconnect: Option<&Reconnect<C>>,
-    lease: &mut Lease,
-    deadline: Clock,
-) -> Result<bool> {
-    let mut reconnected = false;
-    loop {
-        let error = match lease.release(&mut conn) {
-            Ok(released) => return Ok(released),
-            Err(e) => e,
-        };
-        if error.is_retryable() {
-            if Clock::now() >= deadline {
-                return Err(error);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-            continue;
-        }
-        match reconnect {
-            Some(get) if !reconnected => {
-                conn = get()?;
-                reconnected = true;
-            }
-            _ => return Err(error),
-        }
-    }
-}
-
-/// The safety margin under the ttl for the local deadline.
-fn margin(ttl: Duration) -> Duration {
-    ttl / 10
-}
-
-/// The renewal thread: renews every ttl/3 until stopped or lost, then releases (after the
-/// last renewal, never before).
-fn renew_until_stopped<C: TenureConnection>(
-    mut conn: C,
-    reconnect: Option<Reconnect<C>>,
-    mut lease: Lease,
-    ttl: Duration,
-    shared: &Shared,
-) -> Result<bool> {
-    let period = ttl / 3;
-    let mut next = Clock::now() + period;
-    loop {
-        {
-            let mut state = shared.lock();
-            loop {
-                if state.stop {
-                    let (release, deadline) = (state.release, state.deadline);
-                    drop(state);
-                    if !release {
-                        return Ok(false);
-                    }
-                    return release_until(conn, reconnect.as_ref(), &mut lease, deadline);
-                }
-                let now = Clock::now();
-                let lost = state.check_deadline(now);
-                if !lost && now >= next {
-                    break;
-                }
-                // Lost: renew no more, just wait to be stopped.
-                let wake = if lost {
-                    Duration::from_secs(3600)
-                } else {
-                    next.min(state.deadline) - now
-                };
-                state = shared
-                    .changed
-                    .wait_timeout(state, wake)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0;
-            }
-        }
-        shared.changed.notify_all();
-        let sent = Clock::now();
-        let outcome = lease.renew(&mut conn, ttl);
-        let mut state = shared.lock();
-        match outcome {
-            Ok(()) if !state.lost => {
-                state.deadline = sent + ttl - margin(ttl);
-                next = sent + period;
-            }
-            Ok(()) => {}
-            Err(e) if e.is_lease_lost() => {
-                if !state.lost {
-                    tracing::warn!(
-                        target: "tenure::lease",
-                        lease = %lease.name,
-                        reason = "the database gave it to another holder or it was released",
-                        "lease lost"
-                    );
-                }
-                state.lost = true;
-            }
-            Err(e) => {
-                // Unreachable or busy: try again soon; the deadline stands.
-                tracing::warn!(lease = %lease.name, error = %e, "renewing a lease failed; retrying");
-                next = Clock::now() + (period / 4).max(Duration::from_millis(1));
-                drop(state);
-                // The connection may be broken (the database restarted): use a fresh one.
-                if let Some(fresh) = reconnect.as_ref().and_then(|get| get().ok()) {
-                    conn = fresh;
-                }
-                shared.changed.notify_all();
-                continue;
-            }
-        }
-        drop(state);
-        shared.changed.notify_all();
     }
 }

@@ -278,8 +278,17 @@ fn run(pool: &Pool, take: &Take, value: Option<&str>, shared: &Shared) {
     let mut pause = Duration::from_millis(100);
     // The campaign's place in line, kept from one step of its wait to the next.
     let mut line = Line::Join;
+    // The campaign's liveness lock (fast takeover), kept from one step to the next until a
+    // grant takes it.
+    let mut holder_lock = None;
     while !stopping(shared) {
-        let guard = match LeaseGuard::take_pooled_in_line(pool, take, &mut line) {
+        let guard = match LeaseGuard::take_pooled_from(
+            pool,
+            take,
+            &mut line,
+            false,
+            &mut holder_lock,
+        ) {
             Ok(Some(guard)) => guard,
             Ok(None) => continue,
             Err(e) => {

@@ -7,8 +7,11 @@
 //! Callers that wait ([`take`], [`Take::wait`]) stand in line and are served first come,
 //! first served; a release wakes them (at once in its process, by NOTIFY on PostgreSQL). A
 //! [`Take::lock_delay`] keeps a lapsed holder's slot free for a while; a holder can publish a
-//! value with its grant ([`Lease::set_value`]); [`Leadership`] elects a leader on a lease. The
-//! design (tables, the grant's transaction, wake-ups) is in `docs/leases.md`. Each grant has a fresh random token and a *fence*, a
+//! value with its grant ([`Lease::set_value`]); [`Leadership`] elects a leader on a lease. A
+//! [`LeaseGuard`] taken from a pool holds a lock that ends with its process, so when its
+//! process dies another takes the lease over within seconds, not at the end of the ttl
+//! ([`Take::fast_takeover`]). The design (tables, the grant's transaction, wake-ups, fast
+//! takeover) is in `docs/leases.md`. Each grant has a fresh random token and a *fence*, a
 //! number strictly greater than every fence granted before for that name (rows are never
 //! deleted, so fences never go back): pass it along with the work so that whatever the work
 //! writes to can refuse a stale holder.
@@ -47,6 +50,8 @@
 mod grant;
 mod guard;
 mod leader;
+mod liveness;
+mod renewal;
 mod take;
 
 use std::time::Duration;
@@ -75,9 +80,12 @@ pub const MAX_HOLDERS: u32 = 1_000;
 /// Only the current token, and only while not lapsed: a renewal after the lease lapsed says
 /// "lost" even if nobody took it over. The second `{now+ttl}` is when the slot may be granted
 /// again should this holder lapse (the expiry plus its lock delay).
+/// A grant whose holder was found gone (a negative `held_by`, see [`liveness`]) is never
+/// renewed: it lapses as that finding set.
 const RENEW: &str = "\
     UPDATE tenure_leases SET expires_at = {now+ttl}, reusable_at = {now+ttl} \
-    WHERE name = ? AND slot = ? AND token = ? AND expires_at > {now}";
+    WHERE name = ? AND slot = ? AND token = ? AND expires_at > {now} \
+        AND (held_by IS NULL OR held_by > 0)";
 
 /// Clears the token; the row and its fence stay. A released lease's expiry becomes the
 /// release time (if that is earlier). Released before it lapsed, its slot is free at once (a
@@ -136,7 +144,8 @@ pub struct LeaseRecord {
     pub lock_delay_us: i64,
     /// What the holder published ([`Lease::set_value`]).
     pub value: Option<String>,
-    /// Reserved; `None`.
+    /// The key of the holder's liveness lock (fast takeover, see [`Take::fast_takeover`]);
+    /// `None` when it has none; negative once a grant found the holder's process gone.
     pub held_by: Option<i64>,
 }
 

@@ -51,6 +51,9 @@ pub struct Take {
     holders: u32,
     lock_delay: Duration,
     wait: Option<Wait>,
+    fast_takeover: bool,
+    /// The key of the holder's liveness lock, set by a guard that took one.
+    held_by: Option<i64>,
 }
 
 impl Take {
@@ -64,6 +67,8 @@ impl Take {
             holders: 1,
             lock_delay: Duration::ZERO,
             wait: None,
+            fast_takeover: true,
+            held_by: None,
         }
     }
 
@@ -83,6 +88,42 @@ impl Take {
     pub fn lock_delay(mut self, delay: Duration) -> Take {
         self.lock_delay = delay;
         self
+    }
+
+    /// Whether a [`LeaseGuard`](super::LeaseGuard) taken from a pool
+    /// ([`LeaseGuard::take_pooled_as`](super::LeaseGuard::take_pooled_as) and the like, a
+    /// [`Leadership`](super::Leadership)) holds a lock that ends with its process, so that
+    /// its lease is taken over within seconds when the process dies, instead of at the end
+    /// of the ttl (on by default). On PostgreSQL and MySQL/MariaDB it costs one connection
+    /// per guard outside the pool, checked every second; a guard whose connection for it is
+    /// cut counts its lease as lost (in at most six seconds, before anyone else can be
+    /// granted it). On SQLite it is a file lock beside the database. A lease taken
+    /// without a guard, or by a guard on a connection you gave, has no such lock: its ttl
+    /// alone ends it.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tenure::lease::Take;
+    /// // One connection fewer per guard; a dead holder blocks others until its ttl.
+    /// let take = Take::new("report", Duration::from_secs(30), "host-a").fast_takeover(false);
+    /// # let _ = take;
+    /// ```
+    pub fn fast_takeover(mut self, on: bool) -> Take {
+        self.fast_takeover = on;
+        self
+    }
+
+    /// Whether guards of this take hold a liveness lock ([`Take::fast_takeover`]).
+    pub(super) fn wants_holder_lock(&self) -> bool {
+        self.fast_takeover
+    }
+
+    /// This take, granted with the key of the holder's liveness lock.
+    pub(super) fn held_by(&self, key: Option<i64>) -> Take {
+        Take {
+            held_by: key,
+            ..self.clone()
+        }
     }
 
     /// Waits in line for the lease, up to `wait`'s timeout, instead of giving up at once.
@@ -149,6 +190,7 @@ impl Take {
             lock_delay_micros,
             line: Line::Outside,
             place_micros: 0,
+            held_by: self.held_by,
         };
         let Some(wait) = self.wait else {
             let sent = Clock::now();

@@ -15,7 +15,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use super::runs::Shared;
-use crate::backend::WorkerLock;
+use crate::backend::LivenessLock;
 use crate::jobs::registry::{self, Registered, Relocked, WORKER_BEAT};
 use crate::{AnyConnection, Backend, Pool, Result};
 
@@ -151,7 +151,7 @@ pub(super) fn keep_alive(shared: &Shared, stop: Receiver<()>) {
 /// Checks that the lock connection's session still holds the lock; if not, takes it again on
 /// a new connection.
 fn keep(pool: &Pool, current: &Current, held: &mut Registration) {
-    if !matches!(held.registered.lock, WorkerLock::Session) {
+    if !matches!(held.registered.lock, LivenessLock::Session) {
         // A file lock (or none) cannot be lost.
         return;
     }
@@ -217,7 +217,7 @@ fn leave(pool: &Pool, registration: Registration) {
         Ok(()) => {
             // Closing the connection ends its session, and the lock with it.
             drop(conn);
-            if let WorkerLock::File(file) = registered.lock {
+            if let LivenessLock::File(file) = registered.lock {
                 file.remove();
             }
         }

@@ -89,6 +89,7 @@ fn role() {
         "capped-worker" => capped_worker(&args[0]),
         "holder" => holder(&args[0]),
         "candidate" => crate::leaders::candidate(&args[0]),
+        "pooled-holder" => crate::takeover::pooled_holder(&args[0], &args[1], &args[2]),
         "counter" => counter(&args[0], args[1].parse().expect("iterations")),
         "sqlite-load" => sqlite_load(&args[0], args[1].parse().expect("operations")),
         "sqlite-stuck-writer" => sqlite_stuck_writer(&args[0]),

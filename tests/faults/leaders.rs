@@ -60,16 +60,22 @@ pub fn candidate(url: &str) {
     }
 }
 
-/// Whether the lease's row is free of other transactions' locks (on SQLite, the database's
-/// write lock).
-fn lease_row_free(conn: &mut tenure::AnyConnection, backend: Backend) -> bool {
+/// Whether lease `name`'s rows are free of other transactions' locks (on SQLite, the
+/// database's write lock). `name` is a test's literal.
+pub(crate) fn lease_row_free(
+    conn: &mut tenure::AnyConnection,
+    backend: Backend,
+    name: &str,
+) -> bool {
     use diesel::connection::SimpleConnection;
     if backend == Backend::Sqlite {
         return sqlite_write_lock_free(conn);
     }
     exec(conn, "BEGIN");
     let free = conn
-        .batch_execute("SELECT slot FROM tenure_leases WHERE name = 'leader' FOR UPDATE NOWAIT")
+        .batch_execute(&format!(
+            "SELECT slot FROM tenure_leases WHERE name = '{name}' FOR UPDATE NOWAIT"
+        ))
         .is_ok();
     exec(conn, "ROLLBACK");
     free
@@ -142,7 +148,7 @@ fn leaders_killed_and_paused_never_overlap(backend: Backend) {
     // `verify` promises): stop it again until it froze outside one.
     signal(pids[second], "STOP");
     let mut tries = 0;
-    while !lease_row_free(&mut conn, backend) {
+    while !lease_row_free(&mut conn, backend, "leader") {
         tries += 1;
         assert!(
             tries < 100,

@@ -21,4 +21,5 @@ mod recovery;
 mod script;
 mod serial;
 mod steps;
+mod takeover;
 mod workflows;

@@ -39,7 +39,7 @@ use super::model::LockedClaim;
 use super::{JobState, MAX_LAPSES, Rescued, check_count, ids_of};
 use crate::backend::statement::statement;
 use crate::backend::transaction::{bare_write_transaction, retry_transient};
-use crate::backend::{Dialect, FileLock, Liveness, Probe, dispatch};
+use crate::backend::{Dialect, FileLock, Liveness, LockSpace, Probe, dispatch};
 use crate::jobs::registry::{FORGET, HELD_JOBS, held_here};
 use crate::jobs::workflows::dependencies::settle;
 use crate::rows::{IdRow, IdStateRow};
@@ -323,7 +323,7 @@ pub(crate) fn rescue_dead<C: TenureConnection>(conn: &mut C, max_jobs: usize) ->
         // write lock: look at its lock file first (it is looked at again in the transaction).
         if by_lock_alone
             && !matches!(
-                dispatch!(conn, c => c.probe_worker_lock(id))?,
+                dispatch!(conn, c => c.probe_liveness_lock(LockSpace::Worker, id))?,
                 Probe::Free(_)
             )
         {
@@ -389,7 +389,7 @@ fn look_at<C: TenureConnection>(
         // Gone, or another rescue is at it.
         return Ok(nothing());
     };
-    let file = match dispatch!(c, c => c.probe_worker_lock(id))? {
+    let file = match dispatch!(c, c => c.probe_liveness_lock(LockSpace::Worker, id))? {
         Probe::Held | Probe::Unknown => {
             if row.lock_free_since.is_some() {
                 execute_for(c, MARK_HELD, id)?;

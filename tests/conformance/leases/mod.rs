@@ -10,6 +10,7 @@ mod races;
 mod releases;
 mod semaphore;
 mod slots;
+mod takeover;
 mod terms;
 
 use std::time::{Duration, Instant as Clock};

@@ -1,0 +1,133 @@
+//! Fast takeover: a lease holder's process says it lives by a lock that ends with it, so a
+//! holder that died loses its grant within seconds instead of at the end of its ttl.
+//!
+//! A guard taken from a pool first takes a **holder lock** under a random key (on
+//! PostgreSQL and MySQL/MariaDB a session lock on a connection of its own, outside the pool;
+//! on SQLite an exclusive `flock` of a file beside the database, as a worker's lock is), and
+//! its grant records the key (`tenure_leases.held_by`). A grant that finds a held slot whose
+//! holder lock is free (inside its own transaction, under the slot's row lock) shortens that
+//! grant: it now lapses [`TAKEOVER_AFTER`] later (at once on SQLite), with no lock delay,
+//! and `held_by` turns negative so that no one looks again and the holder's renewals fail.
+//!
+//! Why the holder always knows first. The holder never takes its lock again once it was
+//! lost: a lost session (its connection cut, a server restart, a failover) is a lost lease,
+//! as it is for ZooKeeper's ephemeral nodes and Consul's sessions. So a look that finds the
+//! lock free comes after every check in which the holder found it held, and the grant it
+//! shortens lapses [`TAKEOVER_AFTER`] after that look. The guard checks its lock every
+//! [`HOLDER_CHECK`] and counts the lease as lost [`TAKEOVER_AFTER`] minus a margin after
+//! the last check that found it held was sent (or at once, when one finds it lost): before
+//! anyone else can be granted it. On SQLite the lock is freed only when the holder's process
+//! ends (every process of the file is on one host), so the lapse is immediate.
+//!
+//! A paused or slow holder (SIGSTOP, a machine at load 10) keeps its session and its lock:
+//! it keeps its grant until its ttl, as before. A process that died without its sessions
+//! ending (its host lost power: the server sees the connections only when their keepalive
+//! fails) keeps the grant until its ttl too.
+
+use std::time::Duration;
+
+use crate::backend::{Liveness, LivenessLock, LockSpace, dispatch};
+use crate::{AnyConnection, Backend, Error, Pool, Result};
+
+/// How long after a grant finds its holder's lock free (on a server) that grant lapses. The
+/// holder counts its lease as lost before then (see the module's documentation).
+pub(crate) const TAKEOVER_AFTER: Duration = Duration::from_secs(8);
+
+/// How often a guard checks that its session still holds its holder lock.
+pub(super) const HOLDER_CHECK: Duration = Duration::from_secs(1);
+
+/// How much earlier than [`TAKEOVER_AFTER`] after its last good check a guard gives up: for
+/// the difference between the database's clock rate and this machine's, with room to spare.
+/// So a guard whose checks stall for up to five seconds (a machine at load 10) keeps its
+/// lease.
+const CHECK_MARGIN: Duration = Duration::from_secs(2);
+
+/// How long a guard may count on its holder lock after a check that found it held, sent at
+/// the local instant the caller reads.
+pub(super) const ALIVE_FOR: Duration = TAKEOVER_AFTER.saturating_sub(CHECK_MARGIN);
+
+/// A lease holder's liveness lock, held until dropped.
+#[derive(Debug)]
+pub(crate) struct HolderLock {
+    key: i64,
+    lock: Option<LivenessLock>,
+    /// On a server: the connection whose session holds the lock.
+    conn: Option<AnyConnection>,
+}
+
+/// A random key below 2^31, never 0 (PostgreSQL's advisory lock keeps 32 bits of it;
+/// `held_by` turns negative once its holder is found gone).
+fn random_key() -> i64 {
+    let bits = uuid::Uuid::new_v4().as_u128() as u32 & 0x7fff_ffff;
+    i64::from(bits.max(1))
+}
+
+impl HolderLock {
+    /// Takes a holder lock under a fresh key: `None` where nothing can tell a process's death
+    /// (an SQLite database in memory, a platform without `flock`).
+    pub(crate) fn take(pool: &Pool) -> Result<Option<HolderLock>> {
+        // A key another holder has is refused: draw again (two in four billion).
+        for _ in 0..8 {
+            let key = random_key();
+            let (lock, conn) = if pool.backend() == Backend::Sqlite {
+                let mut conn = pool.get()?;
+                let lock =
+                    dispatch!(&mut conn, c => c.take_liveness_lock(LockSpace::LeaseHolder, key))?;
+                (lock, None)
+            } else {
+                let mut conn = pool.dedicated_connection()?;
+                let lock =
+                    dispatch!(&mut conn, c => c.take_liveness_lock(LockSpace::LeaseHolder, key))?;
+                (lock, Some(conn))
+            };
+            match lock {
+                None => continue,
+                Some(LivenessLock::Nowhere) => return Ok(None),
+                Some(lock) => {
+                    return Ok(Some(HolderLock {
+                        key,
+                        lock: Some(lock),
+                        conn,
+                    }));
+                }
+            }
+        }
+        Err(Error::invalid(
+            "lease holder lock",
+            "eight random keys in a row were taken",
+        ))
+    }
+
+    /// The key the grant records (`tenure_leases.held_by`).
+    pub(crate) fn key(&self) -> i64 {
+        self.key
+    }
+
+    /// Whether it can be lost while this process lives (a session lock), so that the guard
+    /// must check it.
+    pub(super) fn needs_checks(&self) -> bool {
+        matches!(self.lock, Some(LivenessLock::Session))
+    }
+
+    /// Whether this process still holds it. `Ok(false)`: lost for good (its session ended).
+    pub(crate) fn check(&mut self) -> Result<bool> {
+        match (&self.lock, self.conn.as_mut()) {
+            (Some(LivenessLock::Session), Some(conn)) => {
+                let key = self.key;
+                dispatch!(conn, c => c.holds_liveness_lock(LockSpace::LeaseHolder, key))
+            }
+            (Some(LivenessLock::Session), None) => Ok(false),
+            // A lock file is held until the process ends.
+            _ => Ok(true),
+        }
+    }
+}
+
+impl Drop for HolderLock {
+    fn drop(&mut self) {
+        // A session lock goes with its connection's session, closed here.
+        if let Some(LivenessLock::File(file)) = self.lock.take() {
+            file.remove();
+        }
+    }
+}
