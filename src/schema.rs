@@ -66,8 +66,7 @@ diesel::table! {
         value -> Nullable<Text>,
         /// The key of the holder's liveness lock (fast takeover, see
         /// [`Take::fast_takeover`](crate::lease::Take::fast_takeover)); NULL when it has
-        /// none; negative once a grant found the holder's process gone (the grant then lapses
-        /// soon and cannot be renewed).
+        /// none.
         held_by -> Nullable<BigInt>,
     }
 }

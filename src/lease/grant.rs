@@ -46,11 +46,10 @@ const LOCK_SLOTS: &str = "\
 
 /// A held slot whose holder's liveness lock was found free: it lapses at `{now+ttl}` (the
 /// bind is [`TAKEOVER_AFTER`], or 0 where a free lock means a dead process) unless sooner,
-/// without lock delay, and its `held_by` turns negative (no one looks again; the holder's
-/// renewals fail). Each column's CASE reads only itself: MySQL's order of assignment does
-/// not matter.
+/// and may be granted again then (no lock delay). The holder's next renewal undoes it. Each
+/// column's CASE reads only itself: MySQL's order of assignment does not matter.
 const HOLDER_GONE: &str = "\
-    UPDATE tenure_leases SET held_by = -held_by, \
+    UPDATE tenure_leases SET \
         expires_at = CASE WHEN expires_at > {now+ttl} THEN {now+ttl} ELSE expires_at END, \
         reusable_at = CASE WHEN reusable_at > {now+ttl} THEN {now+ttl} ELSE reusable_at END \
     WHERE name = ? AND slot = ?";
@@ -238,9 +237,9 @@ fn attempt_in<D: Dialect + TenureConnection>(
     }
 }
 
-/// A held slot whose holder's process is gone by its liveness lock (see
-/// [`super::liveness`]): its grant now lapses soon (at once where the lock says the process
-/// ended), and `slot` is read again as it now stands.
+/// A held slot whose holder's liveness lock is free (see [`super::liveness`]): its grant now
+/// lapses soon (at once where the lock says the process ended) unless the holder renews it,
+/// and `slot` is updated as it now stands.
 fn take_over_if_gone<D: Dialect + TenureConnection>(
     c: &mut D,
     name: &str,
@@ -262,6 +261,11 @@ fn take_over_if_gone<D: Dialect + TenureConnection>(
         // A session ended; its process may live, and knows it lost by then.
         Probe::Free(None) => TAKEOVER_AFTER,
     };
+    let lapses = slot.now + chrono::Duration::from_std(after).unwrap_or_default();
+    if slot.expires_at <= lapses && slot.reusable_at <= lapses {
+        // Shortened by an earlier look already.
+        return Ok(());
+    }
     let micros = i64::try_from(after.as_micros()).unwrap_or(i64::MAX);
     dispatch!(c, c => statement(c.syntax().render(HOLDER_GONE))
         .bind::<BigInt, _>(micros)
@@ -271,11 +275,9 @@ fn take_over_if_gone<D: Dialect + TenureConnection>(
         .bind::<Text, _>(name)
         .bind::<Integer, _>(slot.slot)
         .execute(c))?;
-    let lapses = slot.now + chrono::Duration::from_std(after).unwrap_or_default();
     slot.expires_at = slot.expires_at.min(lapses);
     slot.reusable_at = slot.reusable_at.min(lapses);
-    slot.held_by = Some(-key);
-    tracing::info!(target: "tenure::lease", lease = name, slot = slot.slot, "the holder's process is gone (its liveness lock is free): its grant lapses early");
+    tracing::info!(target: "tenure::lease", lease = name, slot = slot.slot, "the holder's liveness lock is free: its grant lapses early unless it renews");
     Ok(())
 }
 

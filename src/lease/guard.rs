@@ -30,9 +30,10 @@ pub const RELEASE_WAIT: Duration = Duration::from_secs(5);
 ///
 /// A guard taken from a pool also holds a lock that ends with its process
 /// ([`Take::fast_takeover`]): when the process dies, another takes the lease over within
-/// seconds. On a server it checks that lock every second and counts the lease as lost when
-/// the lock's session ended, or six seconds after the last check that found it held was
-/// sent (before anyone else can be granted the lease).
+/// seconds. On a server it checks that lock every second and takes it again on a new
+/// connection if its session ended (then renews at once); it counts the lease as lost when
+/// for 8 s neither a renewal succeeded nor a check found the lock held (before anyone else
+/// can be granted the lease).
 ///
 /// ## Releasing inside a transaction
 ///
@@ -106,6 +107,8 @@ impl LeaseGuard {
     /// reason other than loss (the connection broke, the database restarted), the next one
     /// uses a fresh connection from the pool. So the guard keeps a lease through a database
     /// restart shorter than its ttl, and says "lost" only when it could not renew in time.
+    /// A guard from a pool also holds a liveness lock ([`Take::fast_takeover`], on by
+    /// default): then the outage it keeps its lease through is about 8 s at most.
     ///
     /// ```
     /// # fn main() -> Result<(), tenure::Error> {
@@ -257,6 +260,7 @@ impl LeaseGuard {
                         lease,
                         ttl,
                         holder_lock,
+                        renewed_since_lock: true,
                     };
                     let outcome = renewal.until_stopped(&shared);
                     // The guard may have stopped waiting (see `RELEASE_WAIT`).

@@ -6,23 +6,29 @@
 //! on SQLite an exclusive `flock` of a file beside the database, as a worker's lock is), and
 //! its grant records the key (`tenure_leases.held_by`). A grant that finds a held slot whose
 //! holder lock is free (inside its own transaction, under the slot's row lock) shortens that
-//! grant: it now lapses [`TAKEOVER_AFTER`] later (at once on SQLite), with no lock delay,
-//! and `held_by` turns negative so that no one looks again and the holder's renewals fail.
+//! grant: it now lapses [`TAKEOVER_AFTER`] after that look (at once on SQLite), unless
+//! sooner, with no lock delay. A renewal of the holder's undoes it.
 //!
-//! Why the holder always knows first. The holder never takes its lock again once it was
-//! lost: a lost session (its connection cut, a server restart, a failover) is a lost lease,
-//! as it is for ZooKeeper's ephemeral nodes and Consul's sessions. So a look that finds the
-//! lock free comes after every check in which the holder found it held, and the grant it
-//! shortens lapses [`TAKEOVER_AFTER`] after that look. The guard checks its lock every
-//! [`HOLDER_CHECK`] and counts the lease as lost [`TAKEOVER_AFTER`] minus a margin after
-//! the last check that found it held was sent (or at once, when one finds it lost): before
-//! anyone else can be granted it. On SQLite the lock is freed only when the holder's process
-//! ends (every process of the file is on one host), so the lapse is immediate.
+//! Why the holder always knows first. On a server a session can end while its process lives
+//! (its connection cut, a server restart, a failover): the guard checks its lock every
+//! [`HOLDER_CHECK`] and takes it again on a new connection when it lost it, then renews at
+//! once. A grant that shortened the lease lapses [`TAKEOVER_AFTER`] after a look that found
+//! the lock free, and so after every renewal that committed before that look (a later one
+//! undoes the shortening). The guard counts its lease as lost [`ALIVE_FOR`] (less than
+//! [`TAKEOVER_AFTER`]) after the later of: the last renewal that succeeded, and the last check
+//! that found the lock held *by a session that has held it since a successful renewal* (a
+//! look in between found it held too, so any look that finds it free comes later). A lock
+//! taken again counts only from the renewal that follows it. On SQLite the lock is freed only
+//! when the holder's process ends (every process of the file is on one host), so the lapse is
+//! immediate.
 //!
-//! A paused or slow holder (SIGSTOP, a machine at load 10) keeps its session and its lock:
-//! it keeps its grant until its ttl, as before. A process that died without its sessions
-//! ending (its host lost power: the server sees the connections only when their keepalive
-//! fails) keeps the grant until its ttl too.
+//! The price of knowing first: a guard that can reach neither its lock nor its lease for
+//! [`ALIVE_FOR`] (a database outage, a stall of the process's threads) counts its lease as
+//! lost, where without fast takeover it would keep it up to its ttl. A paused or slow holder
+//! (SIGSTOP, a machine at load 10) keeps its session and its lock: nobody takes its grant over
+//! before its ttl. A process that died without its sessions ending (its host lost power: the
+//! server sees the connections only when their keepalive fails) keeps the grant until its ttl
+//! too.
 
 use std::time::Duration;
 
@@ -31,19 +37,18 @@ use crate::{AnyConnection, Backend, Error, Pool, Result};
 
 /// How long after a grant finds its holder's lock free (on a server) that grant lapses. The
 /// holder counts its lease as lost before then (see the module's documentation).
-pub(crate) const TAKEOVER_AFTER: Duration = Duration::from_secs(8);
+pub(crate) const TAKEOVER_AFTER: Duration = Duration::from_secs(10);
 
 /// How often a guard checks that its session still holds its holder lock.
 pub(super) const HOLDER_CHECK: Duration = Duration::from_secs(1);
 
 /// How much earlier than [`TAKEOVER_AFTER`] after its last good check a guard gives up: for
 /// the difference between the database's clock rate and this machine's, with room to spare.
-/// So a guard whose checks stall for up to five seconds (a machine at load 10) keeps its
-/// lease.
 const CHECK_MARGIN: Duration = Duration::from_secs(2);
 
-/// How long a guard may count on its holder lock after a check that found it held, sent at
-/// the local instant the caller reads.
+/// How long a guard may count on its lease after a renewal that succeeded, or a check that
+/// found its lock held since one, from the local instant it was sent. So a guard whose
+/// checks and renewals all stall or fail for up to about seven seconds keeps its lease.
 pub(super) const ALIVE_FOR: Duration = TAKEOVER_AFTER.saturating_sub(CHECK_MARGIN);
 
 /// A lease holder's liveness lock, held until dropped.
@@ -51,8 +56,10 @@ pub(super) const ALIVE_FOR: Duration = TAKEOVER_AFTER.saturating_sub(CHECK_MARGI
 pub(crate) struct HolderLock {
     key: i64,
     lock: Option<LivenessLock>,
-    /// On a server: the connection whose session holds the lock.
+    /// On a server: the connection whose session holds the lock (`None` while lost).
     conn: Option<AnyConnection>,
+    /// Where a lost session lock is taken again.
+    pool: Pool,
 }
 
 /// A random key below 2^31, never 0 (PostgreSQL's advisory lock keeps 32 bits of it;
@@ -88,6 +95,7 @@ impl HolderLock {
                         key,
                         lock: Some(lock),
                         conn,
+                        pool: pool.clone(),
                     }));
                 }
             }
@@ -109,16 +117,35 @@ impl HolderLock {
         matches!(self.lock, Some(LivenessLock::Session))
     }
 
-    /// Whether this process still holds it. `Ok(false)`: lost for good (its session ended).
+    /// Whether this process holds it now. After `Ok(false)` or an error (its session ended,
+    /// or its connection broke), [`HolderLock::take_again`].
     pub(crate) fn check(&mut self) -> Result<bool> {
         match (&self.lock, self.conn.as_mut()) {
             (Some(LivenessLock::Session), Some(conn)) => {
                 let key = self.key;
-                dispatch!(conn, c => c.holds_liveness_lock(LockSpace::LeaseHolder, key))
+                let held = dispatch!(conn, c => c.holds_liveness_lock(LockSpace::LeaseHolder, key));
+                if !matches!(held, Ok(true)) {
+                    self.conn = None;
+                }
+                held
             }
             (Some(LivenessLock::Session), None) => Ok(false),
             // A lock file is held until the process ends.
             _ => Ok(true),
+        }
+    }
+
+    /// Takes a lost session lock again, on a new connection: `Ok(false)` while its old
+    /// session has not ended on the server yet (or the server cannot be reached).
+    pub(super) fn take_again(&mut self) -> Result<bool> {
+        let mut conn = self.pool.dedicated_connection()?;
+        let key = self.key;
+        match dispatch!(&mut conn, c => c.take_liveness_lock(LockSpace::LeaseHolder, key))? {
+            Some(_) => {
+                self.conn = Some(conn);
+                Ok(true)
+            }
+            None => Ok(false),
         }
     }
 }

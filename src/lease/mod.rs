@@ -80,12 +80,9 @@ pub const MAX_HOLDERS: u32 = 1_000;
 /// Only the current token, and only while not lapsed: a renewal after the lease lapsed says
 /// "lost" even if nobody took it over. The second `{now+ttl}` is when the slot may be granted
 /// again should this holder lapse (the expiry plus its lock delay).
-/// A grant whose holder was found gone (a negative `held_by`, see [`liveness`]) is never
-/// renewed: it lapses as that finding set.
 const RENEW: &str = "\
     UPDATE tenure_leases SET expires_at = {now+ttl}, reusable_at = {now+ttl} \
-    WHERE name = ? AND slot = ? AND token = ? AND expires_at > {now} \
-        AND (held_by IS NULL OR held_by > 0)";
+    WHERE name = ? AND slot = ? AND token = ? AND expires_at > {now}";
 
 /// Clears the token; the row and its fence stay. A released lease's expiry becomes the
 /// release time (if that is earlier). Released before it lapsed, its slot is free at once (a
@@ -145,7 +142,7 @@ pub struct LeaseRecord {
     /// What the holder published ([`Lease::set_value`]).
     pub value: Option<String>,
     /// The key of the holder's liveness lock (fast takeover, see [`Take::fast_takeover`]);
-    /// `None` when it has none; negative once a grant found the holder's process gone.
+    /// `None` when it has none.
     pub held_by: Option<i64>,
 }
 

@@ -37,6 +37,13 @@ impl Shared {
 
 impl State {
     /// The local monotonic instant after which the lease counts as lost.
+    /// Moves the liveness deadline (fast takeover) later, if the guard has one.
+    fn extend_alive(&mut self, until: Clock) {
+        if let Some(alive) = self.alive_until.as_mut() {
+            *alive = (*alive).max(until);
+        }
+    }
+
     pub(super) fn deadline(&self) -> Clock {
         self.alive_until
             .map_or(self.renewed_until, |alive| alive.min(self.renewed_until))
@@ -117,6 +124,9 @@ pub(super) struct Renewal<C> {
     pub(super) ttl: Duration,
     /// Its liveness lock, if any (checked if a session lock); dropped after the release.
     pub(super) holder_lock: Option<HolderLock>,
+    /// Whether a renewal succeeded since the liveness lock was last taken (the grant counts):
+    /// only then does a check that finds it held extend the deadline.
+    pub(super) renewed_since_lock: bool,
 }
 
 impl<C: TenureConnection> Renewal<C> {
@@ -176,18 +186,35 @@ impl<C: TenureConnection> Renewal<C> {
                 .filter(|l| check_due && l.needs_checks())
             {
                 let held = lock.check();
+                // Lost (its session ended, or its connection broke): taken again on a new
+                // connection, and renewed at once, which undoes any grant's shortening.
+                let relocked = !matches!(held, Ok(true))
+                    && {
+                        match lock.take_again() {
+                            Ok(taken) => taken,
+                            Err(e) => {
+                                tracing::debug!(lease = %self.lease.name, error = %e, "taking a lease's liveness lock again failed");
+                                false
+                            }
+                        }
+                    };
                 let mut state = shared.lock();
                 match held {
-                    Ok(true) if !state.lost => state.alive_until = Some(sent + ALIVE_FOR),
-                    Ok(true) => {}
-                    Ok(false) => state.lose(
-                        &self.lease.name,
-                        "the session holding its liveness lock ended",
-                    ),
-                    // The deadline stands; a connection that broke fails every later check.
-                    Err(e) => {
-                        tracing::warn!(lease = %self.lease.name, error = %e, "checking a lease's liveness lock failed")
+                    // Held since a renewal: no look since found it free.
+                    Ok(true) if self.renewed_since_lock && !state.lost => {
+                        state.extend_alive(sent + ALIVE_FOR);
                     }
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(lease = %self.lease.name, relocked, "the session holding the lease's liveness lock ended")
+                    }
+                    Err(e) => {
+                        tracing::warn!(lease = %self.lease.name, error = %e, relocked, "checking a lease's liveness lock failed")
+                    }
+                }
+                if relocked {
+                    self.renewed_since_lock = false;
+                    next = sent;
                 }
                 next_check = sent + HOLDER_CHECK;
                 drop(state);
@@ -199,17 +226,23 @@ impl<C: TenureConnection> Renewal<C> {
             match outcome {
                 Ok(()) if !state.lost => {
                     state.renewed_until = sent + self.ttl - margin(self.ttl);
+                    // Any grant's shortening before this renewal is undone; a later one
+                    // lapses after sent + TAKEOVER_AFTER.
+                    state.extend_alive(sent + ALIVE_FOR);
+                    self.renewed_since_lock = true;
                     next = sent + period;
                 }
                 Ok(()) => {}
                 Err(e) if e.is_lease_lost() => state.lose(
                     &self.lease.name,
-                    "the database gave it to another holder, released it, or found its holder gone",
+                    "the database gave it to another holder or it was released",
                 ),
                 Err(e) => {
-                    // Unreachable or busy: try again soon; the deadline stands.
+                    // Unreachable or busy: try again soon (within a second: a liveness
+                    // deadline may be near); the deadline stands.
                     tracing::warn!(lease = %self.lease.name, error = %e, "renewing a lease failed; retrying");
-                    next = Clock::now() + (period / 4).max(Duration::from_millis(1));
+                    next = Clock::now()
+                        + (period / 4).clamp(Duration::from_millis(1), Duration::from_secs(1));
                     drop(state);
                     // The connection may be broken (the database restarted): use a fresh one.
                     if let Some(fresh) = self.reconnect.as_ref().and_then(|get| get().ok()) {

@@ -95,9 +95,11 @@ impl Take {
     /// [`Leadership`](super::Leadership)) holds a lock that ends with its process, so that
     /// its lease is taken over within seconds when the process dies, instead of at the end
     /// of the ttl (on by default). On PostgreSQL and MySQL/MariaDB it costs one connection
-    /// per guard outside the pool, checked every second; a guard whose connection for it is
-    /// cut counts its lease as lost (in at most six seconds, before anyone else can be
-    /// granted it). On SQLite it is a file lock beside the database. A lease taken
+    /// per guard outside the pool, checked every second and opened again if its session
+    /// ends; the price is that a guard that can reach neither that lock nor its lease for
+    /// about 8 s (a database outage, a process stalled) counts its lease as lost, where
+    /// without it the guard would keep the lease up to its ttl. On SQLite it is a file lock
+    /// beside the database, with no such price. A lease taken
     /// without a guard, or by a guard on a connection you gave, has no such lock: its ttl
     /// alone ends it.
     ///

@@ -4,6 +4,8 @@
 //! threads released together (`race`, `contest`), small queries, and the one deadline-bounded
 //! wait (`wait_until`) every poll loop uses.
 
+#[allow(dead_code)]
+pub mod cut;
 mod wait;
 pub use wait::{poll_until, wait_until};
 

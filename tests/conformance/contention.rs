@@ -301,7 +301,7 @@ fn wait_until_blocked(backend: Backend, monitor: &mut AnyConnection) {
         // is not always listed in `innodb_trx`: look for the running statement itself.
         Backend::Mysql => {
             "SELECT COUNT(*) AS n FROM information_schema.processlist \
-             WHERE db = DATABASE() AND info LIKE 'SELECT slot, reusable_at%'"
+             WHERE db = DATABASE() AND info LIKE 'SELECT slot, expires_at, reusable_at%'"
         }
     };
     poll_until(Duration::from_secs(30), Duration::from_millis(5), || {
