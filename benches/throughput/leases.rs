@@ -178,3 +178,24 @@ pub fn take_release(backend: Backend, options: &Options) -> Figures {
     }
     with_latencies(rounds as f64 / began.elapsed().as_secs_f64(), latencies)
 }
+
+/// S5: a guard from a pool, taken and released, one caller, no contention: with fast takeover
+/// (the default: a liveness lock first, on the servers on a connection of its own) or without.
+pub fn guard_take_release(backend: Backend, options: &Options, fast_takeover: bool) -> Figures {
+    let db = BenchDb::new(backend);
+    let pool = db.pool(4);
+    let rounds = options.samples;
+    let mut latencies = Vec::with_capacity(rounds);
+    let began = Instant::now();
+    for i in 0..rounds {
+        let take =
+            Take::new(&format!("guard-{}", i % 16), TTL, "bench").fast_takeover(fast_takeover);
+        let sent = Instant::now();
+        let guard = tenure::LeaseGuard::take_pooled_as(&pool, &take)
+            .expect("take")
+            .expect("free");
+        latencies.push(sent.elapsed());
+        assert!(guard.release().expect("release"));
+    }
+    with_latencies(rounds as f64 / began.elapsed().as_secs_f64(), latencies)
+}

@@ -247,6 +247,18 @@ fn main() {
                 runs(&|| leases::take_release(backend, &options)),
                 None,
             );
+            let label = "S5. LeaseGuard::take_pooled_as + release, fast takeover (per take)";
+            row(
+                label,
+                runs(&|| leases::guard_take_release(backend, &options, true)),
+                None,
+            );
+            let label = "S5. the same with fast_takeover(false)";
+            row(
+                label,
+                runs(&|| leases::guard_take_release(backend, &options, false)),
+                None,
+            );
         }
         if wanted('V') {
             waiting::waiting(backend, &options);

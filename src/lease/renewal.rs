@@ -146,12 +146,19 @@ impl<C: TenureConnection> Renewal<C> {
                         if !release {
                             return Ok(false);
                         }
-                        return release_until(
+                        let released = release_until(
                             &mut self.conn,
                             self.reconnect.as_ref(),
                             &mut self.lease,
                             deadline,
                         );
+                        // Released (or no longer ours): no grant records its key as held.
+                        if released.is_ok() {
+                            if let Some(lock) = self.holder_lock.take() {
+                                lock.keep_for_reuse();
+                            }
+                        }
+                        return released;
                     }
                     let now = Clock::now();
                     let lost = state.check_deadline(now);
