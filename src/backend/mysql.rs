@@ -175,9 +175,9 @@ impl Liveness for MysqlConnection {
     }
 
     fn probe_liveness_lock(&mut self, space: LockSpace, id: i64) -> Result<Probe> {
-        // A look that takes nothing: the worker may take its lock again right after it, and
-        // is then judged by its heartbeat and by how long its lock was found free (see
-        // `jobs::queue::rescue`), as on a backend where the look takes the lock.
+        // A look that takes nothing: the worker (or lease holder) may take its lock again right
+        // after it, and is then judged by its heartbeat and by how long its lock was found
+        // free (see `jobs::queue::rescue`), or renews (see `lease::liveness`).
         let free = statement(format!(
             "SELECT CAST(IS_USED_LOCK({}) IS NULL AS SIGNED) AS flag",
             lock_name(space)
@@ -185,12 +185,36 @@ impl Liveness for MysqlConnection {
         .bind::<BigInt, _>(id)
         .get_result::<Flag>(self)?
         .flag;
-        Ok(if free == 1 {
-            Probe::Free(None)
-        } else {
-            Probe::Held
-        })
+        if free != 1 {
+            return Ok(Probe::Held);
+        }
+        // In a Galera cluster a named lock is the node's own: a lease holder's lock taken on
+        // another node looks free here, and a grant would shorten a living holder's lease
+        // (its renewals come every ttl/3; its checks, on its own node, find the lock held).
+        // Nothing can be told there: its ttl alone ends it. (A worker is judged by its
+        // heartbeat as well, which replicates.)
+        if space == LockSpace::LeaseHolder && in_galera_cluster(self)? {
+            return Ok(Probe::Unknown);
+        }
+        Ok(Probe::Free(None))
     }
+}
+
+#[derive(diesel::QueryableByName)]
+struct Variable {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    #[diesel(column_name = Value)]
+    value: String,
+}
+
+/// Whether this server is a node of a Galera cluster (`wsrep_on`; MySQL has no such variable,
+/// and `SHOW VARIABLES` then returns no row).
+fn in_galera_cluster(conn: &mut MysqlConnection) -> Result<bool> {
+    let on = statement("SHOW VARIABLES LIKE 'wsrep_on'")
+        .load::<Variable>(conn)?
+        .into_iter()
+        .any(|v| v.value.eq_ignore_ascii_case("ON"));
+    Ok(on)
 }
 
 impl diesel::query_builder::QueryFragment<Mysql> for crate::sql_types::DatabaseNow {

@@ -37,6 +37,7 @@ mod common;
 
 mod bulk;
 mod claim_races;
+mod clusters;
 mod contention;
 mod dedup_windows;
 mod depth;
