@@ -40,6 +40,12 @@
 //!   renewals and releases act only for the current token, and work can be committed only
 //!   while the lease is held ([`lease::Lease::verify`]). Waiters are served first come, first
 //!   served; releases wake them (the design: `docs/leases.md` in the repository).
+//! - **A dead holder's lease is taken over within seconds** when a [`LeaseGuard`] from a pool
+//!   held it ([`lease::Take::fast_takeover`]): its process holds a lock that ends with it.
+//!   At once on SQLite, about 10 s after the death on the servers; a guard that can no longer
+//!   tell that its lock is held counts its lease as lost before anyone else can be granted
+//!   it, and a paused or slow holder keeps its lease until its ttl. In a Galera cluster, where
+//!   such a lock is each node's own, the ttl alone ends a lease.
 //! - **A job has one worker at a time.** A claim hands each job to one claimer, under a fresh
 //!   token; completing, failing, renewing or giving it back is fenced by that token, so a
 //!   worker whose claim lapsed and was rescued changes nothing. Handlers run at least once;
