@@ -73,7 +73,14 @@ pub struct Pool {
     /// For connections that must not come from the pool (a LISTEN connection). Never shown.
     url: std::sync::Arc<str>,
     session: SessionSetup,
+    /// Connections outside the pool that hold a session lock, kept for reuse (a lease
+    /// guard's liveness lock, `lease::liveness`): closed when the last clone of the pool
+    /// goes.
+    spares: std::sync::Arc<std::sync::Mutex<Vec<(i64, AnyConnection)>>>,
 }
+
+/// The most spare lock connections a pool keeps ([`Pool::keep_spare`]).
+const MAX_SPARES: usize = 8;
 
 impl fmt::Debug for Pool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -121,6 +128,26 @@ impl Pool {
         let mut conn = AnyConnection::connect_raw(&self.url)?;
         self.session.apply(&mut conn)?;
         Ok(conn)
+    }
+
+    /// Keeps `conn`, a connection outside the pool whose session holds lock `key`, for
+    /// [`Pool::take_spare`]; dropped (closed) when the pool keeps enough.
+    pub(crate) fn keep_spare(&self, key: i64, conn: AnyConnection) {
+        let mut spares = self
+            .spares
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if spares.len() < MAX_SPARES {
+            spares.push((key, conn));
+        }
+    }
+
+    /// A kept connection and the key of the lock its session held when it was kept.
+    pub(crate) fn take_spare(&self) -> Option<(i64, AnyConnection)> {
+        self.spares
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop()
     }
 
     /// The r2d2 pool itself, for its statistics and settings.
@@ -238,6 +265,7 @@ impl PoolOptions {
             backend,
             url: url.into(),
             session: session_for_dedicated,
+            spares: Default::default(),
         })
     }
 }

@@ -160,7 +160,14 @@ impl Liveness for MysqlConnection {
             .bind::<BigInt, _>(id)
             .get_result::<LockResult>(self)?
             .got;
-        Ok((got == Some(1)).then_some(LivenessLock::Session))
+        if got != Some(1) {
+            return Ok(None);
+        }
+        // The session must last as long as its process: not ended by the server after
+        // `wait_timeout` idle (8 hours by default; the lock's connection is idle between
+        // checks, and for as long as its process is stopped). A year is the most it takes.
+        statement("SET SESSION wait_timeout = 31536000").execute(self)?;
+        Ok(Some(LivenessLock::Session))
     }
 
     fn holds_liveness_lock(&mut self, space: LockSpace, id: i64) -> Result<bool> {

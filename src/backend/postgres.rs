@@ -161,7 +161,18 @@ impl Liveness for PgConnection {
             .bind::<Integer, _>(lock_key(id))
             .get_result::<Got>(self)?
             .got;
-        Ok(got.then_some(LivenessLock::Session))
+        if !got {
+            return Ok(None);
+        }
+        // The session must last as long as its process: not ended by the server for being
+        // idle (PostgreSQL 14 and later can; the lock's connection is idle between checks,
+        // and for as long as its process is stopped).
+        statement(
+            "SELECT CASE WHEN CAST(current_setting('server_version_num') AS integer) >= 140000 \
+             THEN set_config('idle_session_timeout', '0', false) END AS setting",
+        )
+        .execute(self)?;
+        Ok(Some(LivenessLock::Session))
     }
 
     fn holds_liveness_lock(&mut self, space: LockSpace, id: i64) -> Result<bool> {

@@ -20,7 +20,7 @@ use super::liveness::TAKEOVER_AFTER;
 use super::{Lease, LeaseRecord};
 use crate::backend::statement::statement;
 use crate::backend::transaction::bare_write_transaction;
-use crate::backend::{Dialect, Liveness, LockSpace, Probe, Upsert, dispatch};
+use crate::backend::{Dialect, FileLock, Liveness, LockSpace, Probe, Upsert, dispatch};
 use crate::sql_types::{Instant, Token};
 use crate::{Error, Result, TenureConnection};
 
@@ -168,15 +168,24 @@ pub(super) enum Attempt {
 
 pub(super) fn attempt<C: TenureConnection>(conn: &mut C, ask: &Ask<'_>) -> Result<Attempt> {
     let token = Uuid::new_v4();
-    dispatch!(conn, c => {
-        bare_write_transaction(c, "taking a lease", |c| attempt_in(c, ask, token))
-    })
+    // The lock files of dead holders this attempt found (SQLite), locked by it: removed once
+    // its shortening of their grants committed, else only unlocked (a later look finds them
+    // free again).
+    let mut gone = Vec::new();
+    let outcome = dispatch!(conn, c => {
+        bare_write_transaction(c, "taking a lease", |c| attempt_in(c, ask, token, &mut gone))
+    });
+    if outcome.is_ok() {
+        gone.into_iter().for_each(FileLock::remove);
+    }
+    outcome
 }
 
 fn attempt_in<D: Dialect + TenureConnection>(
     c: &mut D,
     ask: &Ask<'_>,
     token: Uuid,
+    gone: &mut Vec<FileLock>,
 ) -> Result<Attempt> {
     let syntax = c.syntax();
     let holders = i32::try_from(ask.holders).unwrap_or(i32::MAX);
@@ -195,7 +204,7 @@ fn attempt_in<D: Dialect + TenureConnection>(
         .bind::<Text, _>(ask.name)
         .load::<SlotRow>(c))?;
     for slot in &mut slots {
-        take_over_if_gone(c, ask.name, slot)?;
+        take_over_if_gone(c, ask.name, slot, gone)?;
     }
 
     let ticket = match ask.line {
@@ -244,6 +253,7 @@ fn take_over_if_gone<D: Dialect + TenureConnection>(
     c: &mut D,
     name: &str,
     slot: &mut SlotRow,
+    gone: &mut Vec<FileLock>,
 ) -> Result<()> {
     let Some(key) = slot.held_by.filter(|key| *key > 0) else {
         return Ok(());
@@ -255,7 +265,7 @@ fn take_over_if_gone<D: Dialect + TenureConnection>(
         Probe::Held | Probe::Unknown => return Ok(()),
         // A lock file is free only once its process ended: nothing of it can still act.
         Probe::Free(Some(file)) => {
-            file.remove();
+            gone.push(file);
             Duration::ZERO
         }
         // A session ended; its process may live, and knows it lost by then.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant as Clock};
 
 use super::grant::Line;
 use super::liveness::{ALIVE_FOR, HolderLock};
-use super::renewal::{Reconnect, Renewal, Shared, State, margin, reconnect};
+use super::renewal::{Reconnect, Renewal, Shared, State, check_until_stopped, margin, reconnect};
 use super::{Lease, Take, Wait};
 use crate::{Error, Pool, Result, TenureConnection};
 
@@ -238,16 +238,29 @@ impl LeaseGuard {
     {
         let checks = holder_lock.as_ref().is_some_and(HolderLock::needs_checks);
         let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                name: lease.name.clone(),
-                renewed_until: sent + ttl - margin(ttl),
-                alive_until: checks.then_some(sent + ALIVE_FOR),
-                lost: false,
-                stop: false,
-                release: true,
-            }),
+            state: Mutex::new(State::new(
+                &lease.name,
+                sent + ttl - margin(ttl),
+                checks.then_some(sent + ALIVE_FOR),
+            )),
             changed: Condvar::new(),
         });
+        // A session lock is checked on a thread of its own; a lock file goes with the renewals.
+        let (checked, holder_lock) = match holder_lock {
+            Some(lock) if checks => (Some(lock), None),
+            other => (None, other),
+        };
+        if let Some(lock) = checked {
+            let shared = shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("tenure-lease-check-{}", lease.fence))
+                .spawn(move || check_until_stopped(lock, &shared));
+            if let Err(e) = spawned {
+                // No checks: only renewals move the liveness deadline, so the guard says
+                // "lost" sooner, never later.
+                tracing::warn!(lease = %lease.name, error = %e, "could not start the liveness check thread");
+            }
+        }
         let (report, released) = mpsc::channel();
         let renewer = {
             let (lease, shared) = (lease.clone(), shared.clone());
@@ -260,7 +273,6 @@ impl LeaseGuard {
                         lease,
                         ttl,
                         holder_lock,
-                        renewed_since_lock: true,
                     };
                     let outcome = renewal.until_stopped(&shared);
                     // The guard may have stopped waiting (see `RELEASE_WAIT`).

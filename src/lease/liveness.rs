@@ -30,7 +30,6 @@
 //! server sees the connections only when their keepalive fails) keeps the grant until its ttl
 //! too.
 
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::backend::{Liveness, LivenessLock, LockSpace, dispatch};
@@ -59,16 +58,9 @@ pub(crate) struct HolderLock {
     lock: Option<LivenessLock>,
     /// On a server: the connection whose session holds the lock (`None` while lost).
     conn: Option<AnyConnection>,
-    /// Where a lost session lock is taken again.
+    /// Where a lost session lock is taken again, and where it is kept for the next guard.
     pool: Pool,
 }
-
-/// How many session locks whose guards ended this process keeps for the next guards: taking
-/// one costs a connection (about 4.5 ms on PostgreSQL here), reusing one a check.
-const KEEP_IDLE: usize = 8;
-
-/// Session locks whose guards ended cleanly, with the URL of their pool's database.
-static IDLE: Mutex<Vec<(Arc<str>, HolderLock)>> = Mutex::new(Vec::new());
 
 /// A random key below 2^31, never 0 (PostgreSQL's advisory lock keeps 32 bits of it).
 fn random_key() -> i64 {
@@ -77,13 +69,22 @@ fn random_key() -> i64 {
 }
 
 impl HolderLock {
-    /// Takes a holder lock under a fresh key: `None` where nothing can tell a process's death
-    /// (an SQLite database in memory, a platform without `flock`).
+    /// Takes a holder lock: one a guard of this pool gave back ([`HolderLock::keep_for_reuse`]:
+    /// taking a new one costs a connection, about 4.5 ms on PostgreSQL here), else one under
+    /// a fresh key. `None` where nothing can tell a process's death (an SQLite database in
+    /// memory, a platform without `flock`, or a lock file that cannot be made: a warning
+    /// says so).
     pub(crate) fn take(pool: &Pool) -> Result<Option<HolderLock>> {
-        while let Some(mut idle) = Self::idle_for(pool) {
-            // Its session may have ended while it waited (an idle timeout, a restart).
-            if matches!(idle.check(), Ok(true)) {
-                return Ok(Some(idle));
+        while let Some((key, conn)) = pool.take_spare() {
+            let mut spare = HolderLock {
+                key,
+                lock: Some(LivenessLock::Session),
+                conn: Some(conn),
+                pool: pool.clone(),
+            };
+            // Its session may have ended while it was kept (a restart).
+            if matches!(spare.check(), Ok(true)) {
+                return Ok(Some(spare));
             }
         }
         // A key another holder has is refused: draw again (two in four billion).
@@ -92,8 +93,14 @@ impl HolderLock {
             let (lock, conn) = if pool.backend() == Backend::Sqlite {
                 let mut conn = pool.get()?;
                 let lock =
-                    dispatch!(&mut conn, c => c.take_liveness_lock(LockSpace::LeaseHolder, key))?;
-                (lock, None)
+                    dispatch!(&mut conn, c => c.take_liveness_lock(LockSpace::LeaseHolder, key));
+                match lock {
+                    Err(Error::LockFile { path, source }) => {
+                        tracing::warn!(target: "tenure::lease", path = %path.display(), error = %source, "cannot make a lease holder's lock file: no fast takeover for this lease (its ttl alone ends it)");
+                        return Ok(None);
+                    }
+                    lock => (lock?, None),
+                }
             } else {
                 let mut conn = pool.dedicated_connection()?;
                 let lock =
@@ -119,22 +126,15 @@ impl HolderLock {
         ))
     }
 
-    fn idle_for(pool: &Pool) -> Option<HolderLock> {
-        let mut idle = IDLE.lock().unwrap_or_else(PoisonError::into_inner);
-        let at = idle.iter().position(|(url, _)| url == pool.url())?;
-        Some(idle.swap_remove(at).1)
-    }
-
-    /// Keeps a session lock whose guard released its lease for the next guard of this
-    /// process (up to [`KEEP_IDLE`]); anything else is dropped. Its key stays this process's:
-    /// a grant that still records it (one whose release did not land) lapses at its ttl.
-    pub(super) fn keep_for_reuse(self) {
-        if !matches!(self.lock, Some(LivenessLock::Session)) || self.conn.is_none() {
-            return;
-        }
-        let mut idle = IDLE.lock().unwrap_or_else(PoisonError::into_inner);
-        if idle.len() < KEEP_IDLE {
-            idle.push((self.pool.url().clone(), self));
+    /// Gives a session lock whose guard released its lease back to its pool, for the next
+    /// guard (up to eight are kept, closed when the pool goes); anything else is dropped. Its
+    /// key stays this process's: a grant that still records it (one whose release did not
+    /// land) lapses at its ttl.
+    pub(super) fn keep_for_reuse(mut self) {
+        if matches!(self.lock, Some(LivenessLock::Session)) {
+            if let Some(conn) = self.conn.take() {
+                self.pool.keep_spare(self.key, conn);
+            }
         }
     }
 
@@ -168,7 +168,7 @@ impl HolderLock {
     }
 
     /// Takes a lost session lock again, on a new connection: `Ok(false)` while its old
-    /// session has not ended on the server yet (or the server cannot be reached).
+    /// session has not ended on the server yet.
     pub(super) fn take_again(&mut self) -> Result<bool> {
         let mut conn = self.pool.dedicated_connection()?;
         let key = self.key;

@@ -1,6 +1,8 @@
-//! A guard's renewal thread and the state it shares with the guard: renews the lease every
-//! ttl/3, checks the holder's liveness lock every second (fast takeover), keeps the local
-//! deadline after which the lease counts as lost, and releases once stopped.
+//! A guard's threads and the state they share with the guard: the renewal thread renews the
+//! lease every ttl/3 and releases it once stopped; the check thread (fast takeover, on a
+//! server) checks the holder's liveness lock every second and takes it again when its session
+//! ended. Together they keep the local deadline after which the lease counts as lost. A check
+//! that hangs (a connection that stopped answering) never holds up a renewal or the release.
 
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant as Clock};
@@ -26,6 +28,19 @@ pub(super) struct State {
     /// Whether the renewal thread releases the lease once stopped (not when the caller
     /// releases it on a connection of its own).
     pub(super) release: bool,
+    /// When the liveness lock's current session took it, if it was taken again since the
+    /// grant (the check thread).
+    pub(super) lock_taken_at: Option<Clock>,
+    /// Whether a renewal was sent (and succeeded) after the liveness lock's current session
+    /// took it (the grant counts): only then does a check that finds it held extend the
+    /// deadline.
+    pub(super) renewed_since_lock: bool,
+    /// The check thread took the lock again: renew at once (which undoes any grant's
+    /// shortening made while it was free).
+    pub(super) renew_now: bool,
+    /// The renewal thread's final release: `Some(true)` once it released the lease or found
+    /// it no longer the guard's (the check thread may then keep its lock for reuse).
+    pub(super) released_cleanly: Option<bool>,
 }
 
 impl Shared {
@@ -36,7 +51,23 @@ impl Shared {
 }
 
 impl State {
-    /// The local monotonic instant after which the lease counts as lost.
+    /// A new guard's state: it holds its lease until `renewed_until`, and, if `alive_until`,
+    /// until then by its liveness lock.
+    pub(super) fn new(name: &str, renewed_until: Clock, alive_until: Option<Clock>) -> State {
+        State {
+            name: name.to_owned(),
+            renewed_until,
+            alive_until,
+            lost: false,
+            stop: false,
+            release: true,
+            lock_taken_at: None,
+            renewed_since_lock: true,
+            renew_now: false,
+            released_cleanly: None,
+        }
+    }
+
     /// Moves the liveness deadline (fast takeover) later, if the guard has one.
     fn extend_alive(&mut self, until: Clock) {
         if let Some(alive) = self.alive_until.as_mut() {
@@ -44,6 +75,7 @@ impl State {
         }
     }
 
+    /// The local monotonic instant after which the lease counts as lost.
     pub(super) fn deadline(&self) -> Clock {
         self.alive_until
             .map_or(self.renewed_until, |alive| alive.min(self.renewed_until))
@@ -116,26 +148,23 @@ pub(super) fn margin(ttl: Duration) -> Duration {
     ttl / 10
 }
 
-/// What the renewal thread holds: the lease, where it renews it, and its liveness lock.
+/// What the renewal thread holds: the lease, where it renews it, and a liveness lock that
+/// needs no checks (a lock file), released with it.
 pub(super) struct Renewal<C> {
     pub(super) conn: C,
     pub(super) reconnect: Option<Reconnect<C>>,
     pub(super) lease: Lease,
     pub(super) ttl: Duration,
-    /// Its liveness lock, if any (checked if a session lock); dropped after the release.
+    /// A lock file, removed after the release.
     pub(super) holder_lock: Option<HolderLock>,
-    /// Whether a renewal succeeded since the liveness lock was last taken (the grant counts):
-    /// only then does a check that finds it held extend the deadline.
-    pub(super) renewed_since_lock: bool,
 }
 
 impl<C: TenureConnection> Renewal<C> {
-    /// Renews every ttl/3 (and checks the liveness lock every [`HOLDER_CHECK`]) until
+    /// Renews every ttl/3 (at once when the check thread took the liveness lock again) until
     /// stopped or lost, then releases (after the last renewal, never before).
     pub(super) fn until_stopped(&mut self, shared: &Shared) -> Result<bool> {
         let period = self.ttl / 3;
         let mut next = Clock::now() + period;
-        let mut next_check = Clock::now() + HOLDER_CHECK;
         loop {
             {
                 let mut state = shared.lock();
@@ -144,6 +173,7 @@ impl<C: TenureConnection> Renewal<C> {
                         let (release, deadline) = (state.release, state.deadline());
                         drop(state);
                         if !release {
+                            self.finished(shared, false);
                             return Ok(false);
                         }
                         let released = release_until(
@@ -152,28 +182,18 @@ impl<C: TenureConnection> Renewal<C> {
                             &mut self.lease,
                             deadline,
                         );
-                        // Released (or no longer ours): no grant records its key as held.
-                        if released.is_ok() {
-                            if let Some(lock) = self.holder_lock.take() {
-                                lock.keep_for_reuse();
-                            }
-                        }
+                        self.finished(shared, released.is_ok());
                         return released;
                     }
                     let now = Clock::now();
                     let lost = state.check_deadline(now);
-                    let checks = self
-                        .holder_lock
-                        .as_ref()
-                        .is_some_and(HolderLock::needs_checks);
-                    if !lost && (now >= next || (checks && now >= next_check)) {
+                    if !lost && (now >= next || state.renew_now) {
+                        state.renew_now = false;
                         break;
                     }
                     // Lost: renew no more, just wait to be stopped.
                     let wake = if lost {
                         Duration::from_secs(3600)
-                    } else if checks {
-                        next.min(next_check).min(state.deadline()) - now
                     } else {
                         next.min(state.deadline()) - now
                     };
@@ -186,48 +206,6 @@ impl<C: TenureConnection> Renewal<C> {
             }
             shared.changed.notify_all();
             let sent = Clock::now();
-            let check_due = sent >= next_check;
-            if let Some(lock) = self
-                .holder_lock
-                .as_mut()
-                .filter(|l| check_due && l.needs_checks())
-            {
-                let held = lock.check();
-                // Lost (its session ended, or its connection broke): taken again on a new
-                // connection, and renewed at once, which undoes any grant's shortening.
-                let relocked = !matches!(held, Ok(true))
-                    && {
-                        match lock.take_again() {
-                            Ok(taken) => taken,
-                            Err(e) => {
-                                tracing::debug!(lease = %self.lease.name, error = %e, "taking a lease's liveness lock again failed");
-                                false
-                            }
-                        }
-                    };
-                let mut state = shared.lock();
-                match held {
-                    // Held since a renewal: no look since found it free.
-                    Ok(true) if self.renewed_since_lock && !state.lost => {
-                        state.extend_alive(sent + ALIVE_FOR);
-                    }
-                    Ok(true) => {}
-                    Ok(false) => {
-                        tracing::warn!(lease = %self.lease.name, relocked, "the session holding the lease's liveness lock ended")
-                    }
-                    Err(e) => {
-                        tracing::warn!(lease = %self.lease.name, error = %e, relocked, "checking a lease's liveness lock failed")
-                    }
-                }
-                if relocked {
-                    self.renewed_since_lock = false;
-                    next = sent;
-                }
-                next_check = sent + HOLDER_CHECK;
-                drop(state);
-                shared.changed.notify_all();
-                continue;
-            }
             let outcome = self.lease.renew(&mut self.conn, self.ttl);
             let mut state = shared.lock();
             match outcome {
@@ -236,7 +214,9 @@ impl<C: TenureConnection> Renewal<C> {
                     // Any grant's shortening before this renewal is undone; a later one
                     // lapses after sent + TAKEOVER_AFTER.
                     state.extend_alive(sent + ALIVE_FOR);
-                    self.renewed_since_lock = true;
+                    if state.lock_taken_at.is_none_or(|taken| sent > taken) {
+                        state.renewed_since_lock = true;
+                    }
                     next = sent + period;
                 }
                 Ok(()) => {}
@@ -262,5 +242,94 @@ impl<C: TenureConnection> Renewal<C> {
             drop(state);
             shared.changed.notify_all();
         }
+    }
+
+    /// Says how the release ended, for the check thread; drops a lock file after it.
+    fn finished(&mut self, shared: &Shared, cleanly: bool) {
+        shared.lock().released_cleanly = Some(cleanly);
+        shared.changed.notify_all();
+        self.holder_lock = None;
+    }
+}
+
+/// The check thread (a session lock, on a server): every [`HOLDER_CHECK`] (counted from the
+/// end of the previous check), whether the lock's session still holds it; if not, takes it
+/// again on a new connection and has the renewal thread renew at once. A check that found it
+/// held by a session that has held it since a renewal moves the liveness deadline. Once the
+/// guard stops: the lock goes back to its pool for the next guard if the lease was released
+/// cleanly, else it is dropped.
+pub(super) fn check_until_stopped(mut lock: HolderLock, shared: &Shared) {
+    let mut next = Clock::now() + HOLDER_CHECK;
+    loop {
+        {
+            let mut state = shared.lock();
+            loop {
+                if state.stop {
+                    // The release's outcome (the renewal thread says it, bounded: a release
+                    // waits at most until the lease's deadline).
+                    let until = Clock::now() + Duration::from_secs(60);
+                    while state.released_cleanly.is_none() && Clock::now() < until {
+                        state = shared
+                            .changed
+                            .wait_timeout(state, Duration::from_millis(100))
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
+                    }
+                    if state.released_cleanly == Some(true) {
+                        drop(state);
+                        lock.keep_for_reuse();
+                    }
+                    return;
+                }
+                let now = Clock::now();
+                if now >= next && !state.lost {
+                    break;
+                }
+                let wake = if state.lost {
+                    Duration::from_secs(3600)
+                } else {
+                    next - now
+                };
+                state = shared
+                    .changed
+                    .wait_timeout(state, wake)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+        }
+        let sent = Clock::now();
+        let held = lock.check();
+        // Lost (its session ended, or its connection broke): taken again on a new
+        // connection, and renewed at once.
+        let relocked = !matches!(held, Ok(true))
+            && match lock.take_again() {
+                Ok(taken) => taken,
+                Err(e) => {
+                    tracing::debug!(lease = %shared.lock().name, error = %e, "taking a lease's liveness lock again failed");
+                    false
+                }
+            };
+        let mut state = shared.lock();
+        match held {
+            // Held since a renewal: any look since found it held.
+            Ok(true) if state.renewed_since_lock && !state.lost => {
+                state.extend_alive(sent + ALIVE_FOR);
+            }
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(lease = %state.name, relocked, "the session holding the lease's liveness lock ended")
+            }
+            Err(e) => {
+                tracing::warn!(lease = %state.name, error = %e, relocked, "checking a lease's liveness lock failed")
+            }
+        }
+        if relocked {
+            state.lock_taken_at = Some(Clock::now());
+            state.renewed_since_lock = false;
+            state.renew_now = true;
+        }
+        drop(state);
+        shared.changed.notify_all();
+        next = Clock::now() + HOLDER_CHECK;
     }
 }

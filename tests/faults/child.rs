@@ -90,6 +90,13 @@ fn role() {
         "holder" => holder(&args[0]),
         "candidate" => crate::leaders::candidate(&args[0]),
         "pooled-holder" => crate::takeover::pooled_holder(&args[0], &args[1], &args[2]),
+        "pooled-holder-n" => {
+            crate::takeover_edges::pooled_holder_n(&args[0], &args[1], &args[2], &args[3])
+        }
+        "pooled-holder-in" => {
+            crate::takeover_edges::pooled_holder_in(&args[0], &args[1], &args[2], &args[3])
+        }
+        "release-on-exit" => crate::takeover_edges::release_on_exit(&args[0], &args[1]),
         "counter" => counter(&args[0], args[1].parse().expect("iterations")),
         "sqlite-load" => sqlite_load(&args[0], args[1].parse().expect("operations")),
         "sqlite-stuck-writer" => sqlite_stuck_writer(&args[0]),

@@ -22,4 +22,5 @@ mod script;
 mod serial;
 mod steps;
 mod takeover;
+mod takeover_edges;
 mod workflows;

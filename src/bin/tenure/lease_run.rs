@@ -43,7 +43,9 @@ once it stopped.
 
 While tenure itself is stopped (SIGSTOP, Ctrl-Z) or starved, it cannot stop the command; a
 watchdog process does. After each renewal tenure tells it until when the lease is surely held
-(0.9 ttl after that renewal was sent); if no newer word has come by then, the command's group
+(0.9 ttl after that renewal was sent; on PostgreSQL and MariaDB, with fast takeover, at most
+8 s after the last renewal or check of tenure's liveness lock, so a stop longer than that
+ends the command whatever the ttl); if no newer word has come by then, the command's group
 gets SIGTERM at that deadline, before the lease can expire, and SIGKILL --grace later, so the
 command overlaps the next holder by less than the grace; tenure exits 76 once it continues.
 The watchdog has a process group of its own: if it is stopped as well (SIGSTOP sent to it

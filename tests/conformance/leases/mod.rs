@@ -11,6 +11,7 @@ mod releases;
 mod semaphore;
 mod slots;
 mod takeover;
+mod takeover_edges;
 mod terms;
 
 use std::time::{Duration, Instant as Clock};
