@@ -112,6 +112,18 @@ pub enum Error {
         name: String,
     },
 
+    /// A transaction found a row it had just written or locked gone: something outside it
+    /// rolled it back (a Galera cluster aborts the loser of a conflict with another node's
+    /// transaction, and may do so between two statements, which then run on). Nothing it
+    /// wrote is kept; the same call may be repeated ([`Error::is_retryable`]).
+    #[error(
+        "{operation}: the transaction lost a row it held (rolled back by a conflict, as a cluster does); retry"
+    )]
+    RolledBackUnderUs {
+        /// What was being done.
+        operation: &'static str,
+    },
+
     /// An error from the database, unchanged.
     #[error("database error: {0}")]
     Database(#[from] DieselError),
@@ -220,7 +232,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Database(error) => is_transient(error),
-            Error::Pool(_) | Error::Timeout { .. } => true,
+            Error::Pool(_) | Error::Timeout { .. } | Error::RolledBackUnderUs { .. } => true,
             _ => false,
         }
     }

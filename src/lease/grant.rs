@@ -197,9 +197,15 @@ fn attempt_in<D: Dialect + TenureConnection>(
         .bind::<Text, _>(ask.name)
         .bind::<Integer, _>(holders)
         .execute(c))?;
+    // Written (or locked) by the statement before: gone only if the transaction was rolled
+    // back under it (a Galera brute-force abort; see `Error::RolledBackUnderUs`).
     let name_row = dispatch!(c, c => statement(syntax.render(LOCK_NAME))
         .bind::<Text, _>(ask.name)
-        .get_result::<NameRow>(c))?;
+        .get_result::<NameRow>(c)
+        .optional())?
+    .ok_or(Error::RolledBackUnderUs {
+        operation: "taking a lease",
+    })?;
     let mut slots = dispatch!(c, c => statement(syntax.render(LOCK_SLOTS))
         .bind::<Text, _>(ask.name)
         .load::<SlotRow>(c))?;
@@ -340,10 +346,16 @@ fn grant<D: Dialect + TenureConnection>(
     dispatch!(c, c => statement(syntax.render(DROP_LAPSED_PLACES))
         .bind::<Text, _>(ask.name)
         .execute(c))?;
+    // Written by this transaction: gone only if it was rolled back under it, as above.
     let row = dispatch!(c, c => statement(SELECT_SLOT)
         .bind::<Text, _>(ask.name)
         .bind::<Integer, _>(slot)
-        .get_result::<LeaseRecord>(c))?;
+        .get_result::<LeaseRecord>(c)
+        .optional())?
+    .filter(|row| row.token == Some(token))
+    .ok_or(Error::RolledBackUnderUs {
+        operation: "taking a lease",
+    })?;
     Ok(Attempt::Granted(Lease::granted(row, token)))
 }
 

@@ -114,7 +114,12 @@ fn galera_contenders_on_three_nodes_never_share_a_lease() {
                     let name = format!("race-{round}");
                     let mut granted = None;
                     for _ in 0..50 {
-                        match tenure::lease::try_take(&mut conn, &name, Duration::from_secs(60), "c") {
+                        match tenure::lease::try_take(
+                            &mut conn,
+                            &name,
+                            Duration::from_secs(60),
+                            "c",
+                        ) {
                             Ok(Some(lease)) => {
                                 granted = Some(lease);
                                 break;
