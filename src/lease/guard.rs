@@ -65,6 +65,9 @@ pub struct LeaseGuard {
     lease: Lease,
     shared: Arc<Shared>,
     renewer: Option<Renewer>,
+    /// A liveness lock that needs no checks (a lock file on SQLite): removed once the guard
+    /// stopped, on the caller's thread (a process may exit right after a release).
+    file_lock: Option<HolderLock>,
 }
 
 /// The renewal thread, and where it reports the outcome of its final release.
@@ -245,8 +248,8 @@ impl LeaseGuard {
             )),
             changed: Condvar::new(),
         });
-        // A session lock is checked on a thread of its own; a lock file goes with the renewals.
-        let (checked, holder_lock) = match holder_lock {
+        // A session lock is checked on a thread of its own; a lock file stays with the guard.
+        let (checked, file_lock) = match holder_lock {
             Some(lock) if checks => (Some(lock), None),
             other => (None, other),
         };
@@ -272,7 +275,6 @@ impl LeaseGuard {
                         reconnect,
                         lease,
                         ttl,
-                        holder_lock,
                     };
                     let outcome = renewal.until_stopped(&shared);
                     // The guard may have stopped waiting (see `RELEASE_WAIT`).
@@ -284,6 +286,7 @@ impl LeaseGuard {
                 lease,
                 shared,
                 renewer: Some(Renewer { thread, released }),
+                file_lock,
             },
             // No thread, no renewals: the guard holds the lease until its first deadline
             // and then reports it lost; the row expires on its own.
@@ -293,6 +296,7 @@ impl LeaseGuard {
                     lease,
                     shared,
                     renewer: None,
+                    file_lock,
                 }
             }
         }
@@ -403,7 +407,9 @@ impl LeaseGuard {
         // transaction holds. Stopped, it exits without touching the lease again (a renewal
         // that lands after this release finds another token, and changes nothing).
         self.renewer = None;
-        self.lease.release_joining(conn)
+        let released = self.lease.release_joining(conn);
+        self.file_lock = None;
+        released
     }
 
     fn stop(&mut self, release: bool) -> Result<bool> {
@@ -415,11 +421,12 @@ impl LeaseGuard {
         }
         self.shared.changed.notify_all();
         let Some(renewer) = self.renewer.take() else {
+            self.file_lock = None;
             return Ok(false);
         };
         // Never wait for the thread unboundedly: its release may wait for a row lock that
         // this very thread's open transaction holds.
-        match renewer.released.recv_timeout(RELEASE_WAIT) {
+        let outcome = match renewer.released.recv_timeout(RELEASE_WAIT) {
             Ok(outcome) => {
                 let _ = renewer.thread.join();
                 outcome
@@ -429,7 +436,10 @@ impl LeaseGuard {
             Err(RecvTimeoutError::Timeout) => Err(Error::LeaseReleasePending {
                 name: self.lease.name.clone(),
             }),
-        }
+        };
+        // After the release (or once it is pending: the guard counts the lease as lost).
+        self.file_lock = None;
+        outcome
     }
 }
 

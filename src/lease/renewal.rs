@@ -148,15 +148,12 @@ pub(super) fn margin(ttl: Duration) -> Duration {
     ttl / 10
 }
 
-/// What the renewal thread holds: the lease, where it renews it, and a liveness lock that
-/// needs no checks (a lock file), released with it.
+/// What the renewal thread holds: the lease and where it renews it.
 pub(super) struct Renewal<C> {
     pub(super) conn: C,
     pub(super) reconnect: Option<Reconnect<C>>,
     pub(super) lease: Lease,
     pub(super) ttl: Duration,
-    /// A lock file, removed after the release.
-    pub(super) holder_lock: Option<HolderLock>,
 }
 
 impl<C: TenureConnection> Renewal<C> {
@@ -244,11 +241,10 @@ impl<C: TenureConnection> Renewal<C> {
         }
     }
 
-    /// Says how the release ended, for the check thread; drops a lock file after it.
+    /// Says how the release ended, for the check thread.
     fn finished(&mut self, shared: &Shared, cleanly: bool) {
         shared.lock().released_cleanly = Some(cleanly);
         shared.changed.notify_all();
-        self.holder_lock = None;
     }
 }
 
