@@ -5,7 +5,7 @@
 //! wait (`wait_until`) every poll loop uses.
 
 #[allow(dead_code)]
-pub mod cut;
+pub mod proxy;
 mod wait;
 pub use wait::{poll_until, wait_until};
 
@@ -38,6 +38,24 @@ macro_rules! conformance {
     };
 }
 pub(crate) use conformance;
+
+/// [`conformance!`] for a promise only the servers make (where a session can end while its
+/// process lives): PostgreSQL and MySQL/MariaDB.
+#[allow(unused_macros)]
+macro_rules! on_servers {
+    ($($test:ident),+ $(,)?) => {
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            $(#[test] fn $test() { super::$test(tenure::Backend::Postgres) })+
+        }
+        #[cfg(feature = "mysql")]
+        mod mysql {
+            $(#[test] fn $test() { super::$test(tenure::Backend::Mysql) })+
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_servers;
 
 /// Runs `$body` with `$c` bound to the concrete diesel connection behind `$conn`, for SQL that
 /// uses tenure's SQL types (which diesel's multi-connection backend does not know).

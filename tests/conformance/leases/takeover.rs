@@ -13,21 +13,8 @@ use std::time::{Duration, Instant};
 use tenure::lease::{self, Take, Wait};
 use tenure::{AnyConnection, Backend, LeaseGuard};
 
-use crate::common::cut::CutProxy;
-use crate::common::{TestDb, count};
-
-macro_rules! on_servers {
-    ($($test:ident),+ $(,)?) => {
-        #[cfg(feature = "postgres")]
-        mod postgres {
-            $(#[test] fn $test() { super::$test(tenure::Backend::Postgres) })+
-        }
-        #[cfg(feature = "mysql")]
-        mod mysql {
-            $(#[test] fn $test() { super::$test(tenure::Backend::Mysql) })+
-        }
-    };
-}
+use crate::common::proxy::TestProxy;
+use crate::common::{TestDb, count, on_servers};
 
 on_servers!(
     a_holder_cut_off_from_the_database_knows_it_lost_before_anyone_is_granted,
@@ -76,7 +63,7 @@ fn a_holder_cut_off_from_the_database_knows_it_lost_before_anyone_is_granted(bac
     let db = TestDb::migrated(backend);
     for round in 0..2 {
         let name = format!("cut-{round}");
-        let proxy = CutProxy::start(db.url(), backend);
+        let proxy = TestProxy::start(db.url(), backend);
         let holder_pool = tenure::Pool::options()
             .max_size(2)
             .connection_timeout(Duration::from_secs(2))

@@ -4,29 +4,13 @@
 //! alone; long SQLite file names and bad input. Found by an attack on the first version (the
 //! ones that failed then say so).
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tenure::lease::{self, Take};
 use tenure::{Backend, LeaseGuard};
 
-use crate::common::TestDb;
-
-macro_rules! on_servers {
-    ($($test:ident),+ $(,)?) => {
-        #[cfg(feature = "postgres")]
-        mod postgres {
-            $(#[test] fn $test() { super::$test(tenure::Backend::Postgres) })+
-        }
-        #[cfg(feature = "mysql")]
-        mod mysql {
-            $(#[test] fn $test() { super::$test(tenure::Backend::Mysql) })+
-        }
-    };
-}
+use crate::common::proxy::TestProxy;
+use crate::common::{TestDb, on_servers};
 
 on_servers!(
     slow_lock_checks_never_hold_up_the_renewals,
@@ -95,7 +79,7 @@ fn a_released_guard_and_its_dropped_pool_leave_no_connection_or_lock_behind(back
 }
 
 /// A pool whose two connections are opened now, before `proxy` is armed (so they stay fast).
-fn warm_pool(proxy: &SlowProxy) -> tenure::Pool {
+fn warm_pool(proxy: &TestProxy) -> tenure::Pool {
     let pool = tenure::Pool::options()
         .max_size(2)
         .connection_timeout(Duration::from_secs(30))
@@ -114,9 +98,9 @@ fn warm_pool(proxy: &SlowProxy) -> tenure::Pool {
 /// renewal thread stay open.
 fn a_guard_dropped_while_its_lock_check_hangs_still_releases_its_lease(backend: Backend) {
     let db = TestDb::migrated(backend);
-    let proxy = SlowProxy::start(db.url(), backend, Duration::ZERO);
+    let proxy = TestProxy::start(db.url(), backend);
     let pool = warm_pool(&proxy);
-    proxy.arm();
+    proxy.arm_slow(Duration::ZERO);
     let ttl = Duration::from_secs(600);
     let guard = LeaseGuard::take_pooled_as(&pool, &Take::new("hung", ttl, "holder"))
         .unwrap()
@@ -180,7 +164,6 @@ fn without_fast_takeover_a_holder_whose_sessions_are_killed_keeps_its_lease(back
 /// live: a waiting taker gets the dead slot within about 10 s, never a living one, and the
 /// living guards stay held. (Passes.)
 fn a_dead_slot_of_a_lease_of_three_is_taken_over_and_the_living_slots_are_not(backend: Backend) {
-    use crate::common::cut::CutProxy;
     let db = TestDb::migrated(backend);
     let ttl = Duration::from_secs(600);
     let take = |who: &str| Take::new("three", ttl, who).holders(3);
@@ -188,7 +171,7 @@ fn a_dead_slot_of_a_lease_of_three_is_taken_over_and_the_living_slots_are_not(ba
     let a = LeaseGuard::take_pooled_as(&live_pool, &take("a"))
         .unwrap()
         .unwrap();
-    let proxy = CutProxy::start(db.url(), backend);
+    let proxy = TestProxy::start(db.url(), backend);
     let dead_pool = tenure::Pool::options()
         .max_size(2)
         .connection_timeout(Duration::from_secs(2))
@@ -233,7 +216,7 @@ fn a_candidate_whose_kept_lock_was_killed_while_in_line_leads_with_a_live_lock(b
     let pool_a = db.pool(2);
     let a = Leadership::campaign(&pool_a, "lead", ttl, "a", None).unwrap();
     assert!(a.wait_elected(Duration::from_secs(10)));
-    let proxy = KillProxy::start(db.url(), backend);
+    let proxy = TestProxy::start(db.url(), backend);
     let pool_b = tenure::Pool::options()
         .max_size(2)
         .open(&proxy.url)
@@ -259,139 +242,16 @@ fn a_candidate_whose_kept_lock_was_killed_while_in_line_leads_with_a_live_lock(b
     b.resign();
 }
 
-/// A proxy whose open connections can all be shut down at once while new ones still pass.
-struct KillProxy {
-    url: String,
-    open: Arc<std::sync::Mutex<Vec<TcpStream>>>,
-}
-
-impl KillProxy {
-    fn start(url: &str, backend: Backend) -> KillProxy {
-        let mut parsed = url::Url::parse(url).expect("a server URL");
-        let port = parsed.port().unwrap_or(match backend {
-            Backend::Postgres => 5432,
-            _ => 3306,
-        });
-        let upstream = format!("{}:{port}", parsed.host_str().expect("a host"));
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
-        parsed.set_host(Some("127.0.0.1")).unwrap();
-        parsed
-            .set_port(Some(listener.local_addr().unwrap().port()))
-            .unwrap();
-        let open: Arc<std::sync::Mutex<Vec<TcpStream>>> = Arc::default();
-        let sockets = open.clone();
-        std::thread::spawn(move || {
-            for client in listener.incoming().flatten() {
-                let Ok(server) = TcpStream::connect(&upstream) else {
-                    continue;
-                };
-                {
-                    let mut sockets = sockets.lock().unwrap();
-                    sockets.push(client.try_clone().unwrap());
-                    sockets.push(server.try_clone().unwrap());
-                }
-                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                std::thread::spawn(move || pump(c2, s2, None));
-                std::thread::spawn(move || pump(server, client, None));
-            }
-        });
-        KillProxy {
-            url: parsed.to_string(),
-            open,
-        }
-    }
-
-    fn kill_all(&self) {
-        for socket in self.open.lock().unwrap().drain(..) {
-            let _ = socket.shutdown(Shutdown::Both);
-        }
-    }
-}
-
-/// A TCP proxy that, once armed, delays every chunk the server sends on connections accepted
-/// from then on (a slow link for those connections only; earlier ones stay fast).
-struct SlowProxy {
-    url: String,
-    armed: Arc<AtomicBool>,
-    /// Once set, armed connections pass nothing more from the server (a hung link).
-    frozen: Arc<AtomicBool>,
-}
-
-impl SlowProxy {
-    fn start(url: &str, backend: Backend, delay: Duration) -> SlowProxy {
-        let mut parsed = url::Url::parse(url).expect("a server URL");
-        let port = parsed.port().unwrap_or(match backend {
-            Backend::Postgres => 5432,
-            _ => 3306,
-        });
-        let upstream = format!("{}:{port}", parsed.host_str().expect("a host"));
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
-        parsed.set_host(Some("127.0.0.1")).unwrap();
-        parsed
-            .set_port(Some(listener.local_addr().unwrap().port()))
-            .unwrap();
-        let armed = Arc::new(AtomicBool::new(false));
-        let frozen = Arc::new(AtomicBool::new(false));
-        let (flag, freeze) = (armed.clone(), frozen.clone());
-        std::thread::spawn(move || {
-            for client in listener.incoming().flatten() {
-                let Ok(server) = TcpStream::connect(&upstream) else {
-                    continue;
-                };
-                let special = flag.load(Ordering::SeqCst);
-                let slow = special.then(|| (delay, freeze.clone()));
-                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                std::thread::spawn(move || pump(c2, s2, None));
-                std::thread::spawn(move || pump(server, client, slow));
-            }
-        });
-        SlowProxy {
-            url: parsed.to_string(),
-            armed,
-            frozen,
-        }
-    }
-
-    fn arm(&self) {
-        self.armed.store(true, Ordering::SeqCst);
-    }
-
-    fn freeze(&self) {
-        self.frozen.store(true, Ordering::SeqCst);
-    }
-}
-
-fn pump(mut from: TcpStream, mut to: TcpStream, slow: Option<(Duration, Arc<AtomicBool>)>) {
-    let mut buffer = vec![0u8; 64 * 1024];
-    loop {
-        let n = match from.read(&mut buffer) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        if let Some((delay, frozen)) = &slow {
-            std::thread::sleep(*delay);
-            while frozen.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        if to.write_all(&buffer[..n]).is_err() {
-            break;
-        }
-    }
-    let _ = to.shutdown(Shutdown::Both);
-    let _ = from.shutdown(Shutdown::Both);
-}
-
 /// Guards against: a lock check that takes ≥ 1 s (a slow link to the server) starves every renewal
 /// (the thread checks again at once after each check), so a holder whose renewals would
 /// succeed says "lost" at 0.9 ttl and the database lets the lease lapse at its ttl.
 fn slow_lock_checks_never_hold_up_the_renewals(backend: Backend) {
     let db = TestDb::migrated(backend);
-    let proxy = SlowProxy::start(db.url(), backend, Duration::from_millis(1200));
+    let proxy = TestProxy::start(db.url(), backend);
     // Two fast pool connections, kept idle: the guard's renewals use one of them.
     let pool = warm_pool(&proxy);
     // From now on new connections are slow: the holder lock's dedicated one.
-    proxy.arm();
+    proxy.arm_slow(Duration::from_millis(1200));
     let ttl = Duration::from_secs(6);
     let guard = LeaseGuard::take_pooled_as(&pool, &Take::new("slow", ttl, "holder"))
         .unwrap()
