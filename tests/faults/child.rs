@@ -91,7 +91,7 @@ fn role() {
         "candidate" => crate::leaders::candidate(&args[0]),
         "pooled-holder" => crate::takeover::pooled_holder(&args[0], &args[1], &args[2]),
         "pooled-holder-n" => {
-            crate::takeover_edges::pooled_holder_n(&args[0], &args[1], &args[2], &args[3])
+            crate::takeover::pooled_holder_of(&args[0], &args[1], &args[2], &args[3])
         }
         "pooled-holder-in" => {
             crate::takeover_edges::pooled_holder_in(&args[0], &args[1], &args[2], &args[3])

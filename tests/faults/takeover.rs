@@ -22,9 +22,16 @@ conformance!(
 /// The child: takes lease `name` for `ttl_secs` through a guard from a pool (so it holds a
 /// liveness lock), reports `held F`, and keeps it until killed.
 pub fn pooled_holder(url: &str, name: &str, ttl_secs: &str) {
+    pooled_holder_of(url, name, ttl_secs, "1");
+}
+
+/// The child: [`pooled_holder`] for a lease of `holders` holders.
+pub fn pooled_holder_of(url: &str, name: &str, ttl_secs: &str, holders: &str) {
     let pool = Pool::options().max_size(2).open(url).expect("pool");
     let ttl = Duration::from_secs(ttl_secs.parse().expect("ttl"));
-    let take = Take::new(name, ttl, "child").wait(Wait::up_to(Duration::from_secs(60)));
+    let take = Take::new(name, ttl, "child")
+        .holders(holders.parse().expect("holders"))
+        .wait(Wait::up_to(Duration::from_secs(60)));
     let guard = LeaseGuard::take_pooled_as(&pool, &take)
         .expect("take")
         .expect("the lease was free");
@@ -35,7 +42,7 @@ pub fn pooled_holder(url: &str, name: &str, ttl_secs: &str) {
     std::thread::sleep(Duration::from_secs(600));
 }
 
-fn held_fence(child: &mut Spawned) -> i64 {
+pub(crate) fn held_fence(child: &mut Spawned) -> i64 {
     let line = child.next_report().expect("the holder's report");
     line.strip_prefix("held ")
         .and_then(|f| f.parse().ok())

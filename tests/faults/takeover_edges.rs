@@ -12,9 +12,10 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use tenure::lease::{Take, Wait};
 use tenure::{AnyConnection, Backend, Error, LeaseGuard, Pool};
 
-use crate::child::{Spawned, report, spawn};
+use crate::child::spawn;
 use crate::common::{TestDb, concrete, placeholders};
 use crate::leaders::lease_row_free;
+use crate::takeover::held_fence;
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
@@ -40,23 +41,6 @@ mod postgres {
     }
 }
 
-/// Child: like `pooled-holder`, for a lease of `holders` holders.
-pub fn pooled_holder_n(url: &str, name: &str, ttl_secs: &str, holders: &str) {
-    let pool = Pool::options().max_size(2).open(url).expect("pool");
-    let ttl = Duration::from_secs(ttl_secs.parse().expect("ttl"));
-    let take = Take::new(name, ttl, "child")
-        .holders(holders.parse().expect("holders"))
-        .wait(Wait::up_to(Duration::from_secs(60)));
-    let guard = LeaseGuard::take_pooled_as(&pool, &take)
-        .expect("take")
-        .expect("the lease was free");
-    report(format!("held {}", guard.fence()));
-    let until = Instant::now() + Duration::from_secs(600);
-    while Instant::now() < until && !guard.wait_lost(Duration::from_secs(1)) {}
-    report("lost");
-    std::thread::sleep(Duration::from_secs(600));
-}
-
 /// Child: a `pooled-holder` run from directory `dir`, naming the database by `url` (relative).
 pub fn pooled_holder_in(dir: &str, url: &str, name: &str, ttl_secs: &str) {
     std::env::set_current_dir(dir).expect("chdir");
@@ -73,13 +57,6 @@ pub fn release_on_exit(url: &str, name: &str) {
     let mut conn = pool.get().expect("conn");
     let released = guard.release_on(&mut conn).expect("release_on");
     std::process::exit(if released { 0 } else { 3 });
-}
-
-fn held_fence(child: &mut Spawned) -> i64 {
-    let line = child.next_report().expect("the holder's report");
-    line.strip_prefix("held ")
-        .and_then(|f| f.parse().ok())
-        .unwrap_or_else(|| panic!("expected `held F`, got {line:?}"))
 }
 
 #[derive(QueryableByName, Debug)]
