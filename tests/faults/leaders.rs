@@ -60,13 +60,30 @@ pub fn candidate(url: &str) {
     }
 }
 
-/// Whether lease `name`'s rows are free of other transactions' locks (on SQLite, the
-/// database's write lock). `name` is a test's literal.
-pub(crate) fn lease_row_free(
+/// Stops process `pid` (SIGSTOP) so that it is frozen outside any transaction on lease
+/// `name`'s rows: one stopped inside a transaction that verified or renewed the lease holds
+/// them until it continues, and nobody can be granted the lease meanwhile (what `verify`
+/// promises). Continues and stops it again until then.
+pub(crate) fn stop_outside_a_transaction(
+    pid: u32,
     conn: &mut tenure::AnyConnection,
     backend: Backend,
     name: &str,
-) -> bool {
+) {
+    signal(pid, "STOP");
+    let mut tries = 0;
+    while !lease_row_free(conn, backend, name) {
+        tries += 1;
+        assert!(tries < 100, "{pid} froze inside a transaction 100 times");
+        signal(pid, "CONT");
+        std::thread::sleep(Duration::from_millis(20));
+        signal(pid, "STOP");
+    }
+}
+
+/// Whether lease `name`'s rows are free of other transactions' locks (on SQLite, the
+/// database's write lock). `name` is a test's literal.
+fn lease_row_free(conn: &mut tenure::AnyConnection, backend: Backend, name: &str) -> bool {
     use diesel::connection::SimpleConnection;
     if backend == Backend::Sqlite {
         return sqlite_write_lock_free(conn);
@@ -146,18 +163,7 @@ fn leaders_killed_and_paused_never_overlap(backend: Backend) {
     // A process stopped inside a transaction that verified its term (or renewed it) holds
     // the lease's row until it continues, and nobody can be elected meanwhile (that is what
     // `verify` promises): stop it again until it froze outside one.
-    signal(pids[second], "STOP");
-    let mut tries = 0;
-    while !lease_row_free(&mut conn, backend, "leader") {
-        tries += 1;
-        assert!(
-            tries < 100,
-            "the leader froze inside a transaction 100 times"
-        );
-        signal(pids[second], "CONT");
-        std::thread::sleep(Duration::from_millis(20));
-        signal(pids[second], "STOP");
-    }
+    stop_outside_a_transaction(pids[second], &mut conn, backend, "leader");
     let paused = Instant::now();
     let (_third, f3) = next_leader(&reports, f2, &[first, second]);
     let after_pause = paused.elapsed();

@@ -12,7 +12,7 @@ use tenure::{Backend, LeaseGuard, Pool};
 
 use crate::child::{Spawned, report, spawn};
 use crate::common::{TestDb, concrete, conformance, placeholders};
-use crate::leaders::lease_row_free;
+use crate::leaders::stop_outside_a_transaction;
 
 conformance!(
     a_killed_holders_lease_is_taken_over_within_seconds,
@@ -94,18 +94,7 @@ fn a_stopped_holder_keeps_its_lease_until_its_ttl(backend: Backend) {
     let name = "stopped";
     let mut holder = spawn("pooled-holder", &[db.url(), name, "4"]);
     let fence = held_fence(&mut holder);
-    holder.signal("STOP");
-    let mut tries = 0;
-    while !lease_row_free(&mut conn, backend, name) {
-        tries += 1;
-        assert!(
-            tries < 100,
-            "the holder froze inside a transaction 100 times"
-        );
-        holder.signal("CONT");
-        std::thread::sleep(Duration::from_millis(20));
-        holder.signal("STOP");
-    }
+    stop_outside_a_transaction(holder.child.id(), &mut conn, backend, name);
     // Read once frozen: a renewal committed later would only move the expiry later.
     let sql = format!(
         "SELECT expires_at, held_by FROM tenure_leases WHERE name = {} AND slot = 0",

@@ -14,7 +14,7 @@ use tenure::{AnyConnection, Backend, Error, LeaseGuard, Pool};
 
 use crate::child::spawn;
 use crate::common::{TestDb, concrete, placeholders};
-use crate::leaders::lease_row_free;
+use crate::leaders::stop_outside_a_transaction;
 use crate::takeover::held_fence;
 
 #[cfg(feature = "sqlite")]
@@ -246,18 +246,7 @@ fn a_stopped_holder_whose_idle_sessions_the_server_ends_keeps_its_lease_until_it
     // A ttl of 24 s: idle sessions end after 3 s, a takeover would come 10 s later.
     let mut holder = spawn("pooled-holder", &[db.url(), name, "24"]);
     held_fence(&mut holder);
-    holder.signal("STOP");
-    let mut tries = 0;
-    while !lease_row_free(&mut db.connect(), backend, name) {
-        tries += 1;
-        assert!(
-            tries < 100,
-            "the holder froze inside a transaction 100 times"
-        );
-        holder.signal("CONT");
-        std::thread::sleep(Duration::from_millis(20));
-        holder.signal("STOP");
-    }
+    stop_outside_a_transaction(holder.child.id(), &mut db.connect(), backend, name);
     let before = slots(&mut db.connect(), backend, name)
         .into_iter()
         .next()
