@@ -1,8 +1,8 @@
 //! A TCP proxy in front of a test server, for a client whose link misbehaves while its
 //! process lives: every connection through it shut down at once (`kill_all`: the server sees
-//! those sessions end; new ones still pass), the client cut off for good (`cut`: new ones are
-//! refused too), or a slow and then hung link for the connections made from some moment on
-//! (`arm_slow`, `freeze`).
+//! those sessions end; new ones still pass), the client cut off (`cut`: new ones are refused
+//! too, until `restore`), or a slow and then hung link for the connections made from some
+//! moment on (`arm_slow`, `freeze`).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -84,6 +84,12 @@ impl TestProxy {
     pub fn cut(&self) {
         self.flags.cut.store(true, Ordering::SeqCst);
         self.kill_all();
+    }
+
+    /// Lets new connections pass again after [`TestProxy::cut`] (the server is back).
+    #[allow(dead_code)]
+    pub fn restore(&self) {
+        self.flags.cut.store(false, Ordering::SeqCst);
     }
 
     /// Connections accepted from now on get `delay` on each chunk the server sends (earlier

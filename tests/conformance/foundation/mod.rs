@@ -1,8 +1,9 @@
-//! The foundation: names, time, transactions and the pool's session settings; migrations
-//! and errors in files of their own.
+//! The foundation: names, time, transactions and the pool's session settings; migrations,
+//! errors and the pool's reconnection in files of their own.
 
 mod errors;
 mod migrations;
+mod reconnects;
 
 use std::time::Duration;
 
