@@ -195,7 +195,8 @@ pub mod worker;
 pub use diesel;
 
 pub use backend::{
-    AnyConnection, Backend, BackendConnection, SessionSetup, Synchronous, TenureConnection,
+    AnyConnection, Backend, BackendConnection, Replication, SessionSetup, Synchronous,
+    TenureConnection,
 };
 /// The diesel backend of [`AnyConnection`] (the one its queries are built for): tenure's SQL
 /// types ([`sql_types::Instant`], [`sql_types::Token`]) and [`schema`] work with it.
@@ -220,6 +221,20 @@ use backend::{Dialect, dispatch};
 /// ```
 pub fn database_now<C: TenureConnection>(conn: &mut C) -> Result<chrono::DateTime<chrono::Utc>> {
     Ok(dispatch!(conn, c => c.database_now())?)
+}
+
+/// How the database behind `conn` replicates its commits: whether a failover can lose what
+/// tenure acknowledged ([`Replication`] says what each answer means). A worker logs a warning
+/// when it starts on an asynchronously replicated primary.
+///
+/// ```
+/// # fn main() -> Result<(), tenure::Error> {
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// assert_eq!(tenure::replication(&mut conn)?, tenure::Replication::Standalone);
+/// # Ok(()) }
+/// ```
+pub fn replication<C: TenureConnection>(conn: &mut C) -> Result<Replication> {
+    dispatch!(conn, c => c.replication())
 }
 
 /// The README's Rust examples, compiled as doc tests.

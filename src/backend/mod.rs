@@ -22,6 +22,7 @@ pub(crate) mod lease_listen;
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+mod replication;
 mod session;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -31,6 +32,7 @@ pub(crate) use syntax::{Rendered, Syntax, Upsert};
 pub(crate) mod transaction;
 pub(crate) mod turns;
 
+pub use replication::Replication;
 pub use session::{SessionSetup, Synchronous};
 
 #[cfg(feature = "mysql")]
@@ -461,6 +463,9 @@ pub(crate) trait Dialect: Connection<TransactionManager = AnsiTransactionManager
 
     /// Runs tenure's pending migrations, serialized against other processes doing the same.
     fn migrate(&mut self) -> Result<Vec<String>>;
+
+    /// How the server replicates commits ([`Replication`]).
+    fn replication(&mut self) -> Result<Replication>;
 }
 
 #[cfg(feature = "sqlite")]

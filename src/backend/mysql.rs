@@ -8,9 +8,9 @@ use diesel::serialize::{self, Output, ToSql};
 use diesel::sql_types::{BigInt, Binary, Datetime, Integer, Nullable};
 use diesel::{QueryResult, RunQueryDsl};
 
-use super::SessionSetup;
 use super::statement::statement;
 use super::{Dialect, Liveness, LivenessLock, LockSpace, Probe, Rendered, Syntax, Upsert};
+use super::{Replication, SessionSetup};
 use crate::backend::transaction::require_bare;
 use crate::error::DatabaseFailure;
 use crate::sql_types::{Instant, Token, token_from_bytes};
@@ -133,6 +133,21 @@ impl Dialect for MysqlConnection {
         let applied = outcome?;
         released?;
         Ok(applied)
+    }
+
+    fn replication(&mut self) -> Result<Replication> {
+        if in_galera_cluster(self)? {
+            return Ok(Replication::Synchronous);
+        }
+        let binary_log = statement("SHOW VARIABLES LIKE 'log_bin'")
+            .load::<Variable>(self)?
+            .into_iter()
+            .any(|v| v.value.eq_ignore_ascii_case("ON"));
+        Ok(if binary_log {
+            Replication::Unknown
+        } else {
+            Replication::Standalone
+        })
     }
 }
 

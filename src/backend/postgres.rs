@@ -7,12 +7,12 @@ use diesel::connection::{AnsiTransactionManager, CacheSize, Connection, SimpleCo
 use diesel::deserialize::{self, FromSql};
 use diesel::pg::{Pg, PgConnection, PgValue};
 use diesel::serialize::{self, IsNull, Output, ToSql};
-use diesel::sql_types::{BigInt, Binary, Bool, Integer, Timestamptz};
+use diesel::sql_types::{BigInt, Binary, Bool, Integer, Text, Timestamptz};
 use diesel::{QueryResult, RunQueryDsl};
 
-use super::SessionSetup;
 use super::statement::statement;
 use super::{Dialect, Liveness, LivenessLock, LockSpace, Probe, Rendered, Syntax, Upsert};
+use super::{Replication, SessionSetup};
 use crate::backend::transaction::bare_write_transaction;
 use crate::error::DatabaseFailure;
 use crate::sql_types::{Instant, Token, token_from_bytes};
@@ -88,6 +88,35 @@ impl Dialect for PgConnection {
                 .bind::<BigInt, _>(MIGRATION_LOCK_KEY)
                 .execute(conn)?;
             migrate::run_harness(conn, migrate::POSTGRES)
+        })
+    }
+
+    fn replication(&mut self) -> Result<Replication> {
+        // `pg_stat_replication` lists every WAL sender to any user (its details only to
+        // privileged ones); the two settings are readable by all.
+        #[derive(diesel::QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = BigInt)]
+            standbys: i64,
+            #[diesel(sql_type = Text)]
+            names: String,
+            #[diesel(sql_type = Text)]
+            commit: String,
+        }
+        let row = statement(
+            "SELECT (SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming') \
+             AS standbys, current_setting('synchronous_standby_names') AS names, \
+             current_setting('synchronous_commit') AS commit",
+        )
+        .get_result::<Row>(self)?;
+        let confirmed = !row.names.trim().is_empty()
+            && matches!(row.commit.as_str(), "on" | "remote_write" | "remote_apply");
+        Ok(match (row.standbys, confirmed) {
+            (_, true) => Replication::Synchronous,
+            (0, false) => Replication::Standalone,
+            (n, false) => Replication::Asynchronous {
+                standbys: u32::try_from(n).unwrap_or(u32::MAX),
+            },
         })
     }
 }

@@ -15,7 +15,7 @@ use super::file_lock::{self, FileLock};
 use super::statement::statement;
 use super::turns::{self, Turn};
 use super::{Dialect, Liveness, LivenessLock, LockSpace, Probe, Rendered, Syntax, Upsert};
-use super::{SessionSetup, Synchronous};
+use super::{Replication, SessionSetup, Synchronous};
 use crate::backend::transaction::bare_write_transaction;
 use crate::sql_types::{Instant, SQLITE_INSTANT_FORMAT, Token, token_from_bytes};
 use crate::{Result, migrate};
@@ -128,6 +128,10 @@ impl Dialect for SqliteConnection {
         bare_write_transaction(self, "run_migrations", |conn| {
             migrate::run_harness(conn, migrate::SQLITE)
         })
+    }
+
+    fn replication(&mut self) -> Result<Replication> {
+        Ok(Replication::Standalone)
     }
 }
 

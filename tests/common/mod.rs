@@ -471,6 +471,15 @@ impl Warnings {
             .filter_map(|w| w.get(field).cloned())
             .collect()
     }
+
+    /// The distinct values of `field` among all the warnings that have it.
+    pub fn values_of_field(&self, field: &str) -> std::collections::BTreeSet<String> {
+        let seen = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        seen.iter().filter_map(|w| w.get(field).cloned()).collect()
+    }
 }
 
 struct Fields<'a>(&'a mut std::collections::HashMap<String, String>);

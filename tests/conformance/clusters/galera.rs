@@ -153,3 +153,19 @@ fn galera_contenders_on_three_nodes_never_share_a_lease() {
         retryable.load(std::sync::atomic::Ordering::SeqCst)
     );
 }
+
+/// Every node of the cluster says its commits are synchronous (certified by the cluster), so a
+/// worker there warns of nothing.
+#[test]
+#[ignore = "needs a Galera cluster: scripts/test-clusters"]
+fn galera_every_node_reports_synchronous_replication() {
+    let db = ClusterDb::new();
+    for url in &db.urls {
+        let mut conn = AnyConnection::connect(url).expect("a node");
+        assert_eq!(
+            tenure::replication(&mut conn).unwrap(),
+            tenure::Replication::Synchronous,
+            "{url}"
+        );
+    }
+}

@@ -16,7 +16,7 @@ use diesel::connection::SimpleConnection;
 use tenure::jobs::{self, JobState, NewJob};
 use tenure::lease::{Take, Wait};
 use tenure::worker::{JobContext, Worker};
-use tenure::{AnyConnection, LeaseGuard, Pool};
+use tenure::{AnyConnection, LeaseGuard, Pool, Replication};
 
 use super::{cluster_script, replication_is_synchronous};
 
@@ -420,7 +420,16 @@ fn losses(seen: &Seen, url: &str) -> (Vec<u64>, Vec<u64>, Vec<(i64, i64)>) {
 
 fn check(failover: Failover, what: &str) {
     let synchronous = replication_is_synchronous();
+    let warnings = crate::common::show_warnings();
     let db = ClusterDb::new();
+    // What the crate reads of the cluster, and what a worker says of it when it starts.
+    let replication =
+        tenure::replication(&mut AnyConnection::connect(&db.url).expect("the primary")).unwrap();
+    if synchronous {
+        assert_eq!(replication, Replication::Synchronous);
+    } else {
+        assert_eq!(replication, Replication::Asynchronous { standbys: 2 });
+    }
     let (seen, enqueue_pause, run_pause) = under_load(&db, failover);
     let (missing, unrun, repeated) = losses(&seen, &db.url);
     let runs = seen.runs.len();
@@ -452,6 +461,18 @@ fn check(failover: Failover, what: &str) {
         "the guard whose ttl outlasts the failover lost its lease"
     );
     assert!(unrun.is_empty(), "acknowledged jobs never run: {unrun:?}");
+    let warned = warnings.values_of_field("standbys");
+    if synchronous {
+        assert!(
+            warned.is_empty(),
+            "a worker warned of asynchronous standbys: {warned:?}"
+        );
+    } else {
+        assert!(
+            warned.contains("2"),
+            "no worker warned of the asynchronous standbys"
+        );
+    }
     if synchronous {
         assert!(
             missing.is_empty(),

@@ -1,9 +1,10 @@
 //! The foundation: names, time, transactions and the pool's session settings; migrations,
-//! errors and the pool's reconnection in files of their own.
+//! errors, the pool's reconnection and what replication the server has in files of their own.
 
 mod errors;
 mod migrations;
 mod reconnects;
+mod replication;
 
 use std::time::Duration;
 
