@@ -224,8 +224,8 @@ pub fn database_now<C: TenureConnection>(conn: &mut C) -> Result<chrono::DateTim
 }
 
 /// How the database behind `conn` replicates its commits: whether a failover can lose what
-/// tenure acknowledged ([`Replication`] says what each answer means). A worker logs a warning
-/// when it starts on an asynchronously replicated primary.
+/// tenure acknowledged ([`Replication`] says what each answer means). [`Pool`] logs a warning
+/// when it opens on an asynchronously replicated primary.
 ///
 /// ```
 /// # fn main() -> Result<(), tenure::Error> {

@@ -168,6 +168,24 @@ impl Pool {
     }
 }
 
+/// Once per pool, when it opens: on a primary whose standbys do not confirm commits, a
+/// failover can lose what tenure acknowledged (SCALING.md, "PostgreSQL with Patroni").
+fn warn_if_asynchronous(conn: &mut AnyConnection) {
+    match crate::replication(conn) {
+        Ok(crate::Replication::Asynchronous { standbys }) => tracing::warn!(
+            target: "tenure::pool",
+            standbys,
+            "the database streams to its standbys without confirming commits: a failover can \
+             lose the jobs enqueued and finished and the leases granted in its last moments, \
+             and grant a lease's fence twice (synchronous replication keeps them)"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            tracing::debug!(target: "tenure::pool", error = %e, "reading the database's replication failed")
+        }
+    }
+}
+
 /// How to open a [`Pool`].
 ///
 /// ```
@@ -255,6 +273,7 @@ impl PoolOptions {
         let session_for_dedicated = self.session.clone();
         let mut probe = AnyConnection::connect_raw(url)?;
         self.session.apply(&mut probe)?;
+        warn_if_asynchronous(&mut probe);
         drop(probe);
         // In memory, the one connection is the database: opened now, kept for good.
         let (min_idle, idle_timeout) = if in_memory {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use super::runs::Shared;
 use crate::events::Event;
 use crate::jobs::{self, Finished, Retention};
-use crate::{AnyConnection, Replication, Result};
+use crate::{AnyConnection, Result};
 
 /// How often a worker that runs schedules fires them.
 const SCHEDULES_EVERY: Duration = Duration::from_millis(100);
@@ -47,24 +47,6 @@ impl Dedicated<'_> {
     }
 }
 
-/// Once, when the worker starts: on a primary whose standbys do not confirm commits, a
-/// failover can lose what tenure acknowledged (SCALING.md, "PostgreSQL with Patroni").
-fn warn_if_asynchronous(conn: &mut Dedicated<'_>) {
-    match conn.with(|c| crate::replication(c)) {
-        Ok(Replication::Asynchronous { standbys }) => tracing::warn!(
-            target: "tenure::worker",
-            standbys,
-            "the database streams to its standbys without confirming commits: a failover can \
-             lose the jobs enqueued and finished in its last moments and grant a lease's fence \
-             twice (synchronous replication keeps them)"
-        ),
-        Ok(_) => {}
-        Err(e) => {
-            tracing::debug!(target: "tenure::worker", error = %e, "reading the database's replication failed")
-        }
-    }
-}
-
 /// When each pass is next due.
 struct Due {
     schedules: Instant,
@@ -81,7 +63,6 @@ pub(super) fn maintain(shared: &Shared) {
         pool: &config.pool,
         conn: None,
     };
-    warn_if_asynchronous(&mut conn);
     let rescue_every = (config.claim_ttl / 2).min(Duration::from_secs(30));
     let now = Instant::now();
     // Dead workers' claims are looked for often (the look is a read of a small table), and

@@ -100,6 +100,23 @@ fn node_of(conn: &mut AnyConnection) -> u16 {
     u16::try_from(port.port - 25440).expect("a node's port")
 }
 
+/// Kills node `n` (SIGKILL: a crash) and starts it again when dropped, whatever the test did
+/// meanwhile: the next test finds three nodes.
+struct Killed(u16);
+
+impl Killed {
+    fn node(n: u16) -> Killed {
+        cluster_script("cluster-postgres", &["kill", &n.to_string()]);
+        Killed(n)
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        cluster_script("cluster-postgres", &["restart", &self.0.to_string()]);
+    }
+}
+
 /// What the load saw.
 #[derive(Default)]
 struct Seen {
@@ -308,12 +325,13 @@ fn under_load(db: &ClusterDb, failover: Failover) -> (Seen, Duration, Duration) 
     std::thread::sleep(Duration::from_secs(4));
     let primary = node_of(&mut AnyConnection::connect(&db.url).expect("the primary"));
     let forced_at = start.elapsed();
-    match failover {
-        Failover::Switchover => cluster_script("cluster-postgres", &["failover"]),
-        Failover::KillPrimary => {
-            cluster_script("cluster-postgres", &["kill", &primary.to_string()])
+    let killed = match failover {
+        Failover::Switchover => {
+            cluster_script("cluster-postgres", &["failover"]);
+            None
         }
-    }
+        Failover::KillPrimary => Some(Killed::node(primary)),
+    };
     // Load goes on until enqueues and runs flowed for 4 s after the failover (60 s at most).
     let flowing = |seen: &Seen| {
         let last_enqueue = seen.enqueued_at.last().copied().unwrap_or_default();
@@ -332,9 +350,7 @@ fn under_load(db: &ClusterDb, failover: Failover) -> (Seen, Duration, Duration) 
     }
     let now_primary = node_of(&mut AnyConnection::connect(&db.url).expect("the new primary"));
     assert_ne!(now_primary, primary, "the primary did not change");
-    if let Failover::KillPrimary = failover {
-        cluster_script("cluster-postgres", &["restart", &primary.to_string()]);
-    }
+    drop(killed);
 
     stop.store(true, Ordering::SeqCst);
     enqueuer.join().expect("the enqueuer panicked");
@@ -422,7 +438,7 @@ fn check(failover: Failover, what: &str) {
     let synchronous = replication_is_synchronous();
     let warnings = crate::common::show_warnings();
     let db = ClusterDb::new();
-    // What the crate reads of the cluster, and what a worker says of it when it starts.
+    // What the crate reads of the cluster, and what a pool says of it when it opens.
     let replication =
         tenure::replication(&mut AnyConnection::connect(&db.url).expect("the primary")).unwrap();
     if synchronous {
@@ -465,12 +481,12 @@ fn check(failover: Failover, what: &str) {
     if synchronous {
         assert!(
             warned.is_empty(),
-            "a worker warned of asynchronous standbys: {warned:?}"
+            "a pool warned of asynchronous standbys: {warned:?}"
         );
     } else {
         assert!(
             warned.contains("2"),
-            "no worker warned of the asynchronous standbys"
+            "no pool warned of the asynchronous standbys"
         );
     }
     if synchronous {
@@ -492,4 +508,112 @@ fn patroni_a_switchover_under_load_loses_nothing_acknowledged() {
 #[ignore = "needs a Patroni cluster: scripts/test-clusters"]
 fn patroni_a_killed_primary_under_load_loses_nothing_acknowledged() {
     check(Failover::KillPrimary, "primary killed");
+}
+
+/// The standbys fall behind (the primary's WAL senders stopped: a slow link to them), a client
+/// enqueues 20 jobs and takes a lease, and the primary dies before they catch up. With
+/// asynchronous replication the primary acknowledged all of it and the promoted standby has
+/// none of it: the enqueues are lost and the lease's next grant repeats the fence the lost
+/// grant had (the figure; this is what `tenure::replication` and the workers' warning are
+/// for). With synchronous replication no commit returns while no standby confirms it: nothing
+/// is acknowledged, so nothing acknowledged is lost, and fences grow.
+#[test]
+#[ignore = "needs a Patroni cluster: scripts/test-clusters"]
+fn patroni_a_crash_while_the_standbys_lag() {
+    let synchronous = replication_is_synchronous();
+    let db = ClusterDb::new();
+    let mut conn = AnyConnection::connect(&db.url).expect("the primary");
+    let mut first = tenure::lease::try_take(&mut conn, "fenced", Duration::from_secs(60), "a")
+        .unwrap()
+        .expect("free");
+    first.release(&mut conn).unwrap();
+    // Both standbys have replayed everything so far (the database, the first grant).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while crate::common::count(
+        &mut conn,
+        "SELECT count(*) AS n FROM pg_stat_replication WHERE replay_lsn >= pg_current_wal_lsn()",
+    ) < 2
+    {
+        assert!(Instant::now() < deadline, "the standbys never caught up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let primary = node_of(&mut conn);
+    drop(conn);
+
+    cluster_script("cluster-postgres", &["pause-replication"]);
+    let acknowledged: Arc<Mutex<(Vec<i64>, Vec<i64>)>> = Arc::default();
+    let client = {
+        let (url, acknowledged) = (db.url.clone(), acknowledged.clone());
+        std::thread::spawn(move || {
+            let mut conn = AnyConnection::connect(&url).expect("the primary");
+            for n in 0..20 {
+                let job = NewJob::new("lag", "k", format!("{n}").into_bytes());
+                match jobs::enqueue(&mut conn, &job) {
+                    Ok(enqueued) => acknowledged.lock().unwrap().0.push(enqueued.id),
+                    Err(_) => return,
+                }
+            }
+            if let Ok(Some(lease)) =
+                tenure::lease::try_take(&mut conn, "fenced", Duration::from_secs(60), "b")
+            {
+                acknowledged.lock().unwrap().1.push(lease.fence());
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    let killed = Killed::node(primary);
+    client.join().expect("the client panicked");
+
+    // The new primary takes writes (60 s at most), then: what it has of what was acknowledged.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut conn, next) = loop {
+        let granted = AnyConnection::connect(&db.url).and_then(|mut conn| {
+            let lease = tenure::lease::try_take(&mut conn, "fenced", Duration::from_secs(60), "c")?;
+            Ok((conn, lease))
+        });
+        match granted {
+            Ok((conn, Some(lease))) => break (conn, lease.fence()),
+            Ok((_, None)) => panic!("the lease is held: the lost grant's holder's?"),
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no primary took writes: {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    };
+    assert_ne!(node_of(&mut conn), primary, "the primary did not change");
+    let (ids, fences) = acknowledged.lock().unwrap().clone();
+    let missing = ids
+        .iter()
+        .filter(|id| jobs::get(&mut conn, **id).expect("read a job").is_none())
+        .count();
+    let repeated: Vec<i64> = fences.iter().copied().filter(|f| *f >= next).collect();
+    drop(conn);
+    drop(killed);
+    eprintln!(
+        "Patroni ({}), the primary killed while its standbys lagged: {} enqueues and {} grant \
+         acknowledged; {missing} enqueues missing afterwards; the next grant's fence {next} \
+         (repeated: {repeated:?})",
+        if synchronous {
+            "synchronous"
+        } else {
+            "asynchronous"
+        },
+        ids.len(),
+        fences.len(),
+    );
+    if synchronous {
+        assert!(
+            ids.is_empty() && fences.is_empty(),
+            "a commit returned unconfirmed"
+        );
+        assert_eq!(next, 2, "the fence after the first grant");
+    } else {
+        assert_eq!(
+            ids.len(),
+            20,
+            "the primary acknowledged without its standbys"
+        );
+        assert_eq!(missing, 20, "what the promoted standby never received");
+        assert_eq!(repeated, vec![2], "the lost grant's fence, granted again");
+    }
 }
