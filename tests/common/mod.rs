@@ -446,7 +446,11 @@ pub fn show_warnings() -> Warnings {
         .with(
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
-                .with_filter(LevelFilter::WARN),
+                // `TENURE_TEST_LOG=debug` shows tenure's debug lines too (run by hand).
+                .with_filter(match std::env::var("TENURE_TEST_LOG").as_deref() {
+                    Ok("debug") => LevelFilter::DEBUG,
+                    _ => LevelFilter::WARN,
+                }),
         )
         .with(seen.clone().with_filter(LevelFilter::WARN));
     let _ = tracing::subscriber::set_global_default(subscriber);

@@ -353,6 +353,7 @@ fn under_load(db: &ClusterDb, failover: Failover) -> (Seen, Duration, Duration) 
     drop(killed);
 
     stop.store(true, Ordering::SeqCst);
+    let stopped_at = start.elapsed();
     enqueuer.join().expect("the enqueuer panicked");
     taker.join().expect("the taker panicked");
     let fast_held = fast.end();
@@ -383,7 +384,13 @@ fn under_load(db: &ClusterDb, failover: Failover) -> (Seen, Duration, Duration) 
         .into_inner()
         .unwrap();
     let enqueue_pause = longest_pause(&seen.enqueued_at, forced_at);
-    let mut ran_at: Vec<Duration> = seen.runs.iter().map(|(_, at)| *at).collect();
+    // While the load ran: afterwards only the jobs whose claims were lost are left to run.
+    let mut ran_at: Vec<Duration> = seen
+        .runs
+        .iter()
+        .map(|(_, at)| *at)
+        .filter(|at| *at <= stopped_at)
+        .collect();
     ran_at.sort();
     let run_pause = longest_pause(&ran_at, forced_at);
     (seen, enqueue_pause, run_pause)
@@ -449,11 +456,26 @@ fn check(failover: Failover, what: &str) {
     let (seen, enqueue_pause, run_pause) = under_load(&db, failover);
     let (missing, unrun, repeated) = losses(&seen, &db.url);
     let runs = seen.runs.len();
+    // Jobs that waited for a rescue: a claim that committed while its answer was lost (the
+    // connection died with the old primary) holds the job until the claim lapses.
+    let first_run: BTreeMap<i64, Duration> =
+        seen.runs.iter().rev().map(|(id, at)| (*id, *at)).collect();
+    let late = seen
+        .acknowledged
+        .values()
+        .zip(&seen.enqueued_at)
+        .filter(|(id, at)| {
+            first_run
+                .get(id)
+                .is_some_and(|run| *run > **at + Duration::from_secs(10))
+        })
+        .count();
     let distinct: BTreeSet<i64> = seen.runs.iter().map(|r| r.0).collect();
     eprintln!(
         "Patroni ({}), {what}: {} acknowledged enqueues ({} outcome unknown), {runs} runs of \
          {} jobs, {} grants; no acknowledged enqueue for {:.1} s, no run for {:.1} s; missing {}, \
-         not run {}, fences not growing {}; the guard with fast takeover {}, the guard by its \
+         not run {}, fences not growing {}; {late} jobs first ran over 10 s after their \
+         enqueue; the guard with fast takeover {}, the guard by its \
          ttl (60 s) {}",
         if synchronous {
             "synchronous"
