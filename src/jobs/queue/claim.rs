@@ -306,9 +306,21 @@ fn claim_of<C: TenureConnection>(
                                 .bind::<Bool, _>(worker.is_none())
                                 .bind_ids(ids.iter().copied())
                                 .execute(c)?;
-                            statement(format!("SELECT {CLAIMED_COLUMNS} FROM tenure_jobs WHERE id IN {{ids}}"))
-                                .bind_ids(ids)
-                                .load::<JobRow>(c)?
+                            // Only while this transaction lives: Galera may roll it back
+                            // between two statements (a conflict with another node's claim),
+                            // and the read would then run on its own and return the rows as
+                            // they are, waiting or another claim's (found so: jobs read
+                            // without a token).
+                            let read = statement(format!(
+                                "SELECT {CLAIMED_COLUMNS} FROM tenure_jobs WHERE id IN {{ids}} \
+                                 AND @@in_transaction = 1"
+                            ))
+                            .bind_ids(ids.iter().copied())
+                            .load::<JobRow>(c)?;
+                            if read.len() != ids.len() {
+                                return Err(Error::RolledBackUnderUs { operation: "claim" });
+                            }
+                            read
                         };
                         let starts: Vec<_> = rows
                             .iter()
