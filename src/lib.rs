@@ -113,6 +113,12 @@
 //! - **Errors are never "nothing there".** A database error is returned as an error, and
 //!   [`Error::is_retryable`] / [`Error::is_outcome_unknown`] say whether to repeat the call or
 //!   to check first.
+//! - **What was acknowledged survives a failover that can keep it, and tenure says when one
+//!   cannot.** Through a PostgreSQL failover to a synchronous standby (Patroni, measured) and
+//!   a Galera node's death, nothing acknowledged is lost and fences keep growing; a [`Pool`]
+//!   connects again within about a second of the server's return. Asynchronous standbys can
+//!   lose the last commits a crashed primary acknowledged: [`replication`] reports them and
+//!   [`Pool::open`] warns (SCALING.md, section 0).
 //!
 //! ## Connections
 //!
