@@ -396,3 +396,67 @@ fn galera_a_node_killed_under_load_loses_no_job() {
         twice.len()
     );
 }
+
+/// Two processes start at once on two nodes and both run tenure's migrations on an empty
+/// database (a deploy that starts every instance together). The migration lock is a named lock,
+/// each node's own on Galera: both may apply the same migration; both must end with the whole
+/// schema and no error.
+#[test]
+#[ignore = "needs a Galera cluster: scripts/test-clusters"]
+fn galera_migrations_started_on_two_nodes_at_once_both_succeed() {
+    let nodes = std::env::var("TENURE_TEST_GALERA_URLS").expect("TENURE_TEST_GALERA_URLS");
+    let nodes: Vec<&str> = nodes.split(',').collect();
+    for round in 0..5 {
+        let name = format!("tenure_m_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = AnyConnection::connect(nodes[0]).expect("node 1");
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .expect("create the database");
+        let urls: Vec<String> = nodes
+            .iter()
+            .map(|node| {
+                let mut url = url::Url::parse(node).expect("a node URL");
+                url.set_path(&name);
+                url.to_string()
+            })
+            .collect();
+        // Every node has the (empty) database before the race starts.
+        for url in &urls {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while AnyConnection::connect(url).is_err() {
+                assert!(Instant::now() < deadline, "{url} never had {name}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let outcomes: Vec<_> = urls[..2]
+            .iter()
+            .map(|url| {
+                let (url, barrier) = (url.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let mut conn = AnyConnection::connect(&url).expect("a node");
+                    barrier.wait();
+                    tenure::run_migrations(&mut conn).map(|_| ())
+                })
+            })
+            .map(|t| t.join().expect("a migrator panicked"))
+            .collect();
+        let versions: Vec<_> = urls
+            .iter()
+            .map(|url| tenure::schema_version(&mut AnyConnection::connect(url).unwrap()))
+            .collect();
+        let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"));
+        for outcome in &outcomes {
+            assert!(
+                outcome.is_ok(),
+                "round {round}: a migrator failed: {outcome:?}"
+            );
+        }
+        assert!(
+            versions
+                .windows(2)
+                .all(|w| w[0].as_ref().ok() == w[1].as_ref().ok()),
+            "round {round}: the nodes disagree on the schema: {versions:?}"
+        );
+    }
+}

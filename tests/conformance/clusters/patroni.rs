@@ -211,8 +211,7 @@ impl HeldThroughout {
         );
         if held {
             let guard = Arc::try_unwrap(self.guard)
-                .ok()
-                .expect("the waiter ended")
+                .unwrap_or_else(|_| panic!("the waiter ended"))
                 .into_inner()
                 .unwrap();
             assert!(guard.release().expect("release"), "{}: release", self.name);
@@ -379,8 +378,7 @@ fn under_load(db: &ClusterDb, failover: Failover) -> (Seen, Duration, Duration) 
     worker.shutdown(Duration::from_secs(10));
 
     let seen = Arc::try_unwrap(seen)
-        .ok()
-        .expect("every thread ended")
+        .unwrap_or_else(|_| panic!("every thread ended"))
         .into_inner()
         .unwrap();
     let enqueue_pause = longest_pause(&seen.enqueued_at, forced_at);
