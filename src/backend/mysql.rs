@@ -126,7 +126,22 @@ impl Dialect for MysqlConnection {
                 what: "the migration lock (another process is running tenure's migrations)",
             });
         }
-        let outcome = migrate::run_harness(self, migrate::MYSQL);
+        let mut outcome = migrate::run_harness(self, migrate::MYSQL);
+        // On Galera the named lock is each node's own: a process on another node may be
+        // applying the same migrations, and one of two DDL statements on the same table is
+        // refused (a deadlock, "already exists"). Every migration can run again from its
+        // start (MySQL commits DDL as it goes: each is written so), so the harness runs
+        // again, reading afresh what is applied, until the other is done (bounded).
+        if outcome.is_err() && in_galera_cluster(self)? {
+            let until = std::time::Instant::now() + GALERA_MIGRATION_RETRIES_FOR;
+            while let Err(e) = &outcome {
+                if std::time::Instant::now() >= until || !applied_elsewhere_maybe(e) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(250));
+                outcome = migrate::run_harness(self, migrate::MYSQL);
+            }
+        }
         let released =
             statement("SELECT RELEASE_LOCK(CONCAT('tenure.migrate.', MD5(DATABASE()))) AS got")
                 .get_result::<LockResult>(self);
@@ -149,6 +164,21 @@ impl Dialect for MysqlConnection {
             Replication::Standalone
         })
     }
+}
+
+/// How long migrations on a Galera node try again while another node applies them.
+const GALERA_MIGRATION_RETRIES_FOR: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Whether a migration's error may come from another node applying the same migration at
+/// once: a conflict (retryable) or a statement that found its work done ("already exists",
+/// "Duplicate ...", "Can't DROP ...; check that it exists"). diesel gives no MySQL error number,
+/// so the server's message decides.
+fn applied_elsewhere_maybe(error: &Error) -> bool {
+    let text = error.to_string();
+    error.is_retryable()
+        || ["already exists", "Duplicate", "check that"]
+            .iter()
+            .any(|part| text.contains(part))
 }
 
 /// The name of lock `?` of a space: `tenure.w.` (workers) or `tenure.l.` (lease holders).

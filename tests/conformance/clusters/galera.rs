@@ -429,7 +429,7 @@ fn galera_migrations_started_on_two_nodes_at_once_both_succeed() {
             }
         }
         let barrier = Arc::new(std::sync::Barrier::new(2));
-        let outcomes: Vec<_> = urls[..2]
+        let migrators: Vec<_> = urls[..2]
             .iter()
             .map(|url| {
                 let (url, barrier) = (url.clone(), barrier.clone());
@@ -439,6 +439,9 @@ fn galera_migrations_started_on_two_nodes_at_once_both_succeed() {
                     tenure::run_migrations(&mut conn).map(|_| ())
                 })
             })
+            .collect();
+        let outcomes: Vec<_> = migrators
+            .into_iter()
             .map(|t| t.join().expect("a migrator panicked"))
             .collect();
         let versions: Vec<_> = urls
