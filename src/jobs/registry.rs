@@ -50,6 +50,43 @@ pub(crate) const FORGET: &str = "DELETE FROM tenure_workers WHERE id = ?";
 pub(crate) const HELD_JOBS: &str = "\
     SELECT id FROM tenure_jobs WHERE state = 'running' AND claimed_by = ? ORDER BY id LIMIT ?";
 
+/// The claims a worker holds, by the database's record: read after one of its claims failed
+/// without an answer (see [`held_claims`]).
+const HELD_CLAIMS: &str = "\
+    SELECT id, claim_token FROM tenure_jobs WHERE state = 'running' AND claimed_by = ? \
+    ORDER BY id LIMIT ?";
+
+#[derive(QueryableByName)]
+struct HeldClaim {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = diesel::sql_types::Nullable<crate::sql_types::Token>)]
+    claim_token: Option<uuid::Uuid>,
+}
+
+/// The claims the database records for worker `id` (at most [`crate::jobs::MAX_BATCH`]). A
+/// claim that committed while its answer was lost (the connection died at its commit: a
+/// failover) leaves jobs recorded as this worker's that the worker never heard of: it gives
+/// back those it does not hold, instead of leaving them to lapse.
+pub(crate) fn held_claims<C: TenureConnection>(
+    conn: &mut C,
+    id: i64,
+) -> Result<Vec<crate::jobs::JobClaim>> {
+    dispatch!(conn, c => {
+        let rows = statement(HELD_CLAIMS)
+            .bind::<BigInt, _>(id)
+            .bind::<BigInt, _>(crate::jobs::MAX_BATCH as i64)
+            .load::<HeldClaim>(c)?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|row| {
+                row.claim_token
+                    .map(|token| crate::jobs::JobClaim { id: row.id, token })
+            })
+            .collect())
+    })
+}
+
 /// A worker leaving: its claims keep only their ttl. `claimed_by` has no index: the primary
 /// key serves the WHERE.
 const DETACH: &str =

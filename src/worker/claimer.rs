@@ -35,6 +35,10 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
     // wait ends then, so a rate-limited queue is claimed when its window allows, not at the
     // next doubling of the idle wait.
     let mut rate_frees: Option<Instant> = None;
+    // After an error on this thread's connection: a claim may have committed while its answer
+    // was lost. Once the database answers again, its record of this worker's claims is
+    // compared with what the worker holds, and the difference given back.
+    let mut unknown_claims = false;
     loop {
         let wanted = {
             let mut state = shared.lock();
@@ -58,6 +62,18 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
                 state = shared.wait(state, config.poll_interval);
             }
         };
+        if unknown_claims {
+            match conn.with(|c| give_back_unknown_claims(c, shared)) {
+                Ok(0) => unknown_claims = false,
+                Ok(given) => {
+                    unknown_claims = false;
+                    tracing::info!(target: "tenure::worker", jobs = given,
+                        "gave back jobs claimed while the connection failed (the claim's answer was lost)");
+                }
+                Err(e) => tracing::debug!(target: "tenure::worker", error = %e,
+                    "reading this worker's claims failed; trying again"),
+            }
+        }
         if Instant::now() >= next_rotation {
             let started = Instant::now();
             let outcome = conn.with(|c| jobs::rotate_ready(c, ROTATE_EVERY));
@@ -67,6 +83,7 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
             match outcome {
                 Ok(_) => rotation_failures = 0,
                 Err(e) => {
+                    unknown_claims = true;
                     // A failure that repeats (a user without the privileges MariaDB's rotation
                     // needs, docs/guide.md) is tried every half minute, and said the first time
                     // and then every hundredth.
@@ -146,6 +163,7 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
                 }
             }
             Err(e) => {
+                unknown_claims = true;
                 tracing::warn!(error = %e, pause = ?error_pause, "claiming failed; backing off");
                 let state = shared.lock();
                 drop(shared.wait(state, error_pause));
@@ -153,4 +171,33 @@ pub(super) fn claim_loop(shared: &Shared, tasks: Sender<Task>) {
             }
         }
     }
+}
+
+/// Gives back the jobs the database records as this worker's claims that the worker does not
+/// hold (a claim whose answer was lost): due again at once, no attempt used, fenced by each
+/// claim's token (a claim the finisher recorded meanwhile is left as it is). Returns how many
+/// went back.
+fn give_back_unknown_claims(
+    conn: &mut crate::PooledConnection,
+    shared: &Shared,
+) -> crate::Result<usize> {
+    let Some(worker) = shared.registration.id() else {
+        return Ok(0);
+    };
+    let recorded = jobs::registry::held_claims(conn, worker)?;
+    let unknown: Vec<_> = {
+        let state = shared.lock();
+        recorded
+            .into_iter()
+            .filter(|claim| !state.runs.contains_key(claim))
+            .collect()
+    };
+    if unknown.is_empty() {
+        return Ok(0);
+    }
+    let outcomes = jobs::give_back(conn, &unknown)?;
+    Ok(outcomes
+        .iter()
+        .filter(|outcome| **outcome == jobs::Outcome::Done)
+        .count())
 }

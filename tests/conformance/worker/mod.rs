@@ -1,9 +1,11 @@
 //! Workers on threads: handlers, batching, wake-ups, shutdown, the builder, dropped
-//! connections (heartbeats, timeouts and cancels: `heartbeats.rs`).
+//! connections (heartbeats, timeouts and cancels: `heartbeats.rs`; claims whose answer was
+//! lost: `lost_answers.rs`).
 
 mod claims;
 mod heartbeats;
 mod liveness;
+mod lost_answers;
 mod retries;
 mod runs;
 mod shutdown;
