@@ -261,7 +261,7 @@ struct Variable {
 
 /// Whether this server is a node of a Galera cluster (`wsrep_on`; MySQL has no such variable,
 /// and `SHOW VARIABLES` then returns no row).
-fn in_galera_cluster(conn: &mut MysqlConnection) -> Result<bool> {
+pub(crate) fn in_galera_cluster(conn: &mut MysqlConnection) -> Result<bool> {
     let on = statement("SHOW VARIABLES LIKE 'wsrep_on'")
         .load::<Variable>(conn)?
         .into_iter()

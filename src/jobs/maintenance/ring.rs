@@ -237,6 +237,12 @@ impl ReadyRing for diesel::mysql::MysqlConnection {
         if !purge_lets_rotate(micros, history) {
             return Ok(None);
         }
+        // On a Galera node LOCK TABLES is the node's own, and holding it kept the node from
+        // applying the other nodes' writes to the ring: every node's commits waited, for good
+        // (`clusters::attacks`). There the ring is reclaimed by purge alone, as tenure_jobs is.
+        if crate::backend::mysql::in_galera_cluster(self)? {
+            return Ok(None);
+        }
         let current = i16::try_from(ring.n.rem_euclid(3)).unwrap_or(0);
         let oldest = (current + 1) % 3;
         // Counted before the lock: what the rotation moves (a backlog's slot is left for

@@ -16,14 +16,14 @@ use tenure::{AnyConnection, LeaseGuard, Pool};
 use super::cluster_script;
 
 /// A private database on the cluster, and its URL on each node.
-struct ClusterDb {
-    urls: Vec<String>,
+pub(super) struct ClusterDb {
+    pub(super) urls: Vec<String>,
     name: String,
     admin: AnyConnection,
 }
 
 impl ClusterDb {
-    fn new() -> ClusterDb {
+    pub(super) fn new() -> ClusterDb {
         let nodes = std::env::var("TENURE_TEST_GALERA_URLS").unwrap_or_else(|_| {
             panic!(
                 "TENURE_TEST_GALERA_URLS is unset: run scripts/test-clusters, which starts the \
@@ -67,11 +67,11 @@ impl ClusterDb {
         ClusterDb { urls, name, admin }
     }
 
-    fn pool(&self, node: usize) -> Pool {
+    pub(super) fn pool(&self, node: usize) -> Pool {
         self.pool_of(node, 2)
     }
 
-    fn pool_of(&self, node: usize, size: u32) -> Pool {
+    pub(super) fn pool_of(&self, node: usize, size: u32) -> Pool {
         Pool::options()
             .max_size(size)
             .open(&self.urls[node])

@@ -2,6 +2,7 @@
 //! `scripts/cluster-galera` and `scripts/cluster-postgres` start: ignored in the ordinary run
 //! (no cluster is up there), and failing loudly when run without one.
 
+mod attacks;
 mod galera;
 mod patroni;
 
