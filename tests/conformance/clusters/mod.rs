@@ -2,9 +2,10 @@
 //! `scripts/cluster-galera` and `scripts/cluster-postgres` start: ignored in the ordinary run
 //! (no cluster is up there), and failing loudly when run without one.
 
-mod attacks;
 mod galera;
+mod galera_across_nodes;
 mod patroni;
+mod patroni_lag;
 
 /// Runs `scripts/<script> <args>` (a node killed, restarted, a failover forced) and fails the
 /// test if it fails.

@@ -11,7 +11,7 @@
 //! now declines to rotate, and the rotation test checks that nothing is lost meanwhile (it
 //! also lists cancels that returned while another node's claim took the job: not yet read). So `scripts/test-clusters` (and CI) do not run this module:
 //! run it by hand, `scripts/cluster-galera start`, then `cargo nextest run --all-features
-//! --run-ignored only -E 'test(/^clusters::attacks::/)'` with `TENURE_TEST_GALERA_URLS` set.
+//! --run-ignored only -E 'test(/^clusters::galera_across_nodes::/)'` with `TENURE_TEST_GALERA_URLS` set.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
