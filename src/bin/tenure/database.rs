@@ -196,3 +196,18 @@ fn open_failure(url: &str, error: Error) -> Failure {
         _ => error.into(),
     }
 }
+
+/// Says (through `warn`) when the database streams to standbys that do not confirm commits:
+/// a failover may lose the grant of `fence` and give the same fence to another runner.
+pub fn warn_if_fences_may_repeat(pool: &Pool, fence: i64, warn: fn(&str)) {
+    let replication = pool
+        .get()
+        .and_then(|mut conn| tenure::replication(&mut conn));
+    if let Ok(tenure::Replication::Asynchronous { standbys }) = replication {
+        warn(&format!(
+            "the database streams to {standbys} standby(s) without confirming commits: a \
+             failover may lose this grant and give fence {fence} to another runner \
+             (synchronous replication keeps it)"
+        ));
+    }
+}

@@ -196,16 +196,7 @@ pub fn run(target: &database::Target, args: RunArgs) -> Outcome {
     let guard = take(&pool, &terms, wait, args.no_wait, &say)?;
     let fence = guard.fence();
     say(format!("took {name:?} (fence {fence}) as {holder:?}"));
-    let replication = pool
-        .get()
-        .and_then(|mut conn| tenure::replication(&mut conn));
-    if let Ok(tenure::Replication::Asynchronous { standbys }) = replication {
-        warn(&format!(
-            "the database streams to {standbys} standby(s) without confirming commits: a \
-             failover may lose this grant and give fence {fence} to another runner \
-             (synchronous replication keeps it)"
-        ));
-    }
+    database::warn_if_fences_may_repeat(&pool, fence, warn);
 
     // Started before the command, so that the command never runs unwatched.
     let mut watchdog = match Watchdog::start(grace) {
