@@ -239,7 +239,8 @@ impl ReadyRing for diesel::mysql::MysqlConnection {
         }
         // On a Galera node LOCK TABLES is the node's own, and holding it kept the node from
         // applying the other nodes' writes to the ring: every node's commits waited, for good
-        // (`clusters::galera_across_nodes`). There the ring is reclaimed by purge alone, as tenure_jobs is.
+        // (`clusters::galera_across_nodes`). There the ring is reclaimed by purge alone, as
+        // tenure_jobs is.
         if crate::backend::mysql::in_galera_cluster(self)? {
             return Ok(None);
         }
