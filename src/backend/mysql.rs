@@ -71,6 +71,8 @@ static SYNTAX: Syntax = Syntax {
     insertion_tiebreak: "name",
     window_over: "finished_at + INTERVAL dedup_window_micros MICROSECOND <= {now}",
     lock_ends_with_process: false,
+    admission_writes: true,
+    in_transaction: " AND @@in_transaction = 1",
     rendered: Rendered::new(),
     claim_kind_from: "tenure_ready c FORCE INDEX (tenure_ready_claim_kind) \
                       STRAIGHT_JOIN tenure_jobs j FORCE INDEX (PRIMARY) ON j.id = c.id",

@@ -55,6 +55,8 @@ static SYNTAX: Syntax = Syntax {
     insertion_tiebreak: "name",
     window_over: "finished_at + dedup_window_micros * interval '1 microsecond' <= {now}",
     lock_ends_with_process: false,
+    admission_writes: false,
+    in_transaction: "",
     rendered: Rendered::new(),
     claim_kind_from: "tenure_ready c JOIN tenure_jobs j ON j.id = c.id",
 };

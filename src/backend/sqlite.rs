@@ -46,6 +46,8 @@ static SYNTAX: Syntax = Syntax {
     window_over: "strftime('%Y-%m-%d %H:%M:%f', finished_at, \
                 printf('%+.3f seconds', dedup_window_micros / 1000000.0)) <= {now}",
     lock_ends_with_process: true,
+    admission_writes: false,
+    in_transaction: "",
     rendered: Rendered::new(),
     claim_kind_from: "tenure_jobs AS c INDEXED BY tenure_jobs_claim_kind",
 };

@@ -98,6 +98,19 @@ pub(crate) struct Syntax {
     /// SQLite: a worker's lock (a file lock) is freed only when its process ends, so a free
     /// lock alone says it died. On a server a session can end while its process lives.
     pub lock_ends_with_process: bool,
+    /// Whether a claim that decides under a concurrency limit writes the limit's row (its
+    /// `admissions` counter), not only locks it: on MySQL/MariaDB, where a Galera node's row
+    /// locks are its own and only written rows are certified at commit, so two nodes' claims
+    /// of one limit must conflict there (one fails with 1213 and is retried). On a single
+    /// server the write takes the same lock the read would.
+    pub admission_writes: bool,
+    /// `{in_transaction}`: a condition that holds only inside an explicit transaction, for
+    /// the writes that must never run on their own. MySQL/MariaDB: a Galera node that rolls a
+    /// transaction back between two statements (a conflict with another node's commit)
+    /// reports it to one statement only; should that error be lost on the way, the next
+    /// statements would each commit on their own (seen: a claim's mark committed while the
+    /// claim retried, leaving a job running under a token nobody held). Empty elsewhere.
+    pub in_transaction: &'static str,
     /// Every text rendered for this backend, kept for the process's life.
     pub(crate) rendered: Rendered,
 }
@@ -175,5 +188,6 @@ impl Syntax {
             .replace("{claim_kind_from}", self.claim_kind_from)
             .replace("{claim_waiting}", self.claim_waiting)
             .replace("{claim_lock}", self.claim_lock)
+            .replace("{in_transaction}", self.in_transaction)
     }
 }

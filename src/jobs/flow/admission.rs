@@ -34,6 +34,9 @@ use crate::{Result, TenureConnection};
 /// The queue's limit, read again under its lock (it may have changed since the pick).
 const QUEUE_LOCK: &str =
     "SELECT max_running AS n FROM tenure_queue_limits WHERE queue = ?{for_update}";
+/// Writes the queue's limit row under its lock (`Syntax::admission_writes`).
+const QUEUE_ADMITS: &str =
+    "UPDATE tenure_queue_limits SET admissions = admissions + 1 WHERE queue = ?";
 /// The queue's limit, by a plain read.
 const QUEUE_LIMIT: &str = "SELECT max_running AS n FROM tenure_queue_limits WHERE queue = ?";
 /// The queue's running jobs (`tenure_jobs_queue_state`; on MySQL the claim index).
@@ -51,9 +54,11 @@ const KEY_EXISTS: &str = "SELECT COUNT(*) AS n FROM tenure_limit_keys WHERE limi
 const KEY_LOCK_ON_CONFLICT: &str = "\
     INSERT INTO tenure_limit_keys (limit_key) VALUES (?) \
     ON CONFLICT (limit_key) DO UPDATE SET limit_key = excluded.limit_key";
+/// On MySQL the upsert writes the row (its `admissions` counter): a Galera node certifies
+/// written rows only, so two nodes' claims of one key conflict at commit.
 const KEY_LOCK_ON_DUPLICATE_KEY: &str = "\
     INSERT INTO tenure_limit_keys (limit_key) VALUES (?) \
-    ON DUPLICATE KEY UPDATE limit_key = VALUES(limit_key)";
+    ON DUPLICATE KEY UPDATE admissions = admissions + 1";
 
 /// A key's running jobs: read through the index of running jobs with limits
 /// (`tenure_jobs_limit`), so the cost is the running limited jobs, not the key's waiting ones.
@@ -320,6 +325,12 @@ pub(crate) fn lock_queue<C: TenureConnection>(conn: &mut C, queue: &str) -> Resu
     let Some(max) = max.and_then(|m| m.n) else {
         return Ok(None);
     };
+    dispatch!(conn, c => {
+        if c.syntax().admission_writes {
+            statement(QUEUE_ADMITS).bind::<Text, _>(queue).execute(c)?;
+        }
+        Ok::<_, diesel::result::Error>(())
+    })?;
     let running = dispatch!(conn, c => {
         statement(c.syntax().render(QUEUE_RUNNING))
             .bind::<Text, _>(queue)

@@ -82,7 +82,7 @@ const CLAIM_MARK: &str = "\
     UPDATE tenure_jobs SET state = 'running', attempt = attempt + 1, \
         claim_token = {random_token}, claimed_at = {now}, claim_expires_at = {now+ttl}, \
         claimed_by = ?, started_at = CASE WHEN ? THEN {now} ELSE NULL END \
-    WHERE id IN {ids}";
+    WHERE id IN {ids}{in_transaction}";
 
 /// Claims up to `max_jobs` due jobs of `queue` for `ttl`, by priority, then due time, then id.
 /// Atomic: no job is ever held by two claimers. Each job comes with its attempt number
@@ -300,17 +300,21 @@ fn claim_of<C: TenureConnection>(
                                 .bind_ids(ids)
                                 .load::<JobRow>(c)?
                         } else {
-                            statement(mark)
+                            // The mark and its read count only while this transaction
+                            // lives (`{in_transaction}`): Galera may roll it back between two
+                            // statements (a conflict with another node's claim), and a mark
+                            // run on its own committed a claim nobody held (a job running
+                            // under an unknown token); a read on its own returned the rows
+                            // as they are, waiting or another claim's.
+                            let marked = statement(mark)
                                 .bind::<BigInt, _>(micros)
                                 .bind::<Nullable<BigInt>, _>(worker)
                                 .bind::<Bool, _>(worker.is_none())
                                 .bind_ids(ids.iter().copied())
                                 .execute(c)?;
-                            // Only while this transaction lives: Galera may roll it back
-                            // between two statements (a conflict with another node's claim),
-                            // and the read would then run on its own and return the rows as
-                            // they are, waiting or another claim's (found so: jobs read
-                            // without a token).
+                            if marked != ids.len() {
+                                return Err(Error::RolledBackUnderUs { operation: "claim" });
+                            }
                             let read = statement(format!(
                                 "SELECT {CLAIMED_COLUMNS} FROM tenure_jobs WHERE id IN {{ids}} \
                                  AND @@in_transaction = 1"

@@ -7,13 +7,28 @@ use tenure::{AnyConnection, Backend};
 use super::TableSpec;
 
 /// Database columns that `tenure::schema` leaves out on purpose: (backend, table, column, why).
-const BACKEND_INTERNAL_COLUMNS: &[(Backend, &str, &str, &str)] = &[(
-    Backend::Mysql,
-    "tenure_jobs",
-    "live_dedup_key",
-    "generated (STORED): the dedup key while the job is live, for the unique index that \
-     MariaDB/MySQL cannot make partial",
-)];
+const BACKEND_INTERNAL_COLUMNS: &[(Backend, &str, &str, &str)] = &[
+    (
+        Backend::Mysql,
+        "tenure_jobs",
+        "live_dedup_key",
+        "generated (STORED): the dedup key while the job is live, for the unique index that \
+         MariaDB/MySQL cannot make partial",
+    ),
+    (
+        Backend::Mysql,
+        "tenure_limit_keys",
+        "admissions",
+        "written by every claim under the key's limit, so Galera certifies claims of one key \
+         on two nodes as a conflict",
+    ),
+    (
+        Backend::Mysql,
+        "tenure_queue_limits",
+        "admissions",
+        "written by every claim under the queue's limit, for the same reason",
+    ),
+];
 
 /// Tables a backend has for its storage alone, which `tenure::schema` does not declare (not
 /// for applications to read: they hold no more than the contract's tables say).
