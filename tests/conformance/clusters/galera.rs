@@ -133,10 +133,16 @@ fn galera_contenders_on_three_nodes_never_share_a_lease() {
     let barrier = Arc::new(Barrier::new(CONTENDERS));
     let grants: Arc<Mutex<Vec<(usize, i64)>>> = Arc::default();
     let retryable = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let failures: Arc<Mutex<Vec<String>>> = Arc::default();
     let threads: Vec<_> = (0..CONTENDERS)
         .map(|i| {
             let mut conn = AnyConnection::connect(&db.urls[i % 3]).expect("a node");
-            let (barrier, grants, retryable) = (barrier.clone(), grants.clone(), retryable.clone());
+            let (barrier, grants, retryable, failures) = (
+                barrier.clone(),
+                grants.clone(),
+                retryable.clone(),
+                failures.clone(),
+            );
             std::thread::spawn(move || {
                 for round in 0..ROUNDS {
                     barrier.wait();
@@ -158,7 +164,13 @@ fn galera_contenders_on_three_nodes_never_share_a_lease() {
                                 retryable.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                                 std::thread::sleep(Duration::from_millis(5));
                             }
-                            Err(e) => panic!("round {round}: {e}"),
+                            // Recorded, not a panic: a panicking contender would leave
+                            // the others waiting at the round's barrier for good (a hang,
+                            // not a failure).
+                            Err(e) => {
+                                failures.lock().unwrap().push(format!("round {round}: {e}"));
+                                break;
+                            }
                         }
                     }
                     if let Some(lease) = granted {
@@ -172,6 +184,8 @@ fn galera_contenders_on_three_nodes_never_share_a_lease() {
     for thread in threads {
         thread.join().expect("a contender panicked");
     }
+    let failures = failures.lock().unwrap();
+    assert!(failures.is_empty(), "takes failed: {failures:?}");
     let grants = grants.lock().unwrap();
     for round in 0..ROUNDS {
         let winners = grants.iter().filter(|(r, _)| *r == round).count();

@@ -484,7 +484,7 @@ fn galera_rotations_on_one_node_lose_no_job_enqueued_claimed_or_cancelled_on_oth
             }
         })
     };
-    std::thread::sleep(Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(10));
     stop.store(true, Ordering::SeqCst);
     for e in enqueuers {
         e.join().expect("an enqueuer panicked");
