@@ -3,6 +3,7 @@
 //! (no cluster is up there), and failing loudly when run without one.
 
 mod galera;
+mod galera_aborts;
 mod galera_across_nodes;
 mod patroni;
 mod patroni_lag;
