@@ -6,6 +6,7 @@ mod galera;
 mod galera_aborts;
 mod galera_across_nodes;
 mod patroni;
+mod patroni_attacks;
 mod patroni_lag;
 
 /// Runs `scripts/<script> <args>` (a node killed, restarted, a failover forced) and fails the
