@@ -184,7 +184,8 @@ fn galera_aborts_what_diesel_sees_after_a_brute_force_abort() {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    let variants: Vec<(&str, Box<dyn Fn(&mut MysqlConnection) -> String>)> = vec![
+    type Call = Box<dyn Fn(&mut MysqlConnection) -> String>;
+    let variants: Vec<(&str, Call)> = vec![
         (
             "cached load",
             Box::new(|c| {
