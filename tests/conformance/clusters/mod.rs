@@ -6,8 +6,8 @@ mod galera;
 mod galera_aborts;
 mod galera_across_nodes;
 mod patroni;
-mod patroni_attacks;
 mod patroni_lag;
+mod patroni_through_failovers;
 
 /// Runs `scripts/<script> <args>` (a node killed, restarted, a failover forced) and fails the
 /// test if it fails.
