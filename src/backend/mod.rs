@@ -449,6 +449,14 @@ pub(crate) trait Dialect: Connection<TransactionManager = AnsiTransactionManager
     /// transaction, before sending anything.
     fn begin_write(&mut self) -> QueryResult<()>;
 
+    /// After an error inside a transaction tenure began: whether the server no longer has a
+    /// transaction open, so something else rolled it back (a Galera node aborts the loser of a
+    /// conflict with another node's commit, and may report that as another error). Only
+    /// MySQL/MariaDB asks; a failed question says no.
+    fn transaction_ended_under_us(&mut self) -> bool {
+        false
+    }
+
     /// Before tenure writes on a connection outside any transaction: waits for this process's
     /// turn to write to the database (SQLite, see [`turns`]). `None` where writers need no
     /// turns (the servers lock rows, not the database), inside a transaction (the turn was

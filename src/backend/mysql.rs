@@ -93,9 +93,21 @@ impl Dialect for MysqlConnection {
     fn setup_session(&mut self, _setup: &SessionSetup) -> QueryResult<()> {
         // UTC so that any NOW() a user writes beside tenure agrees with tenure's UTC_TIMESTAMP(6);
         // strict mode so that an over-long value is an error, never silently truncated.
+        //
+        // On a Galera node (MariaDB's executable comment; the variable read from
+        // information_schema, which every build has), a transaction that has written and then
+        // sat idle for 60 s ends its connection. A node can leave a
+        // client waiting for good for the answer to a statement whose transaction the cluster
+        // aborted (seen: the server idle, the client blocked in its read), and nothing else
+        // would end that wait; the client then gets a lost connection, which says the outcome
+        // is unknown, instead of hanging.
         self.batch_execute(
             "SET time_zone = '+00:00'; \
-             SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_ALL_TABLES')",
+             SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_ALL_TABLES'); \
+             /*M!100300 SET SESSION idle_write_transaction_timeout = IF((SELECT COUNT(*) \
+                 FROM information_schema.GLOBAL_VARIABLES \
+                 WHERE VARIABLE_NAME = 'WSREP_ON' AND VARIABLE_VALUE = 'ON') > 0, 60, \
+                 @@SESSION.idle_write_transaction_timeout) */",
         )
     }
 
@@ -106,6 +118,12 @@ impl Dialect for MysqlConnection {
             self,
             "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; BEGIN",
         )
+    }
+
+    fn transaction_ended_under_us(&mut self) -> bool {
+        statement("SELECT @@in_transaction AS n")
+            .get_result::<crate::rows::Count>(self)
+            .is_ok_and(|open| open.n == 0)
     }
 
     fn database_now(&mut self) -> QueryResult<DateTime<Utc>> {

@@ -49,6 +49,46 @@ where
     E: From<DieselError>,
     F: FnOnce(&mut C) -> std::result::Result<T, E>,
 {
+    // The caller's error stays the caller's, even when a cluster rolled the transaction back.
+    run(conn, f, |err| err)
+}
+
+/// [`transaction`] for tenure's own operations: an error after which the server no longer has
+/// the transaction open (a Galera node rolled it back under it, and reported that as some
+/// other error: a duplicate key, a trigger it could not load) is
+/// [`Error::RolledBackUnderUs`], which the caller may repeat, not the error the server sent.
+pub(crate) fn own_transaction<C, T, F>(conn: &mut C, f: F) -> Result<T>
+where
+    C: TenureConnection,
+    F: FnOnce(&mut C) -> Result<T>,
+{
+    run(conn, f, own_error_ended_under_us)
+}
+
+/// A transaction of tenure's that the server ended under an error is repeatable, whatever the
+/// error said (a lost connection excepted: then its outcome is unknown).
+fn own_error_ended_under_us(err: Error) -> Error {
+    match err {
+        Error::Database(_) if !err.is_retryable() && !err.is_outcome_unknown() => {
+            tracing::debug!(error = %err, "the transaction ended under this error; repeatable");
+            Error::RolledBackUnderUs {
+                operation: "a transaction",
+            }
+        }
+        other => other,
+    }
+}
+
+fn run<C, T, E, F>(
+    conn: &mut C,
+    f: F,
+    ended_under_us: impl FnOnce(E) -> E,
+) -> std::result::Result<T, E>
+where
+    C: TenureConnection,
+    E: From<DieselError>,
+    F: FnOnce(&mut C) -> std::result::Result<T, E>,
+{
     // Held until the transaction has ended (None inside a caller's transaction).
     let _turn = dispatch!(conn, c => c.write_turn())?;
     match dispatch!(conn, c => c.begin_write()) {
@@ -59,7 +99,7 @@ where
     }
     let outcome = catch_unwind(AssertUnwindSafe(|| f(conn)));
     match outcome {
-        Ok(outcome) => finish_any(conn, outcome),
+        Ok(outcome) => dispatch!(any conn, c => finish(c, outcome, ended_under_us)),
         Err(panic) => {
             // A panic the caller catches must not leave the transaction open on a connection
             // it keeps (its next transaction would be a savepoint of it, committing nothing;
@@ -78,22 +118,15 @@ fn begin_nested<D: Dialect>(conn: &mut D) -> diesel::QueryResult<()> {
     D::TransactionManager::begin_transaction(conn)
 }
 
-/// [`finish`] through the concrete connection, so any [`TenureConnection`] (a pooled one too)
-/// can hold the transaction.
-fn finish_any<C, T, E>(
-    conn: &mut C,
-    outcome: std::result::Result<T, E>,
-) -> std::result::Result<T, E>
-where
-    C: TenureConnection,
-    E: From<DieselError>,
-{
-    dispatch!(any conn, c => finish(c, outcome))
-}
-
 /// Commits after `Ok` and rolls back after `Err`, like diesel's own `transaction`, for a
-/// transaction (or savepoint) that tenure began.
-fn finish<D, T, E>(conn: &mut D, outcome: std::result::Result<T, E>) -> std::result::Result<T, E>
+/// transaction (or savepoint) that tenure began. An `Err` after which the server says no
+/// transaction is open any more (only a cluster does that: see
+/// `Dialect::transaction_ended_under_us`) goes through `ended_under_us`.
+fn finish<D, T, E>(
+    conn: &mut D,
+    outcome: std::result::Result<T, E>,
+    ended_under_us: impl FnOnce(E) -> E,
+) -> std::result::Result<T, E>
 where
     D: Dialect,
     E: From<DieselError>,
@@ -103,10 +136,17 @@ where
             D::TransactionManager::commit_transaction(conn)?;
             Ok(value)
         }
-        Err(err) => match D::TransactionManager::rollback_transaction(conn) {
-            Ok(()) | Err(DieselError::BrokenTransactionManager) => Err(err),
-            Err(rollback_error) => Err(rollback_error.into()),
-        },
+        Err(err) => {
+            let err = if conn.transaction_ended_under_us() {
+                ended_under_us(err)
+            } else {
+                err
+            };
+            match D::TransactionManager::rollback_transaction(conn) {
+                Ok(()) | Err(DieselError::BrokenTransactionManager) => Err(err),
+                Err(rollback_error) => Err(rollback_error.into()),
+            }
+        }
     }
 }
 
@@ -126,7 +166,7 @@ where
     let _turn = conn.write_turn()?;
     begin_bare(conn, operation)?;
     match catch_unwind(AssertUnwindSafe(|| f(conn))) {
-        Ok(outcome) => finish(conn, outcome),
+        Ok(outcome) => finish(conn, outcome, own_error_ended_under_us),
         Err(panic) => {
             let _ = rollback_after_panic(conn);
             resume_unwind(panic)
@@ -179,9 +219,9 @@ where
     F: FnMut(&mut C) -> Result<T>,
 {
     if in_transaction(conn) {
-        return transaction(conn, f);
+        return own_transaction(conn, f);
     }
-    retry_transient(|| transaction(conn, &mut f))
+    retry_transient(|| own_transaction(conn, &mut f))
 }
 
 /// Runs `attempt` (a whole transaction tenure owns) again after a deadlock, serialization
@@ -190,7 +230,9 @@ pub(crate) fn retry_transient<T>(mut attempt: impl FnMut() -> Result<T>) -> Resu
     let mut tries = 0;
     loop {
         match attempt() {
-            Err(e @ Error::Database(_)) if e.is_retryable() && tries < TRANSIENT_RETRIES => {
+            Err(e @ (Error::Database(_) | Error::RolledBackUnderUs { .. }))
+                if e.is_retryable() && tries < TRANSIENT_RETRIES =>
+            {
                 tries += 1;
                 tracing::debug!(error = %e, tries, "a transient conflict; running the transaction again");
                 let pause = 2u64.pow(tries.min(6)) + rand::random_range(0..8u64);

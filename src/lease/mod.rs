@@ -343,7 +343,7 @@ impl Lease {
     /// savepoint), on its own otherwise: [`LeaseGuard::release_on`].
     pub(crate) fn release_joining<C: TenureConnection>(&mut self, conn: &mut C) -> Result<bool> {
         let this = &*self;
-        let released = crate::transaction(conn, |conn| {
+        let released = crate::backend::transaction::own_transaction(conn, |conn| {
             dispatch!(conn, c => {
                 let sql = c.syntax().render(RELEASE);
                 let released = bind_holder!(statement(sql), this).execute(c)?;
@@ -418,7 +418,7 @@ impl Lease {
         if self.lost {
             return Err(self.lost_error());
         }
-        let matched = crate::transaction(conn, |conn| {
+        let matched = crate::backend::transaction::own_transaction(conn, |conn| {
             dispatch!(conn, c => {
                 let sql = c.syntax().render(SET_VALUE);
                 bind_holder!(statement(sql).bind::<diesel::sql_types::Nullable<Text>, _>(value), self)

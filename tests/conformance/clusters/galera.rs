@@ -213,6 +213,47 @@ fn galera_every_node_reports_synchronous_replication() {
     }
 }
 
+/// On every node a connection tenure opens ends a write transaction left idle for 60 s: a node
+/// can leave a client waiting for good for the answer to a statement of a transaction the
+/// cluster aborted (seen in `galera_dependencies_completed_on_three_nodes_at_once_...`: the
+/// server idle in the transaction, the client blocked in its read), and the timeout turns
+/// that into a lost connection. Proven by the setting, and by a transaction left idle past
+/// it (a shorter timeout, so the test does not wait a minute).
+#[test]
+#[ignore = "needs a Galera cluster: scripts/test-clusters"]
+fn galera_nodes_end_idle_write_transactions_of_tenures_connections() {
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::BigInt;
+    #[derive(diesel::QueryableByName)]
+    struct N {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let db = ClusterDb::new();
+    for (node, url) in db.urls.iter().enumerate() {
+        let mut conn = AnyConnection::connect(url).expect("a node");
+        let n = diesel::sql_query(
+            "SELECT CAST(@@session.idle_write_transaction_timeout AS SIGNED) AS n",
+        )
+        .get_result::<N>(&mut conn)
+        .expect("the setting")
+        .n;
+        assert_eq!(n, 60, "{url}");
+        conn.batch_execute(&format!(
+            "SET SESSION idle_write_transaction_timeout = 1; \
+             CREATE TABLE IF NOT EXISTS idle_probe (id INT PRIMARY KEY); \
+             BEGIN; INSERT INTO idle_probe VALUES ({node})"
+        ))
+        .expect("a write left open");
+        std::thread::sleep(Duration::from_secs(3));
+        let after = diesel::sql_query("SELECT 1 AS n").get_result::<N>(&mut conn);
+        assert!(
+            after.is_err(),
+            "{url}: the idle write transaction's connection lived on"
+        );
+    }
+}
+
 /// Six claimers, two on each node, claim up to 5 jobs at a time from one queue of 600 and
 /// complete what they claimed, retrying what Galera refuses (two nodes may pick the same job:
 /// row locks are each node's own, and the loser's commit fails with 1213, retryable). Counted:

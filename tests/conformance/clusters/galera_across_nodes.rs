@@ -84,6 +84,43 @@ fn complete_retrying(conn: &mut AnyConnection, claims: &[jobs::JobClaim]) -> Vec
     panic!("complete: refused 500 times in a row, last: {last}")
 }
 
+/// [`complete_retrying`] that also survives a lost connection, as a worker does: it connects
+/// again and completes again, and a completion the lost one had applied answers `AlreadyDone`,
+/// counted here as `Done` (applied once). A node may leave a client waiting for good for the
+/// answer to a statement of an aborted transaction; tenure's session ends such a wait after
+/// 60 s of the transaction idle (`galera_nodes_end_idle_write_transactions_...`).
+fn complete_reconnecting(
+    conn: &mut AnyConnection,
+    url: &str,
+    claims: &[jobs::JobClaim],
+) -> Vec<Outcome> {
+    let mut lost = 0;
+    for _ in 0..500 {
+        match jobs::complete(conn, claims) {
+            Ok(outcomes) => {
+                return outcomes
+                    .into_iter()
+                    .map(|o| {
+                        if o == Outcome::AlreadyDone {
+                            Outcome::Done
+                        } else {
+                            o
+                        }
+                    })
+                    .collect();
+            }
+            Err(e) if e.is_outcome_unknown() && lost < 5 => {
+                lost += 1;
+                eprintln!("complete: {e}; connecting again");
+                *conn = AnyConnection::connect(url).expect("the node again");
+            }
+            Err(e) if e.is_retryable() => std::thread::sleep(Duration::from_millis(2)),
+            Err(e) => panic!("complete: {e} ({e:?})"),
+        }
+    }
+    panic!("complete: refused 500 times in a row")
+}
+
 /// Six claimers, two per node, each claiming one job at a time of 60 that share the limit
 /// key "k" with a cap of 1 (`NewJob::limit`), holding it 30 ms before completing it. The
 /// promise: at most one runs at once, across every worker and process. A key's lock is a
@@ -320,7 +357,7 @@ fn galera_dependencies_completed_on_three_nodes_at_once_release_their_dependent(
         }
         let barrier = Arc::new(Barrier::new(3));
         std::thread::scope(|s| {
-            for (c, share) in conns.iter_mut().zip(shares) {
+            for ((c, share), url) in conns.iter_mut().zip(shares).zip(&db.urls) {
                 let barrier = barrier.clone();
                 s.spawn(move || {
                     barrier.wait();
@@ -328,7 +365,7 @@ fn galera_dependencies_completed_on_three_nodes_at_once_release_their_dependent(
                     if share.is_empty() {
                         return;
                     }
-                    let outcomes = complete_retrying(c, &share);
+                    let outcomes = complete_reconnecting(c, url, &share);
                     assert!(outcomes.iter().all(|o| *o == Outcome::Done), "{outcomes:?}");
                 });
             }
