@@ -44,6 +44,35 @@ fn count(conn: &mut AnyConnection, sql: &str) -> i64 {
         .n
 }
 
+/// What a stuck dependent's rows say, for the failure's message: each stripe's pending count,
+/// and each edge's stripe, whether it was counted, and its dependency's state.
+fn dependency_rows(conn: &mut AnyConnection, id: i64) -> String {
+    #[derive(diesel::QueryableByName, Debug)]
+    #[allow(dead_code)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        a: i64,
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        b: i64,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        c: String,
+    }
+    let stripes = diesel::sql_query(format!(
+        "SELECT CAST(stripe AS SIGNED) AS a, CAST(pending AS SIGNED) AS b, '' AS c \
+         FROM tenure_dependency_stripes WHERE job_id = {id} ORDER BY stripe"
+    ))
+    .load::<Row>(conn);
+    let edges = diesel::sql_query(format!(
+        "SELECT d.depends_on AS a, CAST(d.stripe * 10 + d.counted AS SIGNED) AS b, j.state AS c \
+         FROM tenure_job_dependencies d JOIN tenure_jobs j ON j.id = d.depends_on \
+         WHERE d.job_id = {id} ORDER BY d.depends_on"
+    ))
+    .load::<Row>(conn);
+    format!(
+        "stripes (stripe, pending): {stripes:?}; edges (dependency, stripe*10+counted, state): {edges:?}"
+    )
+}
+
 /// Waits until every node has `n` jobs in `tenure_jobs` (Galera applies other nodes' commits
 /// asynchronously: a read right after a commit elsewhere may not see it yet).
 fn settle(db: &ClusterDb, n: i64) {
@@ -382,6 +411,9 @@ fn galera_dependencies_completed_on_three_nodes_at_once_release_their_dependent(
             );
             if job.state != JobState::Waiting || pending != 0 {
                 stuck.push((round, n, node + 1, job.state, pending));
+                if node == 0 {
+                    eprintln!("stuck dependent {id}: {}", dependency_rows(c, id));
+                }
             }
         }
         let dependent = claim_retrying(&mut conn, &queue, 10);
