@@ -32,11 +32,16 @@ const LOCK_STATES: &str = "\
 /// back), and its limit key is free.
 const FINISH_CANCELLED: &str = "\
     UPDATE tenure_jobs SET state = 'cancelled', finished_at = {now}, claim_expires_at = NULL \
-    WHERE id IN {ids}";
+    WHERE id IN {ids}{in_transaction}";
 
+/// Like the claim's mark, a completion changes its rows only inside its transaction
+/// (`{in_transaction}`, MySQL): a Galera node may roll the transaction back between two
+/// statements without telling the next one, which then runs in autocommit; a completion
+/// committed so, with its dependents' counts rolled back, left a dependent blocked for good.
+/// A write that changed fewer rows than it locked says the transaction is gone.
 const COMPLETE: &str = "\
     UPDATE tenure_jobs SET state = 'completed', finished_at = {now}, claim_expires_at = NULL \
-    WHERE id IN {ids}";
+    WHERE id IN {ids}{in_transaction}";
 
 const RENEW: &str = "UPDATE tenure_jobs SET claim_expires_at = {now+ttl} WHERE id IN {ids}";
 
@@ -207,9 +212,14 @@ fn finish_noting<C: TenureConnection>(
         }
         if !cancel.is_empty() {
             let ids = cancel.iter().map(|row| row.id);
-            dispatch!(conn, c => {
-                statement(c.syntax().render(FINISH_CANCELLED)).bind_ids(ids).execute(c)
+            let changed = dispatch!(conn, c => {
+                statement(c.syntax().render(FINISH_CANCELLED)).bind_ids(ids.clone()).execute(c)
             })?;
+            if changed != distinct(ids) {
+                return Err(Error::RolledBackUnderUs {
+                    operation: "finishing cancelled runs",
+                });
+            }
             settled.extend(
                 cancel
                     .iter()
@@ -248,13 +258,18 @@ fn apply_finish<C: TenureConnection>(
     };
     match (batch_update, finish) {
         (Some((template, micros)), _) => {
-            dispatch!(conn, c => {
+            let changed = dispatch!(conn, c => {
                 let sql = c.syntax().render(template);
                 match micros {
                     Some(micros) => statement(sql).bind::<BigInt, _>(micros).bind_ids(ids).execute(c),
                     None => statement(sql).bind_ids(ids).execute(c),
                 }
             })?;
+            if matches!(finish, Finish::Complete(_)) && changed != distinct(rows.iter().map(|row| row.id)) {
+                return Err(Error::RolledBackUnderUs {
+                    operation: "completing jobs",
+                });
+            }
         }
         (None, Finish::Complete(_) | Finish::GiveBack | Finish::Renew(_)) => {}
         (None, Finish::Snooze(micros)) => {
@@ -588,4 +603,10 @@ pub(crate) fn snooze_noting_death<C: TenureConnection>(
         Outcome::Lost | Outcome::Cancelled => None,
     };
     Ok((outcome, error))
+}
+
+/// How many different ids: the rows a statement over them changes (a batch may name a job
+/// twice).
+fn distinct(ids: impl Iterator<Item = i64>) -> usize {
+    ids.collect::<std::collections::BTreeSet<i64>>().len()
 }

@@ -244,8 +244,13 @@ const PENDING_EDGES: &str = "\
     SELECT job_id, depends_on, stripe, run_when FROM tenure_job_dependencies \
     WHERE counted = 0 AND depends_on IN {ids}{for_update}";
 
+/// The writes of a settle change rows only inside its transaction (`{in_transaction}`, MySQL;
+/// see `COMPLETE` in `jobs/queue/finish.rs`): edges counted in autocommit after a Galera node
+/// rolled the completion back were never counted again, and their dependent stayed blocked.
+/// Each write checks it changed what it locked.
 const COUNT_EDGES: &str = "\
-    UPDATE tenure_job_dependencies SET counted = 1 WHERE counted = 0 AND depends_on IN {ids}";
+    UPDATE tenure_job_dependencies SET counted = 1 WHERE counted = 0 AND depends_on IN {ids}\
+    {in_transaction}";
 
 /// The dependents' states, a plain read (no lock, so no lock order to keep): one seen
 /// finished, waiting or running is never blocked again, and is left alone; one not seen
@@ -253,7 +258,8 @@ const COUNT_EDGES: &str = "\
 const DEPENDENT_STATES: &str = "SELECT id, state FROM tenure_jobs WHERE id IN {ids}";
 
 const DECREMENT_STRIPE: &str = "\
-    UPDATE tenure_dependency_stripes SET pending = pending - ? WHERE job_id = ? AND stripe = ?";
+    UPDATE tenure_dependency_stripes SET pending = pending - ? WHERE job_id = ? AND stripe = ?\
+    {in_transaction}";
 const DECREMENT_STRIPE_RETURNING: &str = "\
     UPDATE tenure_dependency_stripes SET pending = pending - ? WHERE job_id = ? AND stripe = ? \
     RETURNING pending AS n";
@@ -264,13 +270,14 @@ const STRIPE_PENDING: &str =
     "SELECT pending AS n FROM tenure_dependency_stripes WHERE job_id = ? AND stripe = ?";
 
 const DECREMENT_STRIPES_PENDING: &str =
-    "UPDATE tenure_jobs SET stripes_pending = stripes_pending - ? WHERE id = ?";
+    "UPDATE tenure_jobs SET stripes_pending = stripes_pending - ? WHERE id = ?{in_transaction}";
 /// Read after this transaction's own update of the row: its latest version, at any
 /// isolation.
 const STRIPES_PENDING: &str = "SELECT stripes_pending AS n FROM tenure_jobs WHERE id = ?";
 
 /// A blocked job runs: waiting, due when it was due (a delayed job keeps its delay).
-const RELEASE: &str = "UPDATE tenure_jobs SET state = 'waiting' WHERE id = ? AND state = 'blocked'";
+const RELEASE: &str =
+    "UPDATE tenure_jobs SET state = 'waiting' WHERE id = ? AND state = 'blocked'{in_transaction}";
 /// The queue of a job this transaction just released (its own write: visible at any
 /// isolation).
 const QUEUE_OF: &str = "SELECT queue FROM tenure_jobs WHERE id = ?";
@@ -278,7 +285,7 @@ const QUEUE_OF: &str = "SELECT queue FROM tenure_jobs WHERE id = ?";
 /// A blocked job will never run: cancelled, saying why.
 const CANCEL_BLOCKED: &str = "\
     UPDATE tenure_jobs SET state = 'cancelled', finished_at = {now}, last_error = ? \
-    WHERE id = ? AND state = 'blocked'";
+    WHERE id = ? AND state = 'blocked'{in_transaction}";
 
 /// Settles the dependents of jobs that just finished (`finished`: id and final state), in
 /// the transaction that finished them, which holds their rows' locks: counts each uncounted
@@ -296,13 +303,17 @@ pub(crate) fn settle<C: TenureConnection>(
         let mut edges: Vec<PendingEdge> = Vec::new();
         for chunk in finished.chunks(MAX_BATCH) {
             let ids = || chunk.iter().map(|(id, _)| *id);
+            let before = edges.len();
             dispatch!(conn, c => {
                 edges.extend(
                     statement(c.syntax().render(PENDING_EDGES))
                         .bind_ids(ids())
                         .load::<PendingEdge>(c)?,
                 );
-                statement(COUNT_EDGES).bind_ids(ids()).execute(c)?;
+                let found = edges.len() - before;
+                if statement(c.syntax().render(COUNT_EDGES)).bind_ids(ids()).execute(c)? != found {
+                    return Err(Error::RolledBackUnderUs { operation: "settling dependents" });
+                }
                 Ok::<(), Error>(())
             })?;
         }
@@ -396,14 +407,16 @@ fn count_down<C: TenureConnection>(
         let returning = c.syntax().returning;
         let mut emptied = 0;
         for (stripe, n) in done {
-            let decrement = statement(if returning { DECREMENT_STRIPE_RETURNING } else { DECREMENT_STRIPE })
+            let decrement = statement(if returning { DECREMENT_STRIPE_RETURNING.into() } else { c.syntax().render(DECREMENT_STRIPE) })
                 .bind::<Integer, _>(*n)
                 .bind::<BigInt, _>(id)
                 .bind::<Integer, _>(*stripe);
             let left = if returning {
                 decrement.get_result::<NullableInt>(c).optional()?
             } else {
-                decrement.execute(c)?;
+                if decrement.execute(c)? != 1 {
+                    return Err(Error::RolledBackUnderUs { operation: "settling dependents" });
+                }
                 statement(STRIPE_PENDING)
                     .bind::<BigInt, _>(id)
                     .bind::<Integer, _>(*stripe)
@@ -417,13 +430,15 @@ fn count_down<C: TenureConnection>(
         if emptied == 0 {
             return Ok(false);
         }
-        let decrement = statement(if returning { DECREMENT_STRIPES_PENDING_RETURNING } else { DECREMENT_STRIPES_PENDING })
+        let decrement = statement(if returning { DECREMENT_STRIPES_PENDING_RETURNING.into() } else { c.syntax().render(DECREMENT_STRIPES_PENDING) })
             .bind::<Integer, _>(emptied)
             .bind::<BigInt, _>(id);
         let left = if returning {
             decrement.get_result::<NullableInt>(c).optional()?
         } else {
-            decrement.execute(c)?;
+            if decrement.execute(c)? != 1 {
+                return Err(Error::RolledBackUnderUs { operation: "settling dependents" });
+            }
             statement(STRIPES_PENDING)
                 .bind::<BigInt, _>(id)
                 .get_result::<NullableInt>(c)
@@ -436,7 +451,11 @@ fn count_down<C: TenureConnection>(
 /// Releases a blocked job; its queue if it did.
 fn release<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Option<String>> {
     dispatch!(conn, c => {
-        if statement(RELEASE).bind::<BigInt, _>(id).execute(c)? != 1 {
+        if statement(c.syntax().render(RELEASE)).bind::<BigInt, _>(id).execute(c)? != 1 {
+            // Not blocked any more, or (MySQL) the transaction is gone.
+            if c.transaction_ended_under_us() {
+                return Err(Error::RolledBackUnderUs { operation: "settling dependents" });
+            }
             return Ok(None);
         }
         let row = statement(QUEUE_OF).bind::<BigInt, _>(id).get_result::<QueueRow>(c)?;
@@ -445,13 +464,17 @@ fn release<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Option<String>>
 }
 
 fn cancel_blocked<C: TenureConnection>(conn: &mut C, id: i64, why: &str) -> Result<bool> {
-    let changed = dispatch!(conn, c => {
-        statement(c.syntax().render(CANCEL_BLOCKED))
+    dispatch!(conn, c => {
+        let changed = statement(c.syntax().render(CANCEL_BLOCKED))
             .bind::<Text, _>(why)
             .bind::<BigInt, _>(id)
-            .execute(c)
-    })?;
-    Ok(changed == 1)
+            .execute(c)?;
+        // Not blocked any more, or (MySQL) the transaction is gone.
+        if changed != 1 && c.transaction_ended_under_us() {
+            return Err(Error::RolledBackUnderUs { operation: "settling dependents" });
+        }
+        Ok::<bool, Error>(changed == 1)
+    })
 }
 
 /// The edges of retried jobs (dead again waiting) to dependents still blocked: counted
