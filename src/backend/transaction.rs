@@ -137,13 +137,12 @@ where
             Ok(value)
         }
         Err(err) => {
-            let err = if conn.transaction_ended_under_us() {
-                ended_under_us(err)
-            } else {
-                err
-            };
+            let ended = conn.transaction_ended_under_us();
+            let err = if ended { ended_under_us(err) } else { err };
             match D::TransactionManager::rollback_transaction(conn) {
                 Ok(()) | Err(DieselError::BrokenTransactionManager) => Err(err),
+                // Nothing was left to roll back (a savepoint of a transaction that is gone).
+                Err(_) if ended => Err(err),
                 Err(rollback_error) => Err(rollback_error.into()),
             }
         }

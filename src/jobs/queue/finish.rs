@@ -265,7 +265,9 @@ fn apply_finish<C: TenureConnection>(
                     None => statement(sql).bind_ids(ids).execute(c),
                 }
             })?;
-            if matches!(finish, Finish::Complete(_)) && changed != distinct(rows.iter().map(|row| row.id)) {
+            if matches!(finish, Finish::Complete(_))
+                && changed != distinct(rows.iter().map(|row| row.id))
+            {
                 return Err(Error::RolledBackUnderUs {
                     operation: "completing jobs",
                 });

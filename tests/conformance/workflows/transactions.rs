@@ -112,3 +112,49 @@ fn a_completion_with_a_result_rolled_back_with_the_callers_transaction_leaves_no
     let read = jobs::dependency_results(&mut conn, d).unwrap();
     assert_eq!(read[0].result.as_ref(), Some(&second));
 }
+
+/// A Galera node may roll a transaction back between two statements without telling the next
+/// one, which then runs in autocommit (SCALING.md, 0.1). Here the same on one server: the
+/// caller's transaction is ended by a bare `COMMIT` that diesel does not know of, and a
+/// completion runs in it. The completion must change nothing (its writes hold only inside a
+/// transaction) and say the call can be repeated; repeated in a real transaction, it counts the
+/// dependency and releases the dependent. Without the guard the completion committed on its
+/// own, statement by statement.
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_a_completion_whose_transaction_ended_under_it_changes_nothing() {
+    let db = TestDb::migrated(Backend::Mysql);
+    let mut conn = db.connect();
+    let dep = enqueue(&mut conn, NewJob::new("q", "dep", vec![]));
+    let dependent = jobs::enqueue(
+        &mut conn,
+        &NewJob::new("q", "after", vec![]).depends_on([dep]),
+    )
+    .unwrap()
+    .id;
+    let claim = claim_one(&mut conn, "q", "dep").claim();
+    let split = tenure::transaction(&mut conn, |conn| {
+        conn.batch_execute("COMMIT")?;
+        jobs::complete(conn, &[claim])
+    });
+    match split {
+        Err(e @ Error::RolledBackUnderUs { .. }) => assert!(e.is_retryable()),
+        other => panic!("a completion outside its transaction: {other:?}"),
+    }
+    assert_eq!(state(&mut conn, dep), JobState::Running);
+    assert_eq!(state(&mut conn, dependent), JobState::Blocked);
+    assert_eq!(
+        count(
+            &mut conn,
+            &format!(
+                "SELECT COUNT(*) AS n FROM tenure_job_dependencies WHERE counted = 1 AND depends_on = {dep}"
+            )
+        ),
+        0
+    );
+    assert_eq!(
+        jobs::complete(&mut conn, &[claim]).unwrap(),
+        [Outcome::Done]
+    );
+    assert_eq!(state(&mut conn, dependent), JobState::Waiting);
+}
