@@ -407,7 +407,7 @@ fn count_down<C: TenureConnection>(
         let returning = c.syntax().returning;
         let mut emptied = 0;
         for (stripe, n) in done {
-            let decrement = statement(if returning { DECREMENT_STRIPE_RETURNING.into() } else { c.syntax().render(DECREMENT_STRIPE) })
+            let decrement = statement(if returning { DECREMENT_STRIPE_RETURNING } else { c.syntax().render(DECREMENT_STRIPE) })
                 .bind::<Integer, _>(*n)
                 .bind::<BigInt, _>(id)
                 .bind::<Integer, _>(*stripe);
@@ -430,7 +430,7 @@ fn count_down<C: TenureConnection>(
         if emptied == 0 {
             return Ok(false);
         }
-        let decrement = statement(if returning { DECREMENT_STRIPES_PENDING_RETURNING.into() } else { c.syntax().render(DECREMENT_STRIPES_PENDING) })
+        let decrement = statement(if returning { DECREMENT_STRIPES_PENDING_RETURNING } else { c.syntax().render(DECREMENT_STRIPES_PENDING) })
             .bind::<Integer, _>(emptied)
             .bind::<BigInt, _>(id);
         let left = if returning {
