@@ -5,6 +5,7 @@
 mod galera;
 mod galera_aborts;
 mod galera_across_nodes;
+mod galera_dependencies;
 mod patroni;
 mod patroni_lag;
 mod patroni_through_failovers;
