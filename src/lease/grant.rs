@@ -63,11 +63,17 @@ const LINE: &str = "\
 
 /// A grant to an existing slot, decided free under its lock. The two `{now+ttl}` are the
 /// expiry and the time the slot may be granted again once lapsed (expiry + lock delay).
+///
+/// Only inside its transaction (`{in_transaction}`, MySQL; checked by its count): a Galera node
+/// may roll the grant back between two statements without telling the next one, and this
+/// update run on its own would overwrite the grant another node's transaction just committed
+/// (a double holder). A new slot's insert needs no guard: the other node's row is there, and
+/// the insert fails on its key.
 const GRANT_SLOT: &str = "\
     UPDATE tenure_leases SET token = ?, holder = ?, fence = ?, acquired_at = {now}, \
         expires_at = {now+ttl}, reusable_at = {now+ttl}, lock_delay_us = ?, value = NULL, \
         held_by = ? \
-    WHERE name = ? AND slot = ?";
+    WHERE name = ? AND slot = ?{in_transaction}";
 
 const GRANT_NEW_SLOT: &str = "\
     INSERT INTO tenure_leases (name, slot, token, holder, fence, acquired_at, expires_at, \
@@ -308,7 +314,7 @@ fn grant<D: Dialect + TenureConnection>(
     let syntax = c.syntax();
     let reusable_micros = ask.ttl_micros.saturating_add(ask.lock_delay_micros);
     if exists {
-        dispatch!(c, c => statement(syntax.render(GRANT_SLOT))
+        let changed = dispatch!(c, c => statement(syntax.render(GRANT_SLOT))
             .bind::<Token, _>(token)
             .bind::<Text, _>(ask.holder)
             .bind::<BigInt, _>(fence)
@@ -319,6 +325,11 @@ fn grant<D: Dialect + TenureConnection>(
             .bind::<Text, _>(ask.name)
             .bind::<Integer, _>(slot)
             .execute(c))?;
+        if changed != 1 {
+            return Err(Error::RolledBackUnderUs {
+                operation: "taking a lease",
+            });
+        }
     } else {
         dispatch!(c, c => statement(syntax.render(GRANT_NEW_SLOT))
             .bind::<Text, _>(ask.name)
