@@ -222,8 +222,7 @@ impl Error {
     /// serialization failures and deadlocks (PostgreSQL 40001, 40P01; MySQL/MariaDB 1213),
     /// lock timeouts (PostgreSQL 55P03; MySQL/MariaDB 1205), MariaDB's 1020 ("record has
     /// changed") and 1412 ("table definition has changed": a REPEATABLE READ transaction
-    /// whose read view is older than a ready ring rotation changed a waiting job), a trigger
-    /// "has an error in its body" (a Galera abort interrupting the trigger's loading), SQLite's `SQLITE_BUSY`, a pool that had no free connection in time, and
+    /// whose read view is older than a ready ring rotation changed a waiting job), SQLite's `SQLITE_BUSY`, a pool that had no free connection in time, and
     /// a call refused, before it sent anything, on a connection whose transaction an earlier
     /// lost connection left broken (diesel's `BrokenTransactionManager`: repeat it on a new
     /// connection; a pool discards that one).
@@ -358,14 +357,9 @@ fn is_transient_message(message: &str) -> bool {
         "Lock wait timeout exceeded",              // MySQL/MariaDB 1205
         "Record has changed since last read",      // MariaDB 1020
         "Table definition has changed",            // MySQL/MariaDB 1412 (a ring rotation)
-        // MariaDB on Galera: a brute-force abort that interrupts the loading of a table's
-        // triggers reports the parser's interruption as this ("... has an error in its body:
-        // 'Query was empty'" or a syntax error at an arbitrary line), sometimes before the
-        // transaction is rolled back. tenure's triggers are its migrations', never malformed.
-        "has an error in its body",
-        "database is locked",       // SQLITE_BUSY
-        "database table is locked", // SQLITE_LOCKED (shared cache)
-        STALE_PLAN,                 // PostgreSQL 0A000, see below
+        "database is locked",                      // SQLITE_BUSY
+        "database table is locked",                // SQLITE_LOCKED (shared cache)
+        STALE_PLAN,                                // PostgreSQL 0A000, see below
     ];
     TRANSIENT.iter().any(|t| message.contains(t))
 }
@@ -434,20 +428,5 @@ mod tests {
             assert!(!database_error(message).is_outcome_unknown(), "{message:?}");
         }
         assert!(!Error::Timeout { what: "x" }.is_outcome_unknown());
-    }
-
-    /// The two ways a Galera node reported an abort that interrupted a trigger's loading
-    /// (seen in the dependencies attack): repeatable, not a failure.
-    #[test]
-    fn a_trigger_whose_loading_an_abort_interrupted_is_retryable() {
-        for message in [
-            "Trigger 'tenure_ready_updated' has an error in its body: 'You have an error in your SQL syntax; check the manual that corresponds to your MariaDB server version for the right syntax to use near 'IF;' at line 10'",
-            "Unknown trigger has an error in its body: 'Query was empty'",
-        ] {
-            let err = database_error(message);
-            assert!(err.is_retryable(), "{message:?}");
-            assert!(!err.is_outcome_unknown(), "{message:?}");
-        }
-        assert!(!database_error("Duplicate entry 'x' for key 'PRIMARY'").is_retryable());
     }
 }
