@@ -96,11 +96,10 @@ impl Dialect for MysqlConnection {
         //
         // On a Galera node (MariaDB's executable comment; the variable read from
         // information_schema, which every build has), a transaction that has written and then
-        // sat idle for 60 s ends its connection. A node can leave a
-        // client waiting for good for the answer to a statement whose transaction the cluster
-        // aborted (seen: the server idle, the client blocked in its read), and nothing else
-        // would end that wait; the client then gets a lost connection, which says the outcome
-        // is unknown, instead of hanging.
+        // sat idle for 60 s ends its connection. A node can leave a client waiting for good for
+        // the answer to a statement whose transaction the cluster aborted (seen: the server
+        // idle, the client blocked in its read), and nothing else would end that wait; the
+        // client then gets a lost connection (outcome unknown) instead of hanging.
         self.batch_execute(
             "SET time_zone = '+00:00'; \
              SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_ALL_TABLES'); \
