@@ -457,6 +457,14 @@ pub(crate) trait Dialect: Connection<TransactionManager = AnsiTransactionManager
         false
     }
 
+    /// Just before tenure commits a transaction it began: whether the server already ended it.
+    /// A Galera node can roll a transaction back after its last statement without telling the
+    /// client, and then a COMMIT, which finds none open, succeeds and commits nothing. Asked
+    /// only where that can happen (MySQL connections of a process that met a Galera node).
+    fn ended_before_commit(&mut self) -> bool {
+        false
+    }
+
     /// Before tenure writes on a connection outside any transaction: waits for this process's
     /// turn to write to the database (SQLite, see [`turns`]). `None` where writers need no
     /// turns (the servers lock rows, not the database), inside a transaction (the turn was

@@ -1,5 +1,7 @@
 //! MySQL/MariaDB: the foundation's SQL and type mappings.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use chrono::{DateTime, NaiveDateTime, Utc};
 use diesel::connection::{AnsiTransactionManager, CacheSize, Connection, SimpleConnection};
 use diesel::deserialize::{self, FromSql};
@@ -38,6 +40,13 @@ pub(crate) fn forget_failed_statements(conn: &mut MysqlConnection, result: &impl
     conn.set_prepared_statement_cache_size(CacheSize::Disabled);
     conn.set_prepared_statement_cache_size(CacheSize::Unbounded);
 }
+
+/// Whether a connection of this process has met a Galera node: from then on, every MySQL
+/// transaction tenure commits first asks whether the server still has it open
+/// (`Dialect::ended_before_commit`: one round trip). Per process rather than per connection
+/// (diesel's connection carries no state of ours); a process that also talks to a lone server
+/// pays the question there too, and loses nothing.
+static GALERA_NODE_MET: AtomicBool = AtomicBool::new(false);
 
 /// How long a migrator waits for another one to finish, in seconds.
 const MIGRATION_LOCK_WAIT_SECONDS: i32 = 300;
@@ -107,7 +116,18 @@ impl Dialect for MysqlConnection {
                  FROM information_schema.GLOBAL_VARIABLES \
                  WHERE VARIABLE_NAME = 'WSREP_ON' AND VARIABLE_VALUE = 'ON') > 0, 60, \
                  @@SESSION.idle_write_transaction_timeout) */",
-        )
+        )?;
+        if !GALERA_NODE_MET.load(Ordering::Relaxed) {
+            let galera = statement(
+                "SELECT 0 /*M!100300 + (SELECT COUNT(*) FROM information_schema.GLOBAL_VARIABLES \
+                 WHERE VARIABLE_NAME = 'WSREP_ON' AND VARIABLE_VALUE = 'ON') */ AS n",
+            )
+            .get_result::<crate::rows::Count>(self)?;
+            if galera.n > 0 {
+                GALERA_NODE_MET.store(true, Ordering::Relaxed);
+            }
+        }
+        Ok(())
     }
 
     fn begin_write(&mut self) -> QueryResult<()> {
@@ -123,6 +143,10 @@ impl Dialect for MysqlConnection {
         statement("SELECT @@in_transaction AS n")
             .get_result::<crate::rows::Count>(self)
             .is_ok_and(|open| open.n == 0)
+    }
+
+    fn ended_before_commit(&mut self) -> bool {
+        GALERA_NODE_MET.load(Ordering::Relaxed) && self.transaction_ended_under_us()
     }
 
     fn database_now(&mut self) -> QueryResult<DateTime<Utc>> {

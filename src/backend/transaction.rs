@@ -110,6 +110,24 @@ where
     }
 }
 
+/// The error of a transaction the server ended before its commit: a serialization failure
+/// (retryable), as Galera reports the aborts it does report.
+fn ended_before_commit_error() -> DieselError {
+    DieselError::DatabaseError(
+        diesel::result::DatabaseErrorKind::SerializationFailure,
+        Box::new(String::from(
+            "the server rolled the transaction back before its commit (a cluster's abort)",
+        )),
+    )
+}
+
+/// Whether the transaction (not a savepoint of it) is the one about to end.
+fn is_outermost<D: Dialect>(conn: &mut D) -> bool {
+    D::TransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()
+        .is_ok_and(|depth| depth.is_some_and(|d| d.get() == 1))
+}
+
 fn rollback_after_panic<D: Dialect>(conn: &mut D) -> diesel::QueryResult<()> {
     D::TransactionManager::rollback_transaction(conn)
 }
@@ -133,6 +151,14 @@ where
 {
     match outcome {
         Ok(value) => {
+            if is_outermost(conn) && conn.ended_before_commit() {
+                // COMMIT with no transaction open succeeds, committing nothing: answering Ok
+                // would acknowledge writes the server threw away. Diesel's state is reset by
+                // a ROLLBACK, which has nothing to roll back.
+                let err = ended_under_us(E::from(ended_before_commit_error()));
+                let _ = D::TransactionManager::rollback_transaction(conn);
+                return Err(err);
+            }
             D::TransactionManager::commit_transaction(conn)?;
             Ok(value)
         }

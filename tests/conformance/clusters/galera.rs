@@ -254,6 +254,48 @@ fn galera_nodes_end_idle_write_transactions_of_tenures_connections() {
     }
 }
 
+/// A node can roll a transaction back after its last statement without telling the client;
+/// a COMMIT then finds none open, succeeds, and commits nothing. Played here by a ROLLBACK
+/// the closure sends behind diesel's back (what the node does on its own): on a Galera node,
+/// tenure asks before committing, so the caller gets a retryable error, not `Ok` for a write
+/// that is not there (without the question: `Ok`, and no row).
+#[test]
+#[ignore = "needs a Galera cluster: scripts/test-clusters"]
+fn galera_a_transaction_ended_before_its_commit_is_not_reported_committed() {
+    use diesel::RunQueryDsl;
+    let db = ClusterDb::new();
+    let mut conn = AnyConnection::connect(&db.urls[1]).expect("node 2");
+    conn.batch_execute("CREATE TABLE ended_probe (id INT PRIMARY KEY)")
+        .expect("a table");
+    let outcome = tenure::transaction(&mut conn, |c| -> Result<(), tenure::Error> {
+        diesel::sql_query("INSERT INTO ended_probe VALUES (1)").execute(c)?;
+        diesel::sql_query("ROLLBACK").execute(c)?;
+        Ok(())
+    });
+    let err = outcome.expect_err("a transaction the node ended was reported committed");
+    assert!(err.is_retryable(), "{err}");
+    let rows = diesel::sql_query("SELECT id AS n FROM ended_probe")
+        .load::<Count>(&mut conn)
+        .expect("the rows");
+    assert!(
+        rows.is_empty(),
+        "the write is not there, and nothing said so"
+    );
+    // The connection is usable afterwards, for a transaction that commits.
+    tenure::transaction(&mut conn, |c| -> Result<(), tenure::Error> {
+        diesel::sql_query("INSERT INTO ended_probe VALUES (2)").execute(c)?;
+        Ok(())
+    })
+    .expect("the next transaction");
+}
+
+#[derive(diesel::QueryableByName)]
+struct Count {
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    #[allow(dead_code)]
+    n: i32,
+}
+
 /// Six claimers, two on each node, claim up to 5 jobs at a time from one queue of 600 and
 /// complete what they claimed, retrying what Galera refuses (two nodes may pick the same job:
 /// row locks are each node's own, and the loser's commit fails with 1213, retryable). Counted:
