@@ -460,9 +460,11 @@ pub(crate) trait Dialect: Connection<TransactionManager = AnsiTransactionManager
     /// Just before tenure commits a transaction it began: whether the server already ended it.
     /// A Galera node can roll a transaction back after its last statement without telling the
     /// client, and then a COMMIT, which finds none open, succeeds and commits nothing. Asked
-    /// only where that can happen (MySQL connections of a process that met a Galera node).
-    fn ended_before_commit(&mut self) -> bool {
-        false
+    /// only where that can happen (MySQL connections of a process that met a Galera node). An
+    /// error is the question's (when the node does report an abort, it reports it to the next
+    /// statement, which this is): the transaction is not to be committed then either.
+    fn ended_before_commit(&mut self) -> QueryResult<bool> {
+        Ok(false)
     }
 
     /// Before tenure writes on a connection outside any transaction: waits for this process's

@@ -145,8 +145,15 @@ impl Dialect for MysqlConnection {
             .is_ok_and(|open| open.n == 0)
     }
 
-    fn ended_before_commit(&mut self) -> bool {
-        GALERA_NODE_MET.load(Ordering::Relaxed) && self.transaction_ended_under_us()
+    fn ended_before_commit(&mut self) -> QueryResult<bool> {
+        if !GALERA_NODE_MET.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let open = statement("SELECT @@in_transaction AS n").get_result::<crate::rows::Count>(self);
+        if let Err(error) = &open {
+            forget_failed_statements(self, error);
+        }
+        Ok(open?.n == 0)
     }
 
     fn database_now(&mut self) -> QueryResult<DateTime<Utc>> {

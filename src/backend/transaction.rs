@@ -151,13 +151,21 @@ where
 {
     match outcome {
         Ok(value) => {
-            if is_outermost(conn) && conn.ended_before_commit() {
+            if is_outermost(conn) {
                 // COMMIT with no transaction open succeeds, committing nothing: answering Ok
-                // would acknowledge writes the server threw away. Diesel's state is reset by
-                // a ROLLBACK, which has nothing to roll back.
-                let err = ended_under_us(E::from(ended_before_commit_error()));
-                let _ = D::TransactionManager::rollback_transaction(conn);
-                return Err(err);
+                // would acknowledge writes the server threw away. The question's own error is
+                // the abort's, when the server reports it (then it must not be lost either).
+                // Diesel's state is reset by a ROLLBACK, which may find nothing to roll back.
+                let ended = match conn.ended_before_commit() {
+                    Ok(false) => None,
+                    Ok(true) => Some(ended_before_commit_error()),
+                    Err(e) => Some(e),
+                };
+                if let Some(error) = ended {
+                    let err = ended_under_us(E::from(error));
+                    let _ = D::TransactionManager::rollback_transaction(conn);
+                    return Err(err);
+                }
             }
             D::TransactionManager::commit_transaction(conn)?;
             Ok(value)
