@@ -140,9 +140,17 @@ impl Dialect for MysqlConnection {
     }
 
     fn transaction_ended_under_us(&mut self) -> bool {
-        statement("SELECT @@in_transaction AS n")
+        let ended = statement("SELECT @@in_transaction AS n")
             .get_result::<crate::rows::Count>(self)
-            .is_ok_and(|open| open.n == 0)
+            .is_ok_and(|open| open.n == 0);
+        if ended {
+            // The statement that failed may have left its result half-read, and the caller
+            // will see `RolledBackUnderUs`, not a database error, so `dispatch!` would not
+            // forget it: its next execution would wait for good for the rest of that result.
+            self.set_prepared_statement_cache_size(CacheSize::Disabled);
+            self.set_prepared_statement_cache_size(CacheSize::Unbounded);
+        }
+        ended
     }
 
     fn ended_before_commit(&mut self) -> QueryResult<bool> {
