@@ -452,7 +452,8 @@ pub(crate) trait Dialect: Connection<TransactionManager = AnsiTransactionManager
     /// After an error inside a transaction tenure began: whether the server no longer has a
     /// transaction open, so something else rolled it back (a Galera node aborts the loser of a
     /// conflict with another node's commit, and may report that as another error). Only
-    /// MySQL/MariaDB asks; a failed question says no.
+    /// MySQL/MariaDB asks; a question that failed with a retryable error (the abort's, reported
+    /// to it) says yes, any other failure no.
     fn transaction_ended_under_us(&mut self) -> bool {
         false
     }

@@ -140,9 +140,14 @@ impl Dialect for MysqlConnection {
     }
 
     fn transaction_ended_under_us(&mut self) -> bool {
-        let ended = statement("SELECT @@in_transaction AS n")
+        // The question's own error, when it is the abort's (a node reports one to the next
+        // statement, which this may be), says the transaction is gone too.
+        let ended = match statement("SELECT @@in_transaction AS n")
             .get_result::<crate::rows::Count>(self)
-            .is_ok_and(|open| open.n == 0);
+        {
+            Ok(open) => open.n == 0,
+            Err(error) => Error::from(error).is_retryable(),
+        };
         if ended {
             // The statement that failed may have left its result half-read, and the caller
             // will see `RolledBackUnderUs`, not a database error, so `dispatch!` would not

@@ -66,10 +66,14 @@ where
 }
 
 /// A transaction of tenure's that the server ended under an error is repeatable, whatever the
-/// error said (a lost connection excepted: then its outcome is unknown).
+/// error said (a lost connection excepted: then its outcome is unknown). Also an answer tenure
+/// derived from a database error (a duplicate key read as "a live job has this dedup key", or
+/// as "stored meanwhile"): a Galera node reports its abort of the transaction so at times.
 fn own_error_ended_under_us(err: Error) -> Error {
     match err {
-        Error::Database(_) if !err.is_retryable() && !err.is_outcome_unknown() => {
+        Error::Database(_) | Error::InvalidInput { .. } | Error::ClaimLost { .. }
+            if !err.is_retryable() && !err.is_outcome_unknown() =>
+        {
             tracing::debug!(error = %err, "the transaction ended under this error; repeatable");
             Error::RolledBackUnderUs {
                 operation: "a transaction",

@@ -6,6 +6,8 @@ mod galera;
 mod galera_aborts;
 mod galera_across_nodes;
 mod galera_dependencies;
+mod galera_race_dependents;
+mod galera_races;
 mod patroni;
 mod patroni_lag;
 mod patroni_through_failovers;
