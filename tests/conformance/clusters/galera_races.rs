@@ -113,7 +113,7 @@ pub(super) fn fail_retrying(
     retry: Retry,
 ) -> Outcome {
     retrying(&format!("fail {}", claim.id), || {
-        jobs::fail(conn, claim, "boom", retry.clone())
+        jobs::fail(conn, claim, "boom", retry)
     })
 }
 
@@ -225,13 +225,13 @@ fn galera_a_fail_racing_a_cancel_on_another_node_ends_each_job_once() {
                 });
                 let b = barrier.clone();
                 let claimed = &claimed;
-                let retry = retry.clone();
+                let retry = retry;
                 let failer = s.spawn(move || {
                     claimed
                         .iter()
                         .map(|j| {
                             lockstep(&b);
-                            fail_retrying(c3, j.claim(), retry.clone())
+                            fail_retrying(c3, j.claim(), retry)
                         })
                         .collect::<Vec<_>>()
                 });
