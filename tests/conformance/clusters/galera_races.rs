@@ -225,7 +225,6 @@ fn galera_a_fail_racing_a_cancel_on_another_node_ends_each_job_once() {
                 });
                 let b = barrier.clone();
                 let claimed = &claimed;
-                let retry = retry;
                 let failer = s.spawn(move || {
                     claimed
                         .iter()
