@@ -112,10 +112,12 @@ pub enum Error {
         name: String,
     },
 
-    /// A transaction found a row it had just written or locked gone: something outside it
-    /// rolled it back (a Galera cluster aborts the loser of a conflict with another node's
-    /// transaction, and may do so between two statements, which then run on). Nothing it
-    /// wrote is kept; the same call may be repeated ([`Error::is_retryable`]).
+    /// A transaction of tenure's was rolled back by something outside it: a Galera node aborts
+    /// the loser of a conflict with another node's transaction, and may do so between two
+    /// statements (which then run on), after the last one (a COMMIT then commits nothing:
+    /// tenure asks before committing on a Galera node), or report it as another error (a
+    /// duplicate key, a trigger it could not load). Nothing it wrote is kept; the same call
+    /// may be repeated ([`Error::is_retryable`]).
     #[error(
         "{operation}: the transaction lost a row it held (rolled back by a conflict, as a cluster does); retry"
     )]
