@@ -11,6 +11,7 @@ pub(crate) mod claim;
 #[cfg(feature = "postgres")]
 mod copy_in;
 pub(crate) mod enqueue;
+pub(crate) mod errors;
 pub(crate) mod finish;
 pub(crate) mod model;
 pub(crate) mod new_job;

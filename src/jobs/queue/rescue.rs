@@ -34,7 +34,7 @@ use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
-use super::finish::record_error;
+use super::errors::record_error;
 use super::model::LockedClaim;
 use super::{JobState, MAX_LAPSES, Rescued, check_count, ids_of};
 use crate::backend::statement::statement;

@@ -6,7 +6,7 @@ use diesel::sql_types::{BigInt, Binary, Double, Nullable, Text};
 
 use crate::backend::dispatch;
 use crate::backend::statement::statement;
-use crate::jobs::queue::finish::storable;
+use crate::jobs::queue::errors::storable;
 use crate::jobs::{JobClaim, JobState, MAX_BATCH, Outcome};
 use crate::schema::{tenure_job_dependencies, tenure_job_results, tenure_jobs};
 use crate::sql_types::Token;
@@ -317,7 +317,7 @@ pub fn record_progress<C: TenureConnection>(
         ));
     }
     let message = storable(message);
-    let message = crate::jobs::queue::finish::truncate(&message, MAX_PROGRESS_MESSAGE_BYTES);
+    let message = crate::jobs::queue::errors::truncate(&message, MAX_PROGRESS_MESSAGE_BYTES);
     let changed = transaction(conn, |conn| {
         dispatch!(conn, c => {
             statement(RECORD_PROGRESS)
