@@ -458,6 +458,13 @@ pub(crate) trait Dialect: Connection<TransactionManager = AnsiTransactionManager
         false
     }
 
+    /// After a transaction of tenure's failed (and was rolled back): whether `err` was a
+    /// cluster's abort in disguise, which the connection has recovered from (see
+    /// `mysql::is_abort_in_disguise`), so the transaction may be repeated.
+    fn recover_from_disguised_abort(&mut self, _err: &crate::Error) -> bool {
+        false
+    }
+
     /// Just before tenure commits a transaction it began: whether the server already ended it.
     /// A Galera node can roll a transaction back after its last statement without telling the
     /// client, and then a COMMIT, which finds none open, succeeds and commits nothing. Asked

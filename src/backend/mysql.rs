@@ -3,7 +3,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use chrono::{DateTime, NaiveDateTime, Utc};
-use diesel::connection::{AnsiTransactionManager, CacheSize, Connection, SimpleConnection};
+use diesel::connection::{
+    AnsiTransactionManager, CacheSize, Connection, SimpleConnection, TransactionManager,
+};
 use diesel::deserialize::{self, FromSql};
 use diesel::mysql::{Mysql, MysqlConnection, MysqlValue};
 use diesel::serialize::{self, Output, ToSql};
@@ -47,6 +49,22 @@ pub(crate) fn forget_failed_statements(conn: &mut MysqlConnection, result: &impl
 /// (diesel's connection carries no state of ours); a process that also talks to a lone server
 /// pays the question there too, and loses nothing.
 static GALERA_NODE_MET: AtomicBool = AtomicBool::new(false);
+
+/// Whether `err` is a Galera node's abort of tenure's transaction reported as a trigger "has an
+/// error in its body": an abort that interrupts the loading of `tenure_jobs`' triggers makes
+/// the parser report the interruption so ("... 'Query was empty'", or a syntax error at an
+/// arbitrary line), at times before the node has rolled the transaction back (so
+/// `@@in_transaction` still reads 1). tenure's triggers are its migrations', which parse; only
+/// on a Galera node, and only for tenure's own transactions (rolled back by then), is it
+/// taken as repeatable.
+fn is_abort_in_disguise(err: &Error) -> bool {
+    GALERA_NODE_MET.load(Ordering::Relaxed)
+        && matches!(
+            err,
+            Error::Database(diesel::result::Error::DatabaseError(_, info))
+                if info.message().contains("has an error in its body")
+        )
+}
 
 /// How long a migrator waits for another one to finish, in seconds.
 const MIGRATION_LOCK_WAIT_SECONDS: i32 = 300;
@@ -156,6 +174,34 @@ impl Dialect for MysqlConnection {
             self.set_prepared_statement_cache_size(CacheSize::Unbounded);
         }
         ended
+    }
+
+    fn recover_from_disguised_abort(&mut self, err: &Error) -> bool {
+        if !is_abort_in_disguise(err) {
+            return false;
+        }
+        tracing::warn!(error = %err, "a Galera abort reported as a trigger's error: the node reloads tenure_jobs' triggers");
+        // Seen: once an abort interrupted their loading, every later statement on the node
+        // that fired them failed so (3,000 in a row, on fresh connections too), while the
+        // node's other tables went on. A table flushed is opened afresh, its triggers parsed
+        // again. Never inside a caller's transaction (a FLUSH commits it); `LOCAL`: this node
+        // only; a short lock wait, since it waits for the table's current users. Best effort:
+        // without the RELOAD privilege the repeat may meet the error again.
+        let in_transaction = AnsiTransactionManager::transaction_manager_status_mut(self)
+            .transaction_depth()
+            .map_or(true, |depth| depth.is_some());
+        if !in_transaction {
+            let flushed = self.batch_execute(
+                "SET @tenure_lock_wait = @@SESSION.lock_wait_timeout; \
+                 SET SESSION lock_wait_timeout = 10; \
+                 FLUSH LOCAL TABLES tenure_jobs",
+            );
+            let restored = self.batch_execute("SET SESSION lock_wait_timeout = @tenure_lock_wait");
+            if let Err(e) = flushed.and(restored) {
+                tracing::warn!(error = %e, "the node could not reload tenure_jobs' triggers");
+            }
+        }
+        true
     }
 
     fn ended_before_commit(&mut self) -> QueryResult<bool> {

@@ -62,7 +62,20 @@ where
     C: TenureConnection,
     F: FnOnce(&mut C) -> Result<T>,
 {
-    run(conn, f, own_error_ended_under_us)
+    let outcome = run(conn, f, own_error_ended_under_us);
+    dispatch!(any conn, c => undisguised(c, outcome))
+}
+
+/// The outcome of a transaction of tenure's, rolled back by now if it failed: a Galera abort
+/// reported as a trigger's error is `RolledBackUnderUs`, once the node has been asked to load
+/// the table's triggers again (`Dialect::recover_from_disguised_abort`).
+fn undisguised<D: Dialect, T>(conn: &mut D, outcome: Result<T>) -> Result<T> {
+    match outcome {
+        Err(err) if conn.recover_from_disguised_abort(&err) => Err(Error::RolledBackUnderUs {
+            operation: "a transaction",
+        }),
+        other => other,
+    }
 }
 
 /// A transaction of tenure's that the server ended under an error is repeatable, whatever the
@@ -203,7 +216,10 @@ where
     let _turn = conn.write_turn()?;
     begin_bare(conn, operation)?;
     match catch_unwind(AssertUnwindSafe(|| f(conn))) {
-        Ok(outcome) => finish(conn, outcome, own_error_ended_under_us),
+        Ok(outcome) => {
+            let outcome = finish(conn, outcome, own_error_ended_under_us);
+            undisguised(conn, outcome)
+        }
         Err(panic) => {
             let _ = rollback_after_panic(conn);
             resume_unwind(panic)
@@ -267,6 +283,8 @@ pub(crate) fn retry_transient<T>(mut attempt: impl FnMut() -> Result<T>) -> Resu
     let mut tries = 0;
     loop {
         match attempt() {
+            // Retryable, but on another connection: this one will refuse every try.
+            Err(e @ Error::Database(DieselError::BrokenTransactionManager)) => return Err(e),
             Err(e @ (Error::Database(_) | Error::RolledBackUnderUs { .. }))
                 if e.is_retryable() && tries < TRANSIENT_RETRIES =>
             {
