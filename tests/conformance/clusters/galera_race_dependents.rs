@@ -33,13 +33,7 @@ fn galera_dependents_enqueued_while_their_dependencies_complete_on_another_node_
     for round in 0..ROUNDS {
         let queue = format!("e{round}");
         let dq = format!("{queue}d");
-        let ids: Vec<i64> = (0..N)
-            .map(|_| {
-                jobs::enqueue(&mut conns[0], &NewJob::new(queue.as_str(), "j", vec![]))
-                    .unwrap()
-                    .id
-            })
-            .collect();
+        let ids: Vec<i64> = enqueue_plain(&mut conns[0], &queue, N);
         total += N as i64;
         let mut claimed = claim_retrying(&mut conns[0], &queue, N);
         claimed.sort_by_key(|j| j.id);
@@ -117,13 +111,11 @@ fn galera_dependents_enqueued_while_their_dependencies_complete_on_another_node_
             total = total_db;
         }
     }
-    report_refusals();
-    report_aborts(&before, &mut conns);
-    assert!(
-        broken.is_empty(),
-        "dependents enqueued while their dependencies completed ({}):\n{}",
-        broken.len(),
-        broken.join("\n")
+    conclude(
+        &before,
+        &mut conns,
+        &broken,
+        "dependents enqueued while their dependencies completed",
     );
 }
 
@@ -283,14 +275,7 @@ fn galera_dependencies_failed_cancelled_and_completed_on_three_nodes_settle_depe
             ));
         }
     }
-    report_refusals();
-    report_aborts(&before, &mut conns);
-    assert!(
-        broken.is_empty(),
-        "dependents settled wrongly ({}):\n{}",
-        broken.len(),
-        broken.join("\n")
-    );
+    conclude(&before, &mut conns, &broken, "dependents settled wrongly");
 }
 
 /// Completes `claim` through a pool, as a worker does, a new checkout for each try. This race

@@ -149,6 +149,34 @@ pub(super) fn agreed(conns: &mut [AnyConnection], id: i64) -> jobs::Job {
     }
 }
 
+/// `n` jobs of kind "j" enqueued in `queue` on `conn`, their ids in order.
+pub(super) fn enqueue_plain(conn: &mut AnyConnection, queue: &str, n: usize) -> Vec<i64> {
+    (0..n)
+        .map(|_| {
+            jobs::enqueue(conn, &NewJob::new(queue, "j", vec![]))
+                .unwrap()
+                .id
+        })
+        .collect()
+}
+
+/// The end of a race: what it met, then no outcome that disagrees with the rows.
+pub(super) fn conclude(
+    before: &[(i64, i64)],
+    conns: &mut [AnyConnection],
+    broken: &[String],
+    what: &str,
+) {
+    report_refusals();
+    report_aborts(before, conns);
+    assert!(
+        broken.is_empty(),
+        "{what} ({}):\n{}",
+        broken.len(),
+        broken.join("\n")
+    );
+}
+
 pub(super) fn connect_all(db: &ClusterDb) -> Vec<AnyConnection> {
     db.urls
         .iter()
@@ -179,13 +207,7 @@ fn galera_a_fail_racing_a_cancel_on_another_node_ends_each_job_once() {
     for round in 0..ROUNDS {
         let queue = format!("f{round}");
         let dead = round % 2 == 1;
-        let ids: Vec<i64> = (0..N)
-            .map(|_| {
-                jobs::enqueue(&mut conns[0], &NewJob::new(queue.as_str(), "j", vec![]))
-                    .unwrap()
-                    .id
-            })
-            .collect();
+        let ids: Vec<i64> = enqueue_plain(&mut conns[0], &queue, N);
         let dependents: Vec<i64> = ids
             .iter()
             .map(|id| {
@@ -274,13 +296,11 @@ fn galera_a_fail_racing_a_cancel_on_another_node_ends_each_job_once() {
             }
         }
     }
-    report_refusals();
-    report_aborts(&before, &mut conns);
-    assert!(
-        broken.is_empty(),
-        "outcomes that disagree with the rows ({}):\n{}",
-        broken.len(),
-        broken.join("\n")
+    conclude(
+        &before,
+        &mut conns,
+        &broken,
+        "outcomes that disagree with the rows",
     );
 }
 
@@ -301,13 +321,7 @@ fn galera_a_completion_racing_a_cancel_on_another_node_ends_each_job_once() {
     let mut tally = BTreeMap::new();
     for round in 0..ROUNDS {
         let queue = format!("c{round}");
-        let ids: Vec<i64> = (0..N)
-            .map(|_| {
-                jobs::enqueue(&mut conns[0], &NewJob::new(queue.as_str(), "j", vec![]))
-                    .unwrap()
-                    .id
-            })
-            .collect();
+        let ids: Vec<i64> = enqueue_plain(&mut conns[0], &queue, N);
         let dependents: Vec<i64> = ids
             .iter()
             .map(|id| {
@@ -387,13 +401,11 @@ fn galera_a_completion_racing_a_cancel_on_another_node_ends_each_job_once() {
         }
     }
     eprintln!("complete/cancel outcomes: {tally:?}");
-    report_refusals();
-    report_aborts(&before, &mut conns);
-    assert!(
-        broken.is_empty(),
-        "outcomes that disagree with the rows ({}):\n{}",
-        broken.len(),
-        broken.join("\n")
+    conclude(
+        &before,
+        &mut conns,
+        &broken,
+        "outcomes that disagree with the rows",
     );
 }
 
@@ -414,13 +426,7 @@ fn galera_a_rescue_racing_completions_on_another_node_never_requeues_a_completed
     let mut tally = BTreeMap::new();
     for round in 0..ROUNDS {
         let queue = format!("r{round}");
-        let ids: Vec<i64> = (0..N)
-            .map(|_| {
-                jobs::enqueue(&mut conns[0], &NewJob::new(queue.as_str(), "j", vec![]))
-                    .unwrap()
-                    .id
-            })
-            .collect();
+        let ids: Vec<i64> = enqueue_plain(&mut conns[0], &queue, N);
         total += N as i64;
         let claimed = retrying("claim", || {
             jobs::claim(&mut conns[0], &queue, N, Duration::from_secs(1))
@@ -481,13 +487,11 @@ fn galera_a_rescue_racing_completions_on_another_node_never_requeues_a_completed
         }
     }
     eprintln!("complete/rescue outcomes: {tally:?}");
-    report_refusals();
-    report_aborts(&before, &mut conns);
-    assert!(
-        broken.is_empty(),
-        "outcomes that disagree with the rows ({}):\n{}",
-        broken.len(),
-        broken.join("\n")
+    conclude(
+        &before,
+        &mut conns,
+        &broken,
+        "outcomes that disagree with the rows",
     );
 }
 
