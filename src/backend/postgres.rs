@@ -59,6 +59,7 @@ static SYNTAX: Syntax = Syntax {
     in_transaction: "",
     rendered: Rendered::new(),
     claim_kind_from: "tenure_ready c JOIN tenure_jobs j ON j.id = c.id",
+    keyed_jobs: "tenure_jobs_kept AS tenure_jobs",
 };
 
 impl Dialect for PgConnection {

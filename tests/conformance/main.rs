@@ -48,6 +48,9 @@ mod events;
 mod flow_control;
 mod foundation;
 mod inputs;
+// PostgreSQL's partitions of tenure_jobs.
+#[cfg(feature = "postgres")]
+mod job_slots;
 mod jobs;
 mod kinds;
 mod leases;

@@ -18,10 +18,23 @@ use crate::sql_types::Instant;
 use crate::wake;
 use crate::{Error, Result, TenureConnection};
 
-pub(crate) const INSERT_HEAD: &str = "INSERT INTO tenure_jobs \
-    (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, dedup_key, \
-     limit_key, limit_max, dedup_window_micros, workflow_id, run_when, stripes_pending) \
-    VALUES";
+macro_rules! insert_head {
+    ($table:literal) => {
+        concat!(
+            "INSERT INTO ",
+            $table,
+            " (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, \
+             dedup_key, limit_key, limit_max, dedup_window_micros, workflow_id, run_when, \
+             stripes_pending) VALUES"
+        )
+    };
+}
+
+pub(crate) const INSERT_HEAD: &str = insert_head!("tenure_jobs");
+
+/// A job with a dedup key: on PostgreSQL into the partition that holds the key's unique
+/// index (every keyed job lives there; docs/storage-design.md, job slots).
+pub(crate) const KEYED_INSERT_HEAD: &str = insert_head!("{keyed_jobs}");
 
 /// One row; one shape for both kinds of due time: an instant, or NULL and a delay.
 /// A job with dependencies is inserted `blocked`, with its stripes and `run_when`.
@@ -179,10 +192,15 @@ macro_rules! insert_one {
         } else {
             ""
         };
+        let head = if job.dedup_key.is_some() {
+            KEYED_INSERT_HEAD
+        } else {
+            INSERT_HEAD
+        };
         let sql = syntax.render_with(
             "{head} {row}{tail}{notify}",
             &[
-                ("head", INSERT_HEAD),
+                ("head", head),
                 ("row", INSERT_ROW),
                 ("tail", tail),
                 ("sets", sets),
