@@ -68,9 +68,12 @@ impl Dialect for PgConnection {
     }
 
     fn setup_session(&mut self, _setup: &SessionSetup) -> QueryResult<()> {
-        // Nothing to set: timestamptz is an instant whatever the session's time zone, and tenure
-        // chooses the isolation of each of its transactions itself.
-        Ok(())
+        // timestamptz is an instant whatever the session's time zone, and tenure chooses the
+        // isolation of each of its transactions itself. JIT compilation is off: tenure's
+        // statements are short, and over tenure_jobs' seven partitions, which are seldom
+        // analyzed (without autovacuum never), the planner's estimates of a prune's by-id
+        // statements passed JIT's cost thresholds: 340 ms compiling a 1 ms statement.
+        self.batch_execute("SET jit = off")
     }
 
     fn begin_write(&mut self) -> QueryResult<()> {

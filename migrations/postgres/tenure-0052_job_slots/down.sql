@@ -1,5 +1,5 @@
 -- Back to one table (tenure-0002 .. 0045's shape), rows, ids and privileges kept.
-DROP FUNCTION tenure_rotate_job_slots(bigint);
+DROP FUNCTION tenure_rotate_job_slots(bigint, integer);
 DROP TABLE tenure_jobs_rotation;
 ALTER TABLE tenure_jobs RENAME TO tenure_jobs_sliced;
 DROP INDEX tenure_jobs_dedup, tenure_jobs_stalled, tenure_jobs_finished, tenure_jobs_queue_state,

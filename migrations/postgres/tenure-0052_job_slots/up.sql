@@ -178,8 +178,8 @@ INSERT INTO tenure_jobs_rotation (rotated_at) VALUES (statement_timestamp());
 
 -- A rotation (`jobs::rotate_job_slots`), if the last is at least `min_interval_us` old by the
 -- database's clock: the first slot after the current one that holds no job is truncated and
--- becomes current. Its exclusive lock is waited for 5 ms at most (every statement on
--- tenure_jobs that arrives meanwhile waits behind it, so never longer; a busy queue rarely
+-- becomes current. Its exclusive lock is waited for `lock_wait_ms` at most (every statement
+-- on tenure_jobs that arrives meanwhile waits behind it, so never longer; a busy queue rarely
 -- leaves a slot unlocked for an instant, so NOWAIT alone was rarely granted), and the slot is
 -- checked empty under it: no writer can hold a row lock there then, and a slot with a job
 -- still in it (waiting, running, kept by retention) is never truncated; nothing is moved.
@@ -188,7 +188,8 @@ INSERT INTO tenure_jobs_rotation (rotated_at) VALUES (statement_timestamp());
 -- in time (the caller tries again a little later); -3 when no other slot is empty (retention
 -- keeps jobs longer than the slots turn, or a job runs long: new jobs go on filling the
 -- current slot).
-CREATE FUNCTION tenure_rotate_job_slots(min_interval_us bigint) RETURNS bigint LANGUAGE plpgsql
+CREATE FUNCTION tenure_rotate_job_slots(min_interval_us bigint, lock_wait_ms integer)
+    RETURNS bigint LANGUAGE plpgsql
     SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     current_slot integer;
@@ -217,7 +218,7 @@ BEGIN
         -- A look without the lock first: a slot still holding jobs is not locked at all.
         EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I)', partition) INTO busy;
         CONTINUE WHEN busy;
-        PERFORM set_config('lock_timeout', '5ms', true);
+        PERFORM set_config('lock_timeout', GREATEST(lock_wait_ms, 1) || 'ms', true);
         BEGIN
             EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', partition);
         EXCEPTION WHEN lock_not_available THEN

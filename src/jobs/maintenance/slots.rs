@@ -19,12 +19,13 @@ use crate::{Result, TenureConnection};
 /// moves new jobs on to it, if the last rotation is at least `min_interval` old by the
 /// database's clock. Returns the slot new jobs now go to, or `None` when nothing turned: not
 /// due yet, another rotation running, every other slot still holding a job, the slot's lock
-/// not granted (ten tries of 5 ms), or a backend without slots (MySQL/MariaDB, SQLite). A worker calls it every second with a five-second
+/// not granted (ten tries, from 5 ms to 100 ms each), or a backend without slots
+/// (MySQL/MariaDB, SQLite). A worker calls it every second with a five-second
 /// interval (after its prunes: a slot empties when retention has deleted its last job); a
 /// program that prunes without a worker ([`crate::jobs::prune`]) should call it too, from
 /// anywhere (any number of callers is safe: one rotation at a time, the others return
-/// `None`). The slot is locked, waiting 5 ms at most (statements on `tenure_jobs` wait
-/// behind that wait, never longer), and checked empty under its lock: a transaction that
+/// `None`). The slot is locked, waiting 5 ms at first and up to 100 ms on the last tries
+/// (statements on `tenure_jobs` wait behind that wait, never longer), and checked empty under its lock: a transaction that
 /// has used `tenure_jobs` and is still open (a report, say) keeps the slots from turning
 /// until it ends, never a claim waiting. Needs a bare connection. A `min_interval`
 /// longer than [`crate::MAX_TTL`] is [`crate::Error::InvalidInput`].
@@ -61,10 +62,13 @@ pub fn rotate_job_slots<C: TenureConnection>(
     dispatch!(conn, c => c.rotate_slots(micros))
 }
 
-/// How many times a rotation tries for a slot's lock (5 ms each) before it leaves the slot
-/// to the next call.
+/// How long each try waits for a slot's lock, in milliseconds. Statements on `tenure_jobs`
+/// that arrive during a wait queue behind it, so the first tries are short; under load
+/// (every claim transaction slower than the wait, so the lock is never free in time: a
+/// suite running at load 10 saw no rotation in three seconds with 5 ms tries alone) the
+/// later ones wait longer, at most 100 ms once in a rotation's interval.
 #[cfg(feature = "postgres")]
-const LOCK_TRIES: u32 = 10;
+const LOCK_WAITS_MS: [i32; 10] = [5, 5, 10, 10, 20, 20, 50, 50, 100, 100];
 
 /// The rotation, per backend: PostgreSQL's slots; nothing where `tenure_jobs` is one table.
 trait JobSlots {
@@ -96,18 +100,20 @@ impl JobSlots for diesel::pg::PgConnection {
         }
         // The migration's `tenure_rotate_job_slots` (it runs as the owner who migrated: an
         // application user with row privileges alone may rotate): the new current slot, -1
-        // when not due or another rotation runs, -2 when the slot's lock was not granted
-        // within 5 ms (tried again a little later, a few times: each try holds statements on
-        // tenure_jobs up at most that long), -3 when no other slot was empty.
+        // when not due or another rotation runs, -2 when the slot's lock was not granted in
+        // the wait given (tried again a little later, each try waiting a little longer:
+        // statements on tenure_jobs queue behind the wait, never longer), -3 when no other
+        // slot was empty.
         let mut slot = -2;
-        for attempt in 1..=LOCK_TRIES {
+        for wait in LOCK_WAITS_MS {
             slot = bare_write_transaction(self, "rotate_job_slots", |c| {
-                Ok(statement("SELECT tenure_rotate_job_slots(?) AS slot")
+                Ok(statement("SELECT tenure_rotate_job_slots(?, ?) AS slot")
                     .bind::<BigInt, _>(micros)
+                    .bind::<diesel::sql_types::Integer, _>(wait)
                     .get_result::<Slot>(c)?
                     .slot)
             })?;
-            if slot != -2 || attempt == LOCK_TRIES {
+            if slot != -2 {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
