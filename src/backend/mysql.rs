@@ -103,7 +103,6 @@ static SYNTAX: Syntax = Syntax {
     rendered: Rendered::new(),
     claim_kind_from: "tenure_ready c FORCE INDEX (tenure_ready_claim_kind) \
                       STRAIGHT_JOIN tenure_jobs j FORCE INDEX (PRIMARY) ON j.id = c.id",
-    keyed_jobs: "tenure_jobs",
 };
 
 /// What `GET_LOCK` and `RELEASE_LOCK` return: 1 done, 0 timed out, NULL on an error.

@@ -59,7 +59,6 @@ static SYNTAX: Syntax = Syntax {
     in_transaction: "",
     rendered: Rendered::new(),
     claim_kind_from: "tenure_ready c JOIN tenure_jobs j ON j.id = c.id",
-    keyed_jobs: "tenure_jobs_kept AS tenure_jobs",
 };
 
 impl Dialect for PgConnection {
@@ -68,12 +67,9 @@ impl Dialect for PgConnection {
     }
 
     fn setup_session(&mut self, _setup: &SessionSetup) -> QueryResult<()> {
-        // timestamptz is an instant whatever the session's time zone, and tenure chooses the
-        // isolation of each of its transactions itself. JIT compilation is off: tenure's
-        // statements are short, and over tenure_jobs' seven partitions, which are seldom
-        // analyzed (without autovacuum never), the planner's estimates of a prune's by-id
-        // statements passed JIT's cost thresholds: 340 ms compiling a 1 ms statement.
-        self.batch_execute("SET jit = off")
+        // Nothing to set: timestamptz is an instant whatever the session's time zone, and tenure
+        // chooses the isolation of each of its transactions itself.
+        Ok(())
     }
 
     fn begin_write(&mut self) -> QueryResult<()> {

@@ -50,7 +50,6 @@ static SYNTAX: Syntax = Syntax {
     in_transaction: "",
     rendered: Rendered::new(),
     claim_kind_from: "tenure_jobs AS c INDEXED BY tenure_jobs_claim_kind",
-    keyed_jobs: "tenure_jobs",
 };
 
 /// The file of the connection's main database ("" for a private in-memory or temporary one)

@@ -64,10 +64,6 @@ pub(crate) struct Syntax {
     /// `{claim_kind_from}`: the same for a claim of some kinds, which the kind-leading claim
     /// index serves (one range per kind, in claim order within it).
     pub claim_kind_from: &'static str,
-    /// `{keyed_jobs}`: the table a job with a dedup key is inserted into, named so that the
-    /// upsert's `tenure_jobs.` columns still mean the row (PostgreSQL: the `kept` partition,
-    /// which holds the key's unique index; elsewhere `tenure_jobs`).
-    pub keyed_jobs: &'static str,
     /// `{claim_waiting}`: the pick's condition that the job waits (`c.state` where `c` is
     /// the jobs table, `j.state` beside MySQL's ring, where a locking read sees the job's
     /// latest version). Empty on PostgreSQL: an entry exists exactly while its job waits
@@ -193,6 +189,5 @@ impl Syntax {
             .replace("{claim_waiting}", self.claim_waiting)
             .replace("{claim_lock}", self.claim_lock)
             .replace("{in_transaction}", self.in_transaction)
-            .replace("{keyed_jobs}", self.keyed_jobs)
     }
 }

@@ -101,5 +101,5 @@ pub(crate) use parked::{park_in_run, record_parked_run, resume_value};
 pub use maintenance::{
     FailedRun, Finished, JobFilter, MAX_OUTPUT_BYTES, QueueStats, Retention, RunOutput, RunningJob,
     Stats, cancel, get, history, list, outputs, prune, record_output, retry_dead,
-    retry_dead_of_kind, rotate_job_slots, rotate_ready, stats,
+    retry_dead_of_kind, rotate_ready, stats,
 };

@@ -1,5 +1,5 @@
 //! The maintenance thread: fires schedules, rescues lapsed claims and dead workers' claims,
-//! fails parked jobs past their deadline, prunes and turns PostgreSQL's job slots, on a connection of its own outside the
+//! fails parked jobs past their deadline and prunes, on a connection of its own outside the
 //! pool. (The ready ring's rotation stays on the claimer: `claimer.rs` says why.)
 //!
 //! Why not on the claimer: these passes read tables whose dead row versions a long
@@ -25,12 +25,6 @@ const EXPIRE_EVERY: Duration = Duration::from_secs(1);
 
 /// How often a worker with retention policies prunes.
 const PRUNE_EVERY: Duration = Duration::from_secs(5);
-
-/// How long PostgreSQL's new jobs fill one slot of `tenure_jobs` before a rotation may move
-/// them on ([`jobs::rotate_job_slots`], tried each second): a slot can be truncated only
-/// once retention has deleted every job in it, so it should hold a few seconds of jobs, and
-/// six of them should outlast a short retention (bench G's and P's ten seconds).
-const SLOT_TURN: Duration = Duration::from_secs(5);
 
 /// The thread's connection, opened when first needed and again after an error (it may be
 /// broken: the database restarted).
@@ -126,9 +120,6 @@ pub(super) fn maintain(shared: &Shared) {
             due.expire = Instant::now() + EXPIRE_EVERY;
             if let Err(e) = conn.with(|c| jobs::expire_parked(c, 100)) {
                 tracing::warn!(error = %e, "failing parked jobs past their deadline failed");
-            }
-            if let Err(e) = conn.with(|c| jobs::rotate_job_slots(c, SLOT_TURN)) {
-                tracing::warn!(error = %e, "turning the job slots failed");
             }
         }
         if !config.retention.is_empty() && Instant::now() >= due.prune {

@@ -306,12 +306,10 @@ fn a_claim_of_one_kind_reads_the_kind_index_past_other_kinds(backend: Backend) {
             assert!(plan.contains("queue_kind_priority_due_at_id_idx"), "{plan}");
             // The picked jobs by their primary key (a `j.state` condition in the pick made the
             // planner read them through their partial claim index, dead entries and all).
-            // (Each slot of tenure_jobs by its own key; the jobs are in slot 0.)
             assert!(
-                plan.contains("using tenure_jobs_0_pkey on tenure_jobs_0 j"),
+                plan.contains("using tenure_jobs_pkey on tenure_jobs j"),
                 "{plan}"
             );
-            assert!(!plan.contains("Seq Scan on tenure_jobs_0"), "{plan}");
             assert!(plan.contains("kind = 'A'"), "{plan}");
             // Merged in order (a Merge Append's sort key), never sorted.
             assert!(!plan.contains("Sort  ("), "{plan}");

@@ -9,8 +9,8 @@ use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 
 use super::enqueue::{
     FIND_FINISHED_TWIN, FOLD_FINISHED, INSERT_DEDUP_ON_CONFLICT, INSERT_DEDUP_ON_DUPLICATE_KEY,
-    INSERT_HEAD, INSERT_ROW, INSERTED_RETURNING, KEYED_INSERT_HEAD, LAST_INSERT_ID, STATE_OF,
-    StateKind, fold_into_finished_twin, insert_deduplicated, insert_dependent, insert_one, job_row,
+    INSERT_HEAD, INSERT_ROW, INSERTED_RETURNING, LAST_INSERT_ID, STATE_OF, StateKind,
+    fold_into_finished_twin, insert_deduplicated, insert_dependent, insert_one, job_row,
     lock_dependencies, on_conflict_sets, on_duplicate_key_sets, unexpected,
 };
 use super::model::InsertedRow;
@@ -76,7 +76,7 @@ macro_rules! upsert_keyed_rows {
         let rows = vec![INSERT_ROW; chunk.len()].join(", ");
         // Made anew: the text changes with the row count (not kept, not prepared).
         let sql = syntax.fill_with(
-            &format!("{KEYED_INSERT_HEAD} {rows}{INSERT_DEDUP_ON_CONFLICT}, queue, dedup_key"),
+            &format!("{INSERT_HEAD} {rows}{INSERT_DEDUP_ON_CONFLICT}, queue, dedup_key"),
             &[("sets", on_conflict_sets(mode))],
         );
         let rows = chunk.iter().map(|job| job_row!(row(), job)).collect();

@@ -18,23 +18,10 @@ use crate::sql_types::Instant;
 use crate::wake;
 use crate::{Error, Result, TenureConnection};
 
-macro_rules! insert_head {
-    ($table:literal) => {
-        concat!(
-            "INSERT INTO ",
-            $table,
-            " (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, \
-             dedup_key, limit_key, limit_max, dedup_window_micros, workflow_id, run_when, \
-             stripes_pending) VALUES"
-        )
-    };
-}
-
-pub(crate) const INSERT_HEAD: &str = insert_head!("tenure_jobs");
-
-/// A job with a dedup key: on PostgreSQL into the partition that holds the key's unique
-/// index (every keyed job lives there; docs/storage-design.md, job slots).
-pub(crate) const KEYED_INSERT_HEAD: &str = insert_head!("{keyed_jobs}");
+pub(crate) const INSERT_HEAD: &str = "INSERT INTO tenure_jobs \
+    (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, dedup_key, \
+     limit_key, limit_max, dedup_window_micros, workflow_id, run_when, stripes_pending) \
+    VALUES";
 
 /// One row; one shape for both kinds of due time: an instant, or NULL and a delay.
 /// A job with dependencies is inserted `blocked`, with its stripes and `run_when`.
@@ -192,15 +179,10 @@ macro_rules! insert_one {
         } else {
             ""
         };
-        let head = if job.dedup_key.is_some() {
-            KEYED_INSERT_HEAD
-        } else {
-            INSERT_HEAD
-        };
         let sql = syntax.render_with(
             "{head} {row}{tail}{notify}",
             &[
-                ("head", head),
+                ("head", INSERT_HEAD),
                 ("row", INSERT_ROW),
                 ("tail", tail),
                 ("sets", sets),

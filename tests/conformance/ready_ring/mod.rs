@@ -301,13 +301,9 @@ fn the_ring_follows_parked_jobs_workflows_schedules_and_bulk_retries(backend: Ba
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_a_live_database_migrates_into_the_ring() {
-    // The job slots (tenure-0052) came after the ring: reverted first, and run again after it.
     a_live_database_migrates_into_the_ring(
         Backend::Postgres,
-        &[
-            include_str!("../../../migrations/postgres/tenure-0052_job_slots/down.sql"),
-            include_str!("../../../migrations/postgres/tenure-0045_ready_ring/down.sql"),
-        ],
+        include_str!("../../../migrations/postgres/tenure-0045_ready_ring/down.sql"),
     );
 }
 
@@ -317,28 +313,19 @@ fn postgres_a_live_database_migrates_into_the_ring() {
 fn mysql_a_live_database_migrates_into_the_ring() {
     a_live_database_migrates_into_the_ring(
         Backend::Mysql,
-        &[include_str!(
-            "../../../migrations/mysql/tenure-0045_ready_ring/down.sql"
-        )],
+        include_str!("../../../migrations/mysql/tenure-0045_ready_ring/down.sql"),
     );
 }
 
-fn a_live_database_migrates_into_the_ring(backend: Backend, downs: &[&str]) {
+fn a_live_database_migrates_into_the_ring(backend: Backend, down: &str) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    for down in downs {
-        conn.batch_execute(down).unwrap();
-    }
-    let removed = diesel::sql_query(
-        "DELETE FROM __diesel_schema_migrations WHERE version LIKE '%0045%' OR version LIKE '%0052%'",
-    )
-    .execute(&mut conn)
-    .unwrap();
-    assert_eq!(
-        removed,
-        downs.len(),
-        "each reverted migration is on record once"
-    );
+    conn.batch_execute(down).unwrap();
+    let removed =
+        diesel::sql_query("DELETE FROM __diesel_schema_migrations WHERE version LIKE '%0045%'")
+            .execute(&mut conn)
+            .unwrap();
+    assert_eq!(removed, 1, "the ring's migration is on record once");
     let bulk: Vec<NewJob> = (0..500)
         .map(|i| NewJob::new("live", "a", vec![]).priority(i % 3))
         .collect();
@@ -366,7 +353,7 @@ fn a_live_database_migrates_into_the_ring(backend: Backend, downs: &[&str]) {
     );
     let all_before = count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs");
     let applied = tenure::run_migrations(&mut conn).unwrap();
-    assert_eq!(applied.len(), downs.len(), "{applied:?}");
+    assert_eq!(applied.len(), 1, "{applied:?}");
     assert_ring_exact(&mut conn, backend, "after migrating a live database");
     assert_eq!(
         count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_ready"),
