@@ -64,6 +64,14 @@ pub enum Event {
         /// How many jobs.
         deleted: usize,
     },
+    /// This worker moved jobs of a queue that waited too long to the front
+    /// ([`crate::worker::WorkerBuilder::age_priorities`]).
+    Aged {
+        /// The queue.
+        queue: String,
+        /// How many jobs.
+        jobs: usize,
+    },
     /// This worker fired recurring schedules.
     SchedulesFired {
         /// How many jobs they enqueued.
@@ -187,6 +195,9 @@ pub(crate) fn log(event: &Event) {
         ),
         Event::Pruned { queue, deleted } => {
             tracing::debug!(target: "tenure::worker", %queue, deleted, "pruned finished jobs")
+        }
+        Event::Aged { queue, jobs } => {
+            tracing::debug!(target: "tenure::worker", %queue, jobs, "aged waiting jobs' priorities")
         }
         Event::SchedulesFired { enqueued } => {
             tracing::debug!(target: "tenure::worker", enqueued, "fired schedules")

@@ -11,6 +11,7 @@
 //! | `tenure_job_queue_wait_seconds` | histogram | `queue`, `kind` | from a job's due time to its claim (database clock) |
 //! | `tenure_jobs_rescued_total` | counter | `result` (`requeued`, `dead`, `cancelled`) | jobs whose claims lapsed, returned by this process's workers |
 //! | `tenure_jobs_pruned_total` | counter | `queue` | finished jobs deleted by retention |
+//! | `tenure_jobs_aged_total` | counter | `queue` | waiting jobs moved to the front by priority aging |
 //! | `tenure_jobs` | gauge | `queue`, `state` | jobs per state, from [`record_stats`] |
 //! | `tenure_queue_oldest_waiting_seconds` | gauge | `queue` | the longest wait of a due job, from [`record_stats`] |
 //! | `tenure_queue_paused` | gauge | `queue` | 1 while paused, from [`record_stats`] |
@@ -95,6 +96,9 @@ pub(crate) fn record_event(event: &Event) {
         Event::Pruned { queue, deleted } => {
             counter!("tenure_jobs_pruned_total", "queue" => queue.clone())
                 .increment(*deleted as u64);
+        }
+        Event::Aged { queue, jobs } => {
+            counter!("tenure_jobs_aged_total", "queue" => queue.clone()).increment(*jobs as u64);
         }
         Event::SchedulesFired { .. } => {}
     }

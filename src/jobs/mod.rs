@@ -97,9 +97,9 @@ pub use parked::{
 };
 pub(crate) use parked::{park_in_run, record_parked_run, resume_value};
 
-// Maintenance: retention, an operator's calls, reading the queue, runs' outputs.
+// Maintenance: priority aging, retention, an operator's calls, reading the queue, runs' outputs.
 pub use maintenance::{
-    FailedRun, Finished, JobFilter, MAX_OUTPUT_BYTES, QueueStats, Retention, RunOutput, RunningJob,
-    Stats, cancel, get, history, list, outputs, prune, record_output, retry_dead,
-    retry_dead_of_kind, rotate_ready, stats,
+    AGED_PRIORITY, FailedRun, Finished, JobFilter, MAX_OUTPUT_BYTES, QueueStats, Retention,
+    RunOutput, RunningJob, Stats, age_priorities, cancel, get, history, list, outputs, prune,
+    record_output, retry_dead, retry_dead_of_kind, rotate_ready, stats,
 };

@@ -26,6 +26,12 @@ const EXPIRE_EVERY: Duration = Duration::from_secs(1);
 /// How often a worker with retention policies prunes.
 const PRUNE_EVERY: Duration = Duration::from_secs(5);
 
+/// How often a worker that ages priorities does so: a quarter of the age, from 250 ms (each
+/// pass reads the queue's due entries) to 30 s.
+fn aging_every(after: Duration) -> Duration {
+    (after / 4).clamp(Duration::from_millis(250), Duration::from_secs(30))
+}
+
 /// The thread's connection, opened when first needed and again after an error (it may be
 /// broken: the database restarted).
 struct Dedicated<'a> {
@@ -54,6 +60,7 @@ struct Due {
     rescue: Instant,
     expire: Instant,
     dead_workers: Instant,
+    aging: Instant,
 }
 
 pub(super) fn maintain(shared: &Shared) {
@@ -74,6 +81,7 @@ pub(super) fn maintain(shared: &Shared) {
         rescue: now,
         expire: now,
         dead_workers: now,
+        aging: now,
     };
     loop {
         {
@@ -88,6 +96,7 @@ pub(super) fn maintain(shared: &Shared) {
                     Some(due.rescue),
                     Some(due.expire),
                     Some(due.dead_workers),
+                    config.aging.map(|_| due.aging),
                 ]
                 .into_iter()
                 .flatten()
@@ -122,6 +131,12 @@ pub(super) fn maintain(shared: &Shared) {
                 tracing::warn!(error = %e, "failing parked jobs past their deadline failed");
             }
         }
+        if let Some(after) = config.aging
+            && Instant::now() >= due.aging
+        {
+            due.aging = Instant::now() + aging_every(after);
+            age_all(shared, &mut conn, after);
+        }
         if !config.retention.is_empty() && Instant::now() >= due.prune {
             due.prune = Instant::now() + PRUNE_EVERY;
             prune_all(shared, &mut conn, &config.retention);
@@ -149,6 +164,33 @@ fn rescued(shared: &Shared, outcome: Result<jobs::Rescued>) {
         }
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "rescue failed"),
+    }
+}
+
+/// One aging pass over the worker's queues, `MAX_BATCH` jobs a call, until a call moves fewer
+/// or the worker stops.
+fn age_all(shared: &Shared, conn: &mut Dedicated<'_>, after: Duration) {
+    for queue in &shared.config.queues {
+        let mut aged = 0;
+        loop {
+            match conn.with(|c| jobs::age_priorities(c, queue, after, jobs::MAX_BATCH)) {
+                Ok(n) if n == jobs::MAX_BATCH && !shared.stopping() => aged += n,
+                Ok(n) => {
+                    aged += n;
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(%queue, error = %e, "aging priorities failed");
+                    break;
+                }
+            }
+        }
+        if aged > 0 {
+            shared.emit(Event::Aged {
+                queue: queue.clone(),
+                jobs: aged,
+            });
+        }
     }
 }
 

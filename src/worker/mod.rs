@@ -143,6 +143,7 @@ pub struct WorkerBuilder {
     poll_interval: Duration,
     backoff: Backoff,
     retention: Vec<(String, Finished, Retention)>,
+    aging: Option<Duration>,
     run_schedules: bool,
     prefetch: usize,
     hooks: Vec<Hook>,
@@ -166,6 +167,7 @@ impl Worker {
             poll_interval: Duration::from_secs(1),
             backoff: Backoff::default(),
             retention: Vec::new(),
+            aging: None,
             run_schedules: false,
             prefetch: 100,
             hooks: Vec::new(),
@@ -400,6 +402,27 @@ impl WorkerBuilder {
         self
     }
 
+    /// Ages the priorities of its queues' waiting jobs ([`crate::jobs::age_priorities`]): a
+    /// job due for longer than `after` moves to the front of its queue
+    /// ([`crate::jobs::AGED_PRIORITY`]), so more urgent jobs delay it by at most `after` plus
+    /// one pass (a quarter of `after`, from 250 ms to 30 s). `after` must be between 1 ms and
+    /// 366 days ([`WorkerBuilder::start`] refuses it otherwise). Off by default.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), tenure::Error> {
+    /// use std::time::Duration;
+    /// let pool = tenure::Pool::builder(":memory:").build()?;
+    /// let worker = tenure::worker::Worker::builder(pool)
+    ///     .queue("reports")
+    ///     .age_priorities(Duration::from_secs(60));
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// ```
+    pub fn age_priorities(mut self, after: Duration) -> Self {
+        self.aging = Some(after);
+        self
+    }
+
     /// Also fire recurring schedules ([`crate::schedules::tick`]) from this worker, every
     /// 100 ms. Any number of workers may do so: each tick is enqueued once.
     pub fn run_schedules(mut self) -> Self {
@@ -543,6 +566,14 @@ impl WorkerBuilder {
         for (queue, _, _) in &self.retention {
             validate::name("queue", queue)?;
         }
+        if let Some(after) = self.aging {
+            validate::ttl(after).map_err(|_| {
+                Error::invalid(
+                    "after",
+                    format!("{after:?} is not between 1 ms and 366 days"),
+                )
+            })?;
+        }
         let mut kind_names: Vec<String> = self.kinds.keys().cloned().collect();
         kind_names.sort_unstable();
         let backoff = self.backoff;
@@ -567,6 +598,7 @@ impl WorkerBuilder {
             claim_ttl: self.claim_ttl,
             poll_interval: self.poll_interval,
             retention: self.retention,
+            aging: self.aging,
             run_schedules: self.run_schedules,
             prefetch: self.prefetch.min(crate::jobs::MAX_BATCH),
             hooks: self.hooks,

@@ -35,6 +35,8 @@ pub(crate) struct Config {
     pub claim_ttl: Duration,
     pub poll_interval: Duration,
     pub retention: Vec<(String, jobs::Finished, jobs::Retention)>,
+    /// Priority aging of the worker's queues: after how long a due job moves to the front.
+    pub aging: Option<Duration>,
     pub run_schedules: bool,
     /// The most jobs claimed ahead of the threads.
     pub prefetch: usize,

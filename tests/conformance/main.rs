@@ -54,6 +54,7 @@ mod leases;
 mod migrations;
 mod parked;
 mod parked_runs;
+mod priority_aging;
 // Users and grants exist on the servers only.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod privileges;
