@@ -76,6 +76,11 @@
 //!   concurrency-limit slot) only then: a run past its timeout or whose job was cancelled
 //!   keeps its claim, renewed, while the handler runs, so no second run of the job starts
 //!   meanwhile and at most n handlers of a `limit(key, n)` run at once.
+//! - **Priorities starve no job whose queue ages them.** Claims take the most urgent
+//!   priority first; [`jobs::age_priorities`] (every quarter of the bound in a worker built
+//!   with [`worker::WorkerBuilder::age_priorities`]) moves a job due for longer than its bound
+//!   to [`jobs::AGED_PRIORITY`], where only jobs that came due before it are claimed first: a
+//!   stream of more urgent jobs delays it by at most the bound plus one pass.
 //! - **A dependent job runs once, when its dependencies allow.** A job that depends on
 //!   others ([`jobs::NewJob::depends_on`], [`jobs::Workflow`]) is `blocked` until they
 //!   finish as its [`jobs::RunWhen`] asks, and is released (or cancelled) by the transaction

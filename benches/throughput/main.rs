@@ -11,7 +11,7 @@
 //!   --scale           also drain with 1,000,000 finished and with 100,000 waiting jobs
 //!   --prefetch N      the workers' prefetch (default: the builder's, 100)
 //!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; E, F, G, H, K, L, P, Q, R,
-//!                     S, V and W only when listed)
+//!                     S, V, W and Y only when listed)
 //!   --phase-secs N    G: seconds of its clean and released phases; the snapshot is held
 //!                     twice as long (default 30)
 //!   --rate N          G: jobs a second (default 1000)
@@ -37,6 +37,7 @@
 
 use std::time::Duration;
 
+mod aging;
 mod capacity;
 mod drain;
 mod enqueue;
@@ -259,6 +260,25 @@ fn main() {
                 runs(&|| leases::guard_take_release(backend, &options, false)),
                 None,
             );
+        }
+        if wanted('Y') {
+            for after in [
+                Some(Duration::from_secs(1)),
+                Some(Duration::from_secs(5)),
+                None,
+            ] {
+                let (figures, longest, ran) = aging::aging(backend, &options, after);
+                let label = match after {
+                    Some(after) => format!(
+                        "Y. low job behind an urgent stream, aged after {after:?}: wait (longest {}, {ran} of 20 ran)",
+                        ms(Some(longest))
+                    ),
+                    None => {
+                        format!("Y. the same without aging (control): {ran} of 20 ran within 10 s")
+                    }
+                };
+                row(&label, figures, None);
+            }
         }
         if wanted('V') {
             waiting::waiting(backend, &options);

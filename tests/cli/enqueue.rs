@@ -9,7 +9,10 @@ use tenure::Backend;
 use crate::common::{TestDb, conformance};
 use crate::{json, ok, tenure};
 
-conformance!(jobs_that_cannot_run_are_refused_and_nothing_is_enqueued,);
+conformance!(
+    jobs_that_cannot_run_are_refused_and_nothing_is_enqueued,
+    a_lower_priority_number_is_claimed_first_as_the_help_says,
+);
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -204,4 +207,36 @@ fn jobs_that_cannot_run_are_refused_and_nothing_is_enqueued(backend: Backend) {
     let listed = json(url, &["jobs", "list"]);
     assert_eq!(listed.as_array().map(Vec::len), Some(3), "{listed}");
     assert_eq!(listed[1]["payload"], "null");
+}
+
+/// `--priority`'s help says lower numbers are claimed first (it said "higher" while the
+/// claim took lower ones first): two jobs enqueued by the command, the lower number claimed
+/// first though enqueued last.
+fn a_lower_priority_number_is_claimed_first_as_the_help_says(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let url = db.url();
+    let enqueue = |priority: &str| {
+        json(
+            url,
+            &[
+                "enqueue",
+                "--queue",
+                "q",
+                "--kind",
+                "k",
+                "--priority",
+                priority,
+            ],
+        )["id"]
+            .as_i64()
+            .unwrap()
+    };
+    let _later = enqueue("5");
+    let first = enqueue("-5");
+    let help = String::from_utf8_lossy(&tenure(url, &["enqueue", "--help"]).stdout).into_owned();
+    assert!(help.contains("lower numbers are claimed first"), "{help}");
+    let mut conn = db.connect();
+    let claimed =
+        tenure::jobs::claim(&mut conn, "q", 1, std::time::Duration::from_secs(60)).unwrap();
+    assert_eq!(claimed[0].id, first);
 }

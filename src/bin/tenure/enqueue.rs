@@ -36,7 +36,7 @@ pub struct JobArgs {
     /// not given.
     #[arg(long)]
     payload: Option<String>,
-    /// Among the queue's due jobs, higher priorities are claimed first (any integer).
+    /// Among the queue's due jobs, lower numbers are claimed first (any integer: -1 before 0).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     priority: i32,
     /// Runs in all before a failing job ends dead. The default, 3, tries a failing command
