@@ -39,6 +39,12 @@ pub(crate) fn forget_failed_statements(conn: &mut MysqlConnection, result: &impl
     ) {
         return;
     }
+    forget_prepared_statements(conn);
+}
+
+/// Drops the connection's prepared statements (diesel keeps no other way to forget them): the
+/// next execution of each prepares it anew.
+fn forget_prepared_statements(conn: &mut MysqlConnection) {
     conn.set_prepared_statement_cache_size(CacheSize::Disabled);
     conn.set_prepared_statement_cache_size(CacheSize::Unbounded);
 }
@@ -170,8 +176,7 @@ impl Dialect for MysqlConnection {
             // The statement that failed may have left its result half-read, and the caller
             // will see `RolledBackUnderUs`, not a database error, so `dispatch!` would not
             // forget it: its next execution would wait for good for the rest of that result.
-            self.set_prepared_statement_cache_size(CacheSize::Disabled);
-            self.set_prepared_statement_cache_size(CacheSize::Unbounded);
+            forget_prepared_statements(self);
         }
         ended
     }

@@ -43,7 +43,10 @@ pub enum Retention {
     KeepAll,
     /// Delete them all (with a worker pruning every few seconds: "delete on completion").
     DeleteAll,
-    /// Keep the newest N (by finish time).
+    /// Keep the newest N (by finish time). Jobs that finished at the same instant as the
+    /// N-th newest are kept with it (a batch completed in one call shares one finish time),
+    /// so a few more than N may stay: deciding among them by id would let a prune delete a
+    /// job that finished, in another transaction, at that very instant after the prune read.
     KeepNewest(u64),
     /// Keep those that finished less than this long ago (database clock).
     KeepYoungerThan(Duration),
