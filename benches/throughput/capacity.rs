@@ -14,6 +14,7 @@ use tenure::jobs::{self, Finished, NewJob, Retention};
 use tenure::worker::{JobContext, JobError, Worker};
 use tenure::{AnyConnection, Backend};
 
+use crate::chart::{self, Series};
 use crate::steady::{autovacuum, ring_generation, table_readings};
 use crate::support::BenchDb;
 
@@ -73,6 +74,8 @@ pub fn capacity(backend: Backend, secs: u64, window_secs: u64, threads: usize) {
     println!("|---|---|---|---|---|---|");
     let started = Instant::now();
     let mut rates: Vec<(u64, f64)> = Vec::new();
+    // (t, dead versions, size MB) per window, for the chart.
+    let mut readings: Vec<(f64, f64, f64)> = Vec::new();
     let mut last = (Instant::now(), 0);
     while started.elapsed() < Duration::from_secs(secs) {
         std::thread::sleep(Duration::from_secs(window_secs));
@@ -85,6 +88,7 @@ pub fn capacity(backend: Backend, secs: u64, window_secs: u64, threads: usize) {
             .map_or(-1, |d| d.due as i64);
         let (dead, size) = table_readings(&mut watch, backend, sqlite_path.as_deref());
         let rotations = ring_generation(&mut watch, backend);
+        readings.push((t as f64, dead as f64, size as f64 / 1e6));
         println!(
             "| {t} | {rate:.0} | {depth} | {dead} | {:.1} | {rotations} |",
             size as f64 / 1e6
@@ -93,6 +97,29 @@ pub fn capacity(backend: Backend, secs: u64, window_secs: u64, threads: usize) {
     stop.store(true, Ordering::Relaxed);
     producer.join().expect("the producer panicked");
     worker.shutdown(Duration::from_secs(10));
+    let charted = chart::write(
+        &format!("p-{backend:?}-{secs}s").to_lowercase(),
+        &format!("P on {backend:?}: {KEEP_DUE} due kept, {threads} threads{vacuum}"),
+        &[
+            Series {
+                label: "jobs completed a second".into(),
+                points: rates.iter().map(|(t, r)| (*t as f64, *r)).collect(),
+            },
+            Series {
+                label: "dead row versions (or the backend's reading)".into(),
+                points: readings.iter().map(|r| (r.0, r.1)).collect(),
+            },
+            Series {
+                label: "tables and indexes (MB)".into(),
+                points: readings.iter().map(|r| (r.0, r.2)).collect(),
+            },
+        ],
+        None,
+    );
+    match charted {
+        Ok(path) => println!("P on {backend:?}: chart {}", path.display()),
+        Err(e) => println!("P on {backend:?}: no chart ({e})"),
+    }
     let minute = 60.min(secs / 2).max(window_secs);
     let mean = |from: u64, to: u64| {
         let window: Vec<f64> = rates

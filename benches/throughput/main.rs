@@ -26,6 +26,9 @@
 //! and completes until the claimed kinds are drained. K claims one kind (A), L two (A and C,
 //! half of N each). p50/p95 are per `claim_kinds` call.
 //!
+//! G and P also write their windows as SVG charts (pickup p99, dead versions, size; P's rate)
+//! to `TENURE_BENCH_CHARTS` (default `bench-charts/`), one file per backend and length.
+//!
 //! Servers: `TENURE_TEST_POSTGRES_URL` / `TENURE_TEST_MYSQL_URL` (defaulting to the local
 //! services); each run gets a database of its own, dropped afterwards. G and P print the
 //! server's `autovacuum` setting; to measure with it on (this machine's server has it off),
@@ -39,6 +42,7 @@ use std::time::Duration;
 
 mod aging;
 mod capacity;
+mod chart;
 mod drain;
 mod enqueue;
 mod fleet;

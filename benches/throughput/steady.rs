@@ -20,6 +20,7 @@ use tenure::jobs::{self, Finished, NewJob, Retention};
 use tenure::worker::{JobContext, JobError, Worker};
 use tenure::{AnyConnection, Backend};
 
+use crate::chart::{self, Series};
 use crate::support::{BenchDb, Figures, ms, percentile, with_latencies};
 
 /// G's shape: seconds of each of the clean and released phases (the pinned one is twice
@@ -184,7 +185,16 @@ pub fn steady(backend: Backend, shape: &Steady) {
     );
     println!("|---|---|---|---|---|---|---|---|");
     let mut summary: Vec<(&str, Vec<Duration>, i64)> = Vec::new();
+    // (t, pickup p99 ms, dead versions, size MB) per window, for the chart.
+    let mut series: Vec<(f64, f64, f64, f64)> = Vec::new();
+    let mut held = (0.0, 0.0);
     for (phase, secs) in phases {
+        if phase == "snapshot held" {
+            held.0 = started_at.elapsed().as_secs_f64();
+        }
+        if phase == "released" {
+            held.1 = started_at.elapsed().as_secs_f64();
+        }
         if phase == "snapshot held" {
             pin_snapshot(&mut holder, backend);
         }
@@ -205,6 +215,13 @@ pub fn steady(backend: Backend, shape: &Steady) {
             let (dead, size) = table_readings(&mut watch, backend, sqlite_path.as_deref());
             peak_size = peak_size.max(size);
             let rotations = ring_generation(&mut watch, backend);
+            let p99 = percentile(&window, 0.99).map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+            series.push((
+                started_at.elapsed().as_secs_f64(),
+                p99,
+                dead as f64,
+                size as f64 / 1e6,
+            ));
             println!(
                 "| {phase} | {} | {} | {} | {depth} | {dead} | {:.1} | {rotations} |",
                 started_at.elapsed().as_secs(),
@@ -220,6 +237,33 @@ pub fn steady(backend: Backend, shape: &Steady) {
     stop.store(true, Ordering::Relaxed);
     producer.join().expect("the producer panicked");
     worker.shutdown(Duration::from_secs(10));
+    let dead_label = match backend {
+        Backend::Postgres => "dead row versions (n_dead_tup)",
+        Backend::Mysql => "undo records not purged (history length)",
+        Backend::Sqlite => "WAL bytes",
+    };
+    let column = |label: &str, pick: fn(&(f64, f64, f64, f64)) -> f64| Series {
+        label: label.into(),
+        points: series.iter().map(|w| (w.0, pick(w))).collect(),
+    };
+    let charted = chart::write(
+        &format!("g-{backend:?}-{}s", shape.phase_secs * 2).to_lowercase(),
+        &format!(
+            "G on {backend:?}: {} jobs/s, a snapshot held {} s{vacuum}",
+            shape.rate,
+            shape.phase_secs * 2
+        ),
+        &[
+            column("pickup p99 (ms)", |w| w.1),
+            column(dead_label, |w| w.2),
+            column("tables and indexes (MB)", |w| w.3),
+        ],
+        Some((held.0, held.1, "snapshot held")),
+    );
+    match charted {
+        Ok(path) => println!("G on {backend:?}: chart {}", path.display()),
+        Err(e) => println!("G on {backend:?}: no chart ({e})"),
+    }
     let clean_p99 = percentile(&summary[0].1, 0.99);
     for (phase, pickups, peak) in &summary {
         let p99 = percentile(pickups, 0.99);

@@ -56,6 +56,7 @@ mod migrations;
 mod parked;
 mod parked_runs;
 mod priority_aging;
+mod priority_aging_attacks;
 // Users and grants exist on the servers only.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod privileges;
