@@ -170,13 +170,16 @@ fn rescued(shared: &Shared, outcome: Result<jobs::Rescued>) {
 /// One aging pass over the worker's queues, `MAX_BATCH` jobs a call, until a call moves fewer
 /// or the worker stops.
 fn age_all(shared: &Shared, conn: &mut Dedicated<'_>, after: Duration) {
+    // Validated when the worker was built.
+    let after = i64::try_from(after.as_micros()).unwrap_or(i64::MAX);
     for queue in &shared.config.queues {
         let mut aged = 0;
         loop {
-            match conn.with(|c| jobs::age_priorities(c, queue, after, jobs::MAX_BATCH)) {
-                Ok(n) if n == jobs::MAX_BATCH && !shared.stopping() => aged += n,
-                Ok(n) => {
-                    aged += n;
+            // Again while a call read a full batch (it may have moved fewer: claims took some).
+            match conn.with(|c| jobs::age_batch(c, queue, after, jobs::MAX_BATCH as i64)) {
+                Ok((read, moved)) if read == jobs::MAX_BATCH && !shared.stopping() => aged += moved,
+                Ok((_, moved)) => {
+                    aged += moved;
                     break;
                 }
                 Err(e) => {

@@ -20,7 +20,7 @@ use crate::ready_ring::{assert_ring_exact, rotate_times, spawn_rotator};
 conformance!(
     a_limited_aging_call_ages_the_job_due_first,
     aging_every_period_with_a_limit_reaches_a_low_job_behind_an_urgent_backlog,
-    aging_in_a_repeatable_read_transaction_after_rotations_is_not_nothing_to_do,
+    aging_inside_a_callers_transaction_is_refused_and_changes_nothing,
     aging_racing_claims_retries_cancels_and_rotations_keeps_the_ring_exact,
 );
 
@@ -121,11 +121,14 @@ fn aging_every_period_with_a_limit_reaches_a_low_job_behind_an_urgent_backlog(ba
     );
 }
 
-/// A caller's REPEATABLE READ transaction reads first, rotations (on another connection)
-/// then move every ring entry past its snapshot, and the caller ages the queue: a job due
-/// for an hour waits, so the call must age it or fail retryably; `Ok(0)` would tell the
-/// caller there was nothing to age while the job sits behind any urgent work.
-fn aging_in_a_repeatable_read_transaction_after_rotations_is_not_nothing_to_do(backend: Backend) {
+/// Found by attack: aging inside a caller's REPEATABLE READ transaction, after rotations
+/// moved the ready ring's entries, read the ring under the caller's snapshot and returned 0
+/// ("nothing to do") on PostgreSQL while a job was due an hour ago, and never returned on
+/// MariaDB (a prepared read under a view older than a partition's truncate: the client waits
+/// for a reply the server never sends). Aging now refuses to run inside a transaction, on
+/// every backend: `Error::InTransaction`, and the job keeps its priority. (Run on its own
+/// thread with a guard, so that a hang fails the test instead of the run.)
+fn aging_inside_a_callers_transaction_is_refused_and_changes_nothing(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let mut caller = db.connect();
@@ -136,37 +139,46 @@ fn aging_in_a_repeatable_read_transaction_after_rotations_is_not_nothing_to_do(b
             .priority(LOW)
             .at(now - chrono::TimeDelta::hours(1)),
     );
-    match backend {
-        Backend::Postgres => caller.batch_execute(
-            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ",
-        ),
-        Backend::Mysql => {
-            caller.batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    let (sent, outcome) = std::sync::mpsc::channel();
+    let mut rotator = db.connect();
+    std::thread::spawn(move || {
+        match backend {
+            Backend::Postgres => caller.batch_execute(
+                "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+            ),
+            Backend::Mysql => {
+                caller.batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            }
+            Backend::Sqlite => Ok(()),
         }
-        Backend::Sqlite => Ok(()),
-    }
-    .unwrap();
-    let outcome = caller.transaction::<_, Error, _>(|c| {
-        assert_eq!(jobs::get(c, old)?.unwrap().state, JobState::Waiting);
-        let rotated = rotate_times(&mut conn, 3);
-        if backend != Backend::Sqlite {
-            assert_eq!(rotated, 3, "rotations under the caller's snapshot");
-        }
-        jobs::age_priorities(c, "q", Duration::from_secs(1), 10)
+        .unwrap();
+        let outcome = caller.transaction::<_, Error, _>(|c| {
+            assert_eq!(jobs::get(c, old)?.unwrap().state, JobState::Waiting);
+            let rotated = rotate_times(&mut rotator, 3);
+            if backend != Backend::Sqlite {
+                assert_eq!(rotated, 3, "rotations under the caller's snapshot");
+            }
+            jobs::age_priorities(c, "q", Duration::from_secs(1), 10)
+        });
+        let _ = sent.send(outcome);
     });
-    let priority = jobs::get(&mut conn, old).unwrap().unwrap().priority;
-    match outcome {
-        Ok(aged) => assert!(
-            aged == 1 && priority == AGED_PRIORITY,
-            "{backend}: aging said {aged} job(s) aged, and the job due an hour ago is at \
-             priority {priority}: nothing to do, while there was"
-        ),
-        Err(e) => {
-            assert!(e.is_retryable(), "{backend}: not a retryable error: {e}");
-            assert_eq!(priority, LOW);
-        }
-    }
-    assert_ring_exact(&mut conn, backend, "after aging at REPEATABLE READ");
+    let Ok(outcome) = outcome.recv_timeout(Duration::from_secs(30)) else {
+        // The hung session holds the caller's transaction: dropping the database would wait
+        // for it too.
+        std::mem::forget(db);
+        panic!("{backend}: aging in a REPEATABLE READ transaction did not return in 30 s");
+    };
+    assert!(
+        matches!(outcome, Err(Error::InTransaction { .. })),
+        "{backend}: aging inside a transaction gave {outcome:?}"
+    );
+    assert_eq!(jobs::get(&mut conn, old).unwrap().unwrap().priority, LOW);
+    assert_ring_exact(&mut conn, backend, "after a refused aging");
+    // Outside the transaction it ages the job.
+    assert_eq!(
+        jobs::age_priorities(&mut conn, "q", Duration::from_secs(1), 10).unwrap(),
+        1
+    );
 }
 
 /// A small deterministic generator (xorshift), one per thread.

@@ -13,7 +13,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer, Text};
 
 use crate::backend::statement::statement;
-use crate::backend::transaction::retry_transient;
+use crate::backend::transaction::{in_transaction, retry_transient};
 use crate::backend::{Dialect, dispatch};
 use crate::jobs::queue::{check_count, ids_of};
 use crate::rows::IdRow;
@@ -23,11 +23,13 @@ use crate::{Error, Result, TenureConnection, validate};
 pub const AGED_PRIORITY: i32 = i32::MIN;
 
 /// The waiting jobs of a queue due for longer than the bound and not aged yet, read where
-/// claims read (the ready ring on PostgreSQL and MySQL/MariaDB, the claim index on SQLite). A
+/// claims read (the ready ring on PostgreSQL and MySQL/MariaDB, the claim index on SQLite),
+/// those due first first: a limited call must never age the urgent jobs of a backlog and
+/// leave older, less urgent ones (the claim index would hand out the most urgent first). A
 /// plain read: the change below checks again.
 const AGED_CANDIDATES: &str = "\
     SELECT c.id AS id FROM {claim_from} WHERE c.queue = ?{claim_waiting} \
-    AND c.priority > ? AND c.due_at <= {now+ttl} LIMIT ?";
+    AND c.priority > ? AND c.due_at <= {now+ttl} ORDER BY c.due_at, c.id LIMIT ?";
 
 /// Ages the candidates that still wait, still due for longer than the bound, by primary key:
 /// a job claimed, cancelled or rescheduled since the read is left as it is.
@@ -48,6 +50,11 @@ const AGE: &str = "\
 ///
 /// An aged job keeps [`AGED_PRIORITY`] when it is retried or snoozed. `after` must be
 /// between 1 ms and 366 days; anything else is [`Error::InvalidInput`] and changes nothing.
+/// Needs a connection outside any transaction ([`Error::InTransaction`] otherwise): under a
+/// caller's older snapshot the ready ring, rotated since, would read as empty (PostgreSQL) or
+/// the read would never return (MariaDB).
+///
+/// [`Error::InTransaction`]: crate::Error::InTransaction
 ///
 /// ```
 /// # fn main() -> Result<(), tenure::Error> {
@@ -75,6 +82,22 @@ pub fn age_priorities<C: TenureConnection>(
         )
     })?;
     let limit = check_count(limit)?;
+    Ok(age_batch(conn, queue, after, limit)?.1)
+}
+
+/// One aging call, validated: how many candidates it read (a full batch: call again) and how
+/// many it moved (fewer when a claim took some between the read and the change).
+pub(crate) fn age_batch<C: TenureConnection>(
+    conn: &mut C,
+    queue: &str,
+    after: i64,
+    limit: i64,
+) -> Result<(usize, usize)> {
+    if in_transaction(conn) {
+        return Err(Error::InTransaction {
+            operation: "age_priorities",
+        });
+    }
     retry_transient(|| {
         dispatch!(conn, c => {
             let syntax = c.syntax();
@@ -87,14 +110,16 @@ pub fn age_priorities<C: TenureConnection>(
                     .load::<IdRow>(c)?,
             );
             if ids.is_empty() {
-                return Ok(0);
+                return Ok((0, 0));
             }
-            Ok(statement(syntax.render(AGE))
+            let read = ids.len();
+            let moved = statement(syntax.render(AGE))
                 .bind::<Integer, _>(AGED_PRIORITY)
                 .bind::<Integer, _>(AGED_PRIORITY)
                 .bind::<BigInt, _>(-after)
                 .bind_ids(ids)
-                .execute(c)?)
+                .execute(c)?;
+            Ok((read, moved))
         })
     })
 }
