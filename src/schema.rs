@@ -184,6 +184,20 @@ diesel::table! {
         /// claim made outside a worker, by the worker for a job whose claims lapsed before.
         /// A lapse counts against a job the first time, then only for a run that began.
         started_at -> Nullable<Instant>,
+        /// Its sequence key ([`NewJob::sequence`](crate::jobs::NewJob::sequence)): it runs
+        /// after the job enqueued before it with this key has completed.
+        sequence_key -> Nullable<Text>,
+    }
+}
+
+diesel::table! {
+    /// Sequences: per key, the last job enqueued with it; the row's lock orders the enqueues
+    /// of a key ([`NewJob::sequence`](crate::jobs::NewJob::sequence)).
+    tenure_sequences (sequence_key) {
+        /// The key.
+        sequence_key -> Text,
+        /// The last job enqueued with it (it may have been pruned since).
+        last_job_id -> BigInt,
     }
 }
 
@@ -374,7 +388,10 @@ diesel::table! {
         stripe -> Integer,
         /// 1 once `depends_on` finished and its stripe was counted down.
         counted -> Integer,
-        /// `job_id`'s [`RunWhen`](crate::jobs::RunWhen) (it never changes).
+        /// `job_id`'s [`RunWhen`](crate::jobs::RunWhen) (it never changes), or
+        /// `sequence_hold`: the edge of a sequence whose dead or cancelled predecessor holds
+        /// `job_id` until it completes after all or an operator lets the sequence go on
+        /// ([`skip_in_sequence`](crate::jobs::skip_in_sequence)).
         run_when -> Text,
     }
 }
@@ -507,6 +524,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     tenure_workflows,
     tenure_job_dependencies,
     tenure_dependency_stripes,
+    tenure_sequences,
     tenure_job_results,
     tenure_parked,
     tenure_steps,

@@ -69,11 +69,11 @@ pub(crate) use queue::{
     snooze_noting_death,
 };
 
-// Flow control: limits a job carries, queue-wide limits, pauses, a queue's depth.
+// Flow control: limits a job carries, queue-wide limits, pauses, sequences, a queue's depth.
 pub use flow::{
     KeyState, Limit, MAX_DEPTH_BOUND, MAX_LIMIT, MAX_LIMITS, QueueCounts, QueueDepth, Rate,
-    is_paused, key_states, limit_queue, limits_of, pause, queue_counts, queue_depth, queue_limits,
-    resume,
+    SequenceFailure, is_paused, key_states, limit_queue, limits_of, pause, queue_counts,
+    queue_depth, queue_limits, resume,
 };
 
 // Workflows and results: dependencies, workflows (and batches with callbacks), results and
@@ -98,8 +98,9 @@ pub use parked::{
 pub(crate) use parked::{park_in_run, record_parked_run, resume_value};
 
 // Maintenance: priority aging, retention, an operator's calls, reading the queue, runs' outputs.
+pub(crate) use maintenance::aging::age_batch;
 pub use maintenance::{
     AGED_PRIORITY, FailedRun, Finished, JobFilter, MAX_OUTPUT_BYTES, QueueStats, Retention,
     RunOutput, RunningJob, Stats, age_priorities, cancel, get, history, list, outputs, prune,
-    record_output, retry_dead, retry_dead_of_kind, rotate_ready, stats,
+    record_output, retry_dead, retry_dead_of_kind, rotate_ready, skip_in_sequence, stats,
 };

@@ -411,11 +411,16 @@ impl WorkerBuilder {
     /// ```
     /// # fn main() -> Result<(), tenure::Error> {
     /// use std::time::Duration;
-    /// let pool = tenure::Pool::builder(":memory:").build()?;
-    /// let worker = tenure::worker::Worker::builder(pool)
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = tenure::Pool::open(&dir.path().join("t.db").display().to_string())?;
+    /// # tenure::run_migrations(&mut pool.get()?)?;
+    /// use tenure::worker::{JobContext, Worker};
+    /// let worker = Worker::builder(pool)
     ///     .queue("reports")
-    ///     .age_priorities(Duration::from_secs(60));
-    /// # let _ = worker;
+    ///     .raw_handler("report", |_: &JobContext, _: &[u8]| Ok(()))
+    ///     .age_priorities(Duration::from_secs(60))
+    ///     .start()?;
+    /// worker.shutdown(Duration::from_secs(5));
     /// # Ok(()) }
     /// ```
     pub fn age_priorities(mut self, after: Duration) -> Self {

@@ -26,6 +26,7 @@ mod parked;
 mod schedules;
 mod secrets;
 mod secrets_masking;
+mod sequences;
 mod serve;
 mod steps_shown;
 mod webdriver;

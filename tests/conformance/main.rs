@@ -65,6 +65,7 @@ mod ready_ring;
 mod schedules;
 mod schema_contract;
 mod schema_models;
+mod sequences;
 mod session_settings;
 mod snooze;
 mod statements;

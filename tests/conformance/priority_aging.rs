@@ -136,7 +136,10 @@ fn an_aged_job_is_claimed_before_any_urgent_job_claimed_after_its_aging(backend:
     );
     // The low job's claim may begin before the ager counts its call (it is claimable from the
     // aging's commit on): then no claim falls between the two.
-    assert!(aged_at < i64::MAX, "the aging of the low job was never seen");
+    assert!(
+        aged_at < i64::MAX,
+        "the aging of the low job was never seen"
+    );
     let passed_over = log
         .iter()
         .filter(|(began, _, is_low)| *began > aged_at && *began < low.0 && !is_low)

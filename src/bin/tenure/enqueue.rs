@@ -56,6 +56,11 @@ pub struct EnqueueArgs {
     /// Do not enqueue if a live job of the queue has this key.
     #[arg(long)]
     dedup_key: Option<String>,
+    /// Run after the job enqueued before it with this sequence key has completed (one at a
+    /// time, in enqueue order); if one ends dead or cancelled the rest wait for `tenure jobs
+    /// retry` or `tenure jobs skip-in-sequence`
+    #[arg(long)]
+    sequence: Option<String>,
     /// Wait until the job ends, print how (and its result), and exit with a code that says
     /// it: 0 completed, 5 dead, 6 cancelled, 7 not ended within --timeout.
     #[arg(long)]
@@ -135,6 +140,9 @@ pub fn enqueue(
     let mut job = new_job(&args.job)?;
     if let Some(delay) = &args.delay {
         job = job.delay(parse_flag_bounded("--delay", delay, Duration::ZERO)?);
+    }
+    if let Some(key) = &args.sequence {
+        job = job.sequence(key.as_str());
     }
     if let Some(key) = &args.dedup_key {
         job = job.dedup_key(key.as_str());

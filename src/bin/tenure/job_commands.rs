@@ -40,6 +40,9 @@ pub enum JobsCommand {
     },
     /// Run a dead job again from its first attempt.
     Retry { id: i64 },
+    /// Let the rest of a sequence go on past its dead or cancelled job ID, as if it had
+    /// completed (`tenure jobs retry ID` runs it again instead).
+    SkipInSequence { id: i64 },
     /// Complete a parked job by its token, read from --token-file or standard input (never
     /// the command line: others see it in `ps`). Exit 8: the token was refused.
     CompleteParked {
@@ -158,7 +161,8 @@ fn job_json(job: &Job, reveal: bool) -> Value {
            "last_error": job.last_error, "lapses": job.lapses, "dedup_key": job.dedup_key,
            "cancel_requested_at": job.cancel_requested_at, "workflow_id": job.workflow_id,
            "run_when": job.run_when.map(RunWhen::as_str), "progress": job.progress,
-           "progress_message": job.progress_message, "payload": payload_text(job, reveal)})
+           "progress_message": job.progress_message, "sequence_key": job.sequence_key,
+           "payload": payload_text(job, reveal)})
 }
 
 /// `jobs show` for people: what the job is, where it stands, when, what went wrong, what it
@@ -412,6 +416,23 @@ pub fn run(
             }
             out.print(json!({"retried": id}), || {
                 format!("job {id} will run again")
+            })
+        }
+        JobsCommand::SkipInSequence { id } => {
+            let released = jobs::skip_in_sequence(&mut conn, id)?;
+            if released == 0 {
+                let why = match jobs::get(&mut conn, id)? {
+                    None => format!("no job {id}"),
+                    Some(job) => format!(
+                        "job {id} is {} and holds no job of a sequence back: only a dead or \
+                         cancelled job of a held sequence can be skipped",
+                        job.state.as_str()
+                    ),
+                };
+                return Err(Failure::new(1, why));
+            }
+            out.print(json!({"skipped": id, "released": released}), || {
+                format!("the sequence goes on past job {id}: {released} job(s) released")
             })
         }
         JobsCommand::CompleteParked { token, result } => {

@@ -55,6 +55,24 @@ impl Links {
         })
     }
 
+    /// A sequence's key, and what holds a blocked job of it: the job before it, or a dead
+    /// or cancelled one that holds the rest until an operator acts.
+    fn sequence(&self, job: &Job) -> Option<String> {
+        let key = clean(job.sequence_key.as_deref()?);
+        if job.state != JobState::Blocked {
+            return Some(key);
+        }
+        Some(match self.waits_for.first() {
+            Some((id, state @ (JobState::Dead | JobState::Cancelled))) => format!(
+                "{key}, held by #{id} {}: `tenure jobs retry {id}` runs it again, \
+                 `tenure jobs skip-in-sequence {id}` goes on without it",
+                state.as_str()
+            ),
+            Some((id, state)) => format!("{key}, after #{id} ({})", state.as_str()),
+            None => key,
+        })
+    }
+
     /// Fields for `jobs show`'s text, after the job's state; a field named "" continues
     /// the one before it.
     pub fn fields(&self, job: &Job) -> Vec<(&'static str, Option<String>)> {
@@ -66,6 +84,7 @@ impl Links {
                     .map(|(id, name)| format!("{id} ({})", clean(name))),
             ),
             ("run when", job.run_when.map(|w| w.as_str().to_string())),
+            ("sequence", self.sequence(job)),
         ];
         let mut entries: Vec<String> = self
             .waits_for

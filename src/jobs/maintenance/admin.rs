@@ -164,3 +164,47 @@ fn dedup_conflict(error: diesel::result::Error) -> Error {
         other => Error::Database(other),
     }
 }
+
+/// The state of a job, under its row's lock.
+const LOCKED_STATE: &str =
+    "SELECT state, dependents AS n FROM tenure_jobs WHERE id = ?{for_update}";
+
+/// Lets the rest of a held sequence go on past its dead or cancelled job `id`
+/// ([`crate::jobs::SequenceFailure::Hold`]): the job enqueued after it in its sequence runs
+/// as if `id` had completed. Returns how many jobs it released: 0 if `id` is not dead or
+/// cancelled, holds no job back, or does not exist. The other way on is
+/// [`retry_dead`]: the dead job runs again, and the rest follow once it completes.
+///
+/// ```
+/// # fn main() -> Result<(), tenure::Error> {
+/// use std::time::Duration;
+/// use tenure::jobs::{self, JobState, NewJob, Retry};
+/// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+/// tenure::run_migrations(&mut conn)?;
+/// let first = jobs::enqueue(&mut conn, &NewJob::new("sync", "a", vec![]).sequence("k"))?.id;
+/// let second = jobs::enqueue(&mut conn, &NewJob::new("sync", "b", vec![]).sequence("k"))?.id;
+/// let claimed = jobs::claim(&mut conn, "sync", 1, Duration::from_secs(60))?;
+/// jobs::fail(&mut conn, claimed[0].claim(), "broken", Retry::Never)?;
+/// assert_eq!(jobs::get(&mut conn, second)?.unwrap().state, JobState::Blocked);
+/// assert_eq!(jobs::skip_in_sequence(&mut conn, first)?, 1);
+/// assert_eq!(jobs::get(&mut conn, second)?.unwrap().state, JobState::Waiting);
+/// # Ok(()) }
+/// ```
+pub fn skip_in_sequence<C: TenureConnection>(conn: &mut C, id: i64) -> Result<usize> {
+    let released = crate::backend::transaction::retrying_transaction(conn, |conn| {
+        let state = dispatch!(conn, c => {
+            statement(c.syntax().render(LOCKED_STATE))
+                .bind::<BigInt, _>(id)
+                .get_result::<CancelledState>(c)
+                .optional()
+        })?;
+        match state {
+            Some(s) if (s.state == "dead" || s.state == "cancelled") && s.n > 0 => {
+                crate::jobs::workflows::dependencies::let_held_go(conn, id)
+            }
+            _ => Ok(Vec::new()),
+        }
+    })?;
+    crate::wake::wake(released.iter().map(String::as_str));
+    Ok(released.len())
+}

@@ -11,7 +11,7 @@ pub(crate) mod outputs;
 pub(crate) mod retention;
 pub(crate) mod ring;
 
-pub use admin::{cancel, retry_dead, retry_dead_of_kind};
+pub use admin::{cancel, retry_dead, retry_dead_of_kind, skip_in_sequence};
 pub use aging::{AGED_PRIORITY, age_priorities};
 pub use inspect::{FailedRun, JobFilter, QueueStats, RunningJob, Stats, get, history, list, stats};
 pub use outputs::{MAX_OUTPUT_BYTES, RunOutput, outputs, record_output};

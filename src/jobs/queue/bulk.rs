@@ -10,8 +10,8 @@ use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 use super::enqueue::{
     FIND_FINISHED_TWIN, FOLD_FINISHED, INSERT_DEDUP_ON_CONFLICT, INSERT_DEDUP_ON_DUPLICATE_KEY,
     INSERT_HEAD, INSERT_ROW, INSERTED_RETURNING, LAST_INSERT_ID, STATE_OF, StateKind,
-    fold_into_finished_twin, insert_deduplicated, insert_dependent, insert_one, job_row,
-    lock_dependencies, on_conflict_sets, on_duplicate_key_sets, unexpected,
+    fold_into_finished_twin, insert_deduplicated, insert_dependent, insert_in_sequence, insert_one,
+    job_row, lock_dependencies, on_conflict_sets, on_duplicate_key_sets, unexpected,
 };
 use super::model::InsertedRow;
 use super::{DedupOver, Enqueued, NewJob, OnDuplicate, ids_of};
@@ -137,6 +137,15 @@ pub fn enqueue_many<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Resul
     }
     let inline = in_transaction(conn);
     let enqueued = retrying_transaction(conn, |conn| {
+        // Jobs of sequences go one by one, in the batch's order (each locks its key's row and
+        // waits for the one before it, which may be earlier in this batch).
+        if jobs.iter().any(|job| job.sequence.is_some()) {
+            let enqueued = enqueue_one_by_one(conn, jobs)?;
+            if inline {
+                wake::notify(conn, fresh_queues(jobs, &enqueued))?;
+            }
+            return Ok(enqueued);
+        }
         #[cfg(feature = "postgres")]
         if super::copy_in::wanted(jobs)
             && let crate::BackendConnection::Postgres(pg) = conn.backend_connection()
@@ -326,6 +335,28 @@ where
 pub(crate) const INSERT_CHUNK_ROWS: usize = 1000;
 /// Payload bytes per multi-row insert, past which a new statement starts.
 pub(crate) const INSERT_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+
+/// A batch with jobs of sequences, one job at a time in the batch's order, in the caller's
+/// transaction: a sequence's job may wait for one earlier in the batch.
+fn enqueue_one_by_one<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
+    let mut out = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let enqueued = if job.sequence.is_some() {
+            insert_in_sequence(conn, job)?
+        } else if !job.dependencies.is_empty() {
+            let locked = lock_dependencies(conn, std::slice::from_ref(job))?;
+            insert_dependent(conn, job, &locked)?
+        } else {
+            let enqueued = dispatch!(conn, c => insert_deduplicated!(c, job, false))?;
+            if !enqueued.existing && !job.limits.is_empty() {
+                limits::record(conn, &[(enqueued.id, &job.limits)])?;
+            }
+            enqueued
+        };
+        out.push(enqueued);
+    }
+    Ok(out)
+}
 
 /// Splits a bulk enqueue into statements of at most `INSERT_CHUNK_ROWS` (1000) rows and about
 /// [`INSERT_CHUNK_BYTES`] of payload (one larger job goes alone).

@@ -12,7 +12,8 @@ use crate::backend::statement::statement;
 use crate::backend::transaction::{in_transaction, retrying_transaction, write_turn};
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::jobs::flow::limits;
-use crate::jobs::workflows::dependencies;
+use crate::jobs::flow::sequences::{self, SequenceFailure};
+use crate::jobs::workflows::{RunWhen, dependencies};
 use crate::rows::IdRow;
 use crate::sql_types::Instant;
 use crate::wake;
@@ -20,13 +21,13 @@ use crate::{Error, Result, TenureConnection};
 
 pub(crate) const INSERT_HEAD: &str = "INSERT INTO tenure_jobs \
     (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, dedup_key, \
-     limit_key, limit_max, dedup_window_micros, workflow_id, run_when, stripes_pending) \
-    VALUES";
+     limit_key, limit_max, dedup_window_micros, workflow_id, run_when, stripes_pending, \
+     sequence_key) VALUES";
 
 /// One row; one shape for both kinds of due time: an instant, or NULL and a delay.
 /// A job with dependencies is inserted `blocked`, with its stripes and `run_when`.
 pub(crate) const INSERT_ROW: &str =
-    "(?, ?, ?, ?, ?, 0, ?, COALESCE(?, {now+ttl}), {now}, ?, ?, ?, ?, ?, ?, ?)";
+    "(?, ?, ?, ?, ?, 0, ?, COALESCE(?, {now+ttl}), {now}, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 /// PostgreSQL and SQLite: a job whose key a live job already has is not inserted; the live
 /// job is returned instead, its `dedup_hits` counted up (so "existing" is `dedup_hits > 0`,
@@ -147,6 +148,7 @@ macro_rules! job_row {
             .bind::<Nullable<BigInt>, _>(job.workflow_id)
             .bind::<Nullable<Text>, _>(run_when)
             .bind::<Nullable<Integer>, _>(stripes)
+            .bind::<Nullable<Text>, _>(job.sequence_key())
     }};
 }
 
@@ -368,7 +370,62 @@ pub(crate) fn insert_dependent<C: TenureConnection>(
     if !job.limits.is_empty() {
         limits::record(conn, &[(enqueued.id, &job.limits)])?;
     }
-    dependencies::record(conn, enqueued.id, job.run_when, &deps)?;
+    dependencies::record(conn, enqueued.id, job.run_when.as_str(), &deps)?;
+    Ok(enqueued)
+}
+
+/// Inserts one validated job of a sequence ([`NewJob::sequence`]), in the enqueue's
+/// transaction: locks its key's row, waits (blocked, by a dependency edge) for the last job
+/// of the key unless that one completed, was pruned, or ended otherwise with the sequence
+/// going on, and records the new job as the key's last. The edge does not make the job join
+/// its predecessor's workflow.
+pub(crate) fn insert_in_sequence<C: TenureConnection>(
+    conn: &mut C,
+    job: &NewJob,
+) -> Result<Enqueued> {
+    let Some((key, failure)) = job.sequence.as_ref() else {
+        return Err(unexpected(
+            "a job without a sequence key given as one".into(),
+        ));
+    };
+    let hold = *failure == SequenceFailure::Hold;
+    let predecessor = match sequences::lock_last(conn, key)? {
+        Some(last) => dependencies::lock_existing(conn, last)?,
+        None => None,
+    };
+    let waits_for = predecessor.filter(|p| match p.state.as_str() {
+        "completed" => false,
+        "dead" | "cancelled" => hold,
+        _ => true,
+    });
+    let enqueued = match waits_for {
+        Some(predecessor) => {
+            let (run_when, edge) = if hold {
+                (RunWhen::AllCompleted, sequences::SEQUENCE_HOLD)
+            } else {
+                (RunWhen::AllFinished, RunWhen::AllFinished.as_str())
+            };
+            let chained = NewJob {
+                dependencies: vec![predecessor.id],
+                run_when,
+                ..job.clone()
+            };
+            let enqueued = dispatch!(conn, c => insert_one!(c, &chained, false))?;
+            if !job.limits.is_empty() {
+                limits::record(conn, &[(enqueued.id, &job.limits)])?;
+            }
+            dependencies::record(conn, enqueued.id, edge, &[&predecessor])?;
+            enqueued
+        }
+        None => {
+            let enqueued = dispatch!(conn, c => insert_one!(c, job, false))?;
+            if !job.limits.is_empty() {
+                limits::record(conn, &[(enqueued.id, &job.limits)])?;
+            }
+            enqueued
+        }
+    };
+    sequences::advance(conn, key, enqueued.id)?;
     Ok(enqueued)
 }
 
@@ -395,7 +452,15 @@ pub fn enqueue<C: TenureConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueu
     // Other processes' idle workers are woken by a NOTIFY: in the insert's RETURNING list
     // inside a caller's transaction (delivered if it commits), else after the commit.
     let inline = in_transaction(conn);
-    let enqueued = if needs_transaction(job, returning) {
+    let enqueued = if job.sequence.is_some() {
+        retrying_transaction(conn, |conn| {
+            let enqueued = insert_in_sequence(conn, job)?;
+            if inline {
+                wake::notify(conn, [job.queue.as_str()])?;
+            }
+            Ok::<_, Error>(enqueued)
+        })?
+    } else if needs_transaction(job, returning) {
         retrying_transaction(conn, |conn| {
             if !job.dependencies.is_empty() {
                 let locked = lock_dependencies(conn, std::slice::from_ref(job))?;

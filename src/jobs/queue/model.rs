@@ -251,6 +251,8 @@ pub struct Job {
     pub progress: Option<f64>,
     /// The message of that progress.
     pub progress_message: Option<String>,
+    /// Its sequence key ([`crate::jobs::NewJob::sequence`]), if it has one.
+    pub sequence_key: Option<String>,
 }
 
 /// What a call about one claimed job did.

@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 
 use super::{MAX_ATTEMPTS, MAX_PAYLOAD_BYTES};
 use crate::jobs::flow::limits::{Limit, MAX_LIMITS};
+use crate::jobs::flow::sequences::SequenceFailure;
 use crate::jobs::workflows::{MAX_DEPENDENCIES, RunWhen};
 use crate::{Error, Result, validate};
 
@@ -94,6 +95,8 @@ pub struct NewJob {
     pub(crate) run_when: RunWhen,
     /// Its workflow (set by [`crate::jobs::enqueue_workflow`], or taken from a dependency's).
     pub(crate) workflow_id: Option<i64>,
+    /// Its sequence key, and what the jobs after it do if it ends dead or cancelled.
+    pub(crate) sequence: Option<(String, SequenceFailure)>,
 }
 
 impl NewJob {
@@ -118,6 +121,7 @@ impl NewJob {
             dependencies: Vec::new(),
             run_when: RunWhen::AllCompleted,
             workflow_id: None,
+            sequence: None,
         }
     }
 
@@ -308,6 +312,53 @@ impl NewJob {
         self
     }
 
+    /// Runs in order with the other jobs of sequence `key`: after the job enqueued before it
+    /// with this key has completed (enqueue order: the order in which the enqueues of the key
+    /// commit), one at a time. A job of the key that retries, snoozes or waits for its due
+    /// time holds the rest back. If one ends dead or cancelled, the rest wait until it
+    /// completes after all or an operator lets them go on ([`SequenceFailure::Hold`], the
+    /// default; see [`NewJob::sequence_failure`]). Keys are names (1 to 255 bytes) shared
+    /// across queues. Not with [`NewJob::depends_on`] nor a dedup key ([`crate::Error::InvalidInput`]).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), tenure::Error> {
+    /// use std::time::Duration;
+    /// use tenure::jobs::{self, JobState, NewJob};
+    /// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+    /// tenure::run_migrations(&mut conn)?;
+    /// let first = jobs::enqueue(&mut conn, &NewJob::new("sync", "a", vec![]).sequence("account-7"))?.id;
+    /// let second = jobs::enqueue(&mut conn, &NewJob::new("sync", "b", vec![]).sequence("account-7"))?.id;
+    /// let claimed = jobs::claim(&mut conn, "sync", 10, Duration::from_secs(60))?;
+    /// assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![first]);
+    /// jobs::complete(&mut conn, &[claimed[0].claim()])?;
+    /// assert_eq!(jobs::get(&mut conn, second)?.unwrap().state, JobState::Waiting);
+    /// # Ok(()) }
+    /// ```
+    pub fn sequence(mut self, key: impl Into<String>) -> Self {
+        let failure = self.sequence.map(|(_, f)| f).unwrap_or_default();
+        self.sequence = Some((key.into(), failure));
+        self
+    }
+
+    /// What the jobs after this one in its sequence do if it ends dead or cancelled (default
+    /// [`SequenceFailure::Hold`]). Needs [`NewJob::sequence`].
+    pub fn sequence_failure(mut self, failure: SequenceFailure) -> Self {
+        if let Some((_, f)) = self.sequence.as_mut() {
+            *f = failure;
+        } else {
+            self.sequence = Some((String::new(), failure));
+        }
+        self
+    }
+
+    /// Its sequence key, if it has one ([`NewJob::sequence`]).
+    pub fn sequence_key(&self) -> Option<&str> {
+        self.sequence
+            .as_ref()
+            .map(|(key, _)| key.as_str())
+            .filter(|k| !k.is_empty())
+    }
+
     /// The jobs it waits for.
     pub fn dependencies(&self) -> &[i64] {
         &self.dependencies
@@ -374,6 +425,24 @@ impl NewJob {
         }
         if let Some(key) = &self.dedup_key {
             validate::name("dedup key", key)?;
+        }
+        if let Some((key, _)) = &self.sequence {
+            if key.is_empty() {
+                return Err(Error::invalid("sequence_failure", "needs a sequence key"));
+            }
+            validate::name("sequence key", key)?;
+            if !self.dependencies.is_empty() {
+                return Err(Error::invalid(
+                    "sequence",
+                    "a job of a sequence cannot have dependencies of its own",
+                ));
+            }
+            if self.dedup_key.is_some() {
+                return Err(Error::invalid(
+                    "sequence",
+                    "a job of a sequence cannot have a dedup key",
+                ));
+            }
         }
         if self.dedup_key.is_none() {
             if self.dedup_window.is_some() {

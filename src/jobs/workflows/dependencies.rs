@@ -28,6 +28,7 @@ use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
+use crate::jobs::flow::sequences::SEQUENCE_HOLD;
 use crate::jobs::{JobState, MAX_BATCH};
 use crate::rows::{IdStateRow, NullableInt, QueueRow};
 use crate::schema::{tenure_dependency_stripes, tenure_job_dependencies};
@@ -174,7 +175,7 @@ pub(crate) fn lock<C: TenureConnection>(conn: &mut C, ids: &[i64]) -> Result<Vec
 pub(crate) fn record<C: TenureConnection>(
     conn: &mut C,
     job_id: i64,
-    run_when: RunWhen,
+    run_when: &str,
     deps: &[&Dependency],
 ) -> Result<Vec<String>> {
     let stripes = stripes_for(deps.len());
@@ -189,7 +190,7 @@ pub(crate) fn record<C: TenureConnection>(
                 tenure_job_dependencies::job_id.eq(job_id),
                 tenure_job_dependencies::depends_on.eq(dep.id),
                 tenure_job_dependencies::stripe.eq(stripe),
-                tenure_job_dependencies::run_when.eq(run_when.as_str()),
+                tenure_job_dependencies::run_when.eq(run_when),
             )
         })
         .collect();
@@ -275,6 +276,17 @@ const DECREMENT_STRIPES_PENDING: &str =
 /// isolation.
 const STRIPES_PENDING: &str = "SELECT stripes_pending AS n FROM tenure_jobs WHERE id = ?";
 
+/// A held sequence's edge whose predecessor died or was cancelled: pending again.
+const UNCOUNT_HELD_EDGE: &str = "\
+    UPDATE tenure_job_dependencies SET counted = 0 WHERE job_id = ? AND depends_on = ?\
+    {in_transaction}";
+
+/// The held edges of a dead or cancelled job, under their rows' locks.
+const HELD_EDGES: &str = "\
+    SELECT job_id, depends_on, stripe, run_when FROM tenure_job_dependencies \
+    WHERE depends_on = ? AND counted = 0 AND run_when = 'sequence_hold' ORDER BY job_id{for_update}";
+const COUNT_EDGE: &str = "UPDATE tenure_job_dependencies SET counted = 1 WHERE job_id = ? AND depends_on = ?{in_transaction}";
+
 /// A blocked job runs: waiting, due when it was due (a delayed job keeps its delay).
 const RELEASE: &str =
     "UPDATE tenure_jobs SET state = 'waiting' WHERE id = ? AND state = 'blocked'{in_transaction}";
@@ -318,6 +330,23 @@ pub(crate) fn settle<C: TenureConnection>(
             })?;
         }
         finished.clear();
+        // A held sequence's edge counts only its predecessor's completion: a death or a
+        // cancel leaves it pending (uncounted again), for a retried run's completion or an
+        // operator's `skip_in_sequence`.
+        let (held, counting): (Vec<PendingEdge>, Vec<PendingEdge>) =
+            edges.into_iter().partition(|e| {
+                e.run_when == SEQUENCE_HOLD
+                    && state_of.get(&e.depends_on) != Some(&JobState::Completed)
+            });
+        for edge in held {
+            dispatch!(conn, c => {
+                statement(c.syntax().render(UNCOUNT_HELD_EDGE))
+                    .bind::<BigInt, _>(edge.job_id)
+                    .bind::<BigInt, _>(edge.depends_on)
+                    .execute(c)
+            })?;
+        }
+        let edges = counting;
         if edges.is_empty() {
             break;
         }
@@ -355,7 +384,10 @@ pub(crate) fn settle<C: TenureConnection>(
             if settled.get(&id) == Some(&true) {
                 continue;
             }
-            let run_when = RunWhen::parse(&tally.run_when)?;
+            let run_when = match tally.run_when.as_str() {
+                SEQUENCE_HOLD => RunWhen::AllCompleted,
+                other => RunWhen::parse(other)?,
+            };
             if let Some(first) = tally.failed.first() {
                 match run_when {
                     RunWhen::AllCompleted => {
@@ -475,6 +507,47 @@ fn cancel_blocked<C: TenureConnection>(conn: &mut C, id: i64, why: &str) -> Resu
         }
         Ok::<bool, Error>(changed == 1)
     })
+}
+
+/// Locks and reads the job `id` as a dependency; `None` if there is none (pruned).
+pub(crate) fn lock_existing<C: TenureConnection>(
+    conn: &mut C,
+    id: i64,
+) -> Result<Option<Dependency>> {
+    Ok(dispatch!(conn, c => {
+        statement(c.syntax().render(LOCK_DEPENDENCIES))
+            .bind_ids([id])
+            .load::<Dependency>(c)
+    })?
+    .pop())
+}
+
+/// Lets the jobs a held sequence keeps waiting for the dead or cancelled job `id` (locked by
+/// the caller) go on, as if it had completed; returns the queues of those it released.
+pub(crate) fn let_held_go<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Vec<String>> {
+    let edges = dispatch!(conn, c => {
+        statement(c.syntax().render(HELD_EDGES))
+            .bind::<BigInt, _>(id)
+            .load::<PendingEdge>(c)
+    })?;
+    let mut queues = Vec::new();
+    for edge in edges {
+        dispatch!(conn, c => {
+            if statement(c.syntax().render(COUNT_EDGE))
+                .bind::<BigInt, _>(edge.job_id)
+                .bind::<BigInt, _>(edge.depends_on)
+                .execute(c)? != 1
+            {
+                return Err(Error::RolledBackUnderUs { operation: "skip_in_sequence" });
+            }
+            Ok::<(), Error>(())
+        })?;
+        if count_down(conn, edge.job_id, &BTreeMap::from([(edge.stripe, 1)]))? {
+            queues.extend(release(conn, edge.job_id)?);
+        }
+    }
+    crate::wake::notify(conn, queues.iter().map(String::as_str))?;
+    Ok(queues)
 }
 
 /// The edges of retried jobs (dead again waiting) to dependents still blocked: counted

@@ -10,6 +10,7 @@ mod log;
 mod pages;
 mod raw_server;
 mod requests;
+mod sequences;
 mod slow_readers;
 
 use std::time::Duration;

@@ -137,6 +137,7 @@ fn schema_tables() -> Vec<TableSpec> {
             progress_message,
             claimed_by,
             started_at,
+            sequence_key,
         }),
         table_spec!(tenure_job_errors {
             id,
@@ -206,6 +207,10 @@ fn schema_tables() -> Vec<TableSpec> {
             stripe,
             counted,
             run_when
+        }),
+        table_spec!(tenure_sequences {
+            sequence_key,
+            last_job_id,
         }),
         table_spec!(tenure_dependency_stripes {
             job_id,

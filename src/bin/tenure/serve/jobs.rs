@@ -272,6 +272,7 @@ pub fn job_page(
     let steps = jobs::steps(conn, id)?;
     let park = jobs::park_record(conn, id)?;
     let limits = jobs::limits_of(conn, id)?;
+    let sequence = sequence_of(conn, &job)?;
     let id_text = id.to_string();
     let live = matches!(
         job.state,
@@ -282,6 +283,9 @@ pub fn job_page(
             (state_badge(job.state.as_str())) " "
             @if job.state == JobState::Dead {
                 (action(dashboard, "/job/retry", &[("id", &id_text)], "Retry", false))
+            }
+            @if sequence.holds_back {
+                (action(dashboard, "/job/skip-in-sequence", &[("id", &id_text)], "Let the sequence go on", true))
             }
             @if live && job.cancel_requested_at.is_none() {
                 (action(dashboard, "/job/cancel", &[("id", &id_text)], "Cancel", true))
@@ -313,6 +317,20 @@ pub fn job_page(
                 dt { "Dedup key" } dd { (key) " (" (job.dedup_hits) " enqueue(s) folded in)" }
             }
             @if let Some(workflow) = job.workflow_id { dt { "Workflow" } dd { (workflow) } }
+            @if let Some(key) = &job.sequence_key {
+                dt { "Sequence" } dd #sequence { (key)
+                    @if let Some((before, state)) = sequence.waits_for {
+                        @if matches!(state, JobState::Dead | JobState::Cancelled) {
+                            " · held by " a href=(link("/job", &[("id", &before.to_string())])) { "#" (before) }
+                            " (" (state.as_str()) "): retry it, or let the sequence go on from its page"
+                        } @else {
+                            " · after " a href=(link("/job", &[("id", &before.to_string())])) { "#" (before) }
+                            " (" (state.as_str()) ")"
+                        }
+                    }
+                    @if sequence.holds_back { " · holds the rest of its sequence back" }
+                }
+            }
             @if let Some(park) = &park {
                 dt { "Parked" } dd { (instant(park.parked_at, now)) }
                 dt { "Park deadline" } dd { (instant(park.deadline, now)) }
@@ -387,10 +405,52 @@ pub fn job_page(
     ))
 }
 
-/// `POST /job/retry`, `/job/cancel`: then back to the job.
+/// Where a job of a sequence stands: the job it waits for (blocked), and whether, dead or
+/// cancelled, it holds the rest of its sequence back.
+struct SequencePlace {
+    waits_for: Option<(i64, JobState)>,
+    holds_back: bool,
+}
+
+fn sequence_of(conn: &mut AnyConnection, job: &Job) -> Result<SequencePlace, Error> {
+    use tenure::schema::tenure_job_dependencies as deps;
+    let mut place = SequencePlace {
+        waits_for: None,
+        holds_back: false,
+    };
+    if job.sequence_key.is_none() {
+        return Ok(place);
+    }
+    if job.state == JobState::Blocked {
+        place.waits_for = deps::table
+            .inner_join(tenure_jobs::table.on(tenure_jobs::id.eq(deps::depends_on)))
+            .filter(deps::job_id.eq(job.id))
+            .select((tenure_jobs::id, tenure_jobs::state))
+            .first::<(i64, JobState)>(conn)
+            .optional()?;
+    }
+    if matches!(job.state, JobState::Dead | JobState::Cancelled) {
+        let held: i64 = deps::table
+            .filter(deps::depends_on.eq(job.id))
+            .filter(deps::run_when.eq("sequence_hold"))
+            .filter(deps::counted.eq(0))
+            .count()
+            .get_result(conn)?;
+        place.holds_back = held > 0;
+    }
+    Ok(place)
+}
+
+/// `POST /job/retry`, `/job/cancel`, `/job/skip-in-sequence`: then back to the job.
 pub fn act(conn: &mut AnyConnection, incoming: &Incoming) -> Result<Reply, Error> {
     let id = parse_id(required(incoming, "id")?, "id")?;
-    let done = if incoming.path == "/job/retry" {
+    let done = if incoming.path == "/job/skip-in-sequence" {
+        if jobs::skip_in_sequence(conn, id)? > 0 {
+            "sequence-goes-on"
+        } else {
+            "not-holding"
+        }
+    } else if incoming.path == "/job/retry" {
         if jobs::retry_dead(conn, id)? {
             "retried-one"
         } else {

@@ -258,7 +258,7 @@ fn route(
     let path = incoming.path.as_str();
     if incoming.post {
         return match path {
-            "/job/retry" | "/job/cancel" => jobs::act(conn, incoming),
+            "/job/retry" | "/job/cancel" | "/job/skip-in-sequence" => jobs::act(conn, incoming),
             "/job/parked" => parked::act(conn, incoming),
             "/queue/pause" | "/queue/resume" | "/queue/retry-dead" => queues::act(conn, incoming),
             "/schedule/pause" | "/schedule/resume" => schedules::act(conn, incoming),
@@ -296,6 +296,8 @@ fn notice(incoming: &Incoming) -> Option<String> {
         "retried" => format!("Retried {n} dead job(s)."),
         "retried-one" => "Retried: the job waits again, due now.".into(),
         "not-dead" => "Not retried: the job is not dead.".into(),
+        "sequence-goes-on" => "The sequence goes on: the job after this one runs.".into(),
+        "not-holding" => "Nothing let go: the job holds no job of a sequence back.".into(),
         "cancelled" => "Cancelled (a running job stops when its run ends).".into(),
         "not-live" => "Not cancelled: the job had finished, or a cancel was already asked.".into(),
         "released" => "Lease released.".into(),

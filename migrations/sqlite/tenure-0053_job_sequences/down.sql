@@ -1,0 +1,2 @@
+DROP TABLE tenure_sequences;
+ALTER TABLE tenure_jobs DROP COLUMN sequence_key;
