@@ -105,6 +105,9 @@ fn role() {
         "park-and-hang-worker" => crate::parked::park_and_hang_worker(&args[0]),
         "claim-and-run" => crate::poison::claim_and_run(&args[0]),
         "step-worker" => crate::steps::step_worker(&args[0], &args[1], &args[2]),
+        "sequence-worker" => {
+            crate::sequences::sequence_worker(&args[0], args[1].parse().expect("threads"))
+        }
         "holding-worker" => {
             crate::recovery::holding_worker(&args[0], args[1].parse().expect("cap"))
         }

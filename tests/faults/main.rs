@@ -19,6 +19,7 @@ mod poison;
 mod processes;
 mod recovery;
 mod script;
+mod sequences;
 mod serial;
 mod steps;
 mod takeover;
