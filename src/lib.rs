@@ -76,6 +76,13 @@
 //!   concurrency-limit slot) only then: a run past its timeout or whose job was cancelled
 //!   keeps its claim, renewed, while the handler runs, so no second run of the job starts
 //!   meanwhile and at most n handlers of a `limit(key, n)` run at once.
+//! - **The jobs of a sequence run one at a time, in enqueue order.** A job enqueued with
+//!   [`jobs::NewJob::sequence`] is blocked until the job enqueued before it with that key
+//!   (enqueues of a key are ordered by a row lock) has completed, and is released by the
+//!   transaction that completes it: a retrying, snoozed or delayed job holds the rest back. A
+//!   dead or cancelled one holds them too ([`jobs::SequenceFailure::Hold`]) until it is retried
+//!   and completes or [`jobs::skip_in_sequence`] lets them go on, unless the enqueuer chose
+//!   [`jobs::SequenceFailure::Continue`].
 //! - **Priorities starve no job whose queue ages them.** Claims take the most urgent
 //!   priority first; [`jobs::age_priorities`] (every quarter of the bound in a worker built
 //!   with [`worker::WorkerBuilder::age_priorities`]) moves a job due for longer than its bound

@@ -58,7 +58,7 @@ pub fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64
         Setup::Empty => {}
         Setup::Finished(n) => fill_finished(&mut conn, backend, n),
         Setup::Waiting(n) => fill(&mut conn, options, "bench", n),
-        Setup::RateLimited(..) | Setup::Workflow(_) => {}
+        Setup::RateLimited(..) | Setup::Workflow(_) | Setup::Sequenced(_) => {}
     }
     let mut to_drain = to_drain;
     if let Setup::Workflow(callbacks) = setup {
@@ -80,6 +80,15 @@ pub fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64
             to_drain += 1;
         }
         jobs::enqueue_workflow(&mut conn, &flow).expect("fill");
+    } else if let Setup::Sequenced(keys) = setup {
+        for chunk in batch(options, "bench", to_drain).chunks(10_000) {
+            let sequenced: Vec<NewJob> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, job)| job.clone().sequence(format!("key-{}", i % keys)))
+                .collect();
+            jobs::enqueue_many(&mut conn, &sequenced).expect("fill");
+        }
     } else if let Setup::RateLimited(max, per) = setup {
         for chunk in batch(options, "bench", to_drain).chunks(10_000) {
             let limited: Vec<NewJob> = chunk
@@ -93,7 +102,7 @@ pub fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64
     }
     if !matches!(
         setup,
-        Setup::Empty | Setup::RateLimited(..) | Setup::Workflow(_)
+        Setup::Empty | Setup::RateLimited(..) | Setup::Workflow(_) | Setup::Sequenced(_)
     ) {
         settle(backend, &mut conn);
     }
@@ -205,4 +214,6 @@ pub enum Setup {
     /// The jobs are one workflow's parts: with one job waiting for all of them (false), or a
     /// batch with three callbacks (true).
     Workflow(bool),
+    /// The jobs are spread over this many sequence keys, enqueued in turn.
+    Sequenced(usize),
 }

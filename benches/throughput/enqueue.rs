@@ -33,6 +33,25 @@ pub fn enqueue_one_by_one(backend: Backend, options: &Options) -> Figures {
     )
 }
 
+/// Z1. One job per transaction, each on one of `keys` sequence keys in turn.
+pub fn enqueue_sequenced(backend: Backend, options: &Options, keys: usize) -> Figures {
+    let db = BenchDb::new(backend);
+    let mut conn = db.connect();
+    let mut latencies = Vec::with_capacity(options.jobs);
+    let started = Instant::now();
+    for i in 0..options.jobs {
+        let job = NewJob::new("bench", "noop", vec![b'x'; options.payload])
+            .sequence(format!("key-{}", i % keys));
+        let t = Instant::now();
+        jobs::enqueue(&mut conn, &job).expect("enqueue");
+        latencies.push(t.elapsed());
+    }
+    with_latencies(
+        options.jobs as f64 / started.elapsed().as_secs_f64(),
+        latencies,
+    )
+}
+
 /// B. All jobs in one `enqueue_many` call.
 pub fn enqueue_bulk(backend: Backend, options: &Options) -> Figures {
     let db = BenchDb::new(backend);

@@ -11,7 +11,7 @@
 //!   --scale           also drain with 1,000,000 finished and with 100,000 waiting jobs
 //!   --prefetch N      the workers' prefetch (default: the builder's, 100)
 //!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; E, F, G, H, K, L, P, Q, R,
-//!                     S, V, W and Y only when listed)
+//!                     S, V, W, Y and Z only when listed)
 //!   --phase-secs N    G: seconds of its clean and released phases; the snapshot is held
 //!                     twice as long (default 30)
 //!   --rate N          G: jobs a second (default 1000)
@@ -57,7 +57,7 @@ mod support;
 mod waiting;
 mod workflows;
 use drain::{Setup, drain};
-use enqueue::{enqueue_bulk, enqueue_bulk_keyed, enqueue_one_by_one};
+use enqueue::{enqueue_bulk, enqueue_bulk_keyed, enqueue_one_by_one, enqueue_sequenced};
 use kinds::kinds_backlog;
 use latency::{IDLE_CPU, latency};
 use options::parse_options;
@@ -263,6 +263,17 @@ fn main() {
                 label,
                 runs(&|| leases::guard_take_release(backend, &options, false)),
                 None,
+            );
+        }
+        if wanted('Z') {
+            row(
+                "Z1. enqueue, one per transaction, on 100 sequence keys",
+                runs(&|| enqueue_sequenced(backend, &options, 100)),
+                None,
+            );
+            drain_row(
+                &format!("Z2. drain, {} threads, 100 sequence keys", options.workers),
+                Setup::Sequenced(100),
             );
         }
         if wanted('Y') {
