@@ -126,6 +126,14 @@ impl Schedule {
                 "a schedule's job carries at most one limit, a concurrency limit",
             ));
         }
+        // A schedule stores no sequence (its ticks are one key's jobs already, one per tick):
+        // refused, never dropped.
+        if self.job.sequence.is_some() {
+            return Err(Error::invalid(
+                "schedule job",
+                "a schedule's job cannot have a sequence key (a schedule does not keep one)",
+            ));
+        }
         // A schedule stores no dedup window and no OnDuplicate mode: refused, never dropped.
         if self.job.dedup_window.is_some() {
             return Err(Error::invalid(

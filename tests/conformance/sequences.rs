@@ -366,8 +366,9 @@ fn retention_keeps_a_dead_job_while_it_holds_its_sequence(backend: Backend) {
     );
 }
 
-/// An empty, over-long or NUL-holding key, a sequence with dependencies or a dedup key, and
-/// a failure mode without a key are typed errors that write nothing, alone or in a batch.
+/// An empty, over-long or NUL-holding key, a sequence with dependencies or a dedup key, a
+/// failure mode without a key, and a sequence where it would be dropped (a schedule's job, a
+/// parked enqueue) are typed errors that write nothing, alone or in a batch.
 fn bad_sequence_input_is_refused_and_changes_nothing(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
@@ -395,9 +396,31 @@ fn bad_sequence_input_is_refused_and_changes_nothing(backend: Backend) {
             "{job:?}: {outcome:?}"
         );
     }
+    // Where a sequence would be dropped, it is refused: a schedule's job, a parked enqueue.
+    let schedule = tenure::schedules::Schedule::every(
+        "s",
+        Duration::from_secs(60),
+        NewJob::new("q", "s", vec![]).sequence("k"),
+    );
+    assert!(matches!(
+        tenure::schedules::upsert(&mut conn, &schedule),
+        Err(tenure::Error::InvalidInput { .. })
+    ));
+    assert!(matches!(
+        jobs::enqueue_parked(
+            &mut conn,
+            &NewJob::new("q", "s", vec![]).sequence("k"),
+            Duration::from_secs(60)
+        ),
+        Err(tenure::Error::InvalidInput { .. })
+    ));
     assert!(jobs::claim(&mut conn, "q", 10, TTL).unwrap().is_empty());
     assert_eq!(
         crate::common::count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_sequences"),
+        0
+    );
+    assert_eq!(
+        crate::common::count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_schedules"),
         0
     );
 }

@@ -341,6 +341,12 @@ pub fn enqueue_parked<C: TenureConnection>(
             "a job with dependencies cannot be enqueued parked",
         ));
     }
+    if job.sequence.is_some() {
+        return Err(Error::invalid(
+            "park",
+            "a job of a sequence cannot be enqueued parked (it may have to wait for the one before it)",
+        ));
+    }
     retrying_transaction(conn, |conn| {
         let id = crate::jobs::enqueue(conn, job)?.id;
         let token = ParkToken::generate(id)?;
