@@ -15,7 +15,7 @@ use crate::child::{Spawned, report, spawn, sql};
 use crate::common::{TestDb, conformance, count};
 use crate::processes::exec;
 
-conformance!(killed_workers_keep_each_sequences_order,);
+conformance!(a_sequence_keeps_its_order_through_sigkilled_workers,);
 
 const KEYS: usize = 10;
 const PER_KEY: usize = 30;
@@ -30,7 +30,7 @@ fn start_worker(url: &str, threads: usize) -> Spawned {
 /// the runs sorted by their start (database clock) have ascending job ids (a retry repeats
 /// its id), and each run starts after the previous one of its key ended (a run killed
 /// mid-way has no end: its process is gone before the rescue hands its job out again).
-fn killed_workers_keep_each_sequences_order(backend: Backend) {
+fn a_sequence_keeps_its_order_through_sigkilled_workers(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     exec(
