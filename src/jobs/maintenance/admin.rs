@@ -173,7 +173,9 @@ const LOCKED_STATE: &str =
 /// ([`crate::jobs::SequenceFailure::Hold`]): the job enqueued after it in its sequence runs
 /// as if `id` had completed. Returns how many jobs it released: 0 if `id` is not dead or
 /// cancelled, holds no job back, or does not exist. The other way on is
-/// [`retry_dead`]: the dead job runs again, and the rest follow once it completes.
+/// [`retry_dead`]: the dead job runs again, and the rest follow once it completes. A job let
+/// go this way and retried afterwards runs outside its sequence's order (the rest did not
+/// wait for it).
 ///
 /// ```
 /// # fn main() -> Result<(), tenure::Error> {
