@@ -37,6 +37,11 @@ pub enum SequenceFailure {
 /// down only by its predecessor's completion; a death or a cancel leaves it pending.
 pub(crate) const SEQUENCE_HOLD: &str = "sequence_hold";
 
+/// The `run_when` of a going-on sequence's edge: counted down by its predecessor's end,
+/// however it ended (as `all_finished`, told apart from a workflow's; 16 bytes at most, the
+/// column's width on MySQL).
+pub(crate) const SEQUENCE_CONTINUE: &str = "sequence_go_on";
+
 const ENSURE_ON_CONFLICT: &str = "\
     INSERT INTO tenure_sequences (sequence_key, last_job_id) VALUES (?, 0) \
     ON CONFLICT (sequence_key) DO NOTHING";

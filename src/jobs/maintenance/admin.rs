@@ -54,6 +54,9 @@ pub fn cancel<C: TenureConnection>(conn: &mut C, id: i64) -> Result<bool> {
         let now: CancelledState = dispatch!(conn, c => {
             statement(CANCELLED_STATE).bind::<BigInt, _>(id).get_result::<CancelledState>(c)
         })?;
+        if now.state == "cancelled" {
+            crate::jobs::workflows::sequence_edges::splice_out_of_sequence(conn, id)?;
+        }
         let released = if now.state == "cancelled" && now.n != 0 {
             crate::jobs::workflows::dependencies::settle(conn, vec![(id, JobState::Cancelled)])?
         } else {
@@ -202,7 +205,7 @@ pub fn skip_in_sequence<C: TenureConnection>(conn: &mut C, id: i64) -> Result<us
         })?;
         match state {
             Some(s) if (s.state == "dead" || s.state == "cancelled") && s.n > 0 => {
-                crate::jobs::workflows::dependencies::let_held_go(conn, id)
+                crate::jobs::workflows::sequence_edges::let_held_go(conn, id)
             }
             _ => Ok(Vec::new()),
         }

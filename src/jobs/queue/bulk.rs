@@ -19,6 +19,7 @@ use crate::backend::statement::{Statement, row, statement};
 use crate::backend::transaction::{in_transaction, retrying_transaction};
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::jobs::flow::limits::{self, Limit};
+use crate::jobs::flow::sequences;
 use crate::rows::IdRow;
 use crate::sql_types::Instant;
 use crate::wake;
@@ -339,6 +340,13 @@ pub(crate) const INSERT_CHUNK_BYTES: usize = 4 * 1024 * 1024;
 /// A batch with jobs of sequences, one job at a time in the batch's order, in the caller's
 /// transaction: a sequence's job may wait for one earlier in the batch.
 fn enqueue_one_by_one<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
+    // Every key's row first, in one order (sorted) for every batch: two batches of the same
+    // keys in different orders deadlocked on every try.
+    let keys: std::collections::BTreeSet<&str> =
+        jobs.iter().filter_map(|job| job.sequence_key()).collect();
+    for key in keys {
+        sequences::lock_last(conn, key)?;
+    }
     let mut out = Vec::with_capacity(jobs.len());
     for job in jobs {
         let enqueued = if job.sequence.is_some() {

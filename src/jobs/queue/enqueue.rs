@@ -403,7 +403,7 @@ pub(crate) fn insert_in_sequence<C: TenureConnection>(
             let (run_when, edge) = if hold {
                 (RunWhen::AllCompleted, sequences::SEQUENCE_HOLD)
             } else {
-                (RunWhen::AllFinished, RunWhen::AllFinished.as_str())
+                (RunWhen::AllFinished, sequences::SEQUENCE_CONTINUE)
             };
             let chained = NewJob {
                 dependencies: vec![predecessor.id],

@@ -28,7 +28,7 @@ use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, dispatch};
-use crate::jobs::flow::sequences::SEQUENCE_HOLD;
+use crate::jobs::flow::sequences::{SEQUENCE_CONTINUE, SEQUENCE_HOLD};
 use crate::jobs::{JobState, MAX_BATCH};
 use crate::rows::{IdStateRow, NullableInt, QueueRow};
 use crate::schema::{tenure_dependency_stripes, tenure_job_dependencies};
@@ -227,15 +227,15 @@ pub(crate) fn record<C: TenureConnection>(
 
 /// An edge not yet counted, with what its dependent decides on.
 #[derive(QueryableByName)]
-struct PendingEdge {
+pub(super) struct PendingEdge {
     #[diesel(sql_type = BigInt)]
-    job_id: i64,
+    pub(super) job_id: i64,
     #[diesel(sql_type = BigInt)]
-    depends_on: i64,
+    pub(super) depends_on: i64,
     #[diesel(sql_type = Integer)]
-    stripe: i32,
+    pub(super) stripe: i32,
     #[diesel(sql_type = Text)]
-    run_when: String,
+    pub(super) run_when: String,
 }
 
 /// The edges of finishing jobs not yet counted. A locking read: it sees the latest
@@ -280,12 +280,6 @@ const STRIPES_PENDING: &str = "SELECT stripes_pending AS n FROM tenure_jobs WHER
 const UNCOUNT_HELD_EDGE: &str = "\
     UPDATE tenure_job_dependencies SET counted = 0 WHERE job_id = ? AND depends_on = ?\
     {in_transaction}";
-
-/// The held edges of a dead or cancelled job, under their rows' locks.
-const HELD_EDGES: &str = "\
-    SELECT job_id, depends_on, stripe, run_when FROM tenure_job_dependencies \
-    WHERE depends_on = ? AND counted = 0 AND run_when = 'sequence_hold' ORDER BY job_id{for_update}";
-const COUNT_EDGE: &str = "UPDATE tenure_job_dependencies SET counted = 1 WHERE job_id = ? AND depends_on = ?{in_transaction}";
 
 /// A blocked job runs: waiting, due when it was due (a delayed job keeps its delay).
 const RELEASE: &str =
@@ -366,7 +360,10 @@ pub(crate) fn settle<C: TenureConnection>(
             if !completed {
                 tally.failed.push(edge.depends_on);
             }
-            if completed || tally.run_when == RunWhen::AllFinished.as_str() {
+            if completed
+                || tally.run_when == RunWhen::AllFinished.as_str()
+                || tally.run_when == SEQUENCE_CONTINUE
+            {
                 *tally.done.entry(edge.stripe).or_default() += 1;
             }
         }
@@ -386,6 +383,7 @@ pub(crate) fn settle<C: TenureConnection>(
             }
             let run_when = match tally.run_when.as_str() {
                 SEQUENCE_HOLD => RunWhen::AllCompleted,
+                SEQUENCE_CONTINUE => RunWhen::AllFinished,
                 other => RunWhen::parse(other)?,
             };
             if let Some(first) = tally.failed.first() {
@@ -428,7 +426,7 @@ pub(crate) fn settle<C: TenureConnection>(
 /// Counts dependencies down in their stripes (ascending), then the emptied stripes down on
 /// the job's row. True if this brought the job's row to zero: every dependency is counted,
 /// and this transaction (holding the row's lock) decides the job.
-fn count_down<C: TenureConnection>(
+pub(super) fn count_down<C: TenureConnection>(
     conn: &mut C,
     id: i64,
     done: &BTreeMap<i32, i32>,
@@ -481,7 +479,7 @@ fn count_down<C: TenureConnection>(
 }
 
 /// Releases a blocked job; its queue if it did.
-fn release<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Option<String>> {
+pub(super) fn release<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Option<String>> {
     dispatch!(conn, c => {
         if statement(c.syntax().render(RELEASE)).bind::<BigInt, _>(id).execute(c)? != 1 {
             // Not blocked any more, or (MySQL) the transaction is gone.
@@ -520,34 +518,6 @@ pub(crate) fn lock_existing<C: TenureConnection>(
             .load::<Dependency>(c)
     })?
     .pop())
-}
-
-/// Lets the jobs a held sequence keeps waiting for the dead or cancelled job `id` (locked by
-/// the caller) go on, as if it had completed; returns the queues of those it released.
-pub(crate) fn let_held_go<C: TenureConnection>(conn: &mut C, id: i64) -> Result<Vec<String>> {
-    let edges = dispatch!(conn, c => {
-        statement(c.syntax().render(HELD_EDGES))
-            .bind::<BigInt, _>(id)
-            .load::<PendingEdge>(c)
-    })?;
-    let mut queues = Vec::new();
-    for edge in edges {
-        dispatch!(conn, c => {
-            if statement(c.syntax().render(COUNT_EDGE))
-                .bind::<BigInt, _>(edge.job_id)
-                .bind::<BigInt, _>(edge.depends_on)
-                .execute(c)? != 1
-            {
-                return Err(Error::RolledBackUnderUs { operation: "skip_in_sequence" });
-            }
-            Ok::<(), Error>(())
-        })?;
-        if count_down(conn, edge.job_id, &BTreeMap::from([(edge.stripe, 1)]))? {
-            queues.extend(release(conn, edge.job_id)?);
-        }
-    }
-    crate::wake::notify(conn, queues.iter().map(String::as_str))?;
-    Ok(queues)
 }
 
 /// The edges of retried jobs (dead again waiting) to dependents still blocked: counted

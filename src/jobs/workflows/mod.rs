@@ -7,6 +7,7 @@
 
 pub(crate) mod dependencies;
 pub(crate) mod results;
+pub(crate) mod sequence_edges;
 pub(crate) mod steps;
 pub(crate) mod wait;
 pub(crate) mod workflow;

@@ -547,6 +547,9 @@ pub fn cancel_workflow<C: TenureConnection>(conn: &mut C, id: i64) -> Result<usi
         for job in &locked {
             if crate::jobs::maintenance::admin::cancel_locked(conn, job.id)? {
                 cancelled += 1;
+                if job.state != "running" {
+                    super::sequence_edges::splice_out_of_sequence(conn, job.id)?;
+                }
                 if job.state != "running" && job.n != 0 {
                     settle.push((job.id, JobState::Cancelled));
                 }
