@@ -82,7 +82,8 @@
 //!   transaction that completes it: a retrying, snoozed or delayed job holds the rest back. A
 //!   dead or cancelled one holds them too ([`jobs::SequenceFailure::Hold`]) until it is retried
 //!   and completes or [`jobs::skip_in_sequence`] lets them go on, unless the enqueuer chose
-//!   [`jobs::SequenceFailure::Continue`].
+//!   [`jobs::SequenceFailure::Continue`]. A job cancelled before it ran is taken out of its
+//!   sequence: the next waits for the one before it.
 //! - **Priorities starve no job whose queue ages them.** Claims take the most urgent
 //!   priority first; [`jobs::age_priorities`] (every quarter of the bound in a worker built
 //!   with [`worker::WorkerBuilder::age_priorities`]) moves a job due for longer than its bound
