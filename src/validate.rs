@@ -87,6 +87,17 @@ pub(crate) fn ttl(ttl: Duration) -> Result<i64> {
     i64::try_from(ttl.as_micros()).map_err(|_| Error::invalid("ttl", "out of range"))
 }
 
+/// Priority aging's bound ([`crate::jobs::age_priorities`]), in microseconds: 1 ms to
+/// [`MAX_TTL`], like a ttl.
+pub(crate) fn aging_bound(after: Duration) -> Result<i64> {
+    ttl(after).map_err(|_| {
+        Error::invalid(
+            "after",
+            format!("{after:?} is not between 1 ms and 366 days"),
+        )
+    })
+}
+
 /// A delay (before a retry), in microseconds: at most [`MAX_TTL`].
 pub(crate) fn delay_micros(delay: Duration) -> Result<i64> {
     if delay > MAX_TTL {

@@ -403,23 +403,19 @@ impl WorkerBuilder {
     }
 
     /// Ages the priorities of its queues' waiting jobs ([`crate::jobs::age_priorities`]): a
-    /// job due for longer than `after` moves to the front of its queue
-    /// ([`crate::jobs::AGED_PRIORITY`]), so more urgent jobs delay it by at most `after` plus
-    /// one pass (a quarter of `after`, from 250 ms to 30 s). `after` must be between 1 ms and
-    /// 366 days ([`WorkerBuilder::start`] refuses it otherwise). Off by default.
+    /// job due for longer than `after` moves to the front ([`crate::jobs::AGED_PRIORITY`]), so
+    /// more urgent jobs delay it by at most `after` plus one pass (a quarter of `after`, 250 ms
+    /// to 30 s). [`WorkerBuilder::start`] refuses an `after` outside 1 ms to 366 days.
     ///
     /// ```
     /// # fn main() -> Result<(), tenure::Error> {
-    /// use std::time::Duration;
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let pool = tenure::Pool::open(&dir.path().join("t.db").display().to_string())?;
     /// # tenure::run_migrations(&mut pool.get()?)?;
-    /// use tenure::worker::{JobContext, Worker};
-    /// let worker = Worker::builder(pool)
-    ///     .queue("reports")
-    ///     .raw_handler("report", |_: &JobContext, _: &[u8]| Ok(()))
-    ///     .age_priorities(Duration::from_secs(60))
-    ///     .start()?;
+    /// use std::time::Duration;
+    /// let worker = tenure::worker::Worker::builder(pool)
+    ///     .raw_handler("report", |_: &tenure::worker::JobContext, _: &[u8]| Ok(()))
+    ///     .queue("reports").age_priorities(Duration::from_secs(60)).start()?;
     /// worker.shutdown(Duration::from_secs(5));
     /// # Ok(()) }
     /// ```
@@ -572,12 +568,7 @@ impl WorkerBuilder {
             validate::name("queue", queue)?;
         }
         if let Some(after) = self.aging {
-            validate::ttl(after).map_err(|_| {
-                Error::invalid(
-                    "after",
-                    format!("{after:?} is not between 1 ms and 366 days"),
-                )
-            })?;
+            validate::aging_bound(after)?;
         }
         let mut kind_names: Vec<String> = self.kinds.keys().cloned().collect();
         kind_names.sort_unstable();

@@ -75,12 +75,7 @@ pub fn age_priorities<C: TenureConnection>(
     limit: usize,
 ) -> Result<usize> {
     validate::name("queue", queue)?;
-    let after = validate::ttl(after).map_err(|_| {
-        Error::invalid(
-            "after",
-            format!("{after:?} is not between 1 ms and 366 days"),
-        )
-    })?;
+    let after = validate::aging_bound(after)?;
     let limit = check_count(limit)?;
     Ok(age_batch(conn, queue, after, limit)?.1)
 }

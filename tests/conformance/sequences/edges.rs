@@ -1,6 +1,8 @@
-//! Attacks on sequences ([`NewJob::sequence`]): the jobs of a key run one at a time, in the
-//! order their enqueues commit; a dead or cancelled job holds the rest (by default) until it
-//! is retried and completes or is let go; nothing is lost.
+//! A sequence's order at its edges: a job cancelled while it waited in the middle of its
+//! sequence (taken out of it, with `Continue` and after a skip), a dead head never overtaken,
+//! many threads enqueueing one key, an enqueue rolled back or made under a caller's
+//! REPEATABLE READ snapshot, batches taking keys in opposite orders, enqueues racing
+//! completions and deaths, and batches or workflows refused whole.
 
 use std::sync::{Arc, Barrier};
 use std::time::Duration;

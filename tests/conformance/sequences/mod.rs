@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod edges;
+
 use tenure::Backend;
 use tenure::jobs::{self, Finished, JobState, Limit, NewJob, Retention, Retry, SequenceFailure};
 

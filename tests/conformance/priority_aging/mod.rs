@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod bounds;
+
 use tenure::Backend;
 use tenure::events::Event;
 use tenure::jobs::{self, AGED_PRIORITY, JobState, NewJob, Retry};

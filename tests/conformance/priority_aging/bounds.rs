@@ -1,9 +1,8 @@
-//! Attacks on priority aging ([`jobs::age_priorities`]): which jobs a limited call ages when
-//! more urgent jobs are due too, a caller aging every period with a limit smaller than the
-//! backlog, aging inside a caller's REPEATABLE READ transaction after rotations of the ready
-//! ring, and aging racing claims (of any kind and by kind), retries, snoozes, give-backs,
-//! deaths, revivals, cancels, replacing duplicates, limited jobs and rotations, with the ring
-//! compared against the waiting jobs after.
+//! What keeps aging's bound: a limited call ages the jobs due first, a caller aging every
+//! period with a limit smaller than the backlog still reaches the low job, aging is refused
+//! inside a caller's transaction (where the ring, rotated since, read as empty), and aging
+//! racing claims (of any kind and by kind), retries, snoozes, give-backs, deaths, revivals,
+//! cancels, replacing duplicates, limited jobs and rotations leaves the ring exact.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
