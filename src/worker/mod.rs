@@ -402,22 +402,17 @@ impl WorkerBuilder {
         self
     }
 
-    /// Ages the priorities of its queues' waiting jobs ([`crate::jobs::age_priorities`]): a
-    /// job due for longer than `after` moves to the front ([`crate::jobs::AGED_PRIORITY`]), so
-    /// more urgent jobs delay it by at most `after` plus one pass (a quarter of `after`, 250 ms
-    /// to 30 s). [`WorkerBuilder::start`] refuses an `after` outside 1 ms to 366 days.
-    ///
+    /// Ages its queues' waiting jobs ([`crate::jobs::age_priorities`]): one due for longer
+    /// than `after` moves to the front, so more urgent jobs delay it by at most `after` plus a
+    /// pass (`after` / 4, 250 ms to 30 s). `start` refuses `after` outside 1 ms to 366 days.
     /// ```
-    /// # fn main() -> Result<(), tenure::Error> {
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let pool = tenure::Pool::open(&dir.path().join("t.db").display().to_string())?;
-    /// # tenure::run_migrations(&mut pool.get()?)?;
-    /// use std::time::Duration;
-    /// let worker = tenure::worker::Worker::builder(pool)
+    /// # let pool = tenure::Pool::open(&dir.path().join("t.db").display().to_string()).unwrap();
+    /// # tenure::run_migrations(&mut pool.get().unwrap()).unwrap();
+    /// let worker = tenure::worker::Worker::builder(pool).queue("reports")
     ///     .raw_handler("report", |_: &tenure::worker::JobContext, _: &[u8]| Ok(()))
-    ///     .queue("reports").age_priorities(Duration::from_secs(60)).start()?;
-    /// worker.shutdown(Duration::from_secs(5));
-    /// # Ok(()) }
+    ///     .age_priorities(std::time::Duration::from_secs(60)).start().unwrap();
+    /// worker.shutdown(std::time::Duration::from_secs(5));
     /// ```
     pub fn age_priorities(mut self, after: Duration) -> Self {
         self.aging = Some(after);
