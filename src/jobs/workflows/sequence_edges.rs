@@ -28,8 +28,11 @@ const REPOINT_SEQUENCE_EDGES: &str = "\
     UPDATE tenure_job_dependencies SET depends_on = ? \
     WHERE depends_on = ? AND counted = 0 AND run_when IN ('sequence_hold', 'sequence_go_on')";
 const ADD_DEPENDENTS: &str = "UPDATE tenure_jobs SET dependents = dependents + ? WHERE id = ?";
-/// A key whose last job was taken out: the job before it is its last again.
-const MOVE_LAST_BACK: &str = "UPDATE tenure_sequences SET last_job_id = ? WHERE last_job_id = ?";
+/// A key whose last job was taken out: the job before it is its last again. By the key (the
+/// primary key), not by `last_job_id`, which no index serves.
+const MOVE_LAST_BACK: &str = "\
+    UPDATE tenure_sequences SET last_job_id = ? \
+    WHERE sequence_key = (SELECT sequence_key FROM tenure_jobs WHERE id = ?) AND last_job_id = ?";
 
 /// Takes the job `id`, cancelled (by the caller's transaction, holding its row's lock) while
 /// it still waited for the job before it in its sequence, out of the sequence: the jobs
@@ -57,6 +60,7 @@ pub(crate) fn splice_out_of_sequence<C: TenureConnection>(conn: &mut C, id: i64)
         }
         statement(MOVE_LAST_BACK)
             .bind::<BigInt, _>(before.id)
+            .bind::<BigInt, _>(id)
             .bind::<BigInt, _>(id)
             .execute(c)?;
         Ok::<(), Error>(())
