@@ -191,6 +191,21 @@ diesel::table! {
 }
 
 diesel::table! {
+    /// Fair claiming: per queue and tenant, its weight and the stamp of its last job; the
+    /// row's lock orders the tenant's enqueues ([`crate::jobs::set_fair_weight`]).
+    tenure_fair_keys (queue, fair_key) {
+        /// The queue.
+        queue -> Text,
+        /// The tenant.
+        fair_key -> Text,
+        /// Its weight (1 to 1,000): its share of the queue against weight-1 tenants.
+        weight -> Integer,
+        /// The stamp of its last job.
+        last_stamp -> BigInt,
+    }
+}
+
+diesel::table! {
     /// Sequences: per key, the last job enqueued with it; the row's lock orders the enqueues
     /// of a key ([`NewJob::sequence`](crate::jobs::NewJob::sequence)).
     tenure_sequences (sequence_key) {
@@ -525,6 +540,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     tenure_job_dependencies,
     tenure_dependency_stripes,
     tenure_sequences,
+    tenure_fair_keys,
     tenure_job_results,
     tenure_parked,
     tenure_steps,

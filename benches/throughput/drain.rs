@@ -58,7 +58,7 @@ pub fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64
         Setup::Empty => {}
         Setup::Finished(n) => fill_finished(&mut conn, backend, n),
         Setup::Waiting(n) => fill(&mut conn, options, "bench", n),
-        Setup::RateLimited(..) | Setup::Workflow(_) | Setup::Sequenced(_) => {}
+        Setup::RateLimited(..) | Setup::Workflow(_) | Setup::Sequenced(_) | Setup::Fair(_) => {}
     }
     let mut to_drain = to_drain;
     if let Setup::Workflow(callbacks) = setup {
@@ -89,6 +89,15 @@ pub fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64
                 .collect();
             jobs::enqueue_many(&mut conn, &sequenced).expect("fill");
         }
+    } else if let Setup::Fair(tenants) = setup {
+        for chunk in batch(options, "bench", to_drain).chunks(10_000) {
+            let fair: Vec<NewJob> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, job)| job.clone().fair_key(format!("tenant-{}", i % tenants)))
+                .collect();
+            jobs::enqueue_many(&mut conn, &fair).expect("fill");
+        }
     } else if let Setup::RateLimited(max, per) = setup {
         for chunk in batch(options, "bench", to_drain).chunks(10_000) {
             let limited: Vec<NewJob> = chunk
@@ -102,7 +111,11 @@ pub fn drain(backend: Backend, options: &Options, setup: Setup) -> (Figures, u64
     }
     if !matches!(
         setup,
-        Setup::Empty | Setup::RateLimited(..) | Setup::Workflow(_) | Setup::Sequenced(_)
+        Setup::Empty
+            | Setup::RateLimited(..)
+            | Setup::Workflow(_)
+            | Setup::Sequenced(_)
+            | Setup::Fair(_)
     ) {
         settle(backend, &mut conn);
     }
@@ -216,4 +229,6 @@ pub enum Setup {
     Workflow(bool),
     /// The jobs are spread over this many sequence keys, enqueued in turn.
     Sequenced(usize),
+    /// The jobs are spread over this many fair keys (tenants), enqueued in turn.
+    Fair(usize),
 }

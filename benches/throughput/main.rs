@@ -11,7 +11,7 @@
 //!   --scale           also drain with 1,000,000 finished and with 100,000 waiting jobs
 //!   --prefetch N      the workers' prefetch (default: the builder's, 100)
 //!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; E, F, G, H, K, L, P, Q, R,
-//!                     S, V, W, Y and Z only when listed)
+//!                     S, V, W, X, Y and Z only when listed)
 //!   --phase-secs N    G: seconds of its clean and released phases; the snapshot is held
 //!                     twice as long (default 30)
 //!   --rate N          G: jobs a second (default 1000)
@@ -45,6 +45,7 @@ mod capacity;
 mod chart;
 mod drain;
 mod enqueue;
+mod fairness;
 mod fleet;
 mod kinds;
 mod latency;
@@ -274,6 +275,41 @@ fn main() {
             drain_row(
                 &format!("Z2. drain, {} threads, 100 sequence keys", options.workers),
                 Setup::Sequenced(100),
+            );
+        }
+        if wanted('X') {
+            for fair in [true, false] {
+                let (figures, longest) = fairness::late_tenants(backend, &options, fair);
+                let label = if fair {
+                    format!(
+                        "X1. 90 jobs of 9 tenants behind one tenant's 50,000, fair: wait (longest {})",
+                        ms(Some(longest))
+                    )
+                } else {
+                    format!(
+                        "X1. the same without fair keys (control): wait (longest {})",
+                        ms(Some(longest))
+                    )
+                };
+                row(&label, figures, None);
+            }
+            drain_row(
+                &format!(
+                    "X2. drain, {} threads, one tenant (fair key)",
+                    options.workers
+                ),
+                Setup::Fair(1),
+            );
+            drain_row(
+                &format!("X2. drain, {} threads, 100 tenants", options.workers),
+                Setup::Fair(100),
+            );
+            drain_row(
+                &format!(
+                    "X2. drain, {} threads, no fair keys (as C)",
+                    options.workers
+                ),
+                Setup::Empty,
             );
         }
         if wanted('Y') {

@@ -69,11 +69,12 @@ pub(crate) use queue::{
     snooze_noting_death,
 };
 
-// Flow control: limits a job carries, queue-wide limits, pauses, sequences, a queue's depth.
+// Flow control: limits a job carries, queue-wide limits, pauses, sequences, fair shares, a
+// queue's depth.
 pub use flow::{
-    KeyState, Limit, MAX_DEPTH_BOUND, MAX_LIMIT, MAX_LIMITS, QueueCounts, QueueDepth, Rate,
-    SequenceFailure, is_paused, key_states, limit_queue, limits_of, pause, queue_counts,
-    queue_depth, queue_limits, resume,
+    KeyState, Limit, MAX_DEPTH_BOUND, MAX_FAIR_WEIGHT, MAX_LIMIT, MAX_LIMITS, QueueCounts,
+    QueueDepth, Rate, SequenceFailure, is_paused, key_states, limit_queue, limits_of, pause,
+    queue_counts, queue_depth, queue_limits, resume, set_fair_weight,
 };
 
 // Workflows and results: dependencies, workflows (and batches with callbacks), results and

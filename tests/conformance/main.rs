@@ -47,6 +47,7 @@ mod dedup_windows;
 mod depth;
 mod errors;
 mod events;
+mod fair_claiming;
 mod flow_control;
 mod foundation;
 mod inputs;

@@ -19,7 +19,7 @@ use crate::backend::statement::{Statement, row, statement};
 use crate::backend::transaction::{in_transaction, retrying_transaction};
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::jobs::flow::limits::{self, Limit};
-use crate::jobs::flow::sequences;
+use crate::jobs::flow::{fairness, sequences};
 use crate::rows::IdRow;
 use crate::sql_types::Instant;
 use crate::wake;
@@ -138,6 +138,10 @@ pub fn enqueue_many<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Resul
     }
     let inline = in_transaction(conn);
     let enqueued = retrying_transaction(conn, |conn| {
+        // Fair jobs take their tenants' next stamps first (their rows locked in key order,
+        // before any other lock).
+        let stamped = fairness::stamped(conn, jobs)?;
+        let jobs = &stamped[..];
         // Jobs of sequences go one by one, in the batch's order (each locks its key's row and
         // waits for the one before it, which may be earlier in this batch).
         if jobs.iter().any(|job| job.sequence.is_some()) {

@@ -1,7 +1,7 @@
 //! Claiming due jobs, within their flow control (the queue's limit, pauses, and the limits
 //! of their keys: `flow::admission` decides), by kind or of any kind.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use diesel::prelude::*;
@@ -36,7 +36,7 @@ const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_
 macro_rules! claim_pick {
     ($from:literal, $kinds:literal) => {
         concat!(
-            "SELECT c.id, c.priority, c.due_at, c.limit_key FROM ",
+            "SELECT c.id, c.priority, c.fair_stamp, c.due_at, c.limit_key FROM ",
             $from,
             " WHERE c.queue = ?{claim_waiting} AND c.due_at <= {now}",
             $kinds,
@@ -56,7 +56,7 @@ macro_rules! claim_pick {
                   SELECT COUNT(*) FROM tenure_jobs r JOIN tenure_job_limits s ON s.job_id = r.id \
                   WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
                   AND s.limit_key = l.limit_key AND s.max_running IS NOT NULL)))))) \
-    ORDER BY c.priority, c.due_at, c.id LIMIT ?{claim_lock}"
+    ORDER BY c.priority, c.fair_stamp, c.due_at, c.id LIMIT ?{claim_lock}"
         )
     };
 }
@@ -84,7 +84,8 @@ const CLAIM_MARK: &str = "\
         claimed_by = ?, started_at = CASE WHEN ? THEN {now} ELSE NULL END \
     WHERE id IN {ids}{in_transaction}";
 
-/// Claims up to `max_jobs` due jobs of `queue` for `ttl`, by priority, then due time, then id.
+/// Claims up to `max_jobs` due jobs of `queue` for `ttl`, by priority, then due time, then id
+/// (fair jobs, within a priority, by their tenants' turns: [`NewJob::fair_key`]).
 /// Atomic: no job is ever held by two claimers. Each job comes with its attempt number
 /// (counting this run) and a fresh claim token. Needs a bare connection.
 ///
@@ -201,142 +202,150 @@ fn claim_of<C: TenureConnection>(
     // Keys a first attempt found held by other claimers, with nothing else to take: the
     // second attempt waits for them first (`admission::lock_first`).
     let mut first_keys = BTreeSet::new();
-    let (rows, throttled_for) = loop {
+    let (rows, throttled_for, order) = loop {
         // A deadlock or serialization failure (MariaDB, many claimers on one limit key) runs the
         // whole claim again: nothing of the failed attempt was committed.
-        let (rows, throttled_for, busy_keys): (Vec<JobRow>, Option<Duration>, BTreeSet<String>) =
-            retry_transient(|| {
-                dispatch!(conn, c => {
-                    bare_write_transaction(c, "claiming jobs", |c| {
-                        let syntax = c.syntax();
-                        // Step 0: a limited queue's lock, before any job row is locked (one order for
-                        // every claimer: queue, jobs, keys), and its room; none left, nothing to pick.
-                        let queue_room = admission::lock_queue(c, queue)?;
-                        let max_jobs = match queue_room {
-                            Some(room) if room <= 0 => return Ok((Vec::new(), None, BTreeSet::new())),
-                            Some(room) => max_jobs.min(room),
-                            None => max_jobs,
-                        };
-                        // A paused queue yields no candidates (the pick's NOT EXISTS), in the same
-                        // statement.
-                        // One pick: the first `limit` due jobs in claim order.
-                        let pick = |c: &mut _, limit: i64| -> Result<Vec<Candidate>> {
-                            Ok(match kinds {
-                                None => statement(syntax.render(CLAIM_PICK))
-                                    .bind::<Text, _>(queue)
-                                    .bind::<Text, _>(queue)
-                                    .bind::<BigInt, _>(limit)
-                                    .load::<Candidate>(c)?,
-                                Some(kinds) => {
-                                    let pick = syntax.render(CLAIM_PICK_KIND);
-                                    let mut candidates = Vec::new();
-                                    for kind in kinds {
-                                        candidates.extend(
-                                            statement(pick)
-                                                .bind::<Text, _>(queue)
-                                                .bind::<Text, _>(*kind)
-                                                .bind::<Text, _>(queue)
-                                                .bind::<BigInt, _>(limit)
-                                                .load::<Candidate>(c)?,
-                                        );
-                                    }
-                                    candidates.sort_by_key(|c| (c.priority, c.due_at, c.id));
-                                    candidates.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-                                    candidates
+        let (rows, throttled_for, busy_keys, order): (
+            Vec<JobRow>,
+            Option<Duration>,
+            BTreeSet<String>,
+            HashMap<i64, usize>,
+        ) = retry_transient(|| {
+            dispatch!(conn, c => {
+                bare_write_transaction(c, "claiming jobs", |c| {
+                    let syntax = c.syntax();
+                    // Step 0: a limited queue's lock, before any job row is locked (one order for
+                    // every claimer: queue, jobs, keys), and its room; none left, nothing to pick.
+                    let queue_room = admission::lock_queue(c, queue)?;
+                    let max_jobs = match queue_room {
+                        Some(room) if room <= 0 => {
+                            return Ok((Vec::new(), None, BTreeSet::new(), HashMap::new()));
+                        }
+                        Some(room) => max_jobs.min(room),
+                        None => max_jobs,
+                    };
+                    // A paused queue yields no candidates (the pick's NOT EXISTS), in the same
+                    // statement.
+                    // One pick: the first `limit` due jobs in claim order.
+                    let pick = |c: &mut _, limit: i64| -> Result<Vec<Candidate>> {
+                        Ok(match kinds {
+                            None => statement(syntax.render(CLAIM_PICK))
+                                .bind::<Text, _>(queue)
+                                .bind::<Text, _>(queue)
+                                .bind::<BigInt, _>(limit)
+                                .load::<Candidate>(c)?,
+                            Some(kinds) => {
+                                let pick = syntax.render(CLAIM_PICK_KIND);
+                                let mut candidates = Vec::new();
+                                for kind in kinds {
+                                    candidates.extend(
+                                        statement(pick)
+                                            .bind::<Text, _>(queue)
+                                            .bind::<Text, _>(*kind)
+                                            .bind::<Text, _>(queue)
+                                            .bind::<BigInt, _>(limit)
+                                            .load::<Candidate>(c)?,
+                                    );
                                 }
-                            })
-                        };
-                        let mut held = BTreeSet::new();
-                        admission::lock_first(c, &first_keys, &mut held)?;
-                        let mut limit = max_jobs;
-                        let mut candidates = pick(c, limit)?;
-                        let mut admission =
+                                candidates.sort_by_key(|c| (c.priority, c.fair_stamp, c.due_at, c.id));
+                                candidates.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+                                candidates
+                            }
+                        })
+                    };
+                    let mut held = BTreeSet::new();
+                    admission::lock_first(c, &first_keys, &mut held)?;
+                    let mut limit = max_jobs;
+                    let mut candidates = pick(c, limit)?;
+                    let mut admission =
+                        admission::admit(c, queue, queue_room, &candidates, max_jobs, &mut held)?;
+                    // The pick's filter reads the keys before their locks (and a key's hint names
+                    // one full rate): candidates admission refused may fill a full pick while
+                    // admissible jobs wait behind them. Then the pick is made once more, four times
+                    // as large (up to MAX_BATCH; this transaction holds the refused rows' locks, so
+                    // SKIP LOCKED returns them again), and admission decides over it all. Once: a
+                    // key full for all its jobs (a rate's window) must not make every claim read
+                    // deep into them. The same statement with a larger LIMIT (a keyset "past the
+                    // last candidate" cost PostgreSQL a plan that read every waiting row). Never
+                    // for a queue whose candidates are all admitted (no limits): no cost there.
+                    // Again (four times larger each time, up to MAX_BATCH) while candidates were
+                    // refused only because another claimer held their key, which this transaction
+                    // could not wait for in key order (`admission::admit`).
+                    let mut widened = false;
+                    while (admission.ids.len() as i64) < max_jobs
+                        && candidates.len() as i64 >= limit
+                        && limit < MAX_BATCH as i64
+                        && (!widened || !admission.busy_keys.is_empty())
+                    {
+                        widened = true;
+                        limit = (limit * 4).min(MAX_BATCH as i64);
+                        candidates = pick(c, limit)?;
+                        admission =
                             admission::admit(c, queue, queue_room, &candidates, max_jobs, &mut held)?;
-                        // The pick's filter reads the keys before their locks (and a key's hint names
-                        // one full rate): candidates admission refused may fill a full pick while
-                        // admissible jobs wait behind them. Then the pick is made once more, four times
-                        // as large (up to MAX_BATCH; this transaction holds the refused rows' locks, so
-                        // SKIP LOCKED returns them again), and admission decides over it all. Once: a
-                        // key full for all its jobs (a rate's window) must not make every claim read
-                        // deep into them. The same statement with a larger LIMIT (a keyset "past the
-                        // last candidate" cost PostgreSQL a plan that read every waiting row). Never
-                        // for a queue whose candidates are all admitted (no limits): no cost there.
-                        // Again (four times larger each time, up to MAX_BATCH) while candidates were
-                        // refused only because another claimer held their key, which this transaction
-                        // could not wait for in key order (`admission::admit`).
-                        let mut widened = false;
-                        while (admission.ids.len() as i64) < max_jobs
-                            && candidates.len() as i64 >= limit
-                            && limit < MAX_BATCH as i64
-                            && (!widened || !admission.busy_keys.is_empty())
-                        {
-                            widened = true;
-                            limit = (limit * 4).min(MAX_BATCH as i64);
-                            candidates = pick(c, limit)?;
-                            admission =
-                                admission::admit(c, queue, queue_room, &candidates, max_jobs, &mut held)?;
+                    }
+                    if admission.ids.is_empty() {
+                        if first_keys.is_empty() && !admission.busy_keys.is_empty() {
+                            // Ends this transaction (it wrote nothing), releasing its keys.
+                            return Ok((Vec::new(), None, admission.busy_keys, HashMap::new()));
                         }
-                        if admission.ids.is_empty() {
-                            if first_keys.is_empty() && !admission.busy_keys.is_empty() {
-                                // Ends this transaction (it wrote nothing), releasing its keys.
-                                return Ok((Vec::new(), None, admission.busy_keys));
-                            }
-                            // Rates whose windows filled meanwhile still get their hints.
-                            let throttled_for = admission::record_starts(c, &admission, &[])?;
-                            return Ok((Vec::new(), throttled_for, BTreeSet::new()));
-                        }
-                        let ids = admission.ids.clone();
-                        let mark = syntax.render(CLAIM_MARK);
-                        let rows = if syntax.returning {
-                            let marked = format!("{mark} RETURNING {CLAIMED_COLUMNS}");
-                            let sql = match syntax.claim_forget {
-                                Some(forget) => forget.replace("{marked}", &marked),
-                                None => marked,
-                            };
-                            statement(sql)
-                                .bind::<BigInt, _>(micros)
-                                .bind::<Nullable<BigInt>, _>(worker)
-                                .bind::<Bool, _>(worker.is_none())
-                                .bind_ids(ids)
-                                .load::<JobRow>(c)?
-                        } else {
-                            // The mark and its read count only while this transaction
-                            // lives (`{in_transaction}`): Galera may roll it back between two
-                            // statements (a conflict with another node's claim), and a mark
-                            // run on its own committed a claim nobody held (a job running
-                            // under an unknown token); a read on its own returned the rows
-                            // as they are, waiting or another claim's.
-                            let marked = statement(mark)
-                                .bind::<BigInt, _>(micros)
-                                .bind::<Nullable<BigInt>, _>(worker)
-                                .bind::<Bool, _>(worker.is_none())
-                                .bind_ids(ids.iter().copied())
-                                .execute(c)?;
-                            if marked != ids.len() {
-                                return Err(Error::RolledBackUnderUs { operation: "claim" });
-                            }
-                            let read = statement(format!(
-                                "SELECT {CLAIMED_COLUMNS} FROM tenure_jobs WHERE id IN {{ids}} \
-                                 AND @@in_transaction = 1"
-                            ))
-                            .bind_ids(ids.iter().copied())
-                            .load::<JobRow>(c)?;
-                            if read.len() != ids.len() {
-                                return Err(Error::RolledBackUnderUs { operation: "claim" });
-                            }
-                            read
+                        // Rates whose windows filled meanwhile still get their hints.
+                        let throttled_for = admission::record_starts(c, &admission, &[])?;
+                        return Ok((Vec::new(), throttled_for, BTreeSet::new(), HashMap::new()));
+                    }
+                    let ids = admission.ids.clone();
+                    let order: HashMap<i64, usize> =
+                        ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+                    let mark = syntax.render(CLAIM_MARK);
+                    let rows = if syntax.returning {
+                        let marked = format!("{mark} RETURNING {CLAIMED_COLUMNS}");
+                        let sql = match syntax.claim_forget {
+                            Some(forget) => forget.replace("{marked}", &marked),
+                            None => marked,
                         };
-                        let starts: Vec<_> = rows
-                            .iter()
-                            .filter_map(|row| row.claimed_at.map(|at| (row.id, at)))
-                            .collect();
-                        let throttled_for = admission::record_starts(c, &admission, &starts)?;
-                        Ok((rows, throttled_for, BTreeSet::new()))
-                    })
+                        statement(sql)
+                            .bind::<BigInt, _>(micros)
+                            .bind::<Nullable<BigInt>, _>(worker)
+                            .bind::<Bool, _>(worker.is_none())
+                            .bind_ids(ids)
+                            .load::<JobRow>(c)?
+                    } else {
+                        // The mark and its read count only while this transaction
+                        // lives (`{in_transaction}`): Galera may roll it back between two
+                        // statements (a conflict with another node's claim), and a mark
+                        // run on its own committed a claim nobody held (a job running
+                        // under an unknown token); a read on its own returned the rows
+                        // as they are, waiting or another claim's.
+                        let marked = statement(mark)
+                            .bind::<BigInt, _>(micros)
+                            .bind::<Nullable<BigInt>, _>(worker)
+                            .bind::<Bool, _>(worker.is_none())
+                            .bind_ids(ids.iter().copied())
+                            .execute(c)?;
+                        if marked != ids.len() {
+                            return Err(Error::RolledBackUnderUs { operation: "claim" });
+                        }
+                        let read = statement(format!(
+                            "SELECT {CLAIMED_COLUMNS} FROM tenure_jobs WHERE id IN {{ids}} \
+                             AND @@in_transaction = 1"
+                        ))
+                        .bind_ids(ids.iter().copied())
+                        .load::<JobRow>(c)?;
+                        if read.len() != ids.len() {
+                            return Err(Error::RolledBackUnderUs { operation: "claim" });
+                        }
+                        read
+                    };
+                    let starts: Vec<_> = rows
+                        .iter()
+                        .filter_map(|row| row.claimed_at.map(|at| (row.id, at)))
+                        .collect();
+                    let throttled_for = admission::record_starts(c, &admission, &starts)?;
+                    Ok((rows, throttled_for, BTreeSet::new(), order))
                 })
-            })?;
+            })
+        })?;
         if busy_keys.is_empty() {
-            break (rows, throttled_for);
+            break (rows, throttled_for, order);
         }
         first_keys = busy_keys;
     };
@@ -344,7 +353,7 @@ fn claim_of<C: TenureConnection>(
         .into_iter()
         .map(ClaimedJob::from_row)
         .collect::<Result<Vec<_>>>()?;
-    // The order the claim took them in (RETURNING has none).
-    claimed.sort_by_key(|job| (job.priority, job.due_at, job.id));
+    // The order the claim took them in (RETURNING has none): the pick's.
+    claimed.sort_by_key(|job| order.get(&job.id).copied().unwrap_or(usize::MAX));
     Ok((claimed, throttled_for))
 }

@@ -58,12 +58,13 @@ struct CopyRow<'a> {
 }
 
 /// Whether `jobs` go by COPY: long enough, and every one plain (a dedup key needs the
-/// upsert, a dependency its edges).
+/// upsert, a dependency its edges, a fair job its stamp: a column `tenure::schema` leaves
+/// out, which diesel's COPY cannot write).
 pub(crate) fn wanted(jobs: &[NewJob]) -> bool {
     jobs.len() >= COPY_MIN_ROWS
-        && jobs
-            .iter()
-            .all(|job| job.dedup_key.is_none() && job.dependencies.is_empty())
+        && jobs.iter().all(|job| {
+            job.dedup_key.is_none() && job.dependencies.is_empty() && job.fair_key.is_none()
+        })
 }
 
 /// Inserts `jobs` (all plain: see [`wanted`]) by COPY in the connection's transaction and

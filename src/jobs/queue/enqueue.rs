@@ -11,8 +11,8 @@ use super::{DedupOver, Enqueued, NewJob, OnDuplicate};
 use crate::backend::statement::statement;
 use crate::backend::transaction::{in_transaction, retrying_transaction, write_turn};
 use crate::backend::{Dialect, Upsert, dispatch};
-use crate::jobs::flow::limits;
 use crate::jobs::flow::sequences::{self, SequenceFailure};
+use crate::jobs::flow::{fairness, limits};
 use crate::jobs::workflows::{RunWhen, dependencies};
 use crate::rows::IdRow;
 use crate::sql_types::Instant;
@@ -22,12 +22,12 @@ use crate::{Error, Result, TenureConnection};
 pub(crate) const INSERT_HEAD: &str = "INSERT INTO tenure_jobs \
     (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, dedup_key, \
      limit_key, limit_max, dedup_window_micros, workflow_id, run_when, stripes_pending, \
-     sequence_key) VALUES";
+     sequence_key, fair_stamp) VALUES";
 
 /// One row; one shape for both kinds of due time: an instant, or NULL and a delay.
 /// A job with dependencies is inserted `blocked`, with its stripes and `run_when`.
 pub(crate) const INSERT_ROW: &str =
-    "(?, ?, ?, ?, ?, 0, ?, COALESCE(?, {now+ttl}), {now}, ?, ?, ?, ?, ?, ?, ?, ?)";
+    "(?, ?, ?, ?, ?, 0, ?, COALESCE(?, {now+ttl}), {now}, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 /// PostgreSQL and SQLite: a job whose key a live job already has is not inserted; the live
 /// job is returned instead, its `dedup_hits` counted up (so "existing" is `dedup_hits > 0`,
@@ -149,6 +149,7 @@ macro_rules! job_row {
             .bind::<Nullable<Text>, _>(run_when)
             .bind::<Nullable<Integer>, _>(stripes)
             .bind::<Nullable<Text>, _>(job.sequence_key())
+            .bind::<BigInt, _>(job.fair_stamp)
     }};
 }
 
@@ -432,9 +433,10 @@ pub(crate) fn insert_in_sequence<C: TenureConnection>(
 /// Whether an enqueue of this job needs a transaction of its own: a window's checks and
 /// insert go together; a job and its limits commit together (a job must never be claimable
 /// without the limits that hold it back); without RETURNING (MySQL) a mode's state read must
-/// see the row the upsert locked.
+/// see the row the upsert locked; a fair job's stamp and its tenant's last go together.
 fn needs_transaction(job: &NewJob, returning: bool) -> bool {
     job.dedup_window.is_some()
+        || job.fair_key.is_some()
         || !job.dependencies.is_empty()
         || !job.limits.is_empty()
         || (job.on_duplicate != OnDuplicate::Keep && !returning)
@@ -452,16 +454,19 @@ pub fn enqueue<C: TenureConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueu
     // Other processes' idle workers are woken by a NOTIFY: in the insert's RETURNING list
     // inside a caller's transaction (delivered if it commits), else after the commit.
     let inline = in_transaction(conn);
-    let enqueued = if job.sequence.is_some() {
+    let enqueued = if job.sequence.is_some() || needs_transaction(job, returning) {
         retrying_transaction(conn, |conn| {
-            let enqueued = insert_in_sequence(conn, job)?;
-            if inline {
-                wake::notify(conn, [job.queue.as_str()])?;
+            // A fair job takes its tenant's next stamp first (its row's lock is taken before
+            // any other: one order for every enqueue).
+            let stamped = fairness::stamped(conn, std::slice::from_ref(job))?;
+            let job = &stamped[0];
+            if job.sequence.is_some() {
+                let enqueued = insert_in_sequence(conn, job)?;
+                if inline {
+                    wake::notify(conn, [job.queue.as_str()])?;
+                }
+                return Ok(enqueued);
             }
-            Ok::<_, Error>(enqueued)
-        })?
-    } else if needs_transaction(job, returning) {
-        retrying_transaction(conn, |conn| {
             if !job.dependencies.is_empty() {
                 let locked = lock_dependencies(conn, std::slice::from_ref(job))?;
                 let enqueued = insert_dependent(conn, job, &locked)?;

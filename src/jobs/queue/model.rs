@@ -405,6 +405,8 @@ pub(crate) struct Candidate {
     pub id: i64,
     #[diesel(sql_type = Integer)]
     pub priority: i32,
+    #[diesel(sql_type = BigInt)]
+    pub fair_stamp: i64,
     #[diesel(sql_type = Instant)]
     pub due_at: DateTime<Utc>,
     #[diesel(sql_type = Nullable<Text>)]

@@ -97,6 +97,11 @@ pub struct NewJob {
     pub(crate) workflow_id: Option<i64>,
     /// Its sequence key, and what the jobs after it do if it ends dead or cancelled.
     pub(crate) sequence: Option<(String, SequenceFailure)>,
+    /// Its tenant for fair claiming.
+    pub(crate) fair_key: Option<String>,
+    /// Its place in its queue's virtual time, given in the enqueue's transaction
+    /// (`flow::fairness::stamped`); 0 until then, and for a job without a fair key.
+    pub(crate) fair_stamp: i64,
 }
 
 impl NewJob {
@@ -122,6 +127,8 @@ impl NewJob {
             run_when: RunWhen::AllCompleted,
             workflow_id: None,
             sequence: None,
+            fair_key: None,
+            fair_stamp: 0,
         }
     }
 
@@ -351,6 +358,33 @@ impl NewJob {
         self
     }
 
+    /// Claims share its queue fairly between `key` and the other tenants with jobs waiting
+    /// in it: round-robin by default, or by weight ([`crate::jobs::set_fair_weight`]), within
+    /// a priority. Each job takes its tenant's next place in the queue's virtual time
+    /// (start-time fair queueing): a tenant with 50,000 jobs waiting and one that enqueues a
+    /// job after them take turns, so the second waits for about one job per tenant, not for
+    /// the 50,000. Work-conserving: a lone tenant gets all the capacity. A job keeps its
+    /// place through retries and snoozes. Keys are names (1 to 255 bytes), per queue. Jobs
+    /// without a fair key in the same queue come first within their priority.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), tenure::Error> {
+    /// use std::time::Duration;
+    /// use tenure::jobs::{self, NewJob};
+    /// let mut conn = tenure::AnyConnection::connect(":memory:")?;
+    /// tenure::run_migrations(&mut conn)?;
+    /// let burst: Vec<_> = (0..100).map(|_| NewJob::new("sync", "pull", vec![]).fair_key("tenant-a")).collect();
+    /// jobs::enqueue_many(&mut conn, &burst)?;
+    /// let single = jobs::enqueue(&mut conn, &NewJob::new("sync", "pull", vec![]).fair_key("tenant-b"))?.id;
+    /// let claimed = jobs::claim(&mut conn, "sync", 3, Duration::from_secs(60))?;
+    /// assert!(claimed.iter().any(|job| job.id == single));
+    /// # Ok(()) }
+    /// ```
+    pub fn fair_key(mut self, key: impl Into<String>) -> Self {
+        self.fair_key = Some(key.into());
+        self
+    }
+
     /// Its sequence key, if it has one ([`NewJob::sequence`]).
     pub fn sequence_key(&self) -> Option<&str> {
         self.sequence
@@ -443,6 +477,9 @@ impl NewJob {
                     "a job of a sequence cannot have a dedup key",
                 ));
             }
+        }
+        if let Some(key) = &self.fair_key {
+            validate::name("fair key", key)?;
         }
         if self.dedup_key.is_none() {
             if self.dedup_window.is_some() {

@@ -9,6 +9,27 @@ use super::TableSpec;
 /// Database columns that `tenure::schema` leaves out on purpose: (backend, table, column, why).
 const BACKEND_INTERNAL_COLUMNS: &[(Backend, &str, &str, &str)] = &[
     (
+        Backend::Sqlite,
+        "tenure_jobs",
+        "fair_stamp",
+        "a fair job's place among its queue's tenants (claims order by it); tenure_jobs has \
+         diesel's 32 columns, and 64 would double every user's diesel build",
+    ),
+    (
+        Backend::Postgres,
+        "tenure_jobs",
+        "fair_stamp",
+        "a fair job's place among its queue's tenants (claims order by it); tenure_jobs has \
+         diesel's 32 columns, and 64 would double every user's diesel build",
+    ),
+    (
+        Backend::Mysql,
+        "tenure_jobs",
+        "fair_stamp",
+        "a fair job's place among its queue's tenants (claims order by it); tenure_jobs has \
+         diesel's 32 columns, and 64 would double every user's diesel build",
+    ),
+    (
         Backend::Mysql,
         "tenure_jobs",
         "live_dedup_key",

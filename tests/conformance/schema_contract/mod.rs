@@ -212,6 +212,12 @@ fn schema_tables() -> Vec<TableSpec> {
             sequence_key,
             last_job_id,
         }),
+        table_spec!(tenure_fair_keys {
+            queue,
+            fair_key,
+            weight,
+            last_stamp,
+        }),
         table_spec!(tenure_dependency_stripes {
             job_id,
             stripe,
