@@ -191,8 +191,11 @@ diesel::table! {
 }
 
 diesel::table! {
-    /// Fair claiming: per queue and tenant, its weight and the stamp of its last job; the
-    /// row's lock orders the tenant's enqueues ([`crate::jobs::set_fair_weight`]).
+    /// Fair claiming: per queue and tenant, its weight; the row's lock orders the tenant's
+    /// enqueues ([`crate::jobs::NewJob::fair_key`], [`crate::jobs::set_fair_weight`]). A
+    /// job's tenant and turn are `tenure_jobs.fair_key` and `fair_stamp`, which this schema
+    /// leaves out (diesel's 32 columns): claims order by priority, then `fair_stamp` (0 for
+    /// a job without a fair key), then due time.
     tenure_fair_keys (queue, fair_key) {
         /// The queue.
         queue -> Text,
@@ -200,8 +203,6 @@ diesel::table! {
         fair_key -> Text,
         /// Its weight (1 to 1,000): its share of the queue against weight-1 tenants.
         weight -> Integer,
-        /// The stamp of its last job.
-        last_stamp -> BigInt,
     }
 }
 

@@ -58,6 +58,7 @@ static SYNTAX: Syntax = Syntax {
     admission_writes: false,
     in_transaction: "",
     rendered: Rendered::new(),
+    fair_waiting_from: "tenure_ready c WHERE c.fair_key IS NOT NULL",
     claim_kind_from: "tenure_ready c JOIN tenure_jobs j ON j.id = c.id",
 };
 

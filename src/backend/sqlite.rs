@@ -49,6 +49,8 @@ static SYNTAX: Syntax = Syntax {
     admission_writes: false,
     in_transaction: "",
     rendered: Rendered::new(),
+    fair_waiting_from: "tenure_jobs AS c INDEXED BY tenure_jobs_fair \
+                        WHERE c.state = 'waiting' AND c.fair_key IS NOT NULL",
     claim_kind_from: "tenure_jobs AS c INDEXED BY tenure_jobs_claim_kind",
 };
 

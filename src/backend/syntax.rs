@@ -64,6 +64,11 @@ pub(crate) struct Syntax {
     /// `{claim_kind_from}`: the same for a claim of some kinds, which the kind-leading claim
     /// index serves (one range per kind, in claim order within it).
     pub claim_kind_from: &'static str,
+    /// `{fair_waiting_from}`: a FROM and the start of its WHERE that give the waiting fair
+    /// jobs as `c`, through an index on (queue, fair key, priority, stamp): the ring on the
+    /// servers, the jobs' partial index on SQLite (a fair enqueue reads its tenant's last
+    /// waiting turn there).
+    pub fair_waiting_from: &'static str,
     /// `{claim_waiting}`: the pick's condition that the job waits (`c.state` where `c` is
     /// the jobs table, `j.state` beside MySQL's ring, where a locking read sees the job's
     /// latest version). Empty on PostgreSQL: an entry exists exactly while its job waits
@@ -186,6 +191,7 @@ impl Syntax {
             .replace("{random_token}", self.random_token)
             .replace("{claim_from}", self.claim_from)
             .replace("{claim_kind_from}", self.claim_kind_from)
+            .replace("{fair_waiting_from}", self.fair_waiting_from)
             .replace("{claim_waiting}", self.claim_waiting)
             .replace("{claim_lock}", self.claim_lock)
             .replace("{in_transaction}", self.in_transaction)

@@ -12,6 +12,7 @@ use crate::{json, ok, tenure};
 conformance!(
     jobs_that_cannot_run_are_refused_and_nothing_is_enqueued,
     a_lower_priority_number_is_claimed_first_as_the_help_says,
+    a_fair_key_takes_its_tenant_s_turn_behind_another_s_backlog,
 );
 
 fn stderr(out: &Output) -> String {
@@ -239,4 +240,38 @@ fn a_lower_priority_number_is_claimed_first_as_the_help_says(backend: Backend) {
     let claimed =
         tenure::jobs::claim(&mut conn, "q", 1, std::time::Duration::from_secs(60)).unwrap();
     assert_eq!(claimed[0].id, first);
+}
+
+fn a_fair_key_takes_its_tenant_s_turn_behind_another_s_backlog(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let url = db.url();
+    let enqueue = |tenant: &str| {
+        json(
+            url,
+            &[
+                "enqueue",
+                "--queue",
+                "q",
+                "--kind",
+                "k",
+                "--fair-key",
+                tenant,
+            ],
+        )["id"]
+            .as_i64()
+            .unwrap()
+    };
+    for _ in 0..4 {
+        enqueue("big");
+    }
+    let small = enqueue("small");
+    let mut conn = db.connect();
+    let claimed =
+        tenure::jobs::claim(&mut conn, "q", 3, std::time::Duration::from_secs(60)).unwrap();
+    assert!(claimed.iter().any(|job| job.id == small), "{claimed:?}");
+    let refused = tenure(
+        url,
+        &["enqueue", "--queue", "q", "--kind", "k", "--fair-key", ""],
+    );
+    assert!(!refused.status.success());
 }

@@ -459,21 +459,21 @@ fn claim_is_served_by_an_index_with_many_finished_jobs(backend: Backend) {
                SELECT r.limit_key FROM tenure_jobs r \
                WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
                GROUP BY r.limit_key HAVING COUNT(*) >= MIN(r.limit_max))) \
-         ORDER BY priority, due_at, id LIMIT 10{skip_locked}"
+         ORDER BY priority, fair_stamp, due_at, id LIMIT 10{skip_locked}"
     );
     let pick = match backend {
         Backend::Postgres => format!(
-            "SELECT c.id, c.priority, c.due_at, c.limit_key \
+            "SELECT c.id, c.priority, c.fair_stamp, c.due_at, c.limit_key \
              FROM tenure_ready c JOIN tenure_jobs j ON j.id = c.id \
              WHERE c.queue = 'plan' AND c.due_at <= {now} \
-             ORDER BY c.priority, c.due_at, c.id LIMIT 10 FOR UPDATE OF c, j SKIP LOCKED"
+             ORDER BY c.priority, c.fair_stamp, c.due_at, c.id LIMIT 10 FOR UPDATE OF c, j SKIP LOCKED"
         ),
         Backend::Mysql => format!(
-            "SELECT c.id, c.priority, c.due_at, c.limit_key \
+            "SELECT c.id, c.priority, c.fair_stamp, c.due_at, c.limit_key \
              FROM tenure_ready c FORCE INDEX (tenure_ready_claim) \
              STRAIGHT_JOIN tenure_jobs j FORCE INDEX (PRIMARY) ON j.id = c.id \
              WHERE c.queue = 'plan' AND j.state = 'waiting' AND c.due_at <= {now} \
-             ORDER BY c.priority, c.due_at, c.id LIMIT 10 FOR UPDATE SKIP LOCKED"
+             ORDER BY c.priority, c.fair_stamp, c.due_at, c.id LIMIT 10 FOR UPDATE SKIP LOCKED"
         ),
         Backend::Sqlite => pick,
     };

@@ -279,22 +279,22 @@ fn a_claim_of_one_kind_reads_the_kind_index_past_other_kinds(backend: Backend) {
                SELECT r.limit_key FROM tenure_jobs r \
                WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
                GROUP BY r.limit_key HAVING COUNT(*) >= MIN(r.limit_max))) \
-         ORDER BY priority, due_at, id LIMIT 10{skip_locked}"
+         ORDER BY priority, fair_stamp, due_at, id LIMIT 10{skip_locked}"
     );
     // The servers' picks read the ready ring (CLAIM_PICK_KIND).
     let pick = match backend {
         Backend::Postgres => format!(
-            "SELECT c.id, c.priority, c.due_at, c.limit_key \
+            "SELECT c.id, c.priority, c.fair_stamp, c.due_at, c.limit_key \
              FROM tenure_ready c JOIN tenure_jobs j ON j.id = c.id \
              WHERE c.queue = 'plan' AND c.due_at <= {now} AND c.kind = 'A' \
-             ORDER BY c.priority, c.due_at, c.id LIMIT 10 FOR UPDATE OF c, j SKIP LOCKED"
+             ORDER BY c.priority, c.fair_stamp, c.due_at, c.id LIMIT 10 FOR UPDATE OF c, j SKIP LOCKED"
         ),
         Backend::Mysql => format!(
-            "SELECT c.id, c.priority, c.due_at, c.limit_key \
+            "SELECT c.id, c.priority, c.fair_stamp, c.due_at, c.limit_key \
              FROM tenure_ready c FORCE INDEX (tenure_ready_claim_kind) \
              STRAIGHT_JOIN tenure_jobs j FORCE INDEX (PRIMARY) ON j.id = c.id \
              WHERE c.queue = 'plan' AND j.state = 'waiting' AND c.due_at <= {now} \
-             AND c.kind = 'A' ORDER BY c.priority, c.due_at, c.id LIMIT 10 FOR UPDATE SKIP LOCKED"
+             AND c.kind = 'A' ORDER BY c.priority, c.fair_stamp, c.due_at, c.id LIMIT 10 FOR UPDATE SKIP LOCKED"
         ),
         Backend::Sqlite => pick,
     };
@@ -303,7 +303,10 @@ fn a_claim_of_one_kind_reads_the_kind_index_past_other_kinds(backend: Backend) {
     match backend {
         Backend::Postgres => {
             // Each slot's kind index, merged in order.
-            assert!(plan.contains("queue_kind_priority_due_at_id_idx"), "{plan}");
+            assert!(
+                plan.contains("queue_kind_priority_fair_stamp_due_at_id_idx"),
+                "{plan}"
+            );
             // The picked jobs by their primary key (a `j.state` condition in the pick made the
             // planner read them through their partial claim index, dead entries and all).
             assert!(

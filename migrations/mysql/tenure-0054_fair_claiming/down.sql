@@ -28,8 +28,8 @@ BEGIN
 END;
 
 ALTER TABLE tenure_ready DROP INDEX tenure_ready_claim, DROP INDEX tenure_ready_claim_kind,
-    DROP COLUMN fair_stamp,
+    DROP INDEX tenure_ready_fair, DROP COLUMN fair_stamp, DROP COLUMN fair_key,
     ADD INDEX tenure_ready_claim (queue, priority, due_at, id),
     ADD INDEX tenure_ready_claim_kind (queue, kind, priority, due_at, id);
 DROP TABLE IF EXISTS tenure_fair_keys;
-ALTER TABLE tenure_jobs DROP COLUMN fair_stamp;
+ALTER TABLE tenure_jobs DROP COLUMN fair_stamp, DROP COLUMN fair_key;

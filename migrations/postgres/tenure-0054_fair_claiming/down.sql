@@ -71,8 +71,9 @@ BEGIN
 END $$;
 DROP INDEX tenure_ready_claim;
 DROP INDEX tenure_ready_claim_kind;
-ALTER TABLE tenure_ready DROP COLUMN fair_stamp;
+DROP INDEX tenure_ready_fair;
+ALTER TABLE tenure_ready DROP COLUMN fair_stamp, DROP COLUMN fair_key;
 CREATE INDEX tenure_ready_claim ON tenure_ready (queue, priority, due_at, id);
 CREATE INDEX tenure_ready_claim_kind ON tenure_ready (queue, kind, priority, due_at, id);
 DROP TABLE tenure_fair_keys;
-ALTER TABLE tenure_jobs DROP COLUMN fair_stamp;
+ALTER TABLE tenure_jobs DROP COLUMN fair_stamp, DROP COLUMN fair_key;

@@ -1,21 +1,26 @@
 -- Fair claiming across tenants (src/jobs/flow/fairness.rs): a job enqueued with a fair key
--- gets a stamp, its tenant's place in the queue's virtual time (start-time fair queueing);
+-- gets a stamp, its tenant's turn in the queue's virtual time (start-time fair queueing);
 -- claims order by priority, then stamp, then due time. A job without a fair key has stamp 0,
--- so a queue that uses none of this claims in the order it always did.
--- (The tenant's key is not kept on the job: tenure_jobs is at diesel's 32 columns.)
-ALTER TABLE tenure_jobs ADD COLUMN fair_stamp bigint NOT NULL DEFAULT 0;
--- Per queue and tenant: the stamp of its last job and its weight. The row's lock orders the
--- tenant's enqueues (no two of its jobs share a stamp, however many producers).
+-- so a queue that uses none of this claims in the order it always did. Both columns are
+-- outside tenure::schema (tenure_jobs has diesel's 32 columns; 64 would double every user's
+-- diesel build).
+ALTER TABLE tenure_jobs ADD COLUMN fair_key text COLLATE "C",
+    ADD COLUMN fair_stamp bigint NOT NULL DEFAULT 0;
+-- Per queue and tenant: its weight; the row's lock orders the tenant's enqueues (no two of
+-- its jobs share a turn, however many producers).
 CREATE TABLE tenure_fair_keys (
-    queue      text COLLATE "C" NOT NULL,
-    fair_key   text COLLATE "C" NOT NULL,
-    weight     integer NOT NULL DEFAULT 1,
-    last_stamp bigint  NOT NULL DEFAULT 0,
+    queue    text COLLATE "C" NOT NULL,
+    fair_key text COLLATE "C" NOT NULL,
+    weight   integer NOT NULL DEFAULT 1,
     PRIMARY KEY (queue, fair_key)
 );
 
--- The ring carries the stamp; its claim indexes order by it.
-ALTER TABLE tenure_ready ADD COLUMN fair_stamp bigint NOT NULL DEFAULT 0;
+-- The ring carries the stamp (its claim indexes order by it) and the tenant (a tenant's
+-- last waiting turn per priority, which its next enqueue reads).
+ALTER TABLE tenure_ready ADD COLUMN fair_stamp bigint NOT NULL DEFAULT 0,
+    ADD COLUMN fair_key text COLLATE "C";
+CREATE INDEX tenure_ready_fair ON tenure_ready (queue, fair_key, priority, fair_stamp)
+    WHERE fair_key IS NOT NULL;
 DROP INDEX tenure_ready_claim;
 DROP INDEX tenure_ready_claim_kind;
 CREATE INDEX tenure_ready_claim ON tenure_ready (queue, priority, fair_stamp, due_at, id);
@@ -24,9 +29,9 @@ CREATE INDEX tenure_ready_claim_kind ON tenure_ready (queue, kind, priority, fai
 CREATE OR REPLACE FUNCTION tenure_ready_inserted() RETURNS trigger LANGUAGE plpgsql
     SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
-    INSERT INTO tenure_ready (slot, id, queue, kind, priority, due_at, limit_key, fair_stamp)
+    INSERT INTO tenure_ready (slot, id, queue, kind, priority, due_at, limit_key, fair_stamp, fair_key)
     SELECT (SELECT last_value % 3 FROM tenure_ready_generation), n.id, n.queue, n.kind,
-           n.priority, n.due_at, n.limit_key, n.fair_stamp
+           n.priority, n.due_at, n.limit_key, n.fair_stamp, n.fair_key
     FROM added n WHERE n.state = 'waiting';
     RETURN NULL;
 END $$;
@@ -42,9 +47,9 @@ BEGIN
         END IF;
     END IF;
     IF NEW.state = 'waiting' THEN
-        INSERT INTO tenure_ready (slot, id, queue, kind, priority, due_at, limit_key, fair_stamp)
+        INSERT INTO tenure_ready (slot, id, queue, kind, priority, due_at, limit_key, fair_stamp, fair_key)
         SELECT last_value % 3, NEW.id, NEW.queue, NEW.kind, NEW.priority, NEW.due_at,
-               NEW.limit_key, NEW.fair_stamp
+               NEW.limit_key, NEW.fair_stamp, NEW.fair_key
         FROM tenure_ready_generation;
     END IF;
     RETURN NULL;
@@ -80,8 +85,8 @@ BEGIN
     EXCEPTION WHEN lock_not_available THEN
         RETURN -2;
     END;
-    EXECUTE format('INSERT INTO tenure_ready (slot, id, queue, kind, priority, due_at, limit_key, fair_stamp) '
-        'SELECT $1, id, queue, kind, priority, due_at, limit_key, fair_stamp FROM %I', oldest)
+    EXECUTE format('INSERT INTO tenure_ready (slot, id, queue, kind, priority, due_at, limit_key, fair_stamp, fair_key) '
+        'SELECT $1, id, queue, kind, priority, due_at, limit_key, fair_stamp, fair_key FROM %I', oldest)
         USING (current_generation % 3)::smallint;
     GET DIAGNOSTICS moved = ROW_COUNT;
     EXECUTE format('TRUNCATE %I', oldest);

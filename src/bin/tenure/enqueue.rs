@@ -61,6 +61,10 @@ pub struct EnqueueArgs {
     /// retry` or `tenure jobs skip-in-sequence`
     #[arg(long)]
     sequence: Option<String>,
+    /// Share the queue fairly with other tenants: the job takes this tenant's next turn
+    /// (claims take the tenants' turns in order, within a priority).
+    #[arg(long)]
+    fair_key: Option<String>,
     /// Wait until the job ends, print how (and its result), and exit with a code that says
     /// it: 0 completed, 5 dead, 6 cancelled, 7 not ended within --timeout.
     #[arg(long)]
@@ -140,6 +144,9 @@ pub fn enqueue(
     let mut job = new_job(&args.job)?;
     if let Some(delay) = &args.delay {
         job = job.delay(parse_flag_bounded("--delay", delay, Duration::ZERO)?);
+    }
+    if let Some(key) = &args.fair_key {
+        job = job.fair_key(key.as_str());
     }
     if let Some(key) = &args.sequence {
         job = job.sequence(key.as_str());

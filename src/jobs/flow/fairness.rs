@@ -1,25 +1,29 @@
 //! Fair claiming across tenants ([`crate::jobs::NewJob::fair_key`]): start-time fair
 //! queueing, decided at enqueue so that a claim stays one ordered index read.
 //!
-//! Each queue has a virtual time: the greatest stamp among its running jobs and its head's
-//! (the first fair job a claim would take). A job of tenant `k` gets the stamp
-//! `max(k's last stamp, virtual time) + UNIT / weight(k)`, and claims order by priority,
-//! then stamp, then due time. A tenant with a backlog has stamps far ahead; one that arrives
-//! later starts at the virtual time, so its jobs interleave with the backlog's next ones
-//! (round-robin when weights are equal) instead of waiting behind all of it. The cost of a
-//! claim does not depend on the number of tenants: the claim index holds the stamp, and
-//! the pick reads it in order as before. A lone tenant's stamps simply grow: it gets all the
-//! capacity (work-conserving).
+//! Each priority of a queue has a virtual time, how far its tenants' turns have come (see
+//! [`VIRTUAL_NOW`]). A due job of tenant `k` gets the stamp `max(last, virtual time) + UNIT /
+//! weight(k)`, where `last` is the stamp of `k`'s last waiting job at that priority (none:
+//! the tenant has no backlog, and starts at the virtual time), and claims order by
+//! priority, then stamp, then due time. A tenant with a backlog has stamps far ahead; one
+//! that arrives later starts at the virtual time, so its jobs interleave with the backlog's
+//! next ones (round-robin when weights are equal) instead of waiting behind all of it. A
+//! job not due yet takes the virtual time's next turn without moving its tenant's: jobs
+//! scheduled for later do not push the tenant's due work back. `last` is read from the
+//! jobs that wait, so jobs cancelled, folded into a duplicate or run do not count. The cost
+//! of a claim does not depend on the number of tenants: the claim index holds the stamp,
+//! and the pick reads it in order as before. A lone tenant's stamps simply grow: it gets all
+//! the capacity (work-conserving).
 //!
-//! Per queue and tenant a row (`tenure_fair_keys`) holds the weight and the last stamp; an
-//! enqueue locks it (in key order, for a batch of several tenants) and moves it on in its
-//! transaction, so no two jobs of a tenant share a stamp however many producers it has.
+//! Per queue and tenant a row (`tenure_fair_keys`) holds the weight; an enqueue locks it (in
+//! key order, for a batch of several tenants) before it reads `last`, so no two jobs of a
+//! tenant share a turn however many producers it has.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Integer, Text};
+use diesel::sql_types::{Integer, Text};
 
 use crate::backend::statement::statement;
 use crate::backend::{Dialect, Upsert, dispatch};
@@ -35,41 +39,52 @@ pub const MAX_FAIR_WEIGHT: u32 = 1000;
 const UNIT: i64 = 1_000_000;
 
 const ENSURE_ON_CONFLICT: &str = "\
-    INSERT INTO tenure_fair_keys (queue, fair_key, weight, last_stamp) VALUES (?, ?, 1, 0) \
+    INSERT INTO tenure_fair_keys (queue, fair_key, weight) VALUES (?, ?, 1) \
     ON CONFLICT (queue, fair_key) DO NOTHING";
 const ENSURE_ON_DUPLICATE_KEY: &str = "\
-    INSERT INTO tenure_fair_keys (queue, fair_key, weight, last_stamp) VALUES (?, ?, 1, 0) \
+    INSERT INTO tenure_fair_keys (queue, fair_key, weight) VALUES (?, ?, 1) \
     ON DUPLICATE KEY UPDATE queue = queue";
 /// SQLite's IMMEDIATE transaction holds the database's write lock: no row lock needed.
-const LOCK_KEY: &str = "SELECT weight, last_stamp FROM tenure_fair_keys \
-    WHERE queue = ? AND fair_key = ?{for_update}";
-const MOVE_ON: &str = "UPDATE tenure_fair_keys SET last_stamp = ? WHERE queue = ? AND fair_key = ?";
-/// The queue's virtual time: the greatest stamp of its running jobs and its head's. Both
-/// are index reads (the running jobs of the queue; the claim index in claim order, up to the
-/// first fair entry).
+const LOCK_KEY: &str =
+    "SELECT weight AS n FROM tenure_fair_keys WHERE queue = ? AND fair_key = ?{for_update}";
+/// The stamp of the tenant's last waiting job at the priority (0: none), read after its
+/// row's lock (a READ COMMITTED statement sees the turns its producers committed).
+const LAST_WAITING: &str = "SELECT COALESCE(MAX(c.fair_stamp), 0) AS n FROM {fair_waiting_from} \
+    AND c.queue = ? AND c.fair_key = ? AND c.priority = ?";
+/// The virtual time of a queue's priority: the greatest of the stamp of the first due fair
+/// job a claim would take, the stamps of its running jobs, and those of its 64 jobs
+/// completed last (one kind nobody claims, or a job its limit holds, must not keep it back:
+/// a tenant arriving would then be stamped ahead of every backlog that moved on). Per
+/// priority: one urgent job of a tenant with a backlog runs early with a stamp far ahead,
+/// which must not push a tenant arriving at another priority behind that backlog. Index
+/// reads, bounded: the claim index from the priority's first fair entry, the queue's
+/// running jobs, its finished jobs by finish time.
 const VIRTUAL_NOW: &str = "SELECT {greatest}(\
-    COALESCE((SELECT MAX(fair_stamp) FROM tenure_jobs WHERE queue = ? AND state = 'running'), 0), \
     COALESCE((SELECT c.fair_stamp FROM {claim_from} WHERE c.queue = ?{claim_waiting} \
-        AND c.fair_stamp > 0 ORDER BY c.priority, c.fair_stamp LIMIT 1), 0)) AS n";
+        AND c.priority = ? AND c.fair_stamp > 0 AND c.due_at <= {now} \
+        ORDER BY c.fair_stamp LIMIT 1), 0), \
+    COALESCE((SELECT MAX(fair_stamp) FROM tenure_jobs WHERE queue = ? AND state = 'running' \
+        AND priority = ?), 0), \
+    COALESCE((SELECT MAX(r.fair_stamp) FROM (SELECT fair_stamp, priority FROM tenure_jobs \
+        WHERE queue = ? AND state = 'completed' ORDER BY finished_at DESC LIMIT 64) r \
+        WHERE r.priority = ?), 0)) AS n";
 
 const SET_WEIGHT_ON_CONFLICT: &str = "\
-    INSERT INTO tenure_fair_keys (queue, fair_key, weight, last_stamp) VALUES (?, ?, ?, 0) \
+    INSERT INTO tenure_fair_keys (queue, fair_key, weight) VALUES (?, ?, ?) \
     ON CONFLICT (queue, fair_key) DO UPDATE SET weight = excluded.weight";
 const SET_WEIGHT_ON_DUPLICATE_KEY: &str = "\
-    INSERT INTO tenure_fair_keys (queue, fair_key, weight, last_stamp) VALUES (?, ?, ?, 0) \
+    INSERT INTO tenure_fair_keys (queue, fair_key, weight) VALUES (?, ?, ?) \
     ON DUPLICATE KEY UPDATE weight = VALUES(weight)";
 
 #[derive(QueryableByName)]
-struct KeyRow {
+struct Weight {
     #[diesel(sql_type = Integer)]
-    weight: i32,
-    #[diesel(sql_type = BigInt)]
-    last_stamp: i64,
+    n: i32,
 }
 
 /// `jobs` with their stamps, in the enqueue's transaction (borrowed unchanged when none has
-/// a fair key). Locks each tenant's row in (queue, key) order, then gives the tenant's jobs
-/// consecutive stamps in the batch's order.
+/// a fair key). Locks each tenant's row in (queue, key) order, then gives the tenant's due
+/// jobs consecutive turns per priority in the batch's order, after its last waiting one.
 pub(crate) fn stamped<'a, C: TenureConnection>(
     conn: &mut C,
     jobs: &'a [NewJob],
@@ -86,42 +101,47 @@ pub(crate) fn stamped<'a, C: TenureConnection>(
     if tenants.is_empty() {
         return Ok(Cow::Borrowed(jobs));
     }
-    let mut locked = Vec::with_capacity(tenants.len());
+    let mut weights = Vec::with_capacity(tenants.len());
     for &(queue, key) in tenants.keys() {
-        locked.push(lock_key(conn, queue, key)?);
+        weights.push(lock_key(conn, queue, key)?);
     }
-    let mut virtual_now: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut times: BTreeMap<(&str, i32), i64> = BTreeMap::new();
     let mut out = jobs.to_vec();
-    for (((queue, key), indexes), row) in tenants.into_iter().zip(locked) {
-        let now = match virtual_now.get(queue) {
-            Some(&now) => now,
-            None => {
-                let now = read_virtual_now(conn, queue)?;
-                virtual_now.insert(queue, now);
-                now
-            }
-        };
-        let step = UNIT / i64::from(row.weight.clamp(1, MAX_FAIR_WEIGHT as i32));
-        let mut stamp = row.last_stamp.max(now);
+    for (((queue, key), indexes), weight) in tenants.into_iter().zip(weights) {
+        let step = UNIT / i64::from(weight.clamp(1, MAX_FAIR_WEIGHT as i32));
+        // Per priority: the tenant's last turn given so far.
+        let mut last: BTreeMap<i32, i64> = BTreeMap::new();
         for i in indexes {
-            stamp = stamp
-                .checked_add(step)
-                .ok_or_else(|| Error::invalid("fair key", "its tenant's stamps are exhausted"))?;
+            let priority = jobs[i].priority;
+            let now = match times.get(&(queue, priority)) {
+                Some(&now) => now,
+                None => {
+                    let now = virtual_now(conn, queue, priority)?;
+                    times.insert((queue, priority), now);
+                    now
+                }
+            };
+            let exhausted = || Error::invalid("fair key", "its tenant's turns are exhausted");
+            let (at, delay) = jobs[i].due_params();
+            if at.is_some() || delay > 0 {
+                // Not due yet: the next turn now, the tenant's own turns left where they are.
+                out[i].fair_stamp = now.checked_add(step).ok_or_else(exhausted)?;
+                continue;
+            }
+            let previous = match last.get(&priority) {
+                Some(&previous) => previous,
+                None => last_waiting(conn, queue, key, priority)?,
+            };
+            let stamp = previous.max(now).checked_add(step).ok_or_else(exhausted)?;
+            last.insert(priority, stamp);
             out[i].fair_stamp = stamp;
         }
-        dispatch!(conn, c => {
-            statement(MOVE_ON)
-                .bind::<BigInt, _>(stamp)
-                .bind::<Text, _>(queue)
-                .bind::<Text, _>(key)
-                .execute(c)
-        })?;
     }
     Ok(Cow::Owned(out))
 }
 
-/// Locks (making it if new) the row of tenant `key` in `queue`.
-fn lock_key<C: TenureConnection>(conn: &mut C, queue: &str, key: &str) -> Result<KeyRow> {
+/// Locks (making it if new) the row of tenant `key` in `queue`; returns its weight.
+fn lock_key<C: TenureConnection>(conn: &mut C, queue: &str, key: &str) -> Result<i32> {
     Ok(dispatch!(conn, c => {
         let syntax = c.syntax();
         let ensure = match syntax.upsert {
@@ -132,15 +152,38 @@ fn lock_key<C: TenureConnection>(conn: &mut C, queue: &str, key: &str) -> Result
         statement(syntax.render(LOCK_KEY))
             .bind::<Text, _>(queue)
             .bind::<Text, _>(key)
-            .get_result::<KeyRow>(c)
-    })?)
+            .get_result::<Weight>(c)
+    })?
+    .n)
 }
 
-fn read_virtual_now<C: TenureConnection>(conn: &mut C, queue: &str) -> Result<i64> {
+/// [`VIRTUAL_NOW`] of `queue`'s `priority`.
+fn virtual_now<C: TenureConnection>(conn: &mut C, queue: &str, priority: i32) -> Result<i64> {
     Ok(dispatch!(conn, c => {
         statement(c.syntax().render(VIRTUAL_NOW))
             .bind::<Text, _>(queue)
+            .bind::<Integer, _>(priority)
             .bind::<Text, _>(queue)
+            .bind::<Integer, _>(priority)
+            .bind::<Text, _>(queue)
+            .bind::<Integer, _>(priority)
+            .get_result::<Count>(c)
+    })?
+    .n)
+}
+
+/// [`LAST_WAITING`] of tenant `key` at `queue`'s `priority`.
+fn last_waiting<C: TenureConnection>(
+    conn: &mut C,
+    queue: &str,
+    key: &str,
+    priority: i32,
+) -> Result<i64> {
+    Ok(dispatch!(conn, c => {
+        statement(c.syntax().render(LAST_WAITING))
+            .bind::<Text, _>(queue)
+            .bind::<Text, _>(key)
+            .bind::<Integer, _>(priority)
             .get_result::<Count>(c)
     })?
     .n)

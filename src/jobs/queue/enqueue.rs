@@ -22,12 +22,12 @@ use crate::{Error, Result, TenureConnection};
 pub(crate) const INSERT_HEAD: &str = "INSERT INTO tenure_jobs \
     (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, dedup_key, \
      limit_key, limit_max, dedup_window_micros, workflow_id, run_when, stripes_pending, \
-     sequence_key, fair_stamp) VALUES";
+     sequence_key, fair_key, fair_stamp) VALUES";
 
 /// One row; one shape for both kinds of due time: an instant, or NULL and a delay.
 /// A job with dependencies is inserted `blocked`, with its stripes and `run_when`.
 pub(crate) const INSERT_ROW: &str =
-    "(?, ?, ?, ?, ?, 0, ?, COALESCE(?, {now+ttl}), {now}, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+    "(?, ?, ?, ?, ?, 0, ?, COALESCE(?, {now+ttl}), {now}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 /// PostgreSQL and SQLite: a job whose key a live job already has is not inserted; the live
 /// job is returned instead, its `dedup_hits` counted up (so "existing" is `dedup_hits > 0`,
@@ -149,6 +149,7 @@ macro_rules! job_row {
             .bind::<Nullable<Text>, _>(run_when)
             .bind::<Nullable<Integer>, _>(stripes)
             .bind::<Nullable<Text>, _>(job.sequence_key())
+            .bind::<Nullable<Text>, _>(job.fair_key.as_deref())
             .bind::<BigInt, _>(job.fair_stamp)
     }};
 }

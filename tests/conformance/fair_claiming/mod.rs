@@ -12,6 +12,9 @@ use std::time::Duration;
 use tenure::Backend;
 use tenure::jobs::{self, NewJob, Retry};
 
+mod attacks;
+mod edges;
+
 use crate::common::{TestDb, conformance, count, enqueue_id};
 
 conformance!(

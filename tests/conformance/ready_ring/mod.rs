@@ -303,7 +303,10 @@ fn the_ring_follows_parked_jobs_workflows_schedules_and_bulk_retries(backend: Ba
 fn postgres_a_live_database_migrates_into_the_ring() {
     a_live_database_migrates_into_the_ring(
         Backend::Postgres,
-        include_str!("../../../migrations/postgres/tenure-0045_ready_ring/down.sql"),
+        &[
+            include_str!("../../../migrations/postgres/tenure-0054_fair_claiming/down.sql"),
+            include_str!("../../../migrations/postgres/tenure-0045_ready_ring/down.sql"),
+        ],
     );
 }
 
@@ -313,27 +316,48 @@ fn postgres_a_live_database_migrates_into_the_ring() {
 fn mysql_a_live_database_migrates_into_the_ring() {
     a_live_database_migrates_into_the_ring(
         Backend::Mysql,
-        include_str!("../../../migrations/mysql/tenure-0045_ready_ring/down.sql"),
+        &[
+            include_str!("../../../migrations/mysql/tenure-0054_fair_claiming/down.sql"),
+            include_str!("../../../migrations/mysql/tenure-0045_ready_ring/down.sql"),
+        ],
     );
 }
 
-fn a_live_database_migrates_into_the_ring(backend: Backend, down: &str) {
+/// `downs`: the ring's migration undone, and every later one that changed the ring first.
+fn a_live_database_migrates_into_the_ring(backend: Backend, downs: &[&str]) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    conn.batch_execute(down).unwrap();
-    let removed =
-        diesel::sql_query("DELETE FROM __diesel_schema_migrations WHERE version LIKE '%0045%'")
-            .execute(&mut conn)
-            .unwrap();
-    assert_eq!(removed, 1, "the ring's migration is on record once");
-    let bulk: Vec<NewJob> = (0..500)
-        .map(|i| NewJob::new("live", "a", vec![]).priority(i % 3))
-        .collect();
-    jobs::enqueue_many(&mut conn, &bulk).unwrap();
-    jobs::enqueue(
-        &mut conn,
-        &NewJob::new("live", "a", vec![]).delay(Duration::from_secs(600)),
+    for down in downs {
+        conn.batch_execute(down).unwrap();
+    }
+    let removed = diesel::sql_query(
+        "DELETE FROM __diesel_schema_migrations WHERE version LIKE '%0045%' OR version LIKE '%0054%'",
     )
+    .execute(&mut conn)
+    .unwrap();
+    assert_eq!(removed, 2, "the ring's migrations are on record once each");
+    // Jobs as the layout before the ring wrote them (this build's enqueue writes columns a
+    // later migration adds): 500 due at priorities 0-2, one due in ten minutes.
+    let (now, soon) = match backend {
+        Backend::Mysql => ("UTC_TIMESTAMP(6)", "UTC_TIMESTAMP(6) + INTERVAL 10 MINUTE"),
+        _ => ("now()", "now() + interval '10 minutes'"),
+    };
+    let rows: Vec<String> = (0..500)
+        .map(|i| {
+            format!(
+                "('live', 'a', 'x', {}, 'waiting', 0, 25, {now}, {now})",
+                i % 3
+            )
+        })
+        .chain([format!(
+            "('live', 'a', 'x', 0, 'waiting', 0, 25, {soon}, {now})"
+        )])
+        .collect();
+    conn.batch_execute(&format!(
+        "INSERT INTO tenure_jobs (queue, kind, payload, priority, state, attempt, max_attempts, \
+         due_at, created_at) VALUES {}",
+        rows.join(", ")
+    ))
     .unwrap();
     // Jobs in other states, written as the layout before the ring left them (its claim
     // cannot run here: this build's claim reads the ring).
@@ -353,7 +377,7 @@ fn a_live_database_migrates_into_the_ring(backend: Backend, down: &str) {
     );
     let all_before = count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs");
     let applied = tenure::run_migrations(&mut conn).unwrap();
-    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert_eq!(applied.len(), 2, "{applied:?}");
     assert_ring_exact(&mut conn, backend, "after migrating a live database");
     assert_eq!(
         count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_ready"),

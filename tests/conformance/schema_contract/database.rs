@@ -11,6 +11,24 @@ const BACKEND_INTERNAL_COLUMNS: &[(Backend, &str, &str, &str)] = &[
     (
         Backend::Sqlite,
         "tenure_jobs",
+        "fair_key",
+        "a fair job's tenant (NewJob::fair_key), outside the schema for the same reason",
+    ),
+    (
+        Backend::Postgres,
+        "tenure_jobs",
+        "fair_key",
+        "a fair job's tenant (NewJob::fair_key), outside the schema for the same reason",
+    ),
+    (
+        Backend::Mysql,
+        "tenure_jobs",
+        "fair_key",
+        "a fair job's tenant (NewJob::fair_key), outside the schema for the same reason",
+    ),
+    (
+        Backend::Sqlite,
+        "tenure_jobs",
         "fair_stamp",
         "a fair job's place among its queue's tenants (claims order by it); tenure_jobs has \
          diesel's 32 columns, and 64 would double every user's diesel build",

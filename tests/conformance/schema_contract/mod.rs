@@ -216,7 +216,6 @@ fn schema_tables() -> Vec<TableSpec> {
             queue,
             fair_key,
             weight,
-            last_stamp,
         }),
         table_spec!(tenure_dependency_stripes {
             job_id,
