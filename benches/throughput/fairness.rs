@@ -6,6 +6,8 @@
 
 use std::time::{Duration, Instant};
 
+use diesel::RunQueryDsl;
+
 use tenure::Backend;
 use tenure::jobs::{self, JobState, NewJob};
 use tenure::worker::{JobContext, JobError};
@@ -19,8 +21,9 @@ const TENANTS: usize = 9;
 const PER_TENANT: usize = 10;
 
 /// One run: the figures (jobs/s until the last late job ran; p50 and p95 of the late jobs'
-/// waits) and the longest wait.
-pub fn late_tenants(backend: Backend, options: &Options, fair: bool) -> (Figures, Duration) {
+/// waits), the longest wait, and how many of the backlog's jobs started before the last late
+/// job did (by the database's clock): the bound, in jobs.
+pub fn late_tenants(backend: Backend, options: &Options, fair: bool) -> (Figures, Duration, usize) {
     let db = BenchDb::new(backend);
     let mut conn = db.connect();
     let job = |tenant: &str| {
@@ -67,5 +70,20 @@ pub fn late_tenants(backend: Backend, options: &Options, fair: bool) -> (Figures
     let ran = worker.report().completed;
     worker.shutdown(Duration::from_secs(10));
     let longest = waits.iter().max().copied().unwrap_or_default();
-    (with_latencies(ran as f64 / elapsed, waits), longest)
+    // The backlog's jobs that started before the last late job did, by the database's clock
+    // (the late jobs have the greatest ids).
+    let first_late = late.iter().min().copied().unwrap_or_default();
+    #[derive(diesel::QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let ahead = diesel::sql_query(format!(
+        "SELECT COUNT(*) AS n FROM tenure_jobs a WHERE a.id < {first_late} AND a.claimed_at <= \
+         (SELECT MAX(l.claimed_at) FROM tenure_jobs l WHERE l.id >= {first_late})"
+    ))
+    .get_result::<N>(&mut conn)
+    .map(|row| row.n as usize)
+    .expect("count the backlog's jobs that started first");
+    (with_latencies(ran as f64 / elapsed, waits), longest, ahead)
 }

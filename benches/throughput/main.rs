@@ -279,15 +279,15 @@ fn main() {
         }
         if wanted('X') {
             for fair in [true, false] {
-                let (figures, longest) = fairness::late_tenants(backend, &options, fair);
+                let (figures, longest, ahead) = fairness::late_tenants(backend, &options, fair);
                 let label = if fair {
                     format!(
-                        "X1. 90 jobs of 9 tenants behind one tenant's 50,000, fair: wait (longest {})",
+                        "X1. 90 jobs of 9 tenants behind one tenant's 50,000, fair: wait (longest {}; {ahead} of the 50,000 started first)",
                         ms(Some(longest))
                     )
                 } else {
                     format!(
-                        "X1. the same without fair keys (control): wait (longest {})",
+                        "X1. the same without fair keys (control): wait (longest {}; {ahead} started first)",
                         ms(Some(longest))
                     )
                 };

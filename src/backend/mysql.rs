@@ -108,6 +108,7 @@ static SYNTAX: Syntax = Syntax {
     in_transaction: " AND @@in_transaction = 1",
     rendered: Rendered::new(),
     fair_waiting_from: "tenure_ready c FORCE INDEX (tenure_ready_fair) WHERE c.fair_key IS NOT NULL",
+    fair_key_is: "c.fair_key = ? AND c.fair_key = ?",
     claim_kind_from: "tenure_ready c FORCE INDEX (tenure_ready_claim_kind) \
                       STRAIGHT_JOIN tenure_jobs j FORCE INDEX (PRIMARY) ON j.id = c.id",
 };

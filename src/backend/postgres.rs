@@ -59,6 +59,7 @@ static SYNTAX: Syntax = Syntax {
     in_transaction: "",
     rendered: Rendered::new(),
     fair_waiting_from: "tenure_ready c WHERE c.fair_key IS NOT NULL",
+    fair_key_is: "c.fair_key >= ? AND c.fair_key <= ?",
     claim_kind_from: "tenure_ready c JOIN tenure_jobs j ON j.id = c.id",
 };
 

@@ -51,6 +51,7 @@ static SYNTAX: Syntax = Syntax {
     rendered: Rendered::new(),
     fair_waiting_from: "tenure_jobs AS c INDEXED BY tenure_jobs_fair \
                         WHERE c.state = 'waiting' AND c.fair_key IS NOT NULL",
+    fair_key_is: "c.fair_key = ? AND c.fair_key = ?",
     claim_kind_from: "tenure_jobs AS c INDEXED BY tenure_jobs_claim_kind",
 };
 

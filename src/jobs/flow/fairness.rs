@@ -49,8 +49,9 @@ const LOCK_KEY: &str =
     "SELECT weight AS n FROM tenure_fair_keys WHERE queue = ? AND fair_key = ?{for_update}";
 /// The stamp of the tenant's last waiting job at the priority (0: none), read after its
 /// row's lock (a READ COMMITTED statement sees the turns its producers committed).
-const LAST_WAITING: &str = "SELECT COALESCE(MAX(c.fair_stamp), 0) AS n FROM {fair_waiting_from} \
-    AND c.queue = ? AND c.fair_key = ? AND c.priority = ?";
+const LAST_WAITING: &str = "SELECT COALESCE((SELECT c.fair_stamp FROM {fair_waiting_from} \
+    AND c.queue = ? AND {fair_key_is} AND c.priority = ? \
+    ORDER BY c.fair_key DESC, c.fair_stamp DESC LIMIT 1), 0) AS n";
 /// The virtual time of a queue's priority: the greatest of the stamp of the first due fair
 /// job a claim would take, the stamps of its running jobs, and those of its 64 jobs
 /// completed last (one kind nobody claims, or a job its limit holds, must not keep it back:
@@ -182,6 +183,7 @@ fn last_waiting<C: TenureConnection>(
     Ok(dispatch!(conn, c => {
         statement(c.syntax().render(LAST_WAITING))
             .bind::<Text, _>(queue)
+            .bind::<Text, _>(key)
             .bind::<Text, _>(key)
             .bind::<Integer, _>(priority)
             .get_result::<Count>(c)
