@@ -91,10 +91,11 @@
 //!   stream of more urgent jobs delays it by at most the bound plus one pass.
 //! - **Tenants take turns in a fair queue.** A job enqueued with [`jobs::NewJob::fair_key`]
 //!   gets its tenant's next turn in its queue's virtual time (the tenant's row lock orders
-//!   its enqueues, so no two of its jobs share a turn), and claims take turns in order within
-//!   a priority, by weight ([`jobs::set_fair_weight`]): a tenant arriving behind another's
-//!   backlog waits for about one job per waiting tenant, not for the backlog, and a lone
-//!   tenant gets all the capacity.
+//!   its enqueues, so no two of its waiting jobs share a turn), and claims take turns in
+//!   order within a priority, by weight ([`jobs::set_fair_weight`]): a tenant arriving
+//!   behind another's backlog waits for about one job per waiting tenant, not for the
+//!   backlog, and a lone tenant gets all the capacity. A claim's cost does not grow with
+//!   the number of tenants (the turn is in the claim index).
 //! - **A dependent job runs once, when its dependencies allow.** A job that depends on
 //!   others ([`jobs::NewJob::depends_on`], [`jobs::Workflow`]) is `blocked` until they
 //!   finish as its [`jobs::RunWhen`] asks, and is released (or cancelled) by the transaction

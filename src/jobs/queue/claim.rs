@@ -85,7 +85,7 @@ const CLAIM_MARK: &str = "\
     WHERE id IN {ids}{in_transaction}";
 
 /// Claims up to `max_jobs` due jobs of `queue` for `ttl`, by priority, then due time, then id
-/// (fair jobs, within a priority, by their tenants' turns: [`NewJob::fair_key`]).
+/// (fair jobs, within a priority, by their tenants' turns: [`NewJob::fair_key`](super::NewJob::fair_key)).
 /// Atomic: no job is ever held by two claimers. Each job comes with its attempt number
 /// (counting this run) and a fresh claim token. Needs a bare connection.
 ///
