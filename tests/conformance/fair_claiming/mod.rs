@@ -13,6 +13,7 @@ use tenure::Backend;
 use tenure::jobs::{self, NewJob, Retry};
 
 mod attacks;
+mod attacks2;
 mod edges;
 
 use crate::common::{TestDb, conformance, count, enqueue_id};
