@@ -16,8 +16,15 @@
 //! the capacity (work-conserving).
 //!
 //! Per queue and tenant a row (`tenure_fair_keys`) holds the weight; an enqueue locks it (in
-//! key order, for a batch of several tenants) before it reads `last`, so no two jobs of a
-//! tenant share a turn however many producers it has.
+//! key order, for a batch of several tenants) before it reads `last`, so no two due jobs of
+//! a tenant enqueued in READ COMMITTED transactions share a turn however many producers it
+//! has.
+//!
+//! What this does not do (README): a job blocked, parked or scheduled for later when it is
+//! enqueued, or retrying, keeps the turn of its enqueue, and such jobs may share turns; a
+//! caller's REPEATABLE READ snapshot reads stale turns; a fair job nobody claims, with the
+//! queue's completed jobs pruned, holds the virtual time back. Re-stamping jobs as they
+//! become runnable, and a virtual time kept by the claims, would remove these.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
