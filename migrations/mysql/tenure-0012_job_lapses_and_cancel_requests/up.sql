@@ -4,5 +4,5 @@
 -- key) until its worker records the run, or its claim lapses, then it is cancelled.
 -- One DDL statement (MySQL commits DDL implicitly).
 ALTER TABLE tenure_jobs
-    ADD COLUMN lapses INT NOT NULL DEFAULT 0,
-    ADD COLUMN cancel_requested_at DATETIME(6) NULL;
+    ADD COLUMN IF NOT EXISTS lapses INT NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS cancel_requested_at DATETIME(6) NULL;

@@ -5,5 +5,5 @@
 -- ahead of them in the queue (those are never read). The claim index stays for claims of any
 -- kind. One DDL statement (MySQL commits DDL implicitly).
 ALTER TABLE tenure_jobs
-    ADD COLUMN snoozes INT NOT NULL DEFAULT 0,
-    ADD INDEX tenure_jobs_claim_kind (queue, state, kind, priority, due_at, id);
+    ADD COLUMN IF NOT EXISTS snoozes INT NOT NULL DEFAULT 0,
+    ADD INDEX IF NOT EXISTS tenure_jobs_claim_kind (queue, state, kind, priority, due_at, id);

@@ -5,5 +5,5 @@
 -- tenure_jobs_dedup_finished finds a finished twin of a key within a window (no partial
 -- indexes here: state is in the key). One DDL statement (MySQL commits DDL implicitly).
 ALTER TABLE tenure_jobs
-    ADD COLUMN dedup_window_micros BIGINT NULL,
-    ADD INDEX tenure_jobs_dedup_finished (queue, dedup_key, state, finished_at);
+    ADD COLUMN IF NOT EXISTS dedup_window_micros BIGINT NULL,
+    ADD INDEX IF NOT EXISTS tenure_jobs_dedup_finished (queue, dedup_key, state, finished_at);

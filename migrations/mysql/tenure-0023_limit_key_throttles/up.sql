@@ -8,7 +8,7 @@
 -- trims the older ones once it holds twice that: no rate declared later finds a start missing.
 -- One DDL statement.
 ALTER TABLE tenure_limit_keys
-    ADD COLUMN throttled_until DATETIME(6) NULL,
-    ADD COLUMN throttled_max INT NULL,
-    ADD COLUMN throttled_period_us BIGINT NULL,
-    ADD COLUMN starts_kept BIGINT NOT NULL DEFAULT 0;
+    ADD COLUMN IF NOT EXISTS throttled_until DATETIME(6) NULL,
+    ADD COLUMN IF NOT EXISTS throttled_max INT NULL,
+    ADD COLUMN IF NOT EXISTS throttled_period_us BIGINT NULL,
+    ADD COLUMN IF NOT EXISTS starts_kept BIGINT NOT NULL DEFAULT 0;

@@ -3,4 +3,4 @@
 -- whose claims lapsed before (a suspect). A lapse counts against a job (lapses, dead at
 -- tenure's MAX_LAPSES) the first time, and then only for a run that began: jobs a crashing
 -- worker claimed ahead never started and are not charged its crashes.
-ALTER TABLE tenure_jobs ADD COLUMN started_at DATETIME(6) NULL;
+ALTER TABLE tenure_jobs ADD COLUMN IF NOT EXISTS started_at DATETIME(6) NULL;

@@ -1,6 +1,8 @@
--- Fair claiming across tenants: see the PostgreSQL migration of the same name.
-ALTER TABLE tenure_jobs ADD COLUMN fair_key VARBINARY(255) NULL,
-    ADD COLUMN fair_stamp BIGINT NOT NULL DEFAULT 0;
+-- Fair claiming across tenants: see the PostgreSQL migration of the same name. Every
+-- statement can run again (Galera: migrators on two nodes may both run it); the claim
+-- indexes are dropped and made again in one statement.
+ALTER TABLE tenure_jobs ADD COLUMN IF NOT EXISTS fair_key VARBINARY(255) NULL,
+    ADD COLUMN IF NOT EXISTS fair_stamp BIGINT NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS tenure_fair_keys (
     queue    VARBINARY(255) NOT NULL,
     fair_key VARBINARY(255) NOT NULL,
@@ -8,9 +10,9 @@ CREATE TABLE IF NOT EXISTS tenure_fair_keys (
     PRIMARY KEY (queue, fair_key)
 ) ENGINE = InnoDB;
 
-ALTER TABLE tenure_ready ADD COLUMN fair_stamp BIGINT NOT NULL DEFAULT 0,
-    ADD COLUMN fair_key VARBINARY(255) NULL,
-    ADD INDEX tenure_ready_fair (fair_key, queue, priority, fair_stamp),
+ALTER TABLE tenure_ready ADD COLUMN IF NOT EXISTS fair_stamp BIGINT NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS fair_key VARBINARY(255) NULL,
+    ADD INDEX IF NOT EXISTS tenure_ready_fair (fair_key, queue, priority, fair_stamp),
     DROP INDEX tenure_ready_claim, DROP INDEX tenure_ready_claim_kind,
     ADD INDEX tenure_ready_claim (queue, priority, fair_stamp, due_at, id),
     ADD INDEX tenure_ready_claim_kind (queue, kind, priority, fair_stamp, due_at, id);
