@@ -17,8 +17,7 @@ ALTER TABLE tenure_ready ADD COLUMN IF NOT EXISTS fair_stamp BIGINT NOT NULL DEF
     ADD INDEX tenure_ready_claim (queue, priority, fair_stamp, due_at, id),
     ADD INDEX tenure_ready_claim_kind (queue, kind, priority, fair_stamp, due_at, id);
 
-DROP TRIGGER IF EXISTS tenure_ready_inserted;
-CREATE TRIGGER tenure_ready_inserted AFTER INSERT ON tenure_jobs FOR EACH ROW
+CREATE OR REPLACE TRIGGER tenure_ready_inserted AFTER INSERT ON tenure_jobs FOR EACH ROW
 BEGIN
     DECLARE ring_slot TINYINT;
     IF NEW.state = 'waiting' THEN
@@ -29,8 +28,7 @@ BEGIN
     END IF;
 END;
 
-DROP TRIGGER IF EXISTS tenure_ready_updated;
-CREATE TRIGGER tenure_ready_updated AFTER UPDATE ON tenure_jobs FOR EACH ROW
+CREATE OR REPLACE TRIGGER tenure_ready_updated AFTER UPDATE ON tenure_jobs FOR EACH ROW
 BEGIN
     DECLARE ring_slot TINYINT;
     DECLARE moved BOOLEAN DEFAULT NOT (OLD.id <=> NEW.id
