@@ -292,9 +292,14 @@ const GALERA_MIGRATION_RETRIES_FOR: std::time::Duration = std::time::Duration::f
 fn applied_elsewhere_maybe(error: &Error) -> bool {
     let text = error.to_string();
     error.is_retryable()
-        || ["already exists", "Duplicate", "check that", "try restarting transaction"]
-            .iter()
-            .any(|part| text.contains(part))
+        || [
+            "already exists",
+            "Duplicate",
+            "check that",
+            "try restarting transaction",
+        ]
+        .iter()
+        .any(|part| text.contains(part))
 }
 
 /// The name of lock `?` of a space: `tenure.w.` (workers) or `tenure.l.` (lease holders).
