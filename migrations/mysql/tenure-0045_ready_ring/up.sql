@@ -39,8 +39,7 @@ INSERT IGNORE INTO tenure_ready_ring (one, generation, rotated_at) VALUES (1, 0,
 -- waits (a replacing duplicate). The slot is read without a lock: a transaction with an old
 -- read view may put its entry in an older slot, which is harmless (a rotation moves every
 -- entry still in the slot it empties, under a lock no open writer of the ring can hold).
-DROP TRIGGER IF EXISTS tenure_ready_inserted;
-CREATE TRIGGER tenure_ready_inserted AFTER INSERT ON tenure_jobs FOR EACH ROW
+CREATE OR REPLACE TRIGGER tenure_ready_inserted AFTER INSERT ON tenure_jobs FOR EACH ROW
 BEGIN
     DECLARE ring_slot TINYINT;
     IF NEW.state = 'waiting' THEN
@@ -50,8 +49,7 @@ BEGIN
     END IF;
 END;
 
-DROP TRIGGER IF EXISTS tenure_ready_updated;
-CREATE TRIGGER tenure_ready_updated AFTER UPDATE ON tenure_jobs FOR EACH ROW
+CREATE OR REPLACE TRIGGER tenure_ready_updated AFTER UPDATE ON tenure_jobs FOR EACH ROW
 BEGIN
     DECLARE ring_slot TINYINT;
     DECLARE moved BOOLEAN DEFAULT NOT (OLD.id <=> NEW.id
@@ -68,8 +66,7 @@ BEGIN
     END IF;
 END;
 
-DROP TRIGGER IF EXISTS tenure_ready_deleted;
-CREATE TRIGGER tenure_ready_deleted AFTER DELETE ON tenure_jobs FOR EACH ROW
+CREATE OR REPLACE TRIGGER tenure_ready_deleted AFTER DELETE ON tenure_jobs FOR EACH ROW
 BEGIN
     IF OLD.state = 'waiting' THEN
         DELETE FROM tenure_ready WHERE id = OLD.id;
