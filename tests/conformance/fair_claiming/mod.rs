@@ -12,9 +12,9 @@ use std::time::Duration;
 use tenure::Backend;
 use tenure::jobs::{self, NewJob, Retry};
 
-mod attacks;
-mod attacks2;
 mod edges;
+mod races;
+mod turns;
 
 use crate::common::{TestDb, conformance, count, enqueue_id};
 

@@ -1,4 +1,4 @@
-//! More attacks on fair claiming, on the servers: rotations racing fair enqueues; fair and
+//! Fair claiming racing the servers' own machinery: rotations racing fair enqueues; fair and
 //! sequence enqueues racing in one batch. Jobs' kinds name their tenants.
 
 use std::collections::BTreeSet;

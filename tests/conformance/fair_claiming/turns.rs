@@ -1,4 +1,4 @@
-//! Attacks on fair claiming: what a tenant's turns must not be spent on (a duplicate folded
+//! Fair claiming, what a tenant's turns count and what holds them (a duplicate folded
 //! into its live job, a cancelled backlog, jobs scheduled for later, a backlog at another
 //! priority), what must not hold the virtual time back (a job its limit holds), and the
 //! guarantees that must hold with fair jobs (the ring's rotation, a rolled-back enqueue,
