@@ -242,13 +242,20 @@ impl Dialect for MysqlConnection {
                 what: "the migration lock (another process is running tenure's migrations)",
             });
         }
+        // On Galera the named lock is each node's own: a table made by one node's DDL (which
+        // the cluster orders) is the cluster's, so one migrator at a time runs DDL (two
+        // nodes racing the same trigger's DDL left one waiting in isolation for good).
+        let galera = in_galera_cluster(self)?;
+        if galera {
+            take_cluster_migration_mutex(self)?;
+        }
         let mut outcome = migrate::run_harness(self, migrate::MYSQL);
         // On Galera the named lock is each node's own: a process on another node may be
         // applying the same migrations, and one of two DDL statements on the same table is
         // refused (a deadlock, "already exists"). Every migration can run again from its
         // start (MySQL commits DDL as it goes: each is written so), so the harness runs
         // again, reading afresh what is applied, until the other is done (bounded).
-        if outcome.is_err() && in_galera_cluster(self)? {
+        if outcome.is_err() && galera {
             let until = std::time::Instant::now() + GALERA_MIGRATION_RETRIES_FOR;
             while let Err(e) = &outcome {
                 if std::time::Instant::now() >= until || !applied_elsewhere_maybe(e) {
@@ -257,6 +264,9 @@ impl Dialect for MysqlConnection {
                 std::thread::sleep(std::time::Duration::from_millis(250));
                 outcome = migrate::run_harness(self, migrate::MYSQL);
             }
+        }
+        if galera {
+            let _ = statement(DROP_MIGRATION_MUTEX).execute(self);
         }
         let released =
             statement("SELECT RELEASE_LOCK(CONCAT('tenure.migrate.', MD5(DATABASE()))) AS got")
@@ -284,6 +294,46 @@ impl Dialect for MysqlConnection {
 
 /// How long migrations on a Galera node try again while another node applies them.
 const GALERA_MIGRATION_RETRIES_FOR: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Galera's migration mutex: the table exists while one node's migrator runs.
+const MAKE_MIGRATION_MUTEX: &str = "CREATE TABLE tenure_migration_mutex (one TINYINT PRIMARY KEY)";
+const DROP_MIGRATION_MUTEX: &str = "DROP TABLE IF EXISTS tenure_migration_mutex";
+/// A mutex older than this was left by a migrator that died: taken over.
+const MIGRATION_MUTEX_AGE: &str = "SELECT CAST(COALESCE(MAX(TIMESTAMPDIFF(SECOND, create_time, NOW())), 0) \
+    AS SIGNED) AS n FROM information_schema.tables \
+    WHERE table_schema = DATABASE() AND table_name = 'tenure_migration_mutex'";
+
+/// Makes the migration mutex (waiting while another node's migrator holds it, up to
+/// [`GALERA_MIGRATION_RETRIES_FOR`]; one older than ten minutes is taken over).
+fn take_cluster_migration_mutex(conn: &mut MysqlConnection) -> Result<()> {
+    let until = std::time::Instant::now() + GALERA_MIGRATION_RETRIES_FOR;
+    loop {
+        match statement(MAKE_MIGRATION_MUTEX).execute(conn) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.to_string().contains("already exists") => {
+                let age = statement(MIGRATION_MUTEX_AGE)
+                    .get_result::<crate::rows::Count>(conn)?
+                    .n;
+                if age > 600 {
+                    statement(DROP_MIGRATION_MUTEX).execute(conn)?;
+                    continue;
+                }
+            }
+            Err(e) => {
+                let error = Error::from(e);
+                if !error.is_retryable() {
+                    return Err(error);
+                }
+            }
+        }
+        if std::time::Instant::now() >= until {
+            return Err(Error::Timeout {
+                what: "the migration mutex (another node is running tenure's migrations)",
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
 
 /// Whether a migration's error may come from another node applying the same migration at
 /// once: a conflict (retryable) or a statement that found its work done ("already exists",
