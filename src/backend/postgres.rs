@@ -61,6 +61,7 @@ static SYNTAX: Syntax = Syntax {
     fair_waiting_from: "tenure_ready c WHERE c.fair_key IS NOT NULL",
     fair_key_is: "c.fair_key >= ? AND c.fair_key <= ?",
     claim_kind_from: "tenure_ready c JOIN tenure_jobs j ON j.id = c.id",
+    ready_entries: None,
 };
 
 impl Dialect for PgConnection {

@@ -64,6 +64,12 @@ pub(crate) struct Syntax {
     /// `{claim_kind_from}`: the same for a claim of some kinds, which the kind-leading claim
     /// index serves (one range per kind, in claim order within it).
     pub claim_kind_from: &'static str,
+    /// The statement that writes the ready entries of the jobs a multi-row insert made (ids
+    /// bound as `{ids}`), where the ring's insert trigger is per row (MariaDB: no statement
+    /// triggers) and passes by rows inserted with `ready_entry_by_insert` (migration
+    /// `tenure-0055`); `None` where the ring's trigger runs once a statement (PostgreSQL) or
+    /// there is no ring (SQLite).
+    pub ready_entries: Option<&'static str>,
     /// `{fair_waiting_from}`: a FROM and the start of its WHERE that give the waiting fair
     /// jobs as `c`, through an index on (queue, fair key, priority, stamp): the ring on the
     /// servers, the jobs' partial index on SQLite (a fair enqueue reads its tenant's last

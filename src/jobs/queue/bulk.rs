@@ -9,9 +9,10 @@ use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 
 use super::enqueue::{
     FIND_FINISHED_TWIN, FOLD_FINISHED, INSERT_DEDUP_ON_CONFLICT, INSERT_DEDUP_ON_DUPLICATE_KEY,
-    INSERT_HEAD, INSERT_ROW, INSERTED_RETURNING, LAST_INSERT_ID, STATE_OF, StateKind,
-    fold_into_finished_twin, insert_deduplicated, insert_dependent, insert_in_sequence, insert_one,
-    job_row, lock_dependencies, on_conflict_sets, on_duplicate_key_sets, unexpected,
+    INSERT_HEAD, INSERT_HEAD_WRITING_ENTRIES, INSERT_ROW, INSERT_ROW_WRITING_ENTRIES,
+    INSERTED_RETURNING, LAST_INSERT_ID, STATE_OF, StateKind, fold_into_finished_twin,
+    insert_deduplicated, insert_dependent, insert_in_sequence, insert_one, job_row,
+    lock_dependencies, on_conflict_sets, on_duplicate_key_sets, unexpected,
 };
 use super::model::InsertedRow;
 use super::{DedupOver, Enqueued, NewJob, OnDuplicate, ids_of};
@@ -233,9 +234,15 @@ pub fn enqueue_many<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Resul
                     continue;
                 }
                 for chunk in chunks(&rest[..run]) {
-                    let rows = vec![INSERT_ROW; chunk.len()].join(", ");
+                    // MariaDB: the chunk's ready entries in one statement after it, not one
+                    // row trigger a job.
+                    let (head, row_values) = match syntax.ready_entries {
+                        Some(_) => (INSERT_HEAD_WRITING_ENTRIES, INSERT_ROW_WRITING_ENTRIES),
+                        None => (INSERT_HEAD, INSERT_ROW),
+                    };
+                    let rows = vec![row_values; chunk.len()].join(", ");
                     let returning = if syntax.returning { " RETURNING id" } else { "" };
-                    let sql = syntax.fill(&format!("{INSERT_HEAD} {rows}{returning}"));
+                    let sql = syntax.fill(&format!("{head} {rows}{returning}"));
                     let rows = chunk
                         .iter()
                         .map(|job| job_row!(row(), job))
@@ -259,6 +266,13 @@ pub fn enqueue_many<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Resul
                         return Err(unexpected(format!("{} ids for {} inserted jobs", ids.len(), chunk.len())));
                     }
                     ids.sort_unstable();
+                    if let Some(entries) = syntax.ready_entries {
+                        // Every job of a run waits (none has dependencies): one entry each.
+                        let written = statement(entries).bind_ids(ids.iter().copied()).execute(c)?;
+                        if written != ids.len() {
+                            return Err(unexpected(format!("{written} ready entries for {} inserted jobs", ids.len())));
+                        }
+                    }
                     let limited: Vec<(i64, &[Limit])> = ids
                         .iter()
                         .zip(chunk.iter())

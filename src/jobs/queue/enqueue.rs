@@ -9,7 +9,9 @@ use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 use super::model::InsertedRow;
 use super::{DedupOver, Enqueued, NewJob, OnDuplicate};
 use crate::backend::statement::statement;
-use crate::backend::transaction::{in_transaction, retrying_transaction, write_turn};
+use crate::backend::transaction::{
+    in_transaction, retry_transient, retrying_transaction, write_turn,
+};
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::jobs::flow::sequences::{self, SequenceFailure};
 use crate::jobs::flow::{fairness, limits};
@@ -19,15 +21,36 @@ use crate::sql_types::Instant;
 use crate::wake;
 use crate::{Error, Result, TenureConnection};
 
-pub(crate) const INSERT_HEAD: &str = "INSERT INTO tenure_jobs \
-    (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, dedup_key, \
-     limit_key, limit_max, dedup_window_micros, workflow_id, run_when, stripes_pending, \
-     sequence_key, fair_key, fair_stamp) VALUES";
+/// The columns every insert of a job writes, and their values ([`job_row!`] binds them).
+macro_rules! insert_columns {
+    () => {
+        "queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, \
+         dedup_key, limit_key, limit_max, dedup_window_micros, workflow_id, run_when, \
+         stripes_pending, sequence_key, fair_key, fair_stamp"
+    };
+}
+macro_rules! insert_values {
+    () => {
+        "?, ?, ?, ?, ?, 0, ?, COALESCE(?, {now+ttl}), {now}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
+    };
+}
+
+pub(crate) const INSERT_HEAD: &str =
+    concat!("INSERT INTO tenure_jobs (", insert_columns!(), ") VALUES");
 
 /// One row; one shape for both kinds of due time: an instant, or NULL and a delay.
 /// A job with dependencies is inserted `blocked`, with its stripes and `run_when`.
-pub(crate) const INSERT_ROW: &str =
-    "(?, ?, ?, ?, ?, 0, ?, COALESCE(?, {now+ttl}), {now}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+pub(crate) const INSERT_ROW: &str = concat!("(", insert_values!(), ")");
+
+/// [`INSERT_HEAD`] and [`INSERT_ROW`] for a multi-row insert that writes its jobs' ready
+/// entries itself ([`Syntax::ready_entries`](crate::backend::Syntax::ready_entries)): the
+/// ring's row trigger passes these rows by.
+pub(crate) const INSERT_HEAD_WRITING_ENTRIES: &str = concat!(
+    "INSERT INTO tenure_jobs (",
+    insert_columns!(),
+    ", ready_entry_by_insert) VALUES"
+);
+pub(crate) const INSERT_ROW_WRITING_ENTRIES: &str = concat!("(", insert_values!(), ", TRUE)");
 
 /// PostgreSQL and SQLite: a job whose key a live job already has is not inserted; the live
 /// job is returned instead, its `dedup_hits` counted up (so "existing" is `dedup_hits > 0`,
@@ -485,10 +508,18 @@ pub fn enqueue<C: TenureConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueu
     } else {
         // SQLite: this process's writers take turns (see `tenure::transaction`); the insert is
         // one statement, so the turn is held only around it.
-        let turn = write_turn(conn)?;
-        let enqueued = dispatch!(conn, c => insert_one!(c, job, inline))?;
-        drop(turn);
-        enqueued
+        let insert = |conn: &mut C| -> Result<Enqueued> {
+            let _turn = write_turn(conn)?;
+            Ok(dispatch!(conn, c => insert_one!(c, job, inline))?)
+        };
+        if inline {
+            // A deadlock ends the caller's transaction: theirs to run again.
+            insert(conn)?
+        } else {
+            // On its own, a statement a deadlock rolled back (MariaDB: its ring trigger's
+            // entry against a claim's or a rotation's) is run again, as a transaction is.
+            retry_transient(|| insert(conn))?
+        }
     };
     let fresh = !enqueued.existing || enqueued.updated;
     if fresh && !inline {

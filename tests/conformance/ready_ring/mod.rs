@@ -48,6 +48,10 @@ struct Entry {
     due: String,
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
     limit_key: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    fair_stamp: i64,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    fair_key: Option<String>,
 }
 
 /// A claimed job was due when it was claimed (both instants the database's).
@@ -73,10 +77,13 @@ pub(super) fn assert_ring_exact(conn: &mut AnyConnection, backend: Backend, cont
             );
             return;
         }
-        Backend::Postgres => "id, queue, kind, priority, due_at::text AS due, limit_key",
+        Backend::Postgres => {
+            "id, queue, kind, priority, due_at::text AS due, limit_key, fair_stamp, fair_key"
+        }
         Backend::Mysql => {
             "id, CAST(queue AS CHAR) AS queue, CAST(kind AS CHAR) AS kind, priority, \
-             CAST(due_at AS CHAR) AS due, CAST(limit_key AS CHAR) AS limit_key"
+             CAST(due_at AS CHAR) AS due, CAST(limit_key AS CHAR) AS limit_key, fair_stamp, \
+             CAST(fair_key AS CHAR) AS fair_key"
         }
     };
     let read = |conn: &mut AnyConnection, table: &str, filter: &str| -> Vec<Entry> {
@@ -112,6 +119,16 @@ fn the_ring_lists_exactly_the_waiting_jobs(backend: Backend) {
         .collect();
     jobs::enqueue_many(&mut conn, &bulk).unwrap();
     check(&mut conn, "after a bulk enqueue");
+    // Fair jobs in bulk: their entries carry their tenants and turns (the claim orders by
+    // them), limited ones beside them.
+    let fair: Vec<NewJob> = (0..40)
+        .map(|i| {
+            let job = NewJob::new("q", "a", vec![]).fair_key(["t1", "t2", "t3"][i % 3]);
+            if i % 4 == 0 { job.limit("fk", 3) } else { job }
+        })
+        .collect();
+    jobs::enqueue_many(&mut conn, &fair).unwrap();
+    check(&mut conn, "after a fair bulk enqueue");
     jobs::enqueue(&mut conn, &NewJob::new("q", "a", vec![]).limit("k", 2)).unwrap();
     check(&mut conn, "after a limited enqueue");
     // A duplicate that replaces the waiting job's payload and due time.
@@ -275,7 +292,8 @@ fn the_ring_follows_parked_jobs_workflows_schedules_and_bulk_retries(backend: Ba
     let twice: Vec<_> = claimed.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "{backend}: claimed twice: {twice:?}");
     let left: Vec<Entry> = diesel::sql_query(
-        "SELECT id, queue, kind, priority, '' AS due, limit_key FROM tenure_jobs \
+        "SELECT id, queue, kind, priority, '' AS due, limit_key, fair_stamp, NULL AS fair_key \
+         FROM tenure_jobs \
          WHERE state = 'waiting' ORDER BY id",
     )
     .load(&mut conn)

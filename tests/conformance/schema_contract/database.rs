@@ -9,6 +9,13 @@ use super::TableSpec;
 /// Database columns that `tenure::schema` leaves out on purpose: (backend, table, column, why).
 const BACKEND_INTERNAL_COLUMNS: &[(Backend, &str, &str, &str)] = &[
     (
+        Backend::Mysql,
+        "tenure_jobs",
+        "ready_entry_by_insert",
+        "MariaDB: the insert that made the job wrote its ready entry itself, so the ring's row \
+         trigger passes the row by (a bulk enqueue's chunks: one statement, not a trigger a job)",
+    ),
+    (
         Backend::Sqlite,
         "tenure_jobs",
         "fair_key",

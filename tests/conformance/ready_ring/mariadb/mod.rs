@@ -220,6 +220,54 @@ fn mysql_an_applications_update_of_a_waiting_jobs_id_moves_its_entry() {
     assert_ring_exact(&mut conn, backend, "after a waiting job's id changed");
 }
 
+/// A bulk enqueue writes its chunks' entries itself and the ring's trigger passes its rows
+/// by (`ready_entry_by_insert`); every other insert still gets its entry from the trigger: an
+/// older tenure running beside this one after the migration (its inserts name no such
+/// column), one row or many. Each job has exactly one entry and is claimed once.
+#[test]
+fn mysql_inserts_that_write_no_entry_of_their_own_get_one_from_the_trigger() {
+    let backend = Backend::Mysql;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    // Three chunks of a bulk (1,000 rows a statement), a rotation between two bulks.
+    let bulk = vec![NewJob::new("q", "a", vec![]); 2_500];
+    jobs::enqueue_many(&mut conn, &bulk).unwrap();
+    jobs::rotate_ready(&mut conn, NO_WAIT).unwrap();
+    jobs::enqueue_many(&mut conn, &bulk[..10]).unwrap();
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE ready_entry_by_insert"
+        ),
+        2_510
+    );
+    insert_job_as_before(&mut conn);
+    conn.batch_execute(
+        "INSERT INTO tenure_jobs (queue, kind, payload, priority, state, attempt, max_attempts, \
+         due_at, created_at) VALUES \
+         ('q', 'a', 'x', 0, 'waiting', 0, 25, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)), \
+         ('q', 'a', 'y', 0, 'waiting', 0, 25, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+    )
+    .unwrap();
+    assert_ring_exact(&mut conn, backend, "after bulk and older inserts");
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_ready"),
+        2_513
+    );
+    let mut claimed = std::collections::HashSet::new();
+    loop {
+        let batch = jobs::claim(&mut conn, "q", 500, TTL).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        for job in batch {
+            assert!(claimed.insert(job.id), "job {} claimed twice", job.id);
+        }
+    }
+    assert_eq!(claimed.len(), 2_513);
+    assert_ring_exact(&mut conn, backend, "after the drain");
+}
+
 /// A job inserted as the layout before the ring wrote it (this build's enqueue writes
 /// columns a later migration adds); its id.
 fn insert_job_as_before(conn: &mut tenure::AnyConnection) -> i64 {
