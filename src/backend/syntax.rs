@@ -32,7 +32,8 @@ pub(crate) struct Syntax {
     pub grant_times: &'static str,
     /// How conditional upserts are written.
     pub upsert: Upsert,
-    /// Whether `INSERT`/`UPDATE ... RETURNING` exists (not on MySQL/MariaDB).
+    /// Whether `UPDATE ... RETURNING` exists (not on MariaDB, whose RETURNING is for `INSERT`
+    /// and `DELETE`; every backend's inserts return their rows).
     pub returning: bool,
     /// Appended to a SELECT that locks the rows it reads: `{for_update}` ("" on SQLite, where
     /// the IMMEDIATE transaction already holds the database's write lock).

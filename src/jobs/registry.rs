@@ -35,8 +35,6 @@ pub(crate) const DEAD_WORKERS_EVERY: Duration = Duration::from_millis(500);
 const REGISTER: &str = "\
     INSERT INTO tenure_workers (host, pid, started_at, heartbeat_at) VALUES (?, ?, {now}, {now})";
 
-const LAST_INSERT_ID: &str = "SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id";
-
 const BEAT: &str = "UPDATE tenure_workers SET heartbeat_at = {now} WHERE id = ?";
 
 /// After the worker took its lock again: alive, and its lock no longer free.
@@ -146,19 +144,11 @@ pub(crate) fn register<C: TenureConnection>(conn: &mut C, host: &str) -> Result<
 fn insert_worker<C: TenureConnection>(c: &mut C, host: &str, pid: i64) -> Result<i64> {
     let id = dispatch!(c, c => {
         let syntax = c.syntax();
-        let insert = syntax.render(REGISTER);
-        if syntax.returning {
-            statement(format!("{insert} RETURNING id"))
-                .bind::<Text, _>(host)
-                .bind::<BigInt, _>(pid)
-                .get_result::<IdRow>(c)
-        } else {
-            statement(insert)
-                .bind::<Text, _>(host)
-                .bind::<BigInt, _>(pid)
-                .execute(c)
-                .and_then(|_| statement(LAST_INSERT_ID).get_result::<IdRow>(c))
-        }
+        // Every backend returns an insert's columns (MariaDB too: INSERT ... RETURNING).
+        statement(format!("{} RETURNING id", syntax.render(REGISTER)))
+            .bind::<Text, _>(host)
+            .bind::<BigInt, _>(pid)
+            .get_result::<IdRow>(c)
     })?;
     Ok(id.id)
 }

@@ -10,13 +10,13 @@ use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 use super::enqueue::{
     FIND_FINISHED_TWIN, FOLD_FINISHED, INSERT_DEDUP_ON_CONFLICT, INSERT_DEDUP_ON_DUPLICATE_KEY,
     INSERT_HEAD, INSERT_HEAD_WRITING_ENTRIES, INSERT_ROW, INSERT_ROW_WRITING_ENTRIES,
-    INSERTED_RETURNING, LAST_INSERT_ID, STATE_OF, StateKind, fold_into_finished_twin,
-    insert_deduplicated, insert_dependent, insert_in_sequence, insert_one, job_row,
-    lock_dependencies, on_conflict_sets, on_duplicate_key_sets, unexpected,
+    INSERTED_RETURNING, fold_into_finished_twin, insert_deduplicated, insert_dependent,
+    insert_in_sequence, insert_one, job_row, lock_dependencies, on_conflict_sets,
+    on_duplicate_key_sets, unexpected,
 };
 use super::model::InsertedRow;
 use super::{DedupOver, Enqueued, NewJob, OnDuplicate, ids_of};
-use crate::backend::statement::{Statement, row, statement};
+use crate::backend::statement::{row, statement};
 use crate::backend::transaction::{in_transaction, retrying_transaction};
 use crate::backend::{Dialect, Upsert, dispatch};
 use crate::jobs::flow::limits::{self, Limit};
@@ -67,19 +67,25 @@ struct UpsertedRow {
     dedup_key: String,
 }
 
-/// Upserts a [`keyed_run`] chunk in one statement (PostgreSQL and SQLite: ON CONFLICT with
-/// RETURNING) and evaluates to `Result<Vec<Enqueued>>`, in the chunk's order, with the same
-/// outcome per job as [`insert_one!`].
+/// Upserts a [`keyed_run`] chunk in one statement (ON CONFLICT, or ON DUPLICATE KEY on
+/// MariaDB, with RETURNING) and evaluates to `Result<Vec<Enqueued>>`, in the chunk's order,
+/// with the same outcome per job as [`insert_one!`]. MariaDB: the rows it inserts get their
+/// ready entries from one statement after it ([`write_ready_entries!`]).
 macro_rules! upsert_keyed_rows {
     ($c:ident, $chunk:expr) => {{
         let chunk: &[NewJob] = $chunk;
         let syntax = $c.syntax();
         let mode = chunk[0].on_duplicate;
-        let rows = vec![INSERT_ROW; chunk.len()].join(", ");
         // Made anew: the text changes with the row count (not kept, not prepared).
+        let (tail, sets) = match syntax.upsert {
+            Upsert::OnConflictWhere => (INSERT_DEDUP_ON_CONFLICT, on_conflict_sets(mode)),
+            Upsert::OnDuplicateKey => (INSERT_DEDUP_ON_DUPLICATE_KEY, on_duplicate_key_sets(mode)),
+        };
+        let (head, row_values) = insert_shape(syntax);
+        let rows = vec![row_values; chunk.len()].join(", ");
         let sql = syntax.fill_with(
-            &format!("{INSERT_HEAD} {rows}{INSERT_DEDUP_ON_CONFLICT}, queue, dedup_key"),
-            &[("sets", on_conflict_sets(mode))],
+            &format!("{head} {rows}{tail}, queue, dedup_key"),
+            &[("sets", sets)],
         );
         let rows = chunk.iter().map(|job| job_row!(row(), job)).collect();
         // The text changes with the row count: not kept prepared.
@@ -113,6 +119,50 @@ macro_rules! upsert_keyed_rows {
                     })
                     .collect::<Result<Vec<Enqueued>>>()
             })
+            .and_then(|enqueued| {
+                let new: Vec<i64> = enqueued
+                    .iter()
+                    .filter(|e| !e.existing)
+                    .map(|e| e.id)
+                    .collect();
+                write_ready_entries!($c, &new)?;
+                Ok(enqueued)
+            })
+    }};
+}
+
+/// The head and row of a multi-row insert: on MariaDB marked, for [`write_ready_entries!`].
+fn insert_shape(syntax: &crate::backend::Syntax) -> (&'static str, &'static str) {
+    match syntax.ready_entries {
+        Some(_) => (INSERT_HEAD_WRITING_ENTRIES, INSERT_ROW_WRITING_ENTRIES),
+        None => (INSERT_HEAD, INSERT_ROW),
+    }
+}
+
+/// MariaDB: writes the ready entries of waiting jobs a marked multi-row insert made (`ids`,
+/// every one waiting: no job of a multi-row insert has dependencies), one statement, and
+/// evaluates to `Result<()>`; elsewhere nothing (PostgreSQL's ring trigger runs once a
+/// statement; SQLite has no ring). Exactly one entry a job, or the enqueue fails (and rolls
+/// back).
+macro_rules! write_ready_entries {
+    ($c:ident, $ids:expr) => {{
+        let ids: &[i64] = $ids;
+        match $c.syntax().ready_entries {
+            Some(entries) if !ids.is_empty() => {
+                let written = statement(entries)
+                    .bind_ids(ids.iter().copied())
+                    .execute($c)?;
+                if written == ids.len() {
+                    Ok(())
+                } else {
+                    Err(unexpected(format!(
+                        "{written} ready entries for {} inserted jobs",
+                        ids.len()
+                    )))
+                }
+            }
+            _ => Ok::<(), Error>(()),
+        }
     }};
 }
 
@@ -123,13 +173,11 @@ macro_rules! upsert_keyed_rows {
 /// [`NewJob::dedup_window`], as [`enqueue`](crate::jobs::enqueue) does.
 ///
 /// Jobs without a dedup key go in multi-row statements of up to `INSERT_CHUNK_ROWS` (1000) rows
-/// (and about `INSERT_CHUNK_BYTES` (4 MiB) of payload). PostgreSQL and SQLite return their ids
-/// (`RETURNING id`: within one statement rows are inserted in order and ids only grow, so the
-/// ascending ids are the jobs in order). MySQL/MariaDB has no RETURNING: there the ids are
-/// `LAST_INSERT_ID()` onwards, which holds only where InnoDB reserves one run of ids per
-/// statement (`innodb_autoinc_lock_mode` 0 or 1, MariaDB's default); under mode 2 (MySQL 8's
-/// default) every job is its own statement. Jobs with a key are inserted one statement each,
-/// all in the one transaction.
+/// (and about `INSERT_CHUNK_BYTES` (4 MiB) of payload), which return their ids (`RETURNING
+/// id`: within one statement rows are inserted in order and ids only grow, so the ascending
+/// ids are the jobs in order, whatever MariaDB's `innodb_autoinc_lock_mode`). Runs of jobs
+/// with a key and no window nor dependencies go in multi-row upserts; the rest one statement
+/// each, all in the one transaction.
 pub fn enqueue_many<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
     if jobs.is_empty() {
         return Err(Error::invalid("jobs", "an empty batch"));
@@ -182,24 +230,16 @@ pub fn enqueue_many<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Resul
         let locked = lock_dependencies(conn, jobs)?;
         let enqueued = dispatch!(conn, c => {
             let syntax = c.syntax();
-            // Without RETURNING (MySQL), a multi-row insert's ids are known only where the
-            // server hands out consecutive ones per statement.
-            let id_step = if syntax.returning { None } else { consecutive_id_step(c)? };
-            let multi_row = syntax.returning || id_step.is_some();
             let mut out = Vec::with_capacity(jobs.len());
             let mut rest = jobs;
             while !rest.is_empty() {
                 // The run of jobs without a key at the head of `rest` goes in multi-row
-                // statements; a keyed job goes alone.
-                let run = if multi_row {
-                    rest.iter()
-                        .take_while(|job| job.dedup_key.is_none() && job.dependencies.is_empty())
-                        .count()
-                } else {
-                    0
-                };
-                // PostgreSQL and SQLite: a run of keyed jobs goes in multi-row upserts too.
-                let keyed = if syntax.returning { keyed_run(rest) } else { 0 };
+                // statements, and so does a run of keyed jobs (upserts).
+                let run = rest
+                    .iter()
+                    .take_while(|job| job.dedup_key.is_none() && job.dependencies.is_empty())
+                    .count();
+                let keyed = keyed_run(rest);
                 if run == 0 && keyed >= 2 {
                     for chunk in chunks(&rest[..keyed]) {
                         let enqueued = upsert_keyed_rows!(c, chunk)?;
@@ -234,45 +274,22 @@ pub fn enqueue_many<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Resul
                     continue;
                 }
                 for chunk in chunks(&rest[..run]) {
-                    // MariaDB: the chunk's ready entries in one statement after it, not one
-                    // row trigger a job.
-                    let (head, row_values) = match syntax.ready_entries {
-                        Some(_) => (INSERT_HEAD_WRITING_ENTRIES, INSERT_ROW_WRITING_ENTRIES),
-                        None => (INSERT_HEAD, INSERT_ROW),
-                    };
+                    let (head, row_values) = insert_shape(syntax);
                     let rows = vec![row_values; chunk.len()].join(", ");
-                    let returning = if syntax.returning { " RETURNING id" } else { "" };
-                    let sql = syntax.fill(&format!("{head} {rows}{returning}"));
+                    let sql = syntax.fill(&format!("{head} {rows} RETURNING id"));
                     let rows = chunk
                         .iter()
                         .map(|job| job_row!(row(), job))
                         .collect();
                     // The text changes with the row count: not kept prepared.
-                    let insert = statement(sql).uncached().bind_rows(rows);
-                    let mut ids: Vec<i64> = match id_step {
-                        None => insert.load::<IdRow>(c).map(ids_of)?,
-                        Some(step) => {
-                            let inserted = insert.execute(c)?;
-                            let first = statement(LAST_INSERT_ID)
-                                .get_result::<IdRow>(c)?
-                                .id;
-                            if inserted != chunk.len() {
-                                return Err(unexpected(format!("{inserted} rows inserted for {} jobs", chunk.len())));
-                            }
-                            (0..chunk.len() as i64).map(|i| first + i * step).collect()
-                        }
-                    };
+                    let mut ids: Vec<i64> =
+                        statement(sql).uncached().bind_rows(rows).load::<IdRow>(c).map(ids_of)?;
                     if ids.len() != chunk.len() {
                         return Err(unexpected(format!("{} ids for {} inserted jobs", ids.len(), chunk.len())));
                     }
+                    // Within one statement rows are inserted in order and ids only grow.
                     ids.sort_unstable();
-                    if let Some(entries) = syntax.ready_entries {
-                        // Every job of a run waits (none has dependencies): one entry each.
-                        let written = statement(entries).bind_ids(ids.iter().copied()).execute(c)?;
-                        if written != ids.len() {
-                            return Err(unexpected(format!("{written} ready entries for {} inserted jobs", ids.len())));
-                        }
-                    }
+                    write_ready_entries!(c, &ids)?;
                     let limited: Vec<(i64, &[Limit])> = ids
                         .iter()
                         .zip(chunk.iter())
@@ -322,31 +339,6 @@ fn fresh_queues<'j>(jobs: &'j [NewJob], enqueued: &[Enqueued]) -> HashSet<&'j st
         .filter(|(_, e)| !e.existing || e.updated)
         .map(|(job, _)| job.queue.as_str())
         .collect()
-}
-
-#[derive(QueryableByName)]
-struct AutoIncrement {
-    #[diesel(sql_type = BigInt)]
-    lock_mode: i64,
-    #[diesel(sql_type = BigInt)]
-    step: i64,
-}
-
-/// MySQL/MariaDB: the step between the ids of one multi-row insert, where they are
-/// consecutive: InnoDB's `innodb_autoinc_lock_mode` 0 ("traditional") and 1 ("consecutive",
-/// MariaDB's default) reserve one run of ids per simple insert statement, so the rows get
-/// `LAST_INSERT_ID()`, then `+ auto_increment_increment` each. Mode 2 ("interleaved",
-/// MySQL 8's default) does not promise that: `None`, one statement per row.
-fn consecutive_id_step<C: diesel::Connection>(c: &mut C) -> Result<Option<i64>>
-where
-    Statement: diesel::query_dsl::LoadQuery<'static, C, AutoIncrement>,
-{
-    let row = statement(
-        "SELECT CAST(@@innodb_autoinc_lock_mode AS SIGNED) AS lock_mode, \
-                CAST(@@auto_increment_increment AS SIGNED) AS step",
-    )
-    .get_result::<AutoIncrement>(c)?;
-    Ok((row.lock_mode <= 1 && row.step >= 1).then_some(row.step))
 }
 
 /// Rows per multi-row insert: 11 parameters a row stays well under SQLite's 32,766 and

@@ -69,15 +69,14 @@ pub(crate) const INSERT_DEDUP_ON_CONFLICT: &str = " ON CONFLICT (queue, dedup_ke
 /// What a plain insert returns where the backend can: the same row as the upsert's.
 pub(crate) const INSERTED_RETURNING: &str = " RETURNING id, dedup_hits, state, kind";
 
-/// MySQL/MariaDB: the unique index is on the generated `live_dedup_key`. On a duplicate the
-/// live job's `dedup_hits` changes, so the statement reports 2 affected rows (1 for an
-/// insert, even with CLIENT_FOUND_ROWS), and `LAST_INSERT_ID(id)` makes its id the one
-/// `LAST_INSERT_ID()` returns. Assignments run left to right: the mode's `{sets}` read
-/// `state`, which none changes.
+/// MariaDB: the unique index is on the generated `live_dedup_key`. On a duplicate the live
+/// job's `dedup_hits` is counted up, and RETURNING gives the row as the upsert left it (as
+/// ON CONFLICT's does). Assignments run left to right: the mode's `{sets}` read `state`,
+/// which none changes.
 pub(crate) const INSERT_DEDUP_ON_DUPLICATE_KEY: &str = " ON DUPLICATE KEY UPDATE {sets}\
     dedup_window_micros = GREATEST(COALESCE(dedup_window_micros, VALUES(dedup_window_micros)), \
         COALESCE(VALUES(dedup_window_micros), dedup_window_micros)), \
-    dedup_hits = dedup_hits + 1, id = LAST_INSERT_ID(id)";
+    dedup_hits = dedup_hits + 1 RETURNING id, dedup_hits, state, kind";
 
 /// What a mode changes on a live duplicate, with ON CONFLICT: only a waiting job of the same
 /// kind (a key shared by two kinds must never hand one kind's payload to the other's
@@ -113,18 +112,6 @@ pub(crate) fn on_duplicate_key_sets(mode: OnDuplicate) -> &'static str {
     }
 }
 
-/// MySQL/MariaDB: the state of the live job an upsert updated (it holds the row's lock until
-/// the enqueue's transaction ends, so this is the state the upsert saw).
-pub(crate) const STATE_OF: &str = "SELECT state, kind FROM tenure_jobs WHERE id = ?";
-
-#[derive(QueryableByName)]
-pub(crate) struct StateKind {
-    #[diesel(sql_type = Text)]
-    pub(crate) state: String,
-    #[diesel(sql_type = Text)]
-    pub(crate) kind: String,
-}
-
 /// The newest job of the queue with the key that finished within the window (`{now+ttl}`
 /// with minus the window), unless a live job other than the given id has the key (a live
 /// job comes first: the upsert folds into it). A plain read: a locking one would meet the
@@ -143,10 +130,6 @@ pub(crate) const FIND_FINISHED_TWIN: &str = "SELECT id FROM tenure_jobs \
 pub(crate) const FOLD_FINISHED: &str = "UPDATE tenure_jobs SET dedup_hits = dedup_hits + 1, \
     dedup_window_micros = {greatest}(COALESCE(dedup_window_micros, ?), ?) \
     WHERE id = ? AND state IN {final_states} AND finished_at > {now+ttl}";
-
-/// The id of the row a MySQL/MariaDB insert made (or, with `LAST_INSERT_ID(id)` in an
-/// upsert, found).
-pub(crate) const LAST_INSERT_ID: &str = "SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id";
 
 /// Binds one [`INSERT_ROW`] for `job` onto `$start` (a statement, or a row of a multi-row
 /// one): every insert of a job binds the same values in the same order.
@@ -179,11 +162,9 @@ macro_rules! job_row {
 
 /// Inserts one validated job on a concrete connection (or finds the live job with its dedup
 /// key, applying the job's [`OnDuplicate`] mode to it) and evaluates to
-/// `QueryResult<Enqueued>`. The id comes from RETURNING, or on MySQL from
-/// `LAST_INSERT_ID()`, exact for a single-row statement on this connection (never
-/// `LAST_INSERT_ID() + i` for a multi-row one: MySQL may interleave auto-increment values).
-/// On MySQL a mode other than `Keep` needs a transaction around this (see
-/// [`needs_transaction`]).
+/// `QueryResult<Enqueued>`: one statement, whose RETURNING gives the row's id, hits, state
+/// and kind (every backend has INSERT ... RETURNING, MariaDB's upsert included: it returns
+/// the row as the upsert left it).
 macro_rules! insert_one {
     ($c:ident, $job:expr, $notify_inline:expr) => {{
         let job: &NewJob = $job;
@@ -198,10 +179,9 @@ macro_rules! insert_one {
                 INSERT_DEDUP_ON_DUPLICATE_KEY,
                 on_duplicate_key_sets(job.on_duplicate),
             ),
-            (false, _) if syntax.returning => (INSERTED_RETURNING, ""),
-            (false, _) => ("", ""),
+            (false, _) => (INSERTED_RETURNING, ""),
         };
-        let notify = if syntax.returning && $notify_inline {
+        let notify = if $notify_inline {
             syntax.notify_in_returning
         } else {
             ""
@@ -216,10 +196,10 @@ macro_rules! insert_one {
                 ("notify", notify),
             ],
         );
-        let insert = job_row!(statement(sql), job);
         let moded = job.on_duplicate != OnDuplicate::Keep;
-        if syntax.returning {
-            insert.get_result::<InsertedRow>($c).map(|row| {
+        job_row!(statement(sql), job)
+            .get_result::<InsertedRow>($c)
+            .map(|row| {
                 let existing = row.dedup_hits > 0 && job.dedup_key.is_some();
                 Enqueued {
                     id: row.id,
@@ -227,23 +207,6 @@ macro_rules! insert_one {
                     updated: existing && moded && row.state == "waiting" && row.kind == job.kind,
                 }
             })
-        } else {
-            insert.execute($c).and_then(|affected| {
-                let id = statement(LAST_INSERT_ID).get_result::<IdRow>($c)?.id;
-                let existing = affected == 2;
-                let updated = existing && moded && {
-                    let live = statement(STATE_OF)
-                        .bind::<BigInt, _>(id)
-                        .get_result::<StateKind>($c)?;
-                    live.state == "waiting" && live.kind == job.kind
-                };
-                Ok(Enqueued {
-                    id,
-                    existing,
-                    updated,
-                })
-            })
-        }
     }};
 }
 
@@ -456,14 +419,13 @@ pub(crate) fn insert_in_sequence<C: TenureConnection>(
 
 /// Whether an enqueue of this job needs a transaction of its own: a window's checks and
 /// insert go together; a job and its limits commit together (a job must never be claimable
-/// without the limits that hold it back); without RETURNING (MySQL) a mode's state read must
-/// see the row the upsert locked; a fair job's stamp and its tenant's last go together.
-fn needs_transaction(job: &NewJob, returning: bool) -> bool {
+/// without the limits that hold it back); a fair job's stamp and its tenant's last go
+/// together.
+fn needs_transaction(job: &NewJob) -> bool {
     job.dedup_window.is_some()
         || job.fair_key.is_some()
         || !job.dependencies.is_empty()
         || !job.limits.is_empty()
-        || (job.on_duplicate != OnDuplicate::Keep && !returning)
 }
 
 /// Enqueues one job on `conn`, inside the caller's transaction if there is one (so a
@@ -474,11 +436,10 @@ fn needs_transaction(job: &NewJob, returning: bool) -> bool {
 /// within it.
 pub fn enqueue<C: TenureConnection>(conn: &mut C, job: &NewJob) -> Result<Enqueued> {
     job.validate()?;
-    let returning = dispatch!(any conn, c => c.syntax().returning);
     // Other processes' idle workers are woken by a NOTIFY: in the insert's RETURNING list
     // inside a caller's transaction (delivered if it commits), else after the commit.
     let inline = in_transaction(conn);
-    let enqueued = if job.sequence.is_some() || needs_transaction(job, returning) {
+    let enqueued = if job.sequence.is_some() || needs_transaction(job) {
         retrying_transaction(conn, |conn| {
             // A fair job takes its tenant's next stamp first (its row's lock is taken before
             // any other: one order for every enqueue).

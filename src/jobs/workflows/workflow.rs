@@ -152,7 +152,6 @@ impl Workflow {
 }
 
 const INSERT_WORKFLOW: &str = "INSERT INTO tenure_workflows (name, created_at) VALUES (?, {now})";
-const LAST_INSERT_ID: &str = "SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id";
 
 /// Enqueues a workflow in one transaction (the caller's, if one is open: then in a
 /// savepoint of it): all of it or none. Steps are inserted in the order added, each
@@ -197,16 +196,10 @@ pub fn enqueue_workflow<C: TenureConnection>(
         )?;
         let id: i64 = dispatch!(conn, c => {
             let syntax = c.syntax();
-            let insert = syntax.render(INSERT_WORKFLOW);
-            if syntax.returning {
-                statement(format!("{insert} RETURNING id"))
-                    .bind::<Text, _>(workflow.name.as_str())
-                    .get_result::<IdRow>(c)
-                    .map(|row| row.id)
-            } else {
-                statement(insert).bind::<Text, _>(workflow.name.as_str()).execute(c)?;
-                statement(LAST_INSERT_ID).get_result::<IdRow>(c).map(|row| row.id)
-            }
+            statement(format!("{} RETURNING id", syntax.render(INSERT_WORKFLOW)))
+                .bind::<Text, _>(workflow.name.as_str())
+                .get_result::<IdRow>(c)
+                .map(|row| row.id)
         })?;
         // Steps go in runs: a run ends before a step that depends on a step of it, so every
         // step's dependencies have ids when it is enqueued.
