@@ -5,8 +5,9 @@
 //! around rotations (old read views, the migration, time zones, a missing row, an id
 //! changed); a rotation stopped at any point ([`kills`]); callers at REPEATABLE READ racing
 //! rotations ([`read_views`]); a stalled client ([`stalls`]); when a rotation is worth its
-//! cost ([`purge`]).
+//! cost ([`purge`]); bulk enqueues that write their own entries, raced ([`bulk_races`]).
 
+mod bulk_races;
 mod kills;
 mod purge;
 mod read_views;
