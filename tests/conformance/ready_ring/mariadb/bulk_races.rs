@@ -15,6 +15,9 @@ use tenure::jobs::{self, NewJob, OnDuplicate};
 use tenure::{Backend, Error};
 
 use super::super::{NO_WAIT, TTL, assert_ring_exact, claims, spawn_rotator};
+
+/// A claimed job's id and the payload its claimer read.
+type SeenPayload = (i64, Vec<u8>);
 use crate::common::{TestDb, count};
 
 fn live_per_key(conn: &mut tenure::AnyConnection, queue: &str) -> Vec<(String, i64)> {
@@ -393,7 +396,7 @@ fn mysql_bulk_repeatable_read_bulks_racing_rotations_and_claims() {
                                 }
                             })
                             .collect();
-                        Ok(jobs::enqueue_many(c, &batch)?)
+                        jobs::enqueue_many(c, &batch)
                     });
                     match r {
                         Ok(out) => committed.lock().unwrap().extend(out.iter().map(|e| e.id)),
@@ -464,7 +467,7 @@ fn mysql_bulk_keyed_batch_folding_into_jobs_being_claimed() {
     let stop = Arc::new(AtomicBool::new(false));
     const KEYS: usize = 20;
     // id -> payload the claimer saw; the claimer never completes (jobs stay running).
-    let seen: Arc<Mutex<Vec<(i64, Vec<u8>)>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<SeenPayload>>> = Arc::default();
     let claimers: Vec<_> = (0..2)
         .map(|_| {
             let mut c = db.connect();
