@@ -112,8 +112,8 @@ static SYNTAX: Syntax = Syntax {
     claim_kind_from: "tenure_ready c FORCE INDEX (tenure_ready_claim_kind) \
                       STRAIGHT_JOIN tenure_jobs j FORCE INDEX (PRIMARY) ON j.id = c.id",
     // One statement a chunk where the trigger did a generation read and an insert a row
-    // (10,000 rows: 0.52-0.68 s with the trigger, 0.28-0.34 s passed by plus this; see
-    // BENCHMARKS.md). The generation is read in the statement, as the trigger reads it: an
+    // (10,000 rows in ten inserts: 320-375 ms through the trigger, 236-272 ms passed by plus
+    // this; BENCHMARKS.md). The generation is read in the statement, as the trigger reads it: an
     // entry in a slot a rotation has passed is moved by the next one.
     ready_entries: Some(
         "INSERT INTO tenure_ready (slot, id, queue, kind, priority, due_at, limit_key, \
