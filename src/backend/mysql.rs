@@ -99,6 +99,7 @@ static SYNTAX: Syntax = Syntax {
     // claimed even if it were not (a read of the row the join reads anyway).
     claim_waiting: " AND j.state = 'waiting'",
     claim_lock: " FOR UPDATE SKIP LOCKED",
+    claim_mark_ids: "id IN {ids}",
     claim_forget: None,
     greatest: "GREATEST",
     insertion_tiebreak: "name",

@@ -40,6 +40,7 @@ static SYNTAX: Syntax = Syntax {
     claim_from: "tenure_jobs AS c INDEXED BY tenure_jobs_claim",
     claim_waiting: " AND c.state = 'waiting'",
     claim_lock: "",
+    claim_mark_ids: "id IN {ids}",
     claim_forget: None,
     greatest: "MAX",
     insertion_tiebreak: "rowid",

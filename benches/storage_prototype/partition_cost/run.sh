@@ -7,7 +7,10 @@
 #   slot    the partitioned table, by id and `slot = $n` (the slot carried with the id);
 #   mark    claim's lock and finish's lock through the parent, both updates naming the slot's
 #           partition (what a claim record carrying the slot gives the updates alone);
-#   direct  every statement naming the slot's partition.
+#   direct  every statement naming the slot's partition;
+#   bound   the partitioned table, by id and `slot = $s`, the slot a bound parameter;
+#   cparent, cbound  parent and bound with `plan_cache_mode = force_custom_plan` (a plan per
+#           execution, so the bound slot prunes at planning, before partitions are locked).
 # Rounds alternate the variants; prints each variant's transactions/s, median of ROUNDS.
 # Usage: ./run.sh [database URL] [rounds] [seconds per run]   (creates tables `plain`,
 # `parted` and its partitions in that database; default postgres://root@127.0.0.1:5432/test)
@@ -19,6 +22,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cycle() { # name, claim lock table, finish lock table, update table, extra predicate
     cat > "$tmp/$1.sql" <<SQL
 \set id 6 * random(1, 9990)
+\set s 0
 BEGIN;
 SELECT id, state FROM $2 WHERE id IN (:id, :id+6, :id+12, :id+18)$5 FOR UPDATE SKIP LOCKED;
 UPDATE $4 SET claim_expires_at = now(), attempt = attempt + 1 WHERE id IN (:id, :id+6, :id+12, :id+18)$5 RETURNING id, queue, kind, payload;
@@ -34,11 +38,14 @@ cycle parent parted parted parted ""
 cycle slot parted parted parted " AND slot = 0"
 cycle mark parted parted parted_0 ""
 cycle direct parted_0 parted_0 parted_0 ""
-variants="plain parent slot mark direct"
-export PGOPTIONS="-c synchronous_commit=off"
+cycle bound parted parted parted " AND slot = :s"
+cp "$tmp/parent.sql" "$tmp/cparent.sql"; cp "$tmp/bound.sql" "$tmp/cbound.sql"
+variants=${VARIANTS:-plain parent slot mark direct bound cparent cbound}
 for r in $(seq 1 "$ROUNDS"); do
     for v in $variants; do
-        tps=$(pgbench -n -M prepared -c 2 -T "$SECS" -f "$tmp/$v.sql" "$URL" 2>&1 \
+        opts="-c synchronous_commit=off"
+        case $v in c*) opts="$opts -c plan_cache_mode=force_custom_plan" ;; esac
+        tps=$(PGOPTIONS="$opts" pgbench -n -M prepared -c 2 -T "$SECS" -f "$tmp/$v.sql" "$URL" 2>&1 \
             | sed -n 's/^tps = \([0-9]*\).*/\1/p')
         echo "$tps" >> "$tmp/$v.out"
     done

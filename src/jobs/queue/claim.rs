@@ -20,7 +20,8 @@ const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_
     due_at, created_at, claim_token, claimed_at, claim_expires_at, lapses";
 
 /// Claim, step 1 of 3: lock the jobs to claim, in order, skipping rows other claimers hold
-/// (SQLite: the IMMEDIATE transaction serializes claimers), at most as many as a limited
+/// (PostgreSQL: their ring entries, the mark locks the jobs; SQLite: the IMMEDIATE
+/// transaction serializes claimers), at most as many as a limited
 /// queue has room for (step 0). Nothing from a paused queue. Subqueries are plain reads: a locking
 /// clause does not lock what they read. Jobs with a key that has no room now for them (its
 /// running jobs fill the smallest cap among them or the job's own cap, or the rate it is
@@ -75,14 +76,16 @@ const CLAIM_PICK_KIND: &str = claim_pick!("{claim_kind_from}", " AND c.kind = ?"
 /// Claim, step 3: claim exactly the accepted ids (a bound list, see `backend::statement`),
 /// each with its own random token, recording the worker that claims (NULL outside a worker).
 /// The WHERE is the primary key alone, so no other index can serve it (a `state = ...`
-/// condition could be served by the stalled-claims index on MySQL, locking other rows).
+/// condition could be served by the stalled-claims index on MySQL, locking other rows). On
+/// PostgreSQL the accepted ids that still wait and no other transaction holds
+/// (`{claim_mark_ids}`): the pick locked only their entries.
 /// RETURNING where there is one; MySQL reads them back. A claim outside a worker is its run's
 /// start (its caller runs it); a worker records the starts it must (`worker::runs`).
 const CLAIM_MARK: &str = "\
     UPDATE tenure_jobs SET state = 'running', attempt = attempt + 1, \
         claim_token = {random_token}, claimed_at = {now}, claim_expires_at = {now+ttl}, \
         claimed_by = ?, started_at = CASE WHEN ? THEN {now} ELSE NULL END \
-    WHERE id IN {ids}{in_transaction}";
+    WHERE {claim_mark_ids}{in_transaction}";
 
 /// Claims up to `max_jobs` due jobs of `queue` for `ttl`, by priority, then due time, then id
 /// (fair jobs, within a priority, by their tenants' turns: [`NewJob::fair_key`](super::NewJob::fair_key)).
