@@ -41,6 +41,7 @@
 mod common;
 
 mod bulk;
+mod claim_protocol_attacks;
 mod claim_races;
 mod claims_pass_over_held_jobs;
 mod clusters;

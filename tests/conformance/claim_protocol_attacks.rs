@@ -1,0 +1,550 @@
+//! Attacks on the claim protocol (PostgreSQL: the pick locks the ready ring's entries only,
+//! the mark locks each job itself, `FOR NO KEY UPDATE SKIP LOCKED`, and claims fewer than
+//! admission admitted when another transaction holds one). Each test is an interleaving that
+//! could break a promise: one claim at a time, nothing lost, a claim takes the others when
+//! a job is held, limits and rate starts count only the jobs actually claimed, and no
+//! deadlock with cancels, folds, aging and rotations. MariaDB and SQLite keep their old
+//! pick, which must pass too.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant as Clock};
+
+use diesel::connection::SimpleConnection;
+use diesel::{Connection, QueryableByName, RunQueryDsl};
+use tenure::jobs::{self, ClaimedJob, JobClaim, NewJob, OnDuplicate, Outcome};
+use tenure::{AnyConnection, Backend};
+
+use crate::common::{TestDb, conformance, count, enqueue_id, on_servers};
+
+mod held {
+    use super::*;
+    on_servers!(
+        a_claim_of_one_takes_the_next_job_when_the_first_is_held,
+        a_claim_of_one_passes_over_a_job_a_callers_open_fold_holds,
+        a_held_job_at_the_head_of_a_capped_key_leaves_the_key_to_the_next,
+        rate_starts_are_recorded_only_for_the_jobs_claimed,
+    );
+}
+
+conformance!(claims_race_cancels_folds_aging_rotations_and_limits);
+
+const TTL: Duration = Duration::from_secs(60);
+/// A bound, never a measurement: a claim that waits for a holder waits until it lets go.
+const BLOCKED: Duration = Duration::from_secs(30);
+
+fn ids(jobs: &[ClaimedJob]) -> Vec<i64> {
+    let mut ids: Vec<i64> = jobs.iter().map(|j| j.id).collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// Runs `claim` on its own thread while `holder` keeps its transaction open; the claim must
+/// return within [`BLOCKED`]. Returns what it claimed; the holder rolls back after.
+fn claim_beside(
+    mut holder: AnyConnection,
+    mut conn: AnyConnection,
+    claim: impl FnOnce(&mut AnyConnection) -> Vec<ClaimedJob> + Send + 'static,
+) -> (AnyConnection, Vec<ClaimedJob>) {
+    let (sent, got) = mpsc::channel();
+    let claimer = std::thread::spawn(move || {
+        let claimed = claim(&mut conn);
+        sent.send(()).unwrap();
+        (conn, claimed)
+    });
+    let returned = got.recv_timeout(BLOCKED).is_ok();
+    holder.batch_execute("ROLLBACK").unwrap();
+    let out = claimer.join().unwrap();
+    assert!(returned, "the claim waited for the held job");
+    out
+}
+
+/// Three waiting jobs; another transaction locks the first in claim order. A claim of ONE
+/// must take the second (the promise: "it takes the others"), not come back empty while
+/// others wait: a worker claiming one at a time would otherwise see an empty queue for as
+/// long as the holder holds the head job.
+fn a_claim_of_one_takes_the_next_job_when_the_first_is_held(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let ids3: Vec<i64> = (0..3u8)
+        .map(|i| enqueue_id(&mut conn, NewJob::new("held1", "work", vec![i])))
+        .collect();
+    let mut holder = db.connect_raw();
+    holder.batch_execute("BEGIN").unwrap();
+    holder
+        .batch_execute(&format!(
+            "SELECT id FROM tenure_jobs WHERE id = {} FOR UPDATE",
+            ids3[0]
+        ))
+        .unwrap();
+    let (mut conn, claimed) = claim_beside(holder, conn, |c| {
+        jobs::claim(c, "held1", 1, TTL).expect("the claim succeeds")
+    });
+    assert_eq!(
+        ids(&claimed),
+        vec![ids3[1]],
+        "a claim of one took the next job nobody holds"
+    );
+    let rest = jobs::claim(&mut conn, "held1", 10, TTL).unwrap();
+    assert_eq!(ids(&rest), vec![ids3[0], ids3[2]], "nothing lost");
+}
+
+/// The same through tenure's own API: a caller's transaction folds a duplicate into the
+/// first waiting job (`OnDuplicate::Keep`: its dedup count goes up, nothing the ring lists
+/// changes) and stays open. A claim of one beside it must take the second job.
+fn a_claim_of_one_passes_over_a_job_a_callers_open_fold_holds(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let first = enqueue_id(
+        &mut conn,
+        NewJob::new("held2", "work", vec![0]).dedup_key("d0"),
+    );
+    let second = enqueue_id(
+        &mut conn,
+        NewJob::new("held2", "work", vec![1]).dedup_key("d1"),
+    );
+    let mut caller = db.connect();
+    let (folded, fold_done) = mpsc::channel();
+    let (release, released) = mpsc::channel::<()>();
+    let folder = std::thread::spawn(move || {
+        caller
+            .transaction::<_, tenure::Error, _>(|c| {
+                let again = jobs::enqueue(
+                    c,
+                    &NewJob::new("held2", "work", vec![9])
+                        .dedup_key("d0")
+                        .on_duplicate(OnDuplicate::Keep),
+                )?;
+                folded.send(again.id).unwrap();
+                released.recv_timeout(BLOCKED * 2).ok();
+                Ok(())
+            })
+            .unwrap();
+        caller
+    });
+    assert_eq!(fold_done.recv_timeout(BLOCKED).unwrap(), first, "folded");
+    let (sent, got) = mpsc::channel();
+    let claimer = std::thread::spawn(move || {
+        let claimed = jobs::claim(&mut conn, "held2", 1, TTL).expect("the claim succeeds");
+        sent.send(()).unwrap();
+        (conn, claimed)
+    });
+    let returned = got.recv_timeout(BLOCKED).is_ok();
+    release.send(()).unwrap();
+    folder.join().unwrap();
+    let (mut conn, claimed) = claimer.join().unwrap();
+    assert!(returned, "the claim waited for the caller's fold");
+    assert_eq!(
+        ids(&claimed),
+        vec![second],
+        "a claim of one took the job the caller's transaction does not hold"
+    );
+    let rest = jobs::claim(&mut conn, "held2", 10, TTL).unwrap();
+    assert_eq!(ids(&rest), vec![first], "nothing lost");
+}
+
+/// Two waiting jobs of a key capped at one; another transaction holds the first. A claim
+/// of ten must take the second: the key has room for one and only one job is claimable.
+fn a_held_job_at_the_head_of_a_capped_key_leaves_the_key_to_the_next(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let a = enqueue_id(
+        &mut conn,
+        NewJob::new("held3", "work", vec![0]).limit("k", 1),
+    );
+    let b = enqueue_id(
+        &mut conn,
+        NewJob::new("held3", "work", vec![1]).limit("k", 1),
+    );
+    let mut holder = db.connect_raw();
+    holder.batch_execute("BEGIN").unwrap();
+    holder
+        .batch_execute(&format!(
+            "SELECT id FROM tenure_jobs WHERE id = {a} FOR UPDATE"
+        ))
+        .unwrap();
+    let (mut conn, claimed) = claim_beside(holder, conn, |c| {
+        jobs::claim(c, "held3", 10, TTL).expect("the claim succeeds")
+    });
+    assert_eq!(
+        ids(&claimed),
+        vec![b],
+        "the key's room went to the job nobody holds"
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE state = 'running'"
+        ),
+        1,
+        "the cap of one holds"
+    );
+}
+
+/// A rate of two an hour over three jobs; another transaction holds the first when the
+/// first claim runs. Whatever the claim takes, the starts recorded are exactly the jobs
+/// claimed (PostgreSQL's mark may claim fewer than admission admitted: a start recorded for
+/// the held job would fill the window with a run that never began), and over both claims
+/// exactly two jobs run.
+fn rate_starts_are_recorded_only_for_the_jobs_claimed(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let per = Duration::from_secs(3600);
+    let all: Vec<i64> = (0..3u8)
+        .map(|i| {
+            enqueue_id(
+                &mut conn,
+                NewJob::new("held4", "work", vec![i]).rate_limit("r", 2, per),
+            )
+        })
+        .collect();
+    let mut holder = db.connect_raw();
+    holder.batch_execute("BEGIN").unwrap();
+    holder
+        .batch_execute(&format!(
+            "SELECT id FROM tenure_jobs WHERE id = {} FOR UPDATE",
+            all[0]
+        ))
+        .unwrap();
+    let (mut conn, first) = claim_beside(holder, conn, |c| {
+        jobs::claim(c, "held4", 10, TTL).expect("the claim succeeds")
+    });
+    let starts = |conn: &mut AnyConnection| {
+        count(
+            conn,
+            "SELECT COUNT(*) AS n FROM tenure_limit_starts WHERE limit_key = 'r'",
+        )
+    };
+    assert!(!ids(&first).contains(&all[0]), "the held job was claimed");
+    assert_eq!(
+        starts(&mut conn),
+        first.len() as i64,
+        "starts recorded for the first claim's jobs only: claimed {:?}",
+        ids(&first)
+    );
+    let second = jobs::claim(&mut conn, "held4", 10, TTL).unwrap();
+    assert_eq!(
+        starts(&mut conn),
+        (first.len() + second.len()) as i64,
+        "starts recorded for the claimed jobs only"
+    );
+    assert_eq!(
+        first.len() + second.len(),
+        2,
+        "the rate's two starts went to two runs: first {:?}, second {:?}",
+        ids(&first),
+        ids(&second)
+    );
+}
+
+#[derive(QueryableByName)]
+struct Id {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    id: i64,
+}
+
+/// Makes each PostgreSQL session flush its statistics (`pg_stat_force_next_flush` takes
+/// effect when the session next goes idle: the second statement runs after it did).
+fn flush_stats(sessions: &mut [AnyConnection]) {
+    for conn in sessions.iter_mut() {
+        conn.batch_execute("SELECT pg_stat_force_next_flush()")
+            .unwrap();
+        conn.batch_execute("SELECT 1").unwrap();
+    }
+}
+
+/// The PostgreSQL deadlocks of this test's database (the sessions' counts flushed).
+fn deadlocks(db: &TestDb, sessions: &mut [AnyConnection]) -> i64 {
+    flush_stats(sessions);
+    count(
+        &mut db.connect(),
+        "SELECT deadlocks AS n FROM pg_stat_database WHERE datname = current_database()",
+    )
+}
+
+/// One job of round `round`, number `i`: every job has a dedup key; a quarter are capped on
+/// key `k` (at [`CAP`]), a quarter rated on `r` (never full: the starts are counted), a
+/// quarter fair across three tenants, some urgent.
+fn job(round: usize, i: usize, payload: &str) -> NewJob {
+    let mut job = NewJob::new("race", "work", payload.as_bytes().to_vec())
+        .dedup_key(format!("d{round}-{i}"))
+        .priority((i % 3) as i32);
+    job = match i % 4 {
+        0 => job.limit("k", CAP as u32),
+        1 => job.rate_limit("r", 10_000, Duration::from_secs(3600)),
+        2 => job.fair_key(format!("t{}", i % 3)),
+        _ => job,
+    };
+    job
+}
+
+const CAP: i64 = 2;
+
+/// Many rounds: each enqueues 40 jobs (dedup keys, a capped key, a rate, fair tenants),
+/// then three claimers (batches of 1, 3 and 7, each job held a moment before it completes)
+/// race a canceller, a folder (`Replace` and `KeepEarlierDue`: the job's entry moves; `Keep`
+/// inside a transaction held open a moment: the job is locked, its entry untouched), the
+/// ager, ring rotations and a sampler of the capped key's running jobs. The round ends when
+/// nothing waits or runs (a waiting job whose entry was lost would never be claimed: the
+/// round would not end). Then: no job claimed twice nor after its cancel, every claimed job
+/// completes (or was asked to cancel), the cap was never passed, the rate's starts are the
+/// rated jobs claimed, the ring lists exactly the waiting jobs, and PostgreSQL counted no
+/// deadlock.
+fn claims_race_cancels_folds_aging_rotations_and_limits(backend: Backend) {
+    const ROUNDS: usize = 12;
+    const JOBS: usize = 40;
+    let db = TestDb::migrated(backend);
+    let mut setup = db.connect();
+    let claimed: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
+    let outcomes: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let max_running = Arc::new(AtomicI64::new(0));
+    let mut cancelled_waiting = 0usize;
+    let mut fold_retries = 0usize;
+    let mut sessions: Vec<AnyConnection> = Vec::new();
+    let started = Clock::now();
+    for round in 0..ROUNDS {
+        let batch: Vec<NewJob> = (0..JOBS).map(|i| job(round, i, "first")).collect();
+        let round_ids: Vec<i64> = jobs::enqueue_many(&mut setup, &batch)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.id)
+            .collect();
+        let disrupting = Arc::new(AtomicBool::new(true));
+        let give_up = Clock::now() + Duration::from_secs(60);
+        let claimers: Vec<_> = [1usize, 3, 7]
+            .into_iter()
+            .map(|size| {
+                let mut conn = db.connect();
+                let (claimed, outcomes, disrupting) =
+                    (claimed.clone(), outcomes.clone(), disrupting.clone());
+                std::thread::spawn(move || {
+                    loop {
+                        assert!(
+                            Clock::now() < give_up,
+                            "round {round}: jobs still wait or run after 60 s (lost?)"
+                        );
+                        let got = jobs::claim(&mut conn, "race", size, TTL).expect("claim");
+                        if got.is_empty() {
+                            if !disrupting.load(Ordering::SeqCst)
+                                && count(
+                                    &mut conn,
+                                    "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = 'race' \
+                                     AND state IN ('waiting', 'running')",
+                                ) == 0
+                            {
+                                return conn;
+                            }
+                            std::thread::sleep(Duration::from_millis(1));
+                            continue;
+                        }
+                        {
+                            let mut map = claimed.lock().unwrap();
+                            for j in &got {
+                                *map.entry(j.id).or_default() += 1;
+                                assert_eq!(j.attempt, 1, "job {} claimed again", j.id);
+                            }
+                        }
+                        std::thread::sleep(Duration::from_millis(2));
+                        let claims: Vec<JobClaim> = got.iter().map(|j| j.claim()).collect();
+                        let done = jobs::complete(&mut conn, &claims).expect("complete");
+                        let mut map = outcomes.lock().unwrap();
+                        for outcome in done {
+                            *map.entry(format!("{outcome:?}")).or_default() += 1;
+                        }
+                    }
+                })
+            })
+            .collect();
+        let spawn = |f: Box<dyn FnOnce(&mut AnyConnection) -> usize + Send>| {
+            let mut conn = db.connect();
+            std::thread::spawn(move || {
+                let n = f(&mut conn);
+                (conn, n)
+            })
+        };
+        let to_cancel: Vec<i64> = round_ids.iter().copied().step_by(5).collect();
+        let canceller = spawn(Box::new(move |c| {
+            let mut n = 0;
+            for id in to_cancel {
+                let before = count(
+                    c,
+                    &format!("SELECT COUNT(*) AS n FROM tenure_jobs WHERE id = {id}"),
+                );
+                assert_eq!(before, 1);
+                if jobs::cancel(c, id).expect("cancel") {
+                    n += 1;
+                }
+            }
+            n
+        }));
+        let folder = spawn(Box::new(move |c| {
+            for i in (0..JOBS).step_by(3) {
+                let mode = if i % 2 == 0 {
+                    OnDuplicate::Replace
+                } else {
+                    OnDuplicate::KeepEarlierDue
+                };
+                jobs::enqueue(c, &job(round, i, "replaced").on_duplicate(mode)).expect("fold");
+            }
+            0
+        }));
+        let open_folder = spawn(Box::new(move |c| {
+            // A caller's transaction is the caller's to repeat (MariaDB may pick it as a
+            // deadlock's victim): the retries are counted.
+            let mut retried = 0;
+            for i in (1..JOBS).step_by(4) {
+                loop {
+                    match c.transaction::<_, tenure::Error, _>(|c| {
+                        jobs::enqueue(c, &job(round, i, "kept").on_duplicate(OnDuplicate::Keep))?;
+                        std::thread::sleep(Duration::from_millis(3));
+                        Ok(())
+                    }) {
+                        Ok(()) => break,
+                        Err(e) if e.is_retryable() => retried += 1,
+                        Err(e) => panic!("fold in a transaction: {e:?}"),
+                    }
+                }
+            }
+            retried
+        }));
+        let ager = spawn(Box::new(|c| {
+            let mut aged = 0;
+            for _ in 0..20 {
+                aged += jobs::age_priorities(c, "race", Duration::from_millis(1), 5).expect("age");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            aged
+        }));
+        let rotator = spawn(Box::new(|c| {
+            let mut moved = 0;
+            for _ in 0..20 {
+                moved += jobs::rotate_ready(c, Duration::ZERO)
+                    .expect("rotate")
+                    .unwrap_or(0) as usize;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            moved
+        }));
+        let sampling = disrupting.clone();
+        let max = max_running.clone();
+        let sampler = spawn(Box::new(move |c| {
+            let mut samples = 0;
+            while sampling.load(Ordering::SeqCst) {
+                let running = count(
+                    c,
+                    "SELECT COUNT(*) AS n FROM tenure_jobs WHERE limit_key = 'k' \
+                     AND state = 'running'",
+                );
+                max.fetch_max(running, Ordering::SeqCst);
+                samples += 1;
+            }
+            samples
+        }));
+        for (name, t) in [
+            ("canceller", canceller),
+            ("folder", folder),
+            ("open folder", open_folder),
+            ("ager", ager),
+            ("rotator", rotator),
+        ] {
+            let (conn, n) = t.join().unwrap_or_else(|_| panic!("the {name} panicked"));
+            match name {
+                "canceller" => cancelled_waiting += n,
+                "open folder" => fold_retries += n,
+                _ => {}
+            }
+            sessions.push(conn);
+        }
+        disrupting.store(false, Ordering::SeqCst);
+        sessions.push(sampler.join().unwrap().0);
+        for t in claimers {
+            sessions.push(t.join().expect("a claimer panicked"));
+        }
+        // Each session's deadlock count flushed, then the session closed (a round's nine
+        // sessions kept open would reach the server's connection limit).
+        if backend == Backend::Postgres {
+            flush_stats(&mut sessions);
+        }
+        sessions.clear();
+        assert_eq!(
+            count(
+                &mut setup,
+                "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = 'race' \
+                 AND state NOT IN ('completed', 'cancelled')"
+            ),
+            0,
+            "round {round}: every job finished"
+        );
+        if backend != Backend::Sqlite {
+            assert_eq!(
+                count(&mut setup, "SELECT COUNT(*) AS n FROM tenure_ready"),
+                0,
+                "round {round}: the ring lists no job that does not wait"
+            );
+        }
+    }
+    let claimed = claimed.lock().unwrap();
+    let twice: Vec<_> = claimed.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "jobs claimed more than once: {twice:?}");
+    let cancelled_unclaimed: HashSet<i64> = diesel::sql_query(
+        "SELECT id FROM tenure_jobs WHERE state = 'cancelled' AND cancel_requested_at IS NULL",
+    )
+    .load::<Id>(&mut setup)
+    .unwrap()
+    .into_iter()
+    .map(|r| r.id)
+    .collect();
+    let both: Vec<_> = cancelled_unclaimed
+        .iter()
+        .filter(|id| claimed.contains_key(id))
+        .collect();
+    assert!(
+        both.is_empty(),
+        "jobs cancelled while waiting and claimed: {both:?}"
+    );
+    assert_eq!(
+        count(
+            &mut setup,
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE claimed_at IS NOT NULL"
+        ),
+        claimed.len() as i64,
+        "every job marked running was handed to its claimer"
+    );
+    let outcomes = outcomes.lock().unwrap();
+    assert!(
+        outcomes
+            .keys()
+            .all(|outcome| outcome == &format!("{:?}", Outcome::Done)
+                || outcome == &format!("{:?}", Outcome::Cancelled)),
+        "completions: {outcomes:?}"
+    );
+    let max_running = max_running.load(Ordering::SeqCst);
+    assert!(max_running <= CAP, "{max_running} capped jobs ran at once");
+    let rated_claimed = count(
+        &mut setup,
+        "SELECT COUNT(*) AS n FROM tenure_jobs j JOIN tenure_job_limits l ON l.job_id = j.id \
+         WHERE l.limit_key = 'r' AND j.claimed_at IS NOT NULL",
+    );
+    assert_eq!(
+        count(
+            &mut setup,
+            "SELECT COUNT(*) AS n FROM tenure_limit_starts WHERE limit_key = 'r'"
+        ),
+        rated_claimed,
+        "the rate's starts are the rated jobs claimed"
+    );
+    let deadlocked = if backend == Backend::Postgres {
+        deadlocks(&db, &mut sessions)
+    } else {
+        0
+    };
+    println!(
+        "{backend}: {ROUNDS} rounds x {JOBS} jobs: {} claimed once each, {cancelled_waiting} \
+         cancels, {fold_retries} caller folds repeated, completions {outcomes:?}, capped running at most {max_running}, \
+         {rated_claimed} rated starts, {deadlocked} deadlocks, {:?}",
+        claimed.len(),
+        started.elapsed()
+    );
+    assert_eq!(deadlocked, 0, "PostgreSQL detected deadlocks");
+}
