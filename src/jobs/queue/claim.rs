@@ -258,91 +258,135 @@ fn claim_of<C: TenureConnection>(
                     };
                     let mut held = BTreeSet::new();
                     admission::lock_first(c, &first_keys, &mut held)?;
-                    let mut limit = max_jobs;
-                    let mut candidates = pick(c, limit)?;
-                    let mut admission =
-                        admission::admit(c, queue, queue_room, &candidates, max_jobs, &mut held)?;
-                    // The pick's filter reads the keys before their locks (and a key's hint names
-                    // one full rate): candidates admission refused may fill a full pick while
-                    // admissible jobs wait behind them. Then the pick is made once more, four times
-                    // as large (up to MAX_BATCH; this transaction holds the refused rows' locks, so
-                    // SKIP LOCKED returns them again), and admission decides over it all. Once: a
-                    // key full for all its jobs (a rate's window) must not make every claim read
-                    // deep into them. The same statement with a larger LIMIT (a keyset "past the
-                    // last candidate" cost PostgreSQL a plan that read every waiting row). Never
-                    // for a queue whose candidates are all admitted (no limits): no cost there.
-                    // Again (four times larger each time, up to MAX_BATCH) while candidates were
-                    // refused only because another claimer held their key, which this transaction
-                    // could not wait for in key order (`admission::admit`).
-                    let mut widened = false;
-                    while (admission.ids.len() as i64) < max_jobs
-                        && candidates.len() as i64 >= limit
-                        && limit < MAX_BATCH as i64
-                        && (!widened || !admission.busy_keys.is_empty())
-                    {
-                        widened = true;
-                        limit = (limit * 4).min(MAX_BATCH as i64);
-                        candidates = pick(c, limit)?;
-                        admission =
-                            admission::admit(c, queue, queue_room, &candidates, max_jobs, &mut held)?;
-                    }
-                    if admission.ids.is_empty() {
-                        if first_keys.is_empty() && !admission.busy_keys.is_empty() {
-                            // Ends this transaction (it wrote nothing), releasing its keys.
-                            return Ok((Vec::new(), None, admission.busy_keys, HashMap::new()));
-                        }
-                        // Rates whose windows filled meanwhile still get their hints.
-                        let throttled_for = admission::record_starts(c, &admission, &[])?;
-                        return Ok((Vec::new(), throttled_for, BTreeSet::new(), HashMap::new()));
-                    }
-                    let ids = admission.ids.clone();
-                    let order: HashMap<i64, usize> =
-                        ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
-                    let mark = syntax.render(CLAIM_MARK);
-                    let rows = if syntax.returning {
-                        let marked = format!("{mark} RETURNING {CLAIMED_COLUMNS}");
-                        let sql = match syntax.claim_forget {
-                            Some(forget) => forget.replace("{marked}", &marked),
-                            None => marked,
-                        };
-                        statement(sql)
-                            .bind::<BigInt, _>(micros)
-                            .bind::<Nullable<BigInt>, _>(worker)
-                            .bind::<Bool, _>(worker.is_none())
-                            .bind_ids(ids)
-                            .load::<JobRow>(c)?
-                    } else {
-                        // The mark and its read count only while this transaction
-                        // lives (`{in_transaction}`): Galera may roll it back between two
-                        // statements (a conflict with another node's claim), and a mark
-                        // run on its own committed a claim nobody held (a job running
-                        // under an unknown token); a read on its own returned the rows
-                        // as they are, waiting or another claim's.
-                        let marked = statement(mark)
-                            .bind::<BigInt, _>(micros)
-                            .bind::<Nullable<BigInt>, _>(worker)
-                            .bind::<Bool, _>(worker.is_none())
-                            .bind_ids(ids.iter().copied())
-                            .execute(c)?;
-                        if marked != ids.len() {
-                            return Err(Error::RolledBackUnderUs { operation: "claim" });
-                        }
-                        let read = statement(format!(
-                            "SELECT {CLAIMED_COLUMNS} FROM tenure_jobs WHERE id IN {{ids}} \
-                             AND @@in_transaction = 1"
-                        ))
-                        .bind_ids(ids.iter().copied())
-                        .load::<JobRow>(c)?;
-                        if read.len() != ids.len() {
-                            return Err(Error::RolledBackUnderUs { operation: "claim" });
-                        }
-                        read
+                    // Jobs the mark passed over (PostgreSQL: another transaction holds the job,
+                    // `{claim_mark_ids}`). Their entries stay locked by this claim, so a pick
+                    // returns them again: it reads past them and leaves them out.
+                    let mut passed: BTreeSet<i64> = BTreeSet::new();
+                    // The first `limit` due jobs in claim order not passed over, and whether
+                    // the pick was full (more may wait behind it).
+                    let pick_past = |c: &mut _, limit: i64, passed: &BTreeSet<i64>| {
+                        let past = limit + passed.len() as i64;
+                        let mut candidates = pick(c, past)?;
+                        let full = candidates.len() as i64 >= past;
+                        candidates.retain(|candidate| !passed.contains(&candidate.id));
+                        Ok::<_, Error>((candidates, full))
                     };
-                    let starts: Vec<_> = rows
-                        .iter()
-                        .filter_map(|row| row.claimed_at.map(|at| (row.id, at)))
-                        .collect();
-                    let throttled_for = admission::record_starts(c, &admission, &starts)?;
+                    let mut rows: Vec<JobRow> = Vec::new();
+                    let mut order: HashMap<i64, usize> = HashMap::new();
+                    let mut throttled_for: Option<Duration> = None;
+                    // A claim whose mark passed jobs over picks again for the room they leave
+                    // (a claim of one must not come back empty while the job ahead is held and
+                    // others wait), at most eight rounds: a claim comes back short only when
+                    // the jobs it reaches are held eight times over. Elsewhere the pick locked
+                    // the jobs, the mark passes none over, and there is one round.
+                    for _round in 0..8 {
+                        let wanted = max_jobs - rows.len() as i64;
+                        let room = queue_room.map(|room| room - rows.len() as i64);
+                        let mut limit = wanted;
+                        let (mut candidates, mut full) = pick_past(c, limit, &passed)?;
+                        let mut admission =
+                            admission::admit(c, queue, room, &candidates, wanted, &mut held)?;
+                        // The pick's filter reads the keys before their locks (and a key's hint
+                        // names one full rate): candidates admission refused may fill a full pick
+                        // while admissible jobs wait behind them. Then the pick is made once more,
+                        // four times as large (up to MAX_BATCH; this transaction holds the refused
+                        // rows' locks, so SKIP LOCKED returns them again), and admission decides
+                        // over it all. Once: a key full for all its jobs (a rate's window) must
+                        // not make every claim read deep into them. The same statement with a
+                        // larger LIMIT (a keyset "past the last candidate" cost PostgreSQL a plan
+                        // that read every waiting row). Never for a queue whose candidates are all
+                        // admitted (no limits): no cost there. Again (four times larger each time,
+                        // up to MAX_BATCH) while candidates were refused only because another
+                        // claimer held their key, which this transaction could not wait for in
+                        // key order (`admission::admit`).
+                        let mut widened = false;
+                        while (admission.ids.len() as i64) < wanted
+                            && full
+                            && limit < MAX_BATCH as i64
+                            && (!widened || !admission.busy_keys.is_empty())
+                        {
+                            widened = true;
+                            limit = (limit * 4).min(MAX_BATCH as i64);
+                            (candidates, full) = pick_past(c, limit, &passed)?;
+                            admission =
+                                admission::admit(c, queue, room, &candidates, wanted, &mut held)?;
+                        }
+                        if admission.ids.is_empty() {
+                            if !rows.is_empty() {
+                                break;
+                            }
+                            if first_keys.is_empty() && !admission.busy_keys.is_empty() {
+                                // Ends this transaction (it wrote nothing), releasing its keys.
+                                return Ok((Vec::new(), None, admission.busy_keys, HashMap::new()));
+                            }
+                            // Rates whose windows filled meanwhile still get their hints.
+                            let throttled_for = admission::record_starts(c, &admission, &[])?;
+                            return Ok((Vec::new(), throttled_for, BTreeSet::new(), HashMap::new()));
+                        }
+                        let ids = admission.ids.clone();
+                        // Candidates admission refused may fit in the room a passed-over job
+                        // leaves (a key's cap), as may jobs behind a full pick.
+                        let more = full || candidates.len() > ids.len();
+                        for id in &ids {
+                            order.insert(*id, order.len());
+                        }
+                        let mark = syntax.render(CLAIM_MARK);
+                        let marked = if syntax.returning {
+                            let marked = format!("{mark} RETURNING {CLAIMED_COLUMNS}");
+                            let sql = match syntax.claim_forget {
+                                Some(forget) => forget.replace("{marked}", &marked),
+                                None => marked,
+                            };
+                            statement(sql)
+                                .bind::<BigInt, _>(micros)
+                                .bind::<Nullable<BigInt>, _>(worker)
+                                .bind::<Bool, _>(worker.is_none())
+                                .bind_ids(ids.iter().copied())
+                                .load::<JobRow>(c)?
+                        } else {
+                            // The mark and its read count only while this transaction
+                            // lives (`{in_transaction}`): Galera may roll it back between two
+                            // statements (a conflict with another node's claim), and a mark
+                            // run on its own committed a claim nobody held (a job running
+                            // under an unknown token); a read on its own returned the rows
+                            // as they are, waiting or another claim's.
+                            let marked = statement(mark)
+                                .bind::<BigInt, _>(micros)
+                                .bind::<Nullable<BigInt>, _>(worker)
+                                .bind::<Bool, _>(worker.is_none())
+                                .bind_ids(ids.iter().copied())
+                                .execute(c)?;
+                            if marked != ids.len() {
+                                return Err(Error::RolledBackUnderUs { operation: "claim" });
+                            }
+                            let read = statement(format!(
+                                "SELECT {CLAIMED_COLUMNS} FROM tenure_jobs WHERE id IN {{ids}} \
+                                 AND @@in_transaction = 1"
+                            ))
+                            .bind_ids(ids.iter().copied())
+                            .load::<JobRow>(c)?;
+                            if read.len() != ids.len() {
+                                return Err(Error::RolledBackUnderUs { operation: "claim" });
+                            }
+                            read
+                        };
+                        // Each round's starts before the next round's admission reads them.
+                        let starts: Vec<_> = marked
+                            .iter()
+                            .filter_map(|row| row.claimed_at.map(|at| (row.id, at)))
+                            .collect();
+                        if let Some(until) = admission::record_starts(c, &admission, &starts)? {
+                            throttled_for = Some(throttled_for.map_or(until, |t| t.min(until)));
+                        }
+                        let taken: BTreeSet<i64> = marked.iter().map(|row| row.id).collect();
+                        rows.extend(marked);
+                        let skipped: Vec<i64> =
+                            ids.into_iter().filter(|id| !taken.contains(id)).collect();
+                        if skipped.is_empty() || rows.len() as i64 >= max_jobs || !more {
+                            break;
+                        }
+                        passed.extend(skipped);
+                    }
                     Ok((rows, throttled_for, BTreeSet::new(), order))
                 })
             })
