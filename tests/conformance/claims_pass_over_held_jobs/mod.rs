@@ -4,7 +4,8 @@
 //! the jobs (`Syntax::claim_mark_ids`): a mark that waited would wait for the holder, and a
 //! holder that itself waits for the claim's entry (a cancel, through the ring's trigger)
 //! would deadlock with it. The servers only: on SQLite a claim's IMMEDIATE transaction waits
-//! for any other writer by design.
+//! for any other writer by design. `next_jobs`: what such a claim takes instead; `races`:
+//! claims racing every writer of a waiting job, on every backend.
 
 use std::sync::mpsc;
 use std::time::Duration;
@@ -16,6 +17,9 @@ use tenure::jobs::{self, JobState, NewJob};
 use tenure::{AnyConnection, Backend};
 
 use crate::common::{TestDb, count, enqueue_id, job_state, on_servers, wait_until};
+
+mod next_jobs;
+mod races;
 
 on_servers!(
     a_claim_passes_over_a_job_another_transaction_holds,
@@ -68,15 +72,20 @@ fn waits_for_a_lock(conn: &mut AnyConnection, backend: Backend, session: i64) ->
     }
 }
 
-/// PostgreSQL's count of deadlocks detected in this test's database, after each of
-/// `sessions` has flushed its statistics (`pg_stat_force_next_flush` takes effect when the
-/// session next goes idle: the second statement runs after it did).
-fn deadlocks(db: &TestDb, sessions: &mut [&mut AnyConnection]) -> i64 {
+/// Makes each PostgreSQL session flush its statistics (`pg_stat_force_next_flush` takes
+/// effect when the session next goes idle: the second statement runs after it did).
+fn flush_stats(sessions: &mut [AnyConnection]) {
     for conn in sessions.iter_mut() {
         conn.batch_execute("SELECT pg_stat_force_next_flush()")
             .unwrap();
         conn.batch_execute("SELECT 1").unwrap();
     }
+}
+
+/// PostgreSQL's count of deadlocks detected in this test's database, each of `sessions`'
+/// statistics flushed first.
+fn deadlocks(db: &TestDb, sessions: &mut [AnyConnection]) -> i64 {
+    flush_stats(sessions);
     count(
         &mut db.connect(),
         "SELECT deadlocks AS n FROM pg_stat_database WHERE datname = current_database()",
@@ -178,8 +187,8 @@ fn a_cancel_waiting_for_a_claims_entry_is_neither_deadlocked_nor_overtaken(backe
         waits_for_a_lock(&mut watcher, backend, cancel_session).then_some(())
     });
     key_holder.batch_execute("COMMIT").unwrap();
-    let (mut conn, claimed) = claimer.join().unwrap();
-    let (mut canceller_conn, cancelled) = canceller.join().unwrap();
+    let (conn, claimed) = claimer.join().unwrap();
+    let (canceller_conn, cancelled) = canceller.join().unwrap();
     let claimed: Vec<i64> = claimed
         .expect("the claim succeeds")
         .iter()
@@ -193,7 +202,7 @@ fn a_cancel_waiting_for_a_claims_entry_is_neither_deadlocked_nor_overtaken(backe
             assert!(cancelled, "the cancel took the waiting job");
             assert_eq!(state, JobState::Cancelled);
             assert_eq!(
-                deadlocks(&db, &mut [&mut conn, &mut canceller_conn]),
+                deadlocks(&db, &mut [conn, canceller_conn]),
                 0,
                 "the claim and the cancel deadlocked"
             );
