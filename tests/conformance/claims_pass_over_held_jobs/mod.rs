@@ -13,7 +13,7 @@ use std::time::Duration;
 use diesel::connection::SimpleConnection;
 use diesel::sql_types::Text;
 use diesel::{QueryableByName, RunQueryDsl};
-use tenure::jobs::{self, JobState, NewJob};
+use tenure::jobs::{self, ClaimedJob, JobState, NewJob};
 use tenure::{AnyConnection, Backend};
 
 use crate::common::{TestDb, count, enqueue_id, job_state, on_servers, wait_until};
@@ -30,6 +30,48 @@ const TTL: Duration = Duration::from_secs(60);
 /// How long a claim may take on a loaded machine before the test calls it blocked: a bound,
 /// never a measurement (a claim that waits for the holder waits until it lets go).
 const BLOCKED: Duration = Duration::from_secs(30);
+
+/// The claimed jobs' ids, sorted.
+fn ids(jobs: &[ClaimedJob]) -> Vec<i64> {
+    let mut ids: Vec<i64> = jobs.iter().map(|j| j.id).collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// A transaction, on a connection of its own, that holds job `id`'s row lock until it ends.
+fn hold(db: &TestDb, id: i64) -> AnyConnection {
+    let mut holder = db.connect_raw();
+    holder.batch_execute("BEGIN").unwrap();
+    holder
+        .batch_execute(&format!(
+            "SELECT id FROM tenure_jobs WHERE id = {id} FOR UPDATE"
+        ))
+        .unwrap();
+    holder
+}
+
+/// Runs `claim` on its own thread while `holder` keeps its transaction open; the claim must
+/// return within [`BLOCKED`]. Returns what it claimed; the holder rolls back after.
+fn claim_beside(
+    mut holder: AnyConnection,
+    mut conn: AnyConnection,
+    claim: impl FnOnce(&mut AnyConnection) -> Vec<ClaimedJob> + Send + 'static,
+) -> (AnyConnection, Vec<ClaimedJob>) {
+    let (sent, got) = mpsc::channel();
+    let claimer = std::thread::spawn(move || {
+        let claimed = claim(&mut conn);
+        sent.send(()).unwrap();
+        (conn, claimed)
+    });
+    let returned = got.recv_timeout(BLOCKED).is_ok();
+    holder.batch_execute("ROLLBACK").unwrap();
+    let out = claimer.join().unwrap();
+    assert!(
+        returned,
+        "the claim waited for the job another transaction held"
+    );
+    out
+}
 
 /// This connection's server session (PostgreSQL's backend pid, MariaDB's connection id).
 fn session_of(conn: &mut AnyConnection, backend: Backend) -> i64 {
@@ -98,44 +140,25 @@ fn deadlocks(db: &TestDb, sessions: &mut [AnyConnection]) -> i64 {
 fn a_claim_passes_over_a_job_another_transaction_holds(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
-    let ids: Vec<i64> = (0..3u8)
+    let waiting: Vec<i64> = (0..3u8)
         .map(|i| enqueue_id(&mut conn, NewJob::new("held", "work", vec![i])))
         .collect();
-    let mut holder = db.connect_raw();
-    holder.batch_execute("BEGIN").unwrap();
-    holder
-        .batch_execute(&format!(
-            "SELECT id FROM tenure_jobs WHERE id = {} FOR UPDATE",
-            ids[0]
-        ))
-        .unwrap();
-    let (sent, claimed) = mpsc::channel();
-    let claimer = std::thread::spawn(move || {
-        let got = jobs::claim(&mut conn, "held", 10, TTL);
-        sent.send(()).unwrap();
-        (conn, got)
+    let holder = hold(&db, waiting[0]);
+    let (mut conn, got) = claim_beside(holder, conn, |c| {
+        jobs::claim(c, "held", 10, TTL).expect("the claim succeeds")
     });
-    let returned = claimed.recv_timeout(BLOCKED).is_ok();
-    holder.batch_execute("ROLLBACK").unwrap();
-    let (mut conn, got) = claimer.join().unwrap();
-    assert!(
-        returned,
-        "the claim waited for the job another transaction held"
-    );
-    let mut got: Vec<i64> = got.unwrap().iter().map(|j| j.id).collect();
-    got.sort_unstable();
     assert_eq!(
-        got,
-        ids[1..].to_vec(),
+        ids(&got),
+        waiting[1..].to_vec(),
         "the claim takes the jobs nobody holds"
     );
-    assert_eq!(job_state(&mut conn, ids[0]), JobState::Waiting);
-    let after: Vec<i64> = jobs::claim(&mut conn, "held", 10, TTL)
-        .unwrap()
-        .iter()
-        .map(|j| j.id)
-        .collect();
-    assert_eq!(after, vec![ids[0]], "the held job is claimed once let go");
+    assert_eq!(job_state(&mut conn, waiting[0]), JobState::Waiting);
+    let after = jobs::claim(&mut conn, "held", 10, TTL).unwrap();
+    assert_eq!(
+        ids(&after),
+        vec![waiting[0]],
+        "the held job is claimed once let go"
+    );
 }
 
 /// The interleaving that deadlocks a mark that waits: a claim has picked (and holds) a

@@ -9,10 +9,10 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use diesel::Connection;
-use diesel::connection::SimpleConnection;
-use tenure::jobs::{self, ClaimedJob, NewJob, OnDuplicate};
+use tenure::jobs::{self, NewJob, OnDuplicate};
 use tenure::{AnyConnection, Backend};
 
+use super::{BLOCKED, TTL, claim_beside, hold, ids};
 use crate::common::{TestDb, count, enqueue_id, on_servers};
 
 on_servers!(
@@ -21,36 +21,6 @@ on_servers!(
     a_held_job_at_the_head_of_a_capped_key_leaves_the_key_to_the_next,
     rate_starts_are_recorded_only_for_the_jobs_claimed,
 );
-
-const TTL: Duration = Duration::from_secs(60);
-/// A bound, never a measurement: a claim that waits for a holder waits until it lets go.
-const BLOCKED: Duration = Duration::from_secs(30);
-
-fn ids(jobs: &[ClaimedJob]) -> Vec<i64> {
-    let mut ids: Vec<i64> = jobs.iter().map(|j| j.id).collect();
-    ids.sort_unstable();
-    ids
-}
-
-/// Runs `claim` on its own thread while `holder` keeps its transaction open; the claim must
-/// return within [`BLOCKED`]. Returns what it claimed; the holder rolls back after.
-fn claim_beside(
-    mut holder: AnyConnection,
-    mut conn: AnyConnection,
-    claim: impl FnOnce(&mut AnyConnection) -> Vec<ClaimedJob> + Send + 'static,
-) -> (AnyConnection, Vec<ClaimedJob>) {
-    let (sent, got) = mpsc::channel();
-    let claimer = std::thread::spawn(move || {
-        let claimed = claim(&mut conn);
-        sent.send(()).unwrap();
-        (conn, claimed)
-    });
-    let returned = got.recv_timeout(BLOCKED).is_ok();
-    holder.batch_execute("ROLLBACK").unwrap();
-    let out = claimer.join().unwrap();
-    assert!(returned, "the claim waited for the held job");
-    out
-}
 
 /// Three waiting jobs; another transaction locks the first in claim order. A claim of ONE
 /// must take the second (the promise: "it takes the others"), not come back empty while
@@ -62,14 +32,7 @@ fn a_claim_of_one_takes_the_next_job_when_the_first_is_held(backend: Backend) {
     let ids3: Vec<i64> = (0..3u8)
         .map(|i| enqueue_id(&mut conn, NewJob::new("held1", "work", vec![i])))
         .collect();
-    let mut holder = db.connect_raw();
-    holder.batch_execute("BEGIN").unwrap();
-    holder
-        .batch_execute(&format!(
-            "SELECT id FROM tenure_jobs WHERE id = {} FOR UPDATE",
-            ids3[0]
-        ))
-        .unwrap();
+    let holder = hold(&db, ids3[0]);
     let (mut conn, claimed) = claim_beside(holder, conn, |c| {
         jobs::claim(c, "held1", 1, TTL).expect("the claim succeeds")
     });
@@ -149,13 +112,7 @@ fn a_held_job_at_the_head_of_a_capped_key_leaves_the_key_to_the_next(backend: Ba
         &mut conn,
         NewJob::new("held3", "work", vec![1]).limit("k", 1),
     );
-    let mut holder = db.connect_raw();
-    holder.batch_execute("BEGIN").unwrap();
-    holder
-        .batch_execute(&format!(
-            "SELECT id FROM tenure_jobs WHERE id = {a} FOR UPDATE"
-        ))
-        .unwrap();
+    let holder = hold(&db, a);
     let (mut conn, claimed) = claim_beside(holder, conn, |c| {
         jobs::claim(c, "held3", 10, TTL).expect("the claim succeeds")
     });
@@ -191,14 +148,7 @@ fn rate_starts_are_recorded_only_for_the_jobs_claimed(backend: Backend) {
             )
         })
         .collect();
-    let mut holder = db.connect_raw();
-    holder.batch_execute("BEGIN").unwrap();
-    holder
-        .batch_execute(&format!(
-            "SELECT id FROM tenure_jobs WHERE id = {} FOR UPDATE",
-            all[0]
-        ))
-        .unwrap();
+    let holder = hold(&db, all[0]);
     let (mut conn, first) = claim_beside(holder, conn, |c| {
         jobs::claim(c, "held4", 10, TTL).expect("the claim succeeds")
     });
