@@ -7,7 +7,7 @@ use std::time::Duration;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Bool, Nullable, Text};
 
-use super::model::{Candidate, JobRow};
+use super::model::{Candidate, ClaimOrder, JobRow};
 use super::{ClaimedJob, MAX_BATCH, MAX_KINDS, check_count};
 use crate::backend::statement::statement;
 use crate::backend::transaction::{bare_write_transaction, retry_transient};
@@ -212,7 +212,7 @@ fn claim_of<C: TenureConnection>(
             Vec<JobRow>,
             Option<Duration>,
             BTreeSet<String>,
-            HashMap<i64, usize>,
+            HashMap<i64, ClaimOrder>,
         ) = retry_transient(|| {
             dispatch!(conn, c => {
                 bare_write_transaction(c, "claiming jobs", |c| {
@@ -250,7 +250,7 @@ fn claim_of<C: TenureConnection>(
                                             .load::<Candidate>(c)?,
                                     );
                                 }
-                                candidates.sort_by_key(|c| (c.priority, c.fair_stamp, c.due_at, c.id));
+                                candidates.sort_by_key(Candidate::claim_order);
                                 candidates.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
                                 candidates
                             }
@@ -272,7 +272,7 @@ fn claim_of<C: TenureConnection>(
                         Ok::<_, Error>((candidates, full))
                     };
                     let mut rows: Vec<JobRow> = Vec::new();
-                    let mut order: HashMap<i64, usize> = HashMap::new();
+                    let mut order: HashMap<i64, ClaimOrder> = HashMap::new();
                     let mut throttled_for: Option<Duration> = None;
                     // A claim whose mark passed jobs over picks again for the room they leave
                     // (a claim of one must not come back empty while the job ahead is held and
@@ -327,8 +327,8 @@ fn claim_of<C: TenureConnection>(
                         // Candidates admission refused may fit in the room a passed-over job
                         // leaves (a key's cap), as may jobs behind a full pick.
                         let more = full || candidates.len() > ids.len();
-                        for id in &ids {
-                            order.insert(*id, order.len());
+                        for candidate in &candidates {
+                            order.insert(candidate.id, candidate.claim_order());
                         }
                         let mark = syntax.render(CLAIM_MARK);
                         let marked = if syntax.returning {
@@ -400,7 +400,8 @@ fn claim_of<C: TenureConnection>(
         .into_iter()
         .map(ClaimedJob::from_row)
         .collect::<Result<Vec<_>>>()?;
-    // The order the claim took them in (RETURNING has none): the pick's.
-    claimed.sort_by_key(|job| order.get(&job.id).copied().unwrap_or(usize::MAX));
+    // Claim order (RETURNING has none), by the picks' keys: a later round's job may come
+    // before an earlier round's (one a key's room refused until a held job was passed over).
+    claimed.sort_by_key(|job| order.get(&job.id).copied());
     Ok((claimed, throttled_for))
 }

@@ -413,6 +413,16 @@ pub(crate) struct Candidate {
     pub limit_key: Option<String>,
 }
 
+/// Where a job stands in claim order: priority, fair stamp, due time, id (the pick's ORDER BY).
+pub(crate) type ClaimOrder = (i32, i64, DateTime<Utc>, i64);
+
+impl Candidate {
+    /// This candidate's place in claim order.
+    pub(crate) fn claim_order(&self) -> ClaimOrder {
+        (self.priority, self.fair_stamp, self.due_at, self.id)
+    }
+}
+
 #[derive(QueryableByName)]
 pub(crate) struct InsertedRow {
     #[diesel(sql_type = BigInt)]

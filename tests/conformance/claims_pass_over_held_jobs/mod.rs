@@ -18,6 +18,7 @@ use tenure::{AnyConnection, Backend};
 
 use crate::common::{TestDb, count, enqueue_id, job_state, on_servers, wait_until};
 
+mod limit_races;
 mod limits;
 mod next_jobs;
 mod races;
