@@ -15,7 +15,7 @@ use tenure::jobs::{self, JobClaim, NewJob};
 use tenure::{AnyConnection, Backend};
 
 use super::limits::{Id, key_state};
-use super::{TTL, deadlocks, flush_stats};
+use super::{TTL, deadlocks, end_round};
 use crate::common::{TestDb, count, on_servers};
 
 on_servers!(held_jobs_cancels_and_claimers_race_within_every_limit);
@@ -205,18 +205,12 @@ fn held_jobs_cancels_and_claimers_race_within_every_limit(backend: Backend) {
         for t in claimers {
             sessions.push(t.join().expect("a claimer panicked"));
         }
-        if backend == Backend::Postgres {
-            flush_stats(&mut sessions);
-        }
-        sessions.clear();
-        assert_eq!(
-            count(
-                &mut setup,
-                "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = 'lr' \
-                 AND state NOT IN ('completed', 'cancelled')"
-            ),
-            0,
-            "round {round}: every job finished"
+        end_round(
+            backend,
+            &mut setup,
+            std::mem::take(&mut sessions),
+            "lr",
+            round,
         );
     }
     let claimed = claimed.lock().unwrap();

@@ -126,6 +126,33 @@ fn flush_stats(sessions: &mut [AnyConnection]) {
     }
 }
 
+/// Ends a race's round: each of its `sessions` flushes its deadlock count (PostgreSQL) and
+/// closes (a round's sessions kept open would reach the server's connection limit); then
+/// every job of `queue` has finished.
+fn end_round(
+    backend: Backend,
+    setup: &mut AnyConnection,
+    mut sessions: Vec<AnyConnection>,
+    queue: &str,
+    round: usize,
+) {
+    if backend == Backend::Postgres {
+        flush_stats(&mut sessions);
+    }
+    drop(sessions);
+    assert_eq!(
+        count(
+            setup,
+            &format!(
+                "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = '{queue}' \
+                 AND state NOT IN ('completed', 'cancelled')"
+            )
+        ),
+        0,
+        "round {round}: every job finished"
+    );
+}
+
 /// PostgreSQL's count of deadlocks detected in this test's database, each of `sessions`'
 /// statistics flushed first.
 fn deadlocks(db: &TestDb, sessions: &mut [AnyConnection]) -> i64 {

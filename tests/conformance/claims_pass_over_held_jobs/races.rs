@@ -11,7 +11,7 @@ use diesel::{Connection, QueryableByName, RunQueryDsl};
 use tenure::jobs::{self, JobClaim, NewJob, OnDuplicate, Outcome};
 use tenure::{AnyConnection, Backend};
 
-use super::{deadlocks, flush_stats};
+use super::{deadlocks, end_round};
 use crate::common::{TestDb, conformance, count};
 
 conformance!(claims_race_cancels_folds_aging_rotations_and_limits);
@@ -222,20 +222,12 @@ fn claims_race_cancels_folds_aging_rotations_and_limits(backend: Backend) {
         for t in claimers {
             sessions.push(t.join().expect("a claimer panicked"));
         }
-        // Each session's deadlock count flushed, then the session closed (a round's nine
-        // sessions kept open would reach the server's connection limit).
-        if backend == Backend::Postgres {
-            flush_stats(&mut sessions);
-        }
-        sessions.clear();
-        assert_eq!(
-            count(
-                &mut setup,
-                "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = 'race' \
-                 AND state NOT IN ('completed', 'cancelled')"
-            ),
-            0,
-            "round {round}: every job finished"
+        end_round(
+            backend,
+            &mut setup,
+            std::mem::take(&mut sessions),
+            "race",
+            round,
         );
         if backend != Backend::Sqlite {
             assert_eq!(
