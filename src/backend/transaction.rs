@@ -255,15 +255,25 @@ pub(crate) fn require_bare<D: Dialect>(conn: &mut D, operation: &'static str) ->
     }
 }
 
-/// How often a transaction tenure owns is tried again after a deadlock or a serialization
-/// failure.
-const TRANSIENT_RETRIES: u32 = 6;
+/// How long a transaction tenure owns keeps being tried again after deadlocks or
+/// serialization failures (at least [`TRANSIENT_RETRIES_AT_LEAST`] times). Counted in time,
+/// not tries: InnoDB rolls back the transaction that wrote least, so a finish of a keyed job
+/// lost every deadlock with a stream of keyed bulks into its queue (the finish's move of the
+/// job's key out of the unique index needs the gap before the queue's first key, which each
+/// bulk locks while it waits for the finished job's key); six tries in 130 ms all lost.
+const TRANSIENT_RETRY_BUDGET: std::time::Duration = std::time::Duration::from_secs(5);
+/// The fewest tries after a transient conflict, however long each took (PostgreSQL reports a
+/// deadlock only after its `deadlock_timeout`, a second by default).
+const TRANSIENT_RETRIES_AT_LEAST: u32 = 6;
+/// The longest pause between two tries, in milliseconds.
+const TRANSIENT_PAUSE_MAX_MS: u64 = 100;
 
 /// [`transaction`] for tenure's own operations whose locks can meet other transactions' in a
 /// cycle (a finish settling dependents of lower id than a job it finishes, while a cancel or
 /// an enqueue locks in id order): outside a caller's transaction, a deadlock, serialization
-/// failure or busy database rolls the whole transaction back and it runs again (a few
-/// times, after a short random pause), so it never reaches the caller. Inside a caller's
+/// failure or busy database rolls the whole transaction back and it runs again (for up
+/// to five seconds, after short random pauses), so it reaches the caller only when the
+/// conflicts go on that long. Inside a caller's
 /// transaction it runs once, and such an error is the caller's to retry
 /// ([`Error::is_retryable`]).
 pub(crate) fn retrying_transaction<C, T, F>(conn: &mut C, mut f: F) -> Result<T>
@@ -278,19 +288,26 @@ where
 }
 
 /// Runs `attempt` (a whole transaction tenure owns) again after a deadlock, serialization
-/// failure or busy database, a few times, after a short random pause.
+/// failure or busy database, for up to [`TRANSIENT_RETRY_BUDGET`] (and at least
+/// [`TRANSIENT_RETRIES_AT_LEAST`] times), after short random pauses.
 pub(crate) fn retry_transient<T>(mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
+    let started = std::time::Instant::now();
     let mut tries = 0;
     loop {
         match attempt() {
             // Retryable, but on another connection: this one will refuse every try.
             Err(e @ Error::Database(DieselError::BrokenTransactionManager)) => return Err(e),
             Err(e @ (Error::Database(_) | Error::RolledBackUnderUs { .. }))
-                if e.is_retryable() && tries < TRANSIENT_RETRIES =>
+                if e.is_retryable()
+                    && (tries < TRANSIENT_RETRIES_AT_LEAST
+                        || started.elapsed() < TRANSIENT_RETRY_BUDGET) =>
             {
                 tries += 1;
                 tracing::debug!(error = %e, tries, "a transient conflict; running the transaction again");
-                let pause = 2u64.pow(tries.min(6)) + rand::random_range(0..8u64);
+                // Growing, capped, and drawn at random within its range, so that two
+                // transactions that met once do not meet again in step.
+                let ceiling = 2u64.pow(tries.min(7)).min(TRANSIENT_PAUSE_MAX_MS);
+                let pause = rand::random_range(ceiling / 2..=ceiling + 4);
                 std::thread::sleep(std::time::Duration::from_millis(pause));
             }
             other => return other,
