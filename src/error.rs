@@ -239,6 +239,19 @@ impl Error {
         }
     }
 
+    /// True for a deadlock or a serialization failure: a conflict the server reported at
+    /// once, as opposed to a wait that ran out (a lock timeout, SQLite's busy timeout).
+    pub(crate) fn is_conflict(&self) -> bool {
+        match self {
+            Error::Database(DieselError::DatabaseError(kind, info)) => {
+                matches!(kind, DatabaseErrorKind::SerializationFailure)
+                    || info.message().contains("deadlock detected")
+                    || info.message().contains("Deadlock found")
+            }
+            _ => false,
+        }
+    }
+
     /// True when the connection broke during the call, so the database may or may not have
     /// applied it. Such an error is not "failed": check the state before doing it again.
     ///
@@ -395,6 +408,29 @@ mod tests {
             DatabaseErrorKind::Unknown,
             Box::new(message.to_string()),
         ))
+    }
+
+    #[test]
+    fn deadlocks_are_conflicts_and_waits_that_ran_out_are_not() {
+        for message in [
+            "deadlock detected",
+            "Deadlock found when trying to get lock; try restarting transaction",
+        ] {
+            assert!(database_error(message).is_conflict(), "{message:?}");
+        }
+        let serialization = Error::Database(DieselError::DatabaseError(
+            DatabaseErrorKind::SerializationFailure,
+            Box::new("could not serialize access".to_string()),
+        ));
+        assert!(serialization.is_conflict());
+        for message in [
+            "canceling statement due to lock timeout",
+            "Lock wait timeout exceeded; try restarting transaction",
+            "database is locked",
+        ] {
+            let err = database_error(message);
+            assert!(err.is_retryable() && !err.is_conflict(), "{message:?}");
+        }
     }
 
     #[test]

@@ -256,8 +256,9 @@ pub(crate) fn require_bare<D: Dialect>(conn: &mut D, operation: &'static str) ->
 }
 
 /// How long a transaction tenure owns keeps being tried again after deadlocks or
-/// serialization failures (at least [`TRANSIENT_RETRIES_AT_LEAST`] times). Counted in time,
-/// not tries: InnoDB rolls back the transaction that wrote least, so a finish of a keyed job
+/// serialization failures (at least [`TRANSIENT_RETRIES_AT_LEAST`] times; a wait that ran
+/// out, a lock timeout or SQLite's busy timeout, is tried that many times only: its length
+/// is the caller's setting, not to be multiplied without end). Counted in time, not tries: InnoDB rolls back the transaction that wrote least, so a finish of a keyed job
 /// lost every deadlock with a stream of keyed bulks into its queue (the finish's move of the
 /// job's key out of the unique index needs the gap before the queue's first key, which each
 /// bulk locks while it waits for the finished job's key); six tries in 130 ms all lost.
@@ -271,9 +272,9 @@ const TRANSIENT_PAUSE_MAX_MS: u64 = 100;
 /// [`transaction`] for tenure's own operations whose locks can meet other transactions' in a
 /// cycle (a finish settling dependents of lower id than a job it finishes, while a cancel or
 /// an enqueue locks in id order): outside a caller's transaction, a deadlock, serialization
-/// failure or busy database rolls the whole transaction back and it runs again (for up
-/// to five seconds, after short random pauses), so it reaches the caller only when the
-/// conflicts go on that long. Inside a caller's
+/// failure or busy database rolls the whole transaction back and it runs again (six
+/// times, and after deadlocks for up to five seconds, after short random pauses), so it
+/// reaches the caller only when the conflicts go on that long. Inside a caller's
 /// transaction it runs once, and such an error is the caller's to retry
 /// ([`Error::is_retryable`]).
 pub(crate) fn retrying_transaction<C, T, F>(conn: &mut C, mut f: F) -> Result<T>
@@ -288,8 +289,8 @@ where
 }
 
 /// Runs `attempt` (a whole transaction tenure owns) again after a deadlock, serialization
-/// failure or busy database, for up to [`TRANSIENT_RETRY_BUDGET`] (and at least
-/// [`TRANSIENT_RETRIES_AT_LEAST`] times), after short random pauses.
+/// failure or busy database, [`TRANSIENT_RETRIES_AT_LEAST`] times, and after deadlocks and
+/// serialization failures for up to [`TRANSIENT_RETRY_BUDGET`], after short random pauses.
 pub(crate) fn retry_transient<T>(mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
     let started = std::time::Instant::now();
     let mut tries = 0;
@@ -300,7 +301,7 @@ pub(crate) fn retry_transient<T>(mut attempt: impl FnMut() -> Result<T>) -> Resu
             Err(e @ (Error::Database(_) | Error::RolledBackUnderUs { .. }))
                 if e.is_retryable()
                     && (tries < TRANSIENT_RETRIES_AT_LEAST
-                        || started.elapsed() < TRANSIENT_RETRY_BUDGET) =>
+                        || (e.is_conflict() && started.elapsed() < TRANSIENT_RETRY_BUDGET)) =>
             {
                 tries += 1;
                 tracing::debug!(error = %e, tries, "a transient conflict; running the transaction again");
