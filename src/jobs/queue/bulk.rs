@@ -76,7 +76,7 @@ macro_rules! upsert_keyed_rows {
         let chunk: &[NewJob] = $chunk;
         let syntax = $c.syntax();
         let mode = chunk[0].on_duplicate;
-        // Made anew: the text changes with the row count (not kept, not prepared).
+        // Made anew: the text changes with the row count.
         let (tail, sets) = match syntax.upsert {
             Upsert::OnConflictWhere => (INSERT_DEDUP_ON_CONFLICT, on_conflict_sets(mode)),
             Upsert::OnDuplicateKey => (INSERT_DEDUP_ON_DUPLICATE_KEY, on_duplicate_key_sets(mode)),
@@ -88,9 +88,9 @@ macro_rules! upsert_keyed_rows {
             &[("sets", sets)],
         );
         let rows = chunk.iter().map(|job| job_row!(row(), job)).collect();
-        // The text changes with the row count: not kept prepared.
+        // The text changes with the row count: kept prepared for a full chunk only.
         statement(sql)
-            .uncached()
+            .cached_if(chunk.len() == INSERT_CHUNK_ROWS)
             .bind_rows(rows)
             .load::<UpsertedRow>($c)
             .map_err(Error::from)
@@ -281,9 +281,13 @@ pub fn enqueue_many<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Resul
                         .iter()
                         .map(|job| job_row!(row(), job))
                         .collect();
-                    // The text changes with the row count: not kept prepared.
-                    let mut ids: Vec<i64> =
-                        statement(sql).uncached().bind_rows(rows).load::<IdRow>(c).map(ids_of)?;
+                    // The text changes with the row count: kept prepared for a full chunk
+                    // only (the one text a large bulk repeats).
+                    let mut ids: Vec<i64> = statement(sql)
+                        .cached_if(chunk.len() == INSERT_CHUNK_ROWS)
+                        .bind_rows(rows)
+                        .load::<IdRow>(c)
+                        .map(ids_of)?;
                     if ids.len() != chunk.len() {
                         return Err(unexpected(format!("{} ids for {} inserted jobs", ids.len(), chunk.len())));
                     }

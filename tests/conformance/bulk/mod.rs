@@ -20,6 +20,7 @@ conformance!(
     a_long_batch_in_a_rolled_back_transaction_leaves_nothing,
     a_keyed_batch_enqueued_twice_makes_each_job_once,
     keyed_batches_racing_make_one_job_a_key,
+    full_chunks_kept_prepared_keep_every_job_in_its_place,
 );
 
 /// Longer than the shortest batch that PostgreSQL copies.
@@ -263,5 +264,52 @@ fn keyed_batches_racing_make_one_job_a_key(backend: Backend) {
     assert_eq!(
         count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"),
         (ROUNDS * KEYS) as i64
+    );
+}
+
+/// A bulk's full chunks (1,000 rows) share one prepared statement, kept from chunk to chunk
+/// and from call to call on the connection: its binds are each chunk's own. Batches of
+/// 2,300 (two full chunks and a short one), plain and keyed, twice on one connection: every
+/// job in its place, the keyed batch's second call folding each job into its first.
+fn full_chunks_kept_prepared_keep_every_job_in_its_place(backend: Backend) {
+    const LONG: usize = 2_300;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let payload = |call: usize, i: usize| format!("{call}:{i}").into_bytes();
+    for call in 0..2 {
+        let plain: Vec<NewJob> = (0..LONG)
+            .map(|i| NewJob::new("plain", "k", payload(call, i)).priority((i % 5) as i32))
+            .collect();
+        let enqueued = jobs::enqueue_many(&mut conn, &plain).unwrap();
+        assert_eq!(enqueued.len(), LONG);
+        assert!(enqueued.windows(2).all(|w| w[0].id < w[1].id), "call {call}");
+        for i in (0..LONG).step_by(97).chain([999, 1000, 1999, 2000, LONG - 1]) {
+            let got = jobs::get(&mut conn, enqueued[i].id).unwrap().expect("the job");
+            assert_eq!(got.payload, payload(call, i), "call {call}, job {i}");
+            assert_eq!(got.priority, (i % 5) as i32, "call {call}, job {i}");
+        }
+    }
+    let keyed = |call: usize| -> Vec<NewJob> {
+        (0..LONG)
+            .map(|i| {
+                NewJob::new("keyed", "k", payload(call, i))
+                    .dedup_key(format!("key{i}"))
+                    .on_duplicate(OnDuplicate::Replace)
+            })
+            .collect()
+    };
+    let first = jobs::enqueue_many(&mut conn, &keyed(0)).unwrap();
+    let second = jobs::enqueue_many(&mut conn, &keyed(1)).unwrap();
+    for (i, (a, b)) in first.iter().zip(&second).enumerate() {
+        assert!(!a.existing, "job {i}: {a:?}");
+        assert!(b.existing && b.updated && b.id == a.id, "job {i}: {a:?} then {b:?}");
+    }
+    for i in (0..LONG).step_by(97).chain([999, 1000, 1999, 2000, LONG - 1]) {
+        let got = jobs::get(&mut conn, second[i].id).unwrap().expect("the job");
+        assert_eq!(got.payload, payload(1, i), "keyed job {i}");
+    }
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"),
+        3 * LONG as i64
     );
 }
