@@ -282,9 +282,17 @@ fn full_chunks_kept_prepared_keep_every_job_in_its_place(backend: Backend) {
             .collect();
         let enqueued = jobs::enqueue_many(&mut conn, &plain).unwrap();
         assert_eq!(enqueued.len(), LONG);
-        assert!(enqueued.windows(2).all(|w| w[0].id < w[1].id), "call {call}");
-        for i in (0..LONG).step_by(97).chain([999, 1000, 1999, 2000, LONG - 1]) {
-            let got = jobs::get(&mut conn, enqueued[i].id).unwrap().expect("the job");
+        assert!(
+            enqueued.windows(2).all(|w| w[0].id < w[1].id),
+            "call {call}"
+        );
+        for i in (0..LONG)
+            .step_by(97)
+            .chain([999, 1000, 1999, 2000, LONG - 1])
+        {
+            let got = jobs::get(&mut conn, enqueued[i].id)
+                .unwrap()
+                .expect("the job");
             assert_eq!(got.payload, payload(call, i), "call {call}, job {i}");
             assert_eq!(got.priority, (i % 5) as i32, "call {call}, job {i}");
         }
@@ -302,10 +310,18 @@ fn full_chunks_kept_prepared_keep_every_job_in_its_place(backend: Backend) {
     let second = jobs::enqueue_many(&mut conn, &keyed(1)).unwrap();
     for (i, (a, b)) in first.iter().zip(&second).enumerate() {
         assert!(!a.existing, "job {i}: {a:?}");
-        assert!(b.existing && b.updated && b.id == a.id, "job {i}: {a:?} then {b:?}");
+        assert!(
+            b.existing && b.updated && b.id == a.id,
+            "job {i}: {a:?} then {b:?}"
+        );
     }
-    for i in (0..LONG).step_by(97).chain([999, 1000, 1999, 2000, LONG - 1]) {
-        let got = jobs::get(&mut conn, second[i].id).unwrap().expect("the job");
+    for i in (0..LONG)
+        .step_by(97)
+        .chain([999, 1000, 1999, 2000, LONG - 1])
+    {
+        let got = jobs::get(&mut conn, second[i].id)
+            .unwrap()
+            .expect("the job");
         assert_eq!(got.payload, payload(1, i), "keyed job {i}");
     }
     assert_eq!(
