@@ -147,14 +147,6 @@ impl<B> Statement<B> {
         self.cache = false;
         self
     }
-
-    /// Kept prepared only if `keep`: a multi-row insert whose row count is the one most
-    /// calls have (a bulk's full chunk), so its text repeats and its preparing, which grows
-    /// with its placeholders (16 ms of 65 for a MariaDB chunk of 1,000 jobs), is paid once.
-    pub fn cached_if(mut self, keep: bool) -> Self {
-        self.cache = keep;
-        self
-    }
 }
 
 /// The binds of a statement, walked in order: each pushes its placeholder(s) and value(s),

@@ -20,7 +20,7 @@ conformance!(
     a_long_batch_in_a_rolled_back_transaction_leaves_nothing,
     a_keyed_batch_enqueued_twice_makes_each_job_once,
     keyed_batches_racing_make_one_job_a_key,
-    full_chunks_kept_prepared_keep_every_job_in_its_place,
+    long_bulks_of_many_chunks_keep_every_job_in_its_place,
 );
 
 /// Longer than the shortest batch that PostgreSQL copies.
@@ -267,12 +267,11 @@ fn keyed_batches_racing_make_one_job_a_key(backend: Backend) {
     );
 }
 
-/// A bulk's full chunks (1,000 rows) share one prepared statement, kept from chunk to chunk
-/// and from call to call on the connection: its binds are each chunk's own. Batches of
-/// 2,300 (two full chunks and a short one), plain and keyed, twice on one connection: every
-/// job in its place, the keyed batch's second call folding each job into its first.
-fn full_chunks_kept_prepared_keep_every_job_in_its_place(backend: Backend) {
-    const LONG: usize = 2_300;
+/// A bulk of many chunks (statements of `INSERT_CHUNK_ROWS` rows), plain and keyed, twice on
+/// one connection: 2,345 jobs a call (full chunks and a short one), every job in its place,
+/// ids in the batch's order, the keyed batch's second call folding each job into its first.
+fn long_bulks_of_many_chunks_keep_every_job_in_its_place(backend: Backend) {
+    const LONG: usize = 2_345;
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let payload = |call: usize, i: usize| format!("{call}:{i}").into_bytes();
@@ -288,7 +287,7 @@ fn full_chunks_kept_prepared_keep_every_job_in_its_place(backend: Backend) {
         );
         for i in (0..LONG)
             .step_by(97)
-            .chain([999, 1000, 1999, 2000, LONG - 1])
+            .chain([99, 100, 999, 1000, 2299, 2300, LONG - 1])
         {
             let got = jobs::get(&mut conn, enqueued[i].id)
                 .unwrap()
@@ -317,7 +316,7 @@ fn full_chunks_kept_prepared_keep_every_job_in_its_place(backend: Backend) {
     }
     for i in (0..LONG)
         .step_by(97)
-        .chain([999, 1000, 1999, 2000, LONG - 1])
+        .chain([99, 100, 999, 1000, 2299, 2300, LONG - 1])
     {
         let got = jobs::get(&mut conn, second[i].id)
             .unwrap()
