@@ -275,6 +275,12 @@ fn long_bulks_of_many_chunks_keep_every_job_in_its_place(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
     let payload = |call: usize, i: usize| format!("{call}:{i}").into_bytes();
+    // Jobs read back: every 97th, and each side of a chunk's edge at 100 and 1,000 rows.
+    let spots = || {
+        (0..LONG)
+            .step_by(97)
+            .chain([99, 100, 999, 1000, 2299, 2300, LONG - 1])
+    };
     for call in 0..2 {
         let plain: Vec<NewJob> = (0..LONG)
             .map(|i| NewJob::new("plain", "k", payload(call, i)).priority((i % 5) as i32))
@@ -285,10 +291,7 @@ fn long_bulks_of_many_chunks_keep_every_job_in_its_place(backend: Backend) {
             enqueued.windows(2).all(|w| w[0].id < w[1].id),
             "call {call}"
         );
-        for i in (0..LONG)
-            .step_by(97)
-            .chain([99, 100, 999, 1000, 2299, 2300, LONG - 1])
-        {
+        for i in spots() {
             let got = jobs::get(&mut conn, enqueued[i].id)
                 .unwrap()
                 .expect("the job");
@@ -314,10 +317,7 @@ fn long_bulks_of_many_chunks_keep_every_job_in_its_place(backend: Backend) {
             "job {i}: {a:?} then {b:?}"
         );
     }
-    for i in (0..LONG)
-        .step_by(97)
-        .chain([99, 100, 999, 1000, 2299, 2300, LONG - 1])
-    {
+    for i in spots() {
         let got = jobs::get(&mut conn, second[i].id)
             .unwrap()
             .expect("the job");
