@@ -258,10 +258,11 @@ pub(crate) fn require_bare<D: Dialect>(conn: &mut D, operation: &'static str) ->
 /// How long a transaction tenure owns keeps being tried again after deadlocks or
 /// serialization failures (at least [`TRANSIENT_RETRIES_AT_LEAST`] times; a wait that ran
 /// out, a lock timeout or SQLite's busy timeout, is tried that many times only: its length
-/// is the caller's setting, not to be multiplied without end). Counted in time, not tries: InnoDB rolls back the transaction that wrote least, so a finish of a keyed job
-/// lost every deadlock with a stream of keyed bulks into its queue (the finish's move of the
-/// job's key out of the unique index needs the gap before the queue's first key, which each
-/// bulk locks while it waits for the finished job's key); six tries in 130 ms all lost.
+/// is the caller's setting, not to be multiplied without end). Counted in time, not tries:
+/// InnoDB rolls back the transaction that wrote least, so a finish of a keyed job lost every
+/// deadlock with a stream of keyed bulks into its queue (the finish's move of the job's key
+/// out of the unique index needs the gap before the queue's first key, which each bulk locks
+/// while it waits for the finished job's key); six tries in 130 ms all lost.
 const TRANSIENT_RETRY_BUDGET: std::time::Duration = std::time::Duration::from_secs(5);
 /// The fewest tries after a transient conflict, however long each took (PostgreSQL reports a
 /// deadlock only after its `deadlock_timeout`, a second by default).
