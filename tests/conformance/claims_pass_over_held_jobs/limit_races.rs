@@ -15,7 +15,7 @@ use tenure::jobs::{self, JobClaim, NewJob};
 use tenure::{AnyConnection, Backend};
 
 use super::limits::{Id, key_state};
-use super::{TTL, deadlocks, end_round};
+use super::{TTL, deadlocks, end_round, nothing_live};
 use crate::common::{TestDb, count, on_servers};
 
 on_servers!(held_jobs_cancels_and_claimers_race_within_every_limit);
@@ -92,13 +92,7 @@ fn held_jobs_cancels_and_claimers_race_within_every_limit(backend: Backend) {
                         claims_made.fetch_add(1, Ordering::SeqCst);
                         assert!(got.len() <= size, "claim of {size} took {}", got.len());
                         if got.is_empty() {
-                            if !running.load(Ordering::SeqCst)
-                                && count(
-                                    &mut conn,
-                                    "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = 'lr' \
-                                     AND state IN ('waiting', 'running')",
-                                ) == 0
-                            {
+                            if !running.load(Ordering::SeqCst) && nothing_live(&mut conn, "lr") {
                                 return conn;
                             }
                             std::thread::sleep(Duration::from_millis(2));

@@ -34,6 +34,16 @@ const TTL: Duration = Duration::from_secs(60);
 const BLOCKED: Duration = Duration::from_secs(30);
 
 /// The claimed jobs' ids, sorted.
+/// Whether no job of `queue` (the test's own constant name) waits or runs: a claimer that
+/// came back empty stops once this holds and the disruptions are over.
+fn nothing_live(conn: &mut AnyConnection, queue: &str) -> bool {
+    let sql = format!(
+        "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = '{queue}' \
+         AND state IN ('waiting', 'running')"
+    );
+    count(conn, &sql) == 0
+}
+
 fn ids(jobs: &[ClaimedJob]) -> Vec<i64> {
     let mut ids: Vec<i64> = jobs.iter().map(|j| j.id).collect();
     ids.sort_unstable();

@@ -11,7 +11,7 @@ use diesel::{Connection, QueryableByName, RunQueryDsl};
 use tenure::jobs::{self, JobClaim, NewJob, OnDuplicate, Outcome};
 use tenure::{AnyConnection, Backend};
 
-use super::{deadlocks, end_round};
+use super::{deadlocks, end_round, nothing_live};
 use crate::common::{TestDb, conformance, count};
 
 conformance!(claims_race_cancels_folds_aging_rotations_and_limits);
@@ -87,12 +87,7 @@ fn claims_race_cancels_folds_aging_rotations_and_limits(backend: Backend) {
                         );
                         let got = jobs::claim(&mut conn, "race", size, TTL).expect("claim");
                         if got.is_empty() {
-                            if !disrupting.load(Ordering::SeqCst)
-                                && count(
-                                    &mut conn,
-                                    "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = 'race' \
-                                     AND state IN ('waiting', 'running')",
-                                ) == 0
+                            if !disrupting.load(Ordering::SeqCst) && nothing_live(&mut conn, "race")
                             {
                                 return conn;
                             }
