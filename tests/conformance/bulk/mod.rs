@@ -21,6 +21,7 @@ conformance!(
     a_keyed_batch_enqueued_twice_makes_each_job_once,
     keyed_batches_racing_make_one_job_a_key,
     long_bulks_of_many_chunks_keep_every_job_in_its_place,
+    a_bulks_names_payloads_and_instants_come_back_exactly,
 );
 
 /// Longer than the shortest batch that PostgreSQL copies.
@@ -327,4 +328,76 @@ fn long_bulks_of_many_chunks_keep_every_job_in_its_place(backend: Backend) {
         count(&mut conn, "SELECT COUNT(*) AS n FROM tenure_jobs"),
         3 * LONG as i64
     );
+}
+
+/// Every text a name may hold (quotes, backslashes, control characters, trailing spaces,
+/// four-byte characters, the longest length), every byte value, the largest payloads beside
+/// empty ones and instants to the backend's precision come back exactly from a bulk's plain
+/// and keyed runs (MariaDB sends them as JSON text, PostgreSQL copies long runs).
+fn a_bulks_names_payloads_and_instants_come_back_exactly(backend: Backend) {
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let longest = format!("{}abc", "\u{1F600}".repeat(63));
+    assert_eq!(longest.len(), tenure::MAX_NAME_BYTES);
+    let names = [
+        "q \"'\\\n\t\r\u{7}",
+        "\u{e9}\u{1F600} ",
+        "null",
+        "[1, 2]",
+        longest.as_str(),
+        " ",
+    ];
+    let digits = if backend == Backend::Sqlite { 3 } else { 6 };
+    let at =
+        (Utc::now() + TimeDelta::days(2) + TimeDelta::microseconds(123_457)).trunc_subsecs(digits);
+    let payload = |i: usize| -> Vec<u8> {
+        match i % 7 {
+            3 => vec![(i as u8).wrapping_mul(31); jobs::MAX_PAYLOAD_BYTES],
+            5 => vec![],
+            _ => (0..=255u8).cycle().skip(i).take(300).collect(),
+        }
+    };
+    let job = |i: usize| {
+        let name = names[i % names.len()];
+        NewJob::new(name, name, payload(i))
+            .at(at)
+            .limit(name, 2)
+            .fair_key(name)
+    };
+    let check = |conn: &mut tenure::AnyConnection, id: i64, i: usize, what: &str| {
+        let name = names[i % names.len()];
+        let got = jobs::get(conn, id).unwrap().expect("the job");
+        assert_eq!(
+            (got.queue.as_str(), got.kind.as_str()),
+            (name, name),
+            "{what} job {i}"
+        );
+        assert!(got.payload == payload(i), "{what} job {i}'s payload");
+        assert_eq!(got.due_at, at, "{what} job {i}");
+        let limits = jobs::limits_of(conn, id).unwrap();
+        assert_eq!(limits.len(), 1, "{what} job {i}");
+        assert_eq!(limits[0].key(), name, "{what} job {i}");
+    };
+    let plain: Vec<NewJob> = (0..40).map(job).collect();
+    let enqueued = jobs::enqueue_many(&mut conn, &plain).unwrap();
+    for (i, e) in enqueued.iter().enumerate() {
+        check(&mut conn, e.id, i, "plain");
+    }
+    let keyed = |round: usize| -> Vec<NewJob> {
+        (0..12)
+            .map(|i| {
+                let name: String = names[i % names.len()].chars().take(50).collect();
+                job(i).dedup_key(format!("{i:02}{round}{name}"))
+            })
+            .collect()
+    };
+    let first = jobs::enqueue_many(&mut conn, &keyed(0)).unwrap();
+    let again = jobs::enqueue_many(&mut conn, &keyed(0)).unwrap();
+    for (i, (a, b)) in first.iter().zip(&again).enumerate() {
+        assert!(
+            !a.existing && b.existing && a.id == b.id,
+            "keyed job {i}: {a:?} {b:?}"
+        );
+        check(&mut conn, a.id, i, "keyed");
+    }
 }
