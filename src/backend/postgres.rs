@@ -69,7 +69,6 @@ static SYNTAX: Syntax = Syntax {
     fair_key_is: "c.fair_key >= ? AND c.fair_key <= ?",
     claim_kind_from: "tenure_ready c",
     ready_entries: None,
-    json_rows: false,
 };
 
 impl Dialect for PgConnection {

@@ -55,7 +55,6 @@ static SYNTAX: Syntax = Syntax {
     fair_key_is: "c.fair_key = ? AND c.fair_key = ?",
     claim_kind_from: "tenure_jobs AS c INDEXED BY tenure_jobs_claim_kind",
     ready_entries: None,
-    json_rows: false,
 };
 
 /// The file of the connection's main database ("" for a private in-memory or temporary one)

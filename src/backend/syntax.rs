@@ -71,13 +71,6 @@ pub(crate) struct Syntax {
     /// `tenure-0055`); `None` where the ring's trigger runs once a statement (PostgreSQL) or
     /// there is no ring (SQLite).
     pub ready_entries: Option<&'static str>,
-    /// Whether a bulk enqueue's multi-row inserts take their rows as one JSON parameter
-    /// (MariaDB: `JSON_TABLE`) and their payloads as one binary parameter, a short text
-    /// prepared once per connection, instead of a text
-    /// with a placeholder per value, prepared and closed for each chunk (a kept 1,000-row
-    /// text held about 10 MB of the server's memory; preparing one was a third of a
-    /// chunk's time). PostgreSQL copies long runs in (`COPY`); SQLite prepares in-process.
-    pub json_rows: bool,
     /// `{fair_waiting_from}`: a FROM and the start of its WHERE that give the waiting fair
     /// jobs as `c`, through an index on (queue, fair key, priority, stamp): the ring on the
     /// servers, the jobs' partial index on SQLite (a fair enqueue reads its tenant's last

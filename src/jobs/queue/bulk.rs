@@ -9,9 +9,9 @@ use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 
 use super::enqueue::{
     FIND_FINISHED_TWIN, FOLD_FINISHED, INSERT_DEDUP_ON_CONFLICT, INSERT_DEDUP_ON_DUPLICATE_KEY,
-    INSERT_HEAD, INSERT_HEAD_WRITING_ENTRIES, INSERT_JSON_ROWS, INSERT_ROW,
-    INSERT_ROW_WRITING_ENTRIES, INSERTED_RETURNING, fold_into_finished_twin, insert_deduplicated,
-    insert_dependent, insert_in_sequence, insert_one, job_row, lock_dependencies, on_conflict_sets,
+    INSERT_HEAD, INSERT_HEAD_WRITING_ENTRIES, INSERT_ROW, INSERT_ROW_WRITING_ENTRIES,
+    INSERTED_RETURNING, fold_into_finished_twin, insert_deduplicated, insert_dependent,
+    insert_in_sequence, insert_one, job_row, lock_dependencies, on_conflict_sets,
     on_duplicate_key_sets, unexpected,
 };
 use super::model::InsertedRow;
@@ -81,37 +81,19 @@ macro_rules! upsert_keyed_rows {
             Upsert::OnConflictWhere => (INSERT_DEDUP_ON_CONFLICT, on_conflict_sets(mode)),
             Upsert::OnDuplicateKey => (INSERT_DEDUP_ON_DUPLICATE_KEY, on_duplicate_key_sets(mode)),
         };
-        let upserted = if syntax.json_rows {
-            json_rows(chunk).and_then(|(payloads, rows)| {
-                let sql = syntax.render_with(
-                    "{json_rows}{tail}, queue, dedup_key",
-                    &[
-                        ("json_rows", INSERT_JSON_ROWS),
-                        ("tail", tail),
-                        ("sets", sets),
-                    ],
-                );
-                Ok(statement(sql)
-                    .bind::<Binary, _>(payloads)
-                    .bind::<Text, _>(rows)
-                    .load::<UpsertedRow>($c)?)
-            })
-        } else {
-            let (head, row_values) = insert_shape(syntax);
-            let rows = vec![row_values; chunk.len()].join(", ");
-            let sql = syntax.fill_with(
-                &format!("{head} {rows}{tail}, queue, dedup_key"),
-                &[("sets", sets)],
-            );
-            let rows = chunk.iter().map(|job| job_row!(row(), job)).collect();
-            // The text changes with the row count: not kept prepared (see INSERT_CHUNK_ROWS).
-            statement(sql)
-                .uncached()
-                .bind_rows(rows)
-                .load::<UpsertedRow>($c)
-                .map_err(Error::from)
-        };
-        upserted
+        let (head, row_values) = insert_shape(syntax);
+        let rows = vec![row_values; chunk.len()].join(", ");
+        let sql = syntax.fill_with(
+            &format!("{head} {rows}{tail}, queue, dedup_key"),
+            &[("sets", sets)],
+        );
+        let rows = chunk.iter().map(|job| job_row!(row(), job)).collect();
+        // The text changes with the row count: not kept prepared (see INSERT_CHUNK_ROWS).
+        statement(sql)
+            .uncached()
+            .bind_rows(rows)
+            .load::<UpsertedRow>($c)
+            .map_err(Error::from)
             .and_then(|rows| {
                 let mut by_key: HashMap<(String, String), UpsertedRow> = rows
                     .into_iter()
@@ -155,45 +137,6 @@ fn insert_shape(syntax: &crate::backend::Syntax) -> (&'static str, &'static str)
         Some(_) => (INSERT_HEAD_WRITING_ENTRIES, INSERT_ROW_WRITING_ENTRIES),
         None => (INSERT_HEAD, INSERT_ROW),
     }
-}
-
-/// A chunk of waiting jobs (no dependencies, no sequence: [`enqueue_many`] sends those one
-/// by one) as [`INSERT_JSON_ROWS`]'s two parameters: the payloads end to end, and the rows
-/// as JSON in its column order (queue, kind, the payload's place and length, priority, max
-/// attempts, due instant or null, delay, dedup key, limit key, limit max, dedup window,
-/// workflow, fair key, fair stamp).
-fn json_rows(chunk: &[NewJob]) -> Result<(Vec<u8>, String)> {
-    let mut payloads = Vec::with_capacity(chunk.iter().map(|job| job.payload.len()).sum());
-    let rows: Vec<_> = chunk
-        .iter()
-        .map(|job| {
-            let at = payloads.len() + 1;
-            payloads.extend_from_slice(&job.payload);
-            let (due, delay) = job.due_params();
-            let (limit_key, limit_max) = job.first_limit();
-            (
-                job.queue.as_str(),
-                job.kind.as_str(),
-                at,
-                job.payload.len(),
-                job.priority,
-                job.max_attempts as i32,
-                // DATETIME(6)'s text: microseconds, UTC (what a bound instant stores).
-                due.map(|due| due.format("%Y-%m-%d %H:%M:%S%.6f").to_string()),
-                delay,
-                job.dedup_key.as_deref(),
-                limit_key,
-                limit_max,
-                job.window_micros(),
-                job.workflow_id,
-                job.fair_key.as_deref(),
-                job.fair_stamp,
-            )
-        })
-        .collect();
-    let rows = serde_json::to_string(&rows)
-        .map_err(|e| unexpected(format!("a bulk's rows as JSON: {e}")))?;
-    Ok((payloads, rows))
 }
 
 /// MariaDB: writes the ready entries of waiting jobs a marked multi-row insert made (`ids`,
@@ -331,33 +274,20 @@ pub fn enqueue_many<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Resul
                     continue;
                 }
                 for chunk in chunks(&rest[..run]) {
-                    let mut ids: Vec<i64> = if syntax.json_rows {
-                        let sql = syntax.render_with(
-                            "{json_rows} RETURNING id",
-                            &[("json_rows", INSERT_JSON_ROWS)],
-                        );
-                        let (payloads, rows) = json_rows(chunk)?;
-                        statement(sql)
-                            .bind::<Binary, _>(payloads)
-                            .bind::<Text, _>(rows)
-                            .load::<IdRow>(c)
-                            .map(ids_of)?
-                    } else {
-                        let (head, row_values) = insert_shape(syntax);
-                        let rows = vec![row_values; chunk.len()].join(", ");
-                        let sql = syntax.fill(&format!("{head} {rows} RETURNING id"));
-                        let rows = chunk
-                            .iter()
-                            .map(|job| job_row!(row(), job))
-                            .collect();
-                        // The text changes with the row count: not kept prepared (see
-                        // INSERT_CHUNK_ROWS).
-                        statement(sql)
-                            .uncached()
-                            .bind_rows(rows)
-                            .load::<IdRow>(c)
-                            .map(ids_of)?
-                    };
+                    let (head, row_values) = insert_shape(syntax);
+                    let rows = vec![row_values; chunk.len()].join(", ");
+                    let sql = syntax.fill(&format!("{head} {rows} RETURNING id"));
+                    let rows = chunk
+                        .iter()
+                        .map(|job| job_row!(row(), job))
+                        .collect();
+                    // The text changes with the row count: not kept prepared (see
+                    // INSERT_CHUNK_ROWS).
+                    let mut ids: Vec<i64> = statement(sql)
+                        .uncached()
+                        .bind_rows(rows)
+                        .load::<IdRow>(c)
+                        .map(ids_of)?;
                     if ids.len() != chunk.len() {
                         return Err(unexpected(format!("{} ids for {} inserted jobs", ids.len(), chunk.len())));
                     }
@@ -417,11 +347,11 @@ fn fresh_queues<'j>(jobs: &'j [NewJob], enqueued: &[Enqueued]) -> HashSet<&'j st
 
 /// Rows per multi-row insert: 11 parameters a row stays well under SQLite's 32,766 and
 /// PostgreSQL's 65,535 parameters per statement. Its statement is prepared for each chunk
-/// and closed: a statement kept prepared holds server memory by its placeholders, 3.3 MB
-/// on PostgreSQL for 1,000 rows (10 MB on MariaDB), for the connection's life; chunks of
-/// 100 rows kept prepared lost more to their round trips than they saved (BENCHMARKS.md).
-/// MariaDB, where preparing was a third of a chunk's time, takes a chunk as two parameters
-/// instead ([`INSERT_JSON_ROWS`]: one short text kept prepared, about 70 KB).
+/// and closed: preparing is a third of a chunk's time on MariaDB (16 ms of 65), but a
+/// statement kept prepared holds server memory by its placeholders, about 10 MB on MariaDB
+/// and 3.3 MB on PostgreSQL for 1,000 rows, for the connection's life (measured, and kept
+/// prepared it made MariaDB's bulk 1.3x); chunks of 100 rows kept prepared lost more to
+/// their round trips than they saved (BENCHMARKS.md).
 pub(crate) const INSERT_CHUNK_ROWS: usize = 1000;
 /// Payload bytes per multi-row insert, past which a new statement starts.
 pub(crate) const INSERT_CHUNK_BYTES: usize = 4 * 1024 * 1024;

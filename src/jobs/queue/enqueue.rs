@@ -52,42 +52,6 @@ pub(crate) const INSERT_HEAD_WRITING_ENTRIES: &str = concat!(
 );
 pub(crate) const INSERT_ROW_WRITING_ENTRIES: &str = concat!("(", insert_values!(), ", TRUE)");
 
-/// MariaDB ([`Syntax::json_rows`](crate::backend::Syntax::json_rows)): a bulk's chunk of
-/// waiting jobs as one JSON array of rows (`bulk::json_rows` writes it, in this order) and
-/// their payloads as one binary parameter, each row naming its payload's place (1-based)
-/// and length in it (JSON_TABLE read base64 text at about 10 MB/s; a substring of a bound
-/// binary is a copy). One short text, prepared once per connection; its rows are marked as
-/// [`INSERT_HEAD_WRITING_ENTRIES`]'s are. Inserted in the array's order (`ORDER BY` its
-/// ordinal), so ids grow with it. Column names are the table's with `new_`: an upsert's
-/// tail names the table's own.
-pub(crate) const INSERT_JSON_ROWS: &str = concat!(
-    "INSERT INTO tenure_jobs (",
-    insert_columns!(),
-    ", ready_entry_by_insert) \
-     SELECT r.new_queue, r.new_kind, SUBSTRING(?, r.new_payload_at, r.new_payload_bytes), \
-        r.new_priority, 'waiting', 0, r.new_max_attempts, \
-        COALESCE(r.new_due_at, {now} + INTERVAL r.new_delay MICROSECOND), \
-        {now}, r.new_dedup_key, r.new_limit_key, r.new_limit_max, r.new_window, \
-        r.new_workflow_id, NULL, NULL, NULL, r.new_fair_key, r.new_fair_stamp, TRUE \
-     FROM JSON_TABLE(?, '$[*]' COLUMNS (ord FOR ORDINALITY, \
-        new_queue TEXT PATH '$[0]' ERROR ON EMPTY, \
-        new_kind TEXT PATH '$[1]' ERROR ON EMPTY, \
-        new_payload_at BIGINT PATH '$[2]' ERROR ON EMPTY ERROR ON ERROR, \
-        new_payload_bytes BIGINT PATH '$[3]' ERROR ON EMPTY ERROR ON ERROR, \
-        new_priority INT PATH '$[4]' ERROR ON EMPTY ERROR ON ERROR, \
-        new_max_attempts INT PATH '$[5]' ERROR ON EMPTY ERROR ON ERROR, \
-        new_due_at DATETIME(6) PATH '$[6]' ERROR ON ERROR, \
-        new_delay BIGINT PATH '$[7]' ERROR ON EMPTY ERROR ON ERROR, \
-        new_dedup_key TEXT PATH '$[8]', \
-        new_limit_key TEXT PATH '$[9]', \
-        new_limit_max INT PATH '$[10]' ERROR ON ERROR, \
-        new_window BIGINT PATH '$[11]' ERROR ON ERROR, \
-        new_workflow_id BIGINT PATH '$[12]' ERROR ON ERROR, \
-        new_fair_key TEXT PATH '$[13]', \
-        new_fair_stamp BIGINT PATH '$[14]' ERROR ON EMPTY ERROR ON ERROR)) AS r \
-     ORDER BY r.ord"
-);
-
 /// PostgreSQL and SQLite: a job whose key a live job already has is not inserted; the live
 /// job is returned instead, its `dedup_hits` counted up (so "existing" is `dedup_hits > 0`,
 /// and the row comes from the upsert itself, which sees committed rows), its window the

@@ -6,6 +6,7 @@
 #[cfg(feature = "postgres")]
 mod copy;
 mod edges;
+mod server_settings;
 
 use std::time::Duration;
 

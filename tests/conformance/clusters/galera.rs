@@ -543,7 +543,15 @@ fn galera_migrations_started_on_two_nodes_at_once_both_succeed() {
             .collect();
         let versions: Vec<_> = urls
             .iter()
-            .map(|url| tenure::schema_version(&mut AnyConnection::connect(url).unwrap()))
+            .map(|url| {
+                // A causal read: the node applies every write set it has received first
+                // (Galera applies them after the commit returns elsewhere; a third node
+                // at load, beside CI's compiles, still showed the schema before them).
+                let mut conn = AnyConnection::connect(url).unwrap();
+                conn.batch_execute("SET SESSION wsrep_sync_wait = 1")
+                    .unwrap();
+                tenure::schema_version(&mut conn)
+            })
             .collect();
         let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"));
         for outcome in &outcomes {
