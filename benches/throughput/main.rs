@@ -13,7 +13,8 @@
 //!   --only LIST       workloads to run, e.g. `C,D` (default: A-D; E, F, G, H, K, L, P, Q, R,
 //!                     S, V, W, X, Y and Z only when listed)
 //!   --phase-secs N    G: seconds of its clean and released phases; the snapshot is held
-//!                     twice as long (default 30)
+//!                     twice as long unless --hold-secs says (default 30)
+//!   --hold-secs N     G: seconds the snapshot is held (the ten minutes: 600)
 //!   --rate N          G: jobs a second (default 1000)
 //!   --window-secs N   G and P: seconds per printed window (default 5)
 //!   --capacity-secs N P: seconds of the run at capacity (default 300)

@@ -36,6 +36,7 @@ pub fn parse_options() -> Result<Options, String> {
         metrics: false,
         steady: steady::Steady {
             phase_secs: 30,
+            hold_secs: None,
             rate: 1000,
             window_secs: 5,
         },
@@ -56,6 +57,7 @@ pub fn parse_options() -> Result<Options, String> {
             "--runs" => options.runs = number("--runs")?,
             "--samples" => options.samples = number("--samples")?,
             "--phase-secs" => options.steady.phase_secs = number("--phase-secs")? as u64,
+            "--hold-secs" => options.steady.hold_secs = Some(number("--hold-secs")? as u64),
             "--rate" => options.steady.rate = number("--rate")? as u64,
             "--window-secs" => options.steady.window_secs = number("--window-secs")? as u64,
             "--capacity-secs" => options.capacity_secs = number("--capacity-secs")? as u64,
