@@ -100,6 +100,7 @@ pub(crate) use parked::{park_in_run, record_parked_run, resume_value};
 
 // Maintenance: priority aging, retention, an operator's calls, reading the queue, runs' outputs.
 pub(crate) use maintenance::aging::age_batch;
+pub(crate) use maintenance::retention::prune_after;
 pub use maintenance::{
     AGED_PRIORITY, FailedRun, Finished, JobFilter, MAX_OUTPUT_BYTES, QueueStats, Retention,
     RunOutput, RunningJob, Stats, age_priorities, cancel, get, history, list, outputs, prune,

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use super::runs::Shared;
 use crate::events::Event;
-use crate::jobs::{self, Finished, Retention};
+
+use crate::jobs::{self, Finished, Retention, prune_after};
 use crate::{AnyConnection, Result};
 
 /// How often a worker that runs schedules fires them.
@@ -206,10 +207,17 @@ fn prune_all(
 ) {
     for (queue, finished, policy) in policies {
         let mut deleted = 0;
+        // Each batch after the last one's position (`retention::prune_after`).
+        let mut reached = None;
         loop {
-            match conn.with(|c| jobs::prune(c, queue, *finished, *policy, jobs::MAX_BATCH)) {
-                Ok(n) if n == jobs::MAX_BATCH && !shared.stopping() => deleted += n,
-                Ok(n) => {
+            let batch =
+                conn.with(|c| prune_after(c, queue, *finished, *policy, jobs::MAX_BATCH, reached));
+            match batch {
+                Ok((n, at)) if n == jobs::MAX_BATCH && !shared.stopping() => {
+                    deleted += n;
+                    reached = at;
+                }
+                Ok((n, _)) => {
                     deleted += n;
                     break;
                 }

@@ -84,12 +84,39 @@ macro_rules! not_needed {
 /// Finished jobs the policy does not keep, oldest first, leaving out those still inside
 /// their dedup window (`{window_over}`) and those a job that has not finished (or died, and
 /// may be revived) depends on (`not_needed!`: it may still read their results).
-const OLDER_THAN: &str = concat!(
-    "SELECT id FROM tenure_jobs WHERE queue = ? AND state = ? AND finished_at < ? \
-    AND (dedup_window_micros IS NULL OR {window_over}) AND ",
-    not_needed!(),
-    " ORDER BY finished_at, id LIMIT ?"
-);
+macro_rules! older_than {
+    ($after:literal) => {
+        concat!(
+            "SELECT id, finished_at FROM tenure_jobs WHERE queue = ? AND state = ? AND finished_at < ?",
+            $after,
+            " AND (dedup_window_micros IS NULL OR {window_over}) AND ",
+            not_needed!(),
+            " ORDER BY finished_at, id LIMIT ?"
+        )
+    };
+}
+const OLDER_THAN: &str = older_than!("");
+
+/// [`OLDER_THAN`] past a position in that order, `(finished_at, id)` (the last job the
+/// previous batch of one pass picked): each batch starts where the last one ended instead
+/// of walking again the index entries of every job the pass deleted (without vacuum, or
+/// while a snapshot is held, they stay until their table or slot goes). The range on
+/// `finished_at` is the index's, on every backend; the `id` test filters the few at the
+/// same instant. A job that commits with an older finish time after the position passed it
+/// is the next pass's (each starts from the beginning).
+const OLDER_THAN_AFTER: &str = older_than!(" AND finished_at >= ? AND (finished_at > ? OR id > ?)");
+
+/// Where a pass of prunes has got to in `(finished_at, id)` order: see [`prune_after`].
+pub(crate) type PruneCursor = (DateTime<Utc>, i64);
+
+/// A finished job a prune picked, and its place in the prune's order.
+#[derive(QueryableByName)]
+struct OlderRow {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Instant)]
+    finished_at: DateTime<Utc>,
+}
 
 /// The workflows of the jobs a prune deletes, locked in id order.
 const LOCK_WORKFLOWS: &str =
@@ -159,10 +186,24 @@ pub fn prune<C: TenureConnection>(
     policy: Retention,
     max_jobs: usize,
 ) -> Result<usize> {
+    prune_after(conn, queue, finished, policy, max_jobs, None).map(|(deleted, _)| deleted)
+}
+
+/// [`prune`] of the jobs after `after` in the prune's order (`None`: from the first), and
+/// where this call got to (`None` when it picked nothing): a worker's pass calls it again
+/// from there while it deletes full batches.
+pub(crate) fn prune_after<C: TenureConnection>(
+    conn: &mut C,
+    queue: &str,
+    finished: Finished,
+    policy: Retention,
+    max_jobs: usize,
+    after: Option<PruneCursor>,
+) -> Result<(usize, Option<PruneCursor>)> {
     validate::name("queue", queue)?;
     let max_jobs = check_count(max_jobs)?;
     let (newest, younger_than) = match policy {
-        Retention::KeepAll => return Ok(0),
+        Retention::KeepAll => return Ok((0, None)),
         Retention::DeleteAll => (None, None),
         Retention::KeepNewest(n) => (Some(n), None),
         Retention::KeepYoungerThan(age) => (None, Some(age)),
@@ -190,7 +231,7 @@ pub fn prune<C: TenureConnection>(
                         .optional()?;
                     match nth.and_then(|row| row.at) {
                         Some(at) => cutoff = Some(at),
-                        None => return Ok(0),
+                        None => return Ok((0, None)),
                     }
                 }
                 if let Some(micros) = age_micros {
@@ -206,18 +247,28 @@ pub fn prune<C: TenureConnection>(
                 }
                 // DeleteAll: no cutoff; the far future stands in for "any finish time".
                 let before = cutoff.unwrap_or(DateTime::<Utc>::MAX_UTC);
-                let picked: Vec<i64> = statement(syntax.render(
-                    OLDER_THAN,
-                ))
-                    .bind::<Text, _>(queue)
-                    .bind::<Text, _>(state)
-                    .bind::<Instant, _>(clamp(before))
-                    .bind::<BigInt, _>(max_jobs)
-                    .load::<IdRow>(c)
-                    .map(ids_of)?;
-                if picked.is_empty() {
-                    return Ok(0);
-                }
+                let older: Vec<OlderRow> = match after {
+                    None => statement(syntax.render(OLDER_THAN))
+                        .bind::<Text, _>(queue)
+                        .bind::<Text, _>(state)
+                        .bind::<Instant, _>(clamp(before))
+                        .bind::<BigInt, _>(max_jobs)
+                        .load::<OlderRow>(c)?,
+                    Some((at, id)) => statement(syntax.render(OLDER_THAN_AFTER))
+                        .bind::<Text, _>(queue)
+                        .bind::<Text, _>(state)
+                        .bind::<Instant, _>(clamp(before))
+                        .bind::<Instant, _>(at)
+                        .bind::<Instant, _>(at)
+                        .bind::<BigInt, _>(id)
+                        .bind::<BigInt, _>(max_jobs)
+                        .load::<OlderRow>(c)?,
+                };
+                let Some(last) = older.last() else {
+                    return Ok((0, None));
+                };
+                let reached = Some((last.finished_at, last.id));
+                let picked: Vec<i64> = older.iter().map(|row| row.id).collect();
                 let locked: Vec<PickedRow> = statement(syntax.render(LOCK_PICKED))
                     .bind_ids(picked)
                     .load::<PickedRow>(c)?
@@ -233,7 +284,7 @@ pub fn prune<C: TenureConnection>(
                 };
                 let locked: Vec<PickedRow> = locked.into_iter().filter(|row| !needed.contains(&row.id)).collect();
                 if locked.is_empty() {
-                    return Ok(0);
+                    return Ok((0, reached));
                 }
                 let doomed: Vec<i64> = locked.iter().map(|row| row.id).collect();
                 let mut workflows: Vec<i64> = locked.iter().filter_map(|row| row.workflow_id).collect();
@@ -260,7 +311,7 @@ pub fn prune<C: TenureConnection>(
                 statement("DELETE FROM tenure_dependency_stripes WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
                 statement("DELETE FROM tenure_job_dependencies WHERE job_id IN {ids}").bind_ids(ids()).execute(c)?;
                 statement("DELETE FROM tenure_job_dependencies WHERE depends_on IN {ids}").bind_ids(ids()).execute(c)?;
-                Ok(deleted)
+                Ok((deleted, reached))
             })
         })
     })

@@ -1,5 +1,6 @@
 //! Retention: a prune keeps the newest job even while it commits (the reference report's
-//! two-step prune loses it), and keep-newest and keep-young policies on 10,000 jobs.
+//! two-step prune loses it), keep-newest and keep-young policies on 10,000 jobs, and a
+//! worker's pass of batches, each starting where the last ended.
 
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
@@ -15,6 +16,7 @@ use crate::common::{TestDb, conformance, count, now_sql, placeholders};
 conformance!(
     two_step_prune_loses_the_newest_and_tenure_prune_keeps_it,
     keep_newest_and_keep_young_on_ten_thousand_jobs,
+    a_workers_prune_pass_takes_every_job_whose_finish_instant_a_batch_split,
 );
 
 fn completed_ids(conn: &mut AnyConnection, queue: &str) -> Vec<i64> {
@@ -259,4 +261,72 @@ fn keep_newest_and_keep_young_on_ten_thousand_jobs(backend: Backend) {
         0
     );
     assert_eq!(total(&mut conn, "all"), 1);
+}
+
+/// A worker's prune pass reads each batch from where the last one ended (its
+/// `(finished_at, id)`), not from the first finished job again. Jobs completed in one call
+/// share one finish instant: here 2,500 in calls of 700, so the pass's first batch of 1,000
+/// ends inside the second call's instant. The pass must still delete all 2,500 (one `Pruned`
+/// event of 2,500): a position compared by finish time alone skipped that instant's other 400
+/// jobs, one by id alone every job finished before it with a larger id.
+fn a_workers_prune_pass_takes_every_job_whose_finish_instant_a_batch_split(backend: Backend) {
+    use std::sync::Mutex;
+    use std::sync::mpsc::channel;
+    use tenure::events::Event;
+    use tenure::worker::Worker;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    let total = 2_500;
+    let batch: Vec<NewJob> = (0..total)
+        .map(|_| NewJob::new("pruned", "k", vec![]))
+        .collect();
+    for chunk in batch.chunks(1_000) {
+        jobs::enqueue_many(&mut conn, chunk).unwrap();
+    }
+    let mut done = 0;
+    while done < total {
+        let claimed = jobs::claim(&mut conn, "pruned", 700, TTL).unwrap();
+        assert!(
+            !claimed.is_empty(),
+            "{done} of {total} completed, none left to claim"
+        );
+        let claims: Vec<_> = claimed.iter().map(|job| job.claim()).collect();
+        assert!(
+            jobs::complete(&mut conn, &claims)
+                .unwrap()
+                .iter()
+                .all(|o| *o == Outcome::Done)
+        );
+        done += claimed.len();
+        // The next call's instant is a later one.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (passes, pruned) = channel::<usize>();
+    let passes = Mutex::new(passes);
+    let worker = Worker::builder(db.pool(4))
+        .queue("elsewhere")
+        .threads(1)
+        .retention("pruned", Finished::Completed, Retention::DeleteAll)
+        .on_event(move |event: &Event| {
+            if let Event::Pruned { queue, deleted } = event {
+                if queue == "pruned" {
+                    let _ = passes.lock().unwrap().send(*deleted);
+                }
+            }
+        })
+        .raw_handler("k", |_, _: &[u8]| Ok(()))
+        .start()
+        .unwrap();
+    let first = pruned
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a prune pass within a minute");
+    worker.shutdown(Duration::from_secs(10));
+    assert_eq!(first, total, "the first pass deleted {first} of {total}");
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = 'pruned'"
+        ),
+        0
+    );
 }
