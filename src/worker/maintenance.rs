@@ -207,9 +207,17 @@ fn prune_all(
 ) {
     for (queue, finished, policy) in policies {
         let mut deleted = 0;
-        // Each batch after the last one's position (`retention::prune_after`).
+        // Each batch after the last one's position (`retention::prune_after`), and every
+        // tenth from the first job again: a pass kept going by full batches (a steady stream
+        // of finished jobs) must still come back for jobs behind its position (one whose dedup
+        // window closed since, one that committed with an older finish time).
         let mut reached = None;
+        let mut batches = 0u32;
         loop {
+            batches += 1;
+            if batches % 10 == 0 {
+                reached = None;
+            }
             let batch =
                 conn.with(|c| prune_after(c, queue, *finished, *policy, jobs::MAX_BATCH, reached));
             match batch {

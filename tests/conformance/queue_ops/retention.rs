@@ -17,6 +17,7 @@ conformance!(
     two_step_prune_loses_the_newest_and_tenure_prune_keeps_it,
     keep_newest_and_keep_young_on_ten_thousand_jobs,
     a_workers_prune_pass_takes_every_job_whose_finish_instant_a_batch_split,
+    a_pass_fed_by_a_steady_finisher_never_returns_for_jobs_behind_its_position,
 );
 
 fn completed_ids(conn: &mut AnyConnection, queue: &str) -> Vec<i64> {
@@ -329,4 +330,112 @@ fn a_workers_prune_pass_takes_every_job_whose_finish_instant_a_batch_split(backe
         ),
         0
     );
+}
+
+/// A pass goes on while each batch deletes a full MAX_BATCH, each from the last one's
+/// position. A steady finisher (here 1,000 completed jobs a statement whenever fewer than
+/// 4,000 are left) keeps every batch full, so the pass does not end: it must still come back
+/// for jobs behind its position, a job whose dedup window closes after the pass passed it
+/// and a job that commits with an older finish time (a finisher's transaction committing
+/// late). With a position never reset, both stayed as long as the load lasted (a helper's
+/// attack: PostgreSQL and MariaDB; SQLite's one writer ends each pass).
+fn a_pass_fed_by_a_steady_finisher_never_returns_for_jobs_behind_its_position(backend: Backend) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tenure::jobs::DedupOver;
+    use tenure::worker::Worker;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    // The dedup job: completed, its 1 s window open when the pass starts.
+    let dedup = NewJob::new("fed", "k", vec![])
+        .dedup_key("d")
+        .dedup_window(Duration::from_secs(1), DedupOver::Completed);
+    jobs::enqueue(&mut conn, &dedup).unwrap();
+    let claimed = jobs::claim(&mut conn, "fed", 1, TTL).unwrap();
+    let dedup_id = claimed[0].id;
+    jobs::complete(&mut conn, &[claimed[0].claim()]).unwrap();
+    let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+        UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+        UNION ALL SELECT 8 UNION ALL SELECT 9)";
+    let payload = if backend == Backend::Postgres {
+        "'\\x00'::bytea"
+    } else {
+        "x'00'"
+    };
+    let now = now_sql(backend);
+    let insert = format!(
+        "INSERT INTO tenure_jobs (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, finished_at) \
+         SELECT 'fed', 'k', {payload}, 0, 'completed', 1, 1, {now}, {now}, {now} \
+         FROM {digits} a, {digits} b, {digits} c"
+    );
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let producer = s.spawn(|| {
+            let mut c = db.connect();
+            let mut inserted = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let n = count(
+                    &mut c,
+                    "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = 'fed'",
+                );
+                if n < 4_000 {
+                    if c.batch_execute(&insert).is_ok() {
+                        inserted += 1_000;
+                    }
+                } else {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            inserted
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let worker = Worker::builder(db.pool(4))
+            .queue("elsewhere")
+            .threads(1)
+            .retention("fed", Finished::Completed, Retention::DeleteAll)
+            .raw_handler("k", |_, _: &[u8]| Ok(()))
+            .start()
+            .unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+        // A job finished an hour ago commits now, behind the pass's position.
+        let late_sql = match backend {
+            Backend::Postgres => "statement_timestamp() - interval '1 hour'",
+            Backend::Mysql => "UTC_TIMESTAMP(6) - INTERVAL 1 HOUR",
+            Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 hours')",
+        };
+        conn.batch_execute(&format!(
+            "INSERT INTO tenure_jobs (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, finished_at) \
+             VALUES ('fed', 'late', {payload}, 0, 'completed', 1, 1, {now}, {now}, {late_sql})"
+        ))
+        .unwrap();
+        // Both go within the pass, or by the next one; the finisher keeps every batch full.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let (mut dedup_left, mut late_left);
+        loop {
+            dedup_left = count(
+                &mut conn,
+                &format!("SELECT COUNT(*) AS n FROM tenure_jobs WHERE id = {dedup_id}"),
+            );
+            late_left = count(
+                &mut conn,
+                "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = 'fed' AND kind = 'late'",
+            );
+            if (dedup_left, late_left) == (0, 0) || std::time::Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let inserted = producer.join().unwrap();
+        worker.shutdown(Duration::from_secs(10));
+        assert!(
+            inserted >= 5_000,
+            "the finisher kept up only {inserted} jobs"
+        );
+        assert_eq!(
+            (dedup_left, late_left),
+            (0, 0),
+            "30 s into a worker's retention under a steady finisher ({inserted} jobs): \
+             dedup job past its window left {dedup_left}, late-committed old job left {late_left}"
+        );
+    });
 }
