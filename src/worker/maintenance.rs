@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use super::runs::Shared;
 use crate::events::Event;
-
 use crate::jobs::{self, Finished, Retention, prune_after};
 use crate::{AnyConnection, Result};
 

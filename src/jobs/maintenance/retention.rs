@@ -102,8 +102,9 @@ const OLDER_THAN: &str = older_than!("");
 /// of walking again the index entries of every job the pass deleted (without vacuum, or
 /// while a snapshot is held, they stay until their table or slot goes). The range on
 /// `finished_at` is the index's, on every backend; the `id` test filters the few at the
-/// same instant. A job that commits with an older finish time after the position passed it
-/// is the next pass's (each starts from the beginning).
+/// same instant. A job behind the position (one that committed with an older finish time
+/// after the position passed it, one whose dedup window closed since) is taken when the pass
+/// starts from the first job again: every tenth batch, and every pass.
 const OLDER_THAN_AFTER: &str = older_than!(" AND finished_at >= ? AND (finished_at > ? OR id > ?)");
 
 /// Where a pass of prunes has got to in `(finished_at, id)` order: see [`prune_after`].
