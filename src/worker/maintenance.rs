@@ -139,7 +139,10 @@ pub(super) fn maintain(shared: &Shared) {
         }
         if !config.retention.is_empty() && Instant::now() >= due.prune {
             due.prune = Instant::now() + PRUNE_EVERY;
-            prune_all(shared, &mut conn, &config.retention);
+            if prune_all(shared, &mut conn, &config.retention) {
+                // The rest at once, after the other passes that are due.
+                due.prune = Instant::now();
+            }
         }
     }
 }
@@ -197,32 +200,36 @@ fn age_all(shared: &Shared, conn: &mut Dedicated<'_>, after: Duration) {
     }
 }
 
-/// One pruning pass: every policy, at most `MAX_BATCH` jobs a call, until a call deletes
-/// fewer or the worker stops.
+/// How many batches of [`jobs::MAX_BATCH`] one pass deletes per policy at most. A pass that
+/// stops there leaves the rest to the next one, due at once but after whatever else is due:
+/// a finisher faster than the prune keeps every batch full, and a pass that went on while
+/// they were full held the thread for as long as the load lasted (no schedule fired, no
+/// lapsed claim was rescued, no job slot turned). Each pass starts from the first job, so
+/// one whose position moved past a job (a dedup window closed since, a job that committed
+/// with an older finish time) comes back for it in the next.
+const PASS_BATCHES: u32 = 10;
+
+/// One pruning pass: every policy, at most `MAX_BATCH` jobs a call and [`PASS_BATCHES`]
+/// calls, until a call deletes fewer or the worker stops. Returns whether a policy has more
+/// to delete than the pass took.
 fn prune_all(
     shared: &Shared,
     conn: &mut Dedicated<'_>,
     policies: &[(String, Finished, Retention)],
-) {
+) -> bool {
+    let mut more = false;
     for (queue, finished, policy) in policies {
         let mut deleted = 0;
-        // Each batch after the last one's position (`retention::prune_after`), and every
-        // tenth from the first job again: a pass kept going by full batches (a steady stream
-        // of finished jobs) must still come back for jobs behind its position (one whose dedup
-        // window closed since, one that committed with an older finish time).
+        // Each batch after the last one's position (`retention::prune_after`).
         let mut reached = None;
-        let mut batches = 0u32;
-        loop {
-            batches += 1;
-            if batches % 10 == 0 {
-                reached = None;
-            }
-            let batch =
+        for batch in 1..=PASS_BATCHES {
+            let outcome =
                 conn.with(|c| prune_after(c, queue, *finished, *policy, jobs::MAX_BATCH, reached));
-            match batch {
+            match outcome {
                 Ok((n, at)) if n == jobs::MAX_BATCH && !shared.stopping() => {
                     deleted += n;
                     reached = at;
+                    more |= batch == PASS_BATCHES;
                 }
                 Ok((n, _)) => {
                     deleted += n;
@@ -241,4 +248,5 @@ fn prune_all(
             });
         }
     }
+    more
 }

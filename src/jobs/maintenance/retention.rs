@@ -104,7 +104,7 @@ const OLDER_THAN: &str = older_than!("");
 /// `finished_at` is the index's, on every backend; the `id` test filters the few at the
 /// same instant. A job behind the position (one that committed with an older finish time
 /// after the position passed it, one whose dedup window closed since) is taken when the pass
-/// starts from the first job again: every tenth batch, and every pass.
+/// starts from the first job again: every pass (a worker's pass is ten batches at most).
 const OLDER_THAN_AFTER: &str = older_than!(" AND finished_at >= ? AND (finished_at > ? OR id > ?)");
 
 /// Where a pass of prunes has got to in `(finished_at, id)` order: see [`prune_after`].
@@ -192,7 +192,7 @@ pub fn prune<C: TenureConnection>(
 
 /// [`prune`] of the jobs after `after` in the prune's order (`None`: from the first), and
 /// where this call got to (`None` when it picked nothing): a worker's pass calls it again
-/// from there while it deletes full batches.
+/// from there while it deletes full batches (ten at most a pass).
 pub(crate) fn prune_after<C: TenureConnection>(
     conn: &mut C,
     queue: &str,

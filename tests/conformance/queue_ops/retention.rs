@@ -18,6 +18,7 @@ conformance!(
     keep_newest_and_keep_young_on_ten_thousand_jobs,
     a_workers_prune_pass_takes_every_job_whose_finish_instant_a_batch_split,
     a_pass_fed_by_a_steady_finisher_never_returns_for_jobs_behind_its_position,
+    a_workers_schedules_fire_while_a_steady_finisher_feeds_its_prune,
 );
 
 fn completed_ids(conn: &mut AnyConnection, queue: &str) -> Vec<i64> {
@@ -332,9 +333,10 @@ fn a_workers_prune_pass_takes_every_job_whose_finish_instant_a_batch_split(backe
     );
 }
 
-/// A pass goes on while each batch deletes a full MAX_BATCH, each from the last one's
-/// position. A steady finisher (here 1,000 completed jobs a statement whenever fewer than
-/// 4,000 are left) keeps every batch full, so the pass does not end: it must still come back
+/// A pass goes on while each batch deletes a full MAX_BATCH (ten at most), each from the
+/// last one's position. A steady finisher (here 1,000 completed jobs a statement whenever
+/// fewer than 4,000 are left) keeps every batch full, so passes follow one another without
+/// end: retention must still come back
 /// for jobs behind its position, a job whose dedup window closes after the pass passed it
 /// and a job that commits with an older finish time (a finisher's transaction committing
 /// late). With a position never reset, both stayed as long as the load lasted (a helper's
@@ -353,40 +355,11 @@ fn a_pass_fed_by_a_steady_finisher_never_returns_for_jobs_behind_its_position(ba
     let claimed = jobs::claim(&mut conn, "fed", 1, TTL).unwrap();
     let dedup_id = claimed[0].id;
     jobs::complete(&mut conn, &[claimed[0].claim()]).unwrap();
-    let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
-        UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
-        UNION ALL SELECT 8 UNION ALL SELECT 9)";
-    let payload = if backend == Backend::Postgres {
-        "'\\x00'::bytea"
-    } else {
-        "x'00'"
-    };
+    let payload = fed_payload(backend);
     let now = now_sql(backend);
-    let insert = format!(
-        "INSERT INTO tenure_jobs (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, finished_at) \
-         SELECT 'fed', 'k', {payload}, 0, 'completed', 1, 1, {now}, {now}, {now} \
-         FROM {digits} a, {digits} b, {digits} c"
-    );
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
-        let producer = s.spawn(|| {
-            let mut c = db.connect();
-            let mut inserted = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let n = count(
-                    &mut c,
-                    "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = 'fed'",
-                );
-                if n < 4_000 {
-                    if c.batch_execute(&insert).is_ok() {
-                        inserted += 1_000;
-                    }
-                } else {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-            inserted
-        });
+        let producer = s.spawn(|| keep_fed(&db, &stop));
         std::thread::sleep(Duration::from_millis(300));
         let worker = Worker::builder(db.pool(4))
             .queue("elsewhere")
@@ -436,6 +409,106 @@ fn a_pass_fed_by_a_steady_finisher_never_returns_for_jobs_behind_its_position(ba
             (0, 0),
             "30 s into a worker's retention under a steady finisher ({inserted} jobs): \
              dedup job past its window left {dedup_left}, late-committed old job left {late_left}"
+        );
+    });
+}
+
+fn fed_payload(backend: Backend) -> &'static str {
+    if backend == Backend::Postgres {
+        "'\\x00'::bytea"
+    } else {
+        "x'00'"
+    }
+}
+
+/// A steady finisher: 1,000 completed jobs of queue `fed` a statement whenever fewer than
+/// 4,000 are left, until `stop`. Returns how many it inserted.
+fn keep_fed(db: &TestDb, stop: &std::sync::atomic::AtomicBool) -> u64 {
+    use std::sync::atomic::Ordering;
+    let backend = db.backend;
+    let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+        UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+        UNION ALL SELECT 8 UNION ALL SELECT 9)";
+    let (payload, now) = (fed_payload(backend), now_sql(backend));
+    let insert = format!(
+        "INSERT INTO tenure_jobs (queue, kind, payload, priority, state, attempt, max_attempts, due_at, created_at, finished_at) \
+         SELECT 'fed', 'k', {payload}, 0, 'completed', 1, 1, {now}, {now}, {now} \
+         FROM {digits} a, {digits} b, {digits} c"
+    );
+    let mut c = db.connect();
+    let mut inserted = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let n = count(
+            &mut c,
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = 'fed'",
+        );
+        if n < 4_000 {
+            if c.batch_execute(&insert).is_ok() {
+                inserted += 1_000;
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    inserted
+}
+
+/// A worker's maintenance thread prunes, fires schedules, rescues lapsed claims and turns
+/// what needs turning. A finisher faster than the prune keeps every batch full: a pass that
+/// went on while they were full never ended, and nothing else on the thread ran for as long
+/// as the load lasted (here: a schedule of every second fired no more). A pass takes ten
+/// batches at most and leaves the rest to the next, after the other passes that are due.
+/// (SQLite's one writer ends each pass: it cannot fail there.)
+fn a_workers_schedules_fire_while_a_steady_finisher_feeds_its_prune(backend: Backend) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tenure::schedules::{self, Schedule};
+    use tenure::worker::Worker;
+    let db = TestDb::migrated(backend);
+    let mut conn = db.connect();
+    schedules::upsert(
+        &mut conn,
+        &Schedule::every(
+            "beat",
+            Duration::from_secs(1),
+            NewJob::new("elsewhere", "k", vec![]),
+        ),
+    )
+    .unwrap();
+    let beats = |conn: &mut AnyConnection| {
+        count(
+            conn,
+            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = 'elsewhere'",
+        )
+    };
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let producer = s.spawn(|| keep_fed(&db, &stop));
+        std::thread::sleep(Duration::from_millis(300));
+        let worker = Worker::builder(db.pool(4))
+            .queue("elsewhere")
+            .threads(1)
+            .run_schedules()
+            .retention("fed", Finished::Completed, Retention::DeleteAll)
+            .raw_handler("k", |_, _: &[u8]| Ok(()))
+            .start()
+            .unwrap();
+        // Well into the first pass (the first tick may fire before it starts).
+        std::thread::sleep(Duration::from_secs(2));
+        let before = beats(&mut conn);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut after = before;
+        while after <= before + 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+            after = beats(&mut conn);
+        }
+        stop.store(true, Ordering::Relaxed);
+        let inserted = producer.join().unwrap();
+        worker.shutdown(Duration::from_secs(10));
+        assert!(
+            after > before + 1,
+            "a schedule of every second fired {} times in 30 s while a steady finisher \
+             ({inserted} jobs) fed the worker's prune",
+            after - before
         );
     });
 }
