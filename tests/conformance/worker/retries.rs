@@ -53,7 +53,9 @@ fn a_refused_retry_instant_falls_back_to_the_kinds_backoff(backend: Backend) {
         let worker = Worker::builder(db.pool(8))
             .queue("at")
             .threads(1)
-            .claim_ttl(Duration::from_millis(900))
+            // Long enough that a run on a machine at load 14 records its failure well inside
+            // it (0.9 s lapsed there once), short enough that a lapse shows within the wait.
+            .claim_ttl(Duration::from_secs(5))
             .poll_interval(Duration::from_millis(10))
             .raw_handler("k", move |_: &JobContext, _: &[u8]| {
                 r.fetch_add(1, Ordering::SeqCst);
@@ -63,8 +65,8 @@ fn a_refused_retry_instant_falls_back_to_the_kinds_backoff(backend: Backend) {
             .start()
             .unwrap();
         // Recorded at once when it works; a refused record is given up after 3 tries and
-        // its claim lapses (0.9 s) and is rescued: 4 s shows that.
-        let report = wait_for(&worker, Duration::from_secs(4), |r| r.retried + r.dead > 0);
+        // its claim lapses (5 s) and is rescued (every 2.5 s): 12 s shows that.
+        let report = wait_for(&worker, Duration::from_secs(12), |r| r.retried + r.dead > 0);
         std::thread::sleep(Duration::from_millis(300));
         let report2 = worker.shutdown(Duration::from_secs(5));
         let job = jobs::get(&mut conn, id);
@@ -115,7 +117,8 @@ fn a_refused_retry_instant_does_not_block_other_jobs(backend: Backend) {
     let worker = Worker::builder(db.pool(8))
         .queue("mix")
         .threads(2)
-        .claim_ttl(Duration::from_millis(900))
+        // Not shorter: on a machine at load 14 a good job's claim must not lapse by itself.
+        .claim_ttl(Duration::from_secs(5))
         .poll_interval(Duration::from_millis(10))
         .raw_handler("bad", move |_: &JobContext, _: &[u8]| {
             Err(JobError::retry_at("in year 10000", far))
@@ -131,8 +134,8 @@ fn a_refused_retry_instant_does_not_block_other_jobs(backend: Backend) {
     assert!(first.retried + first.dead > 0, "{first:?}");
     let batch: Vec<NewJob> = (0..50).map(|_| NewJob::new("mix", "ok", vec![])).collect();
     jobs::enqueue_many(&mut conn, &batch).unwrap();
-    // Runs in well under a second; 10 s covers several lapses (0.9 s ttl) if they happen.
-    let report = wait_for(&worker, Duration::from_secs(10), |r| r.completed >= 50);
+    // Runs in well under a second; 30 s covers several lapses (5 s ttl) if they happen.
+    let report = wait_for(&worker, Duration::from_secs(30), |r| r.completed >= 50);
     let final_report = worker.shutdown(Duration::from_secs(5));
     let completed = count(
         &mut conn,
