@@ -83,6 +83,8 @@ pub(super) fn maintain(shared: &Shared) {
         dead_workers: now,
         aging: now,
     };
+    let mut prune_turns = Turns::default();
+    let mut aging_turns = Turns::default();
     loop {
         {
             let mut state = shared.lock();
@@ -135,11 +137,13 @@ pub(super) fn maintain(shared: &Shared) {
             && Instant::now() >= due.aging
         {
             due.aging = Instant::now() + aging_every(after);
-            age_all(shared, &mut conn, after);
+            if age_all(shared, &mut conn, after, &mut aging_turns) {
+                due.aging = Instant::now();
+            }
         }
         if !config.retention.is_empty() && Instant::now() >= due.prune {
             due.prune = Instant::now() + PRUNE_EVERY;
-            if prune_all(shared, &mut conn, &config.retention) {
+            if prune_all(shared, &mut conn, &config.retention, &mut prune_turns) {
                 // The rest at once, after the other passes that are due.
                 due.prune = Instant::now();
             }
@@ -170,14 +174,79 @@ fn rescued(shared: &Shared, outcome: Result<jobs::Rescued>) {
     }
 }
 
-/// One aging pass over the worker's queues, `MAX_BATCH` jobs a call, until a call moves fewer
-/// or the worker stops.
-fn age_all(shared: &Shared, conn: &mut Dedicated<'_>, after: Duration) {
+/// How many calls of [`jobs::MAX_BATCH`] jobs one pass makes at most, over all its queues
+/// or policies, and for how long it starts new ones: a pass that stops there leaves the rest
+/// to the next, due at once but after whatever else is due. A pass that went on while
+/// batches were full held the thread for as long as a backlog lasted (a finisher faster than
+/// the prune keeps every batch full; so do forty policies with ten thousand jobs each, or a
+/// queue of a hundred thousand jobs to age): no schedule fired, no lapsed claim was rescued,
+/// no job slot turned meanwhile.
+const PASS_BATCHES: u32 = 10;
+const PASS_TIME: Duration = Duration::from_millis(500);
+
+/// What is left of a pass: calls, and time to start them in.
+struct Budget {
+    calls: u32,
+    until: Instant,
+    taken: u32,
+}
+
+impl Budget {
+    /// Takes one call, if any is left.
+    fn take(&mut self) -> bool {
+        if self.calls == 0 || Instant::now() >= self.until {
+            self.calls = 0;
+            return false;
+        }
+        self.calls -= 1;
+        self.taken += 1;
+        true
+    }
+}
+
+/// Whose turn a bounded pass starts with: the queue or policy after the one at which the
+/// last pass ran out, so a backlog in one never starves the others.
+#[derive(Default)]
+struct Turns {
+    next: usize,
+}
+
+impl Turns {
+    /// Gives each item its turn from `self.next`, with what is left of the pass (`each`
+    /// takes a call from it before each one). Returns whether the pass ran out, so that
+    /// some item may have more.
+    fn pass<T>(&mut self, items: &[T], mut each: impl FnMut(&T, &mut Budget)) -> bool {
+        let mut budget = Budget {
+            calls: PASS_BATCHES,
+            until: Instant::now() + PASS_TIME,
+            taken: 0,
+        };
+        for k in 0..items.len() {
+            let i = (self.next + k) % items.len();
+            let taken = budget.taken;
+            each(&items[i], &mut budget);
+            if budget.calls == 0 {
+                // The next pass starts with this one again if its turn made no call.
+                self.next = if budget.taken == taken {
+                    i
+                } else {
+                    (i + 1) % items.len()
+                };
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// One aging pass over the worker's queues in turn, `MAX_BATCH` jobs a call, each queue until
+/// a call reads fewer, within [`PASS_BATCHES`] and [`PASS_TIME`]. Returns whether it ran out.
+fn age_all(shared: &Shared, conn: &mut Dedicated<'_>, after: Duration, turns: &mut Turns) -> bool {
     // Validated when the worker was built.
     let after = i64::try_from(after.as_micros()).unwrap_or(i64::MAX);
-    for queue in &shared.config.queues {
+    turns.pass(&shared.config.queues, |queue, budget| {
         let mut aged = 0;
-        loop {
+        while budget.take() {
             // Again while a call read a full batch (it may have moved fewer: claims took some).
             match conn.with(|c| jobs::age_batch(c, queue, after, jobs::MAX_BATCH as i64)) {
                 Ok((read, moved)) if read == jobs::MAX_BATCH && !shared.stopping() => aged += moved,
@@ -197,39 +266,31 @@ fn age_all(shared: &Shared, conn: &mut Dedicated<'_>, after: Duration) {
                 jobs: aged,
             });
         }
-    }
+    })
 }
 
-/// How many batches of [`jobs::MAX_BATCH`] one pass deletes per policy at most. A pass that
-/// stops there leaves the rest to the next one, due at once but after whatever else is due:
-/// a finisher faster than the prune keeps every batch full, and a pass that went on while
-/// they were full held the thread for as long as the load lasted (no schedule fired, no
-/// lapsed claim was rescued, no job slot turned). Each pass starts from the first job, so
-/// one whose position moved past a job (a dedup window closed since, a job that committed
-/// with an older finish time) comes back for it in the next.
-const PASS_BATCHES: u32 = 10;
-
-/// One pruning pass: every policy, at most `MAX_BATCH` jobs a call and [`PASS_BATCHES`]
-/// calls, until a call deletes fewer or the worker stops. Returns whether a policy has more
-/// to delete than the pass took.
+/// One pruning pass over the policies in turn, `MAX_BATCH` jobs a call, each until a call
+/// deletes fewer, within [`PASS_BATCHES`] and [`PASS_TIME`]. Returns whether it ran out. Each
+/// policy's turn starts from its first job, so one whose position moved past a job (a dedup
+/// window closed since, a job that committed with an older finish time) comes back for it in
+/// the next.
 fn prune_all(
     shared: &Shared,
     conn: &mut Dedicated<'_>,
     policies: &[(String, Finished, Retention)],
+    turns: &mut Turns,
 ) -> bool {
-    let mut more = false;
-    for (queue, finished, policy) in policies {
+    turns.pass(policies, |(queue, finished, policy), budget| {
         let mut deleted = 0;
         // Each batch after the last one's position (`retention::prune_after`).
         let mut reached = None;
-        for batch in 1..=PASS_BATCHES {
+        while budget.take() {
             let outcome =
                 conn.with(|c| prune_after(c, queue, *finished, *policy, jobs::MAX_BATCH, reached));
             match outcome {
                 Ok((n, at)) if n == jobs::MAX_BATCH && !shared.stopping() => {
                     deleted += n;
                     reached = at;
-                    more |= batch == PASS_BATCHES;
                 }
                 Ok((n, _)) => {
                     deleted += n;
@@ -247,6 +308,5 @@ fn prune_all(
                 deleted,
             });
         }
-    }
-    more
+    })
 }

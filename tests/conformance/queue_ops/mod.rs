@@ -3,7 +3,7 @@
 
 mod dedup;
 mod history;
-mod retention;
+pub(crate) mod retention;
 
 use std::sync::Arc;
 use std::time::Duration;

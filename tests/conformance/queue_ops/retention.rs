@@ -18,7 +18,6 @@ conformance!(
     keep_newest_and_keep_young_on_ten_thousand_jobs,
     a_workers_prune_pass_takes_every_job_whose_finish_instant_a_batch_split,
     a_pass_fed_by_a_steady_finisher_never_returns_for_jobs_behind_its_position,
-    a_workers_schedules_fire_while_a_steady_finisher_feeds_its_prune,
 );
 
 fn completed_ids(conn: &mut AnyConnection, queue: &str) -> Vec<i64> {
@@ -147,7 +146,7 @@ fn two_step_prune_loses_the_newest_and_tenure_prune_keeps_it(backend: Backend) {
 /// `priority` so a test can name the jobs a prune kept) finished k hours before the
 /// statement's clock. An hour apart, so the clock moving on while a test runs (seconds, on a
 /// slow machine) never moves a job across a retention boundary.
-fn finished_jobs(conn: &mut AnyConnection, queue: &str, n: usize) {
+pub(crate) fn finished_jobs(conn: &mut AnyConnection, queue: &str, n: usize) {
     let backend = conn.backend();
     let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
         UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
@@ -413,7 +412,7 @@ fn a_pass_fed_by_a_steady_finisher_never_returns_for_jobs_behind_its_position(ba
     });
 }
 
-fn fed_payload(backend: Backend) -> &'static str {
+pub(crate) fn fed_payload(backend: Backend) -> &'static str {
     if backend == Backend::Postgres {
         "'\\x00'::bytea"
     } else {
@@ -423,7 +422,7 @@ fn fed_payload(backend: Backend) -> &'static str {
 
 /// A steady finisher: 1,000 completed jobs of queue `fed` a statement whenever fewer than
 /// 4,000 are left, until `stop`. Returns how many it inserted.
-fn keep_fed(db: &TestDb, stop: &std::sync::atomic::AtomicBool) -> u64 {
+pub(crate) fn keep_fed(db: &TestDb, stop: &std::sync::atomic::AtomicBool) -> u64 {
     use std::sync::atomic::Ordering;
     let backend = db.backend;
     let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
@@ -451,64 +450,4 @@ fn keep_fed(db: &TestDb, stop: &std::sync::atomic::AtomicBool) -> u64 {
         }
     }
     inserted
-}
-
-/// A worker's maintenance thread prunes, fires schedules, rescues lapsed claims and turns
-/// what needs turning. A finisher faster than the prune keeps every batch full: a pass that
-/// went on while they were full never ended, and nothing else on the thread ran for as long
-/// as the load lasted (here: a schedule of every second fired no more). A pass takes ten
-/// batches at most and leaves the rest to the next, after the other passes that are due.
-/// (SQLite's one writer ends each pass: it cannot fail there.)
-fn a_workers_schedules_fire_while_a_steady_finisher_feeds_its_prune(backend: Backend) {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use tenure::schedules::{self, Schedule};
-    use tenure::worker::Worker;
-    let db = TestDb::migrated(backend);
-    let mut conn = db.connect();
-    schedules::upsert(
-        &mut conn,
-        &Schedule::every(
-            "beat",
-            Duration::from_secs(1),
-            NewJob::new("elsewhere", "k", vec![]),
-        ),
-    )
-    .unwrap();
-    let beats = |conn: &mut AnyConnection| {
-        count(
-            conn,
-            "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = 'elsewhere'",
-        )
-    };
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        let producer = s.spawn(|| keep_fed(&db, &stop));
-        std::thread::sleep(Duration::from_millis(300));
-        let worker = Worker::builder(db.pool(4))
-            .queue("elsewhere")
-            .threads(1)
-            .run_schedules()
-            .retention("fed", Finished::Completed, Retention::DeleteAll)
-            .raw_handler("k", |_, _: &[u8]| Ok(()))
-            .start()
-            .unwrap();
-        // Well into the first pass (the first tick may fire before it starts).
-        std::thread::sleep(Duration::from_secs(2));
-        let before = beats(&mut conn);
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let mut after = before;
-        while after <= before + 1 && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(100));
-            after = beats(&mut conn);
-        }
-        stop.store(true, Ordering::Relaxed);
-        let inserted = producer.join().unwrap();
-        worker.shutdown(Duration::from_secs(10));
-        assert!(
-            after > before + 1,
-            "a schedule of every second fired {} times in 30 s while a steady finisher \
-             ({inserted} jobs) fed the worker's prune",
-            after - before
-        );
-    });
 }

@@ -6,6 +6,7 @@ mod claims;
 mod heartbeats;
 mod liveness;
 mod lost_answers;
+mod maintenance;
 mod retries;
 mod runs;
 mod shutdown;
