@@ -29,9 +29,12 @@ pub(crate) const COPY_MIN_ROWS: usize = 64;
 const MAY_TAKE_IDS: &str = "SELECT CASE WHEN has_sequence_privilege(\
     pg_get_serial_sequence('tenure_jobs', 'id'), 'USAGE, UPDATE') THEN 1::bigint ELSE 0::bigint END AS id";
 
-/// Ids for `n` new jobs, ascending.
-const TAKE_IDS: &str = "SELECT nextval(pg_get_serial_sequence('tenure_jobs', 'id')) AS id \
-    FROM generate_series(1, ?) ORDER BY 1";
+/// Ids for `n` new jobs, ascending. The sequence is looked up once (materialized): in the
+/// select list, `pg_get_serial_sequence` ran for every id, 20 ms of 10,000 where `nextval`
+/// alone takes 2 ms, a fifth of a bulk's time on the server.
+const TAKE_IDS: &str = "WITH s AS MATERIALIZED \
+    (SELECT pg_get_serial_sequence('tenure_jobs', 'id')::regclass AS seq) \
+    SELECT nextval(s.seq) AS id FROM s, generate_series(1, ?) ORDER BY 1";
 
 #[derive(QueryableByName)]
 struct NowRow {
