@@ -23,11 +23,13 @@ use crate::{Error, Result};
 /// Batches at least this long go by COPY; shorter ones are cheaper as one INSERT.
 pub(crate) const COPY_MIN_ROWS: usize = 64;
 
-/// Whether this session may take ids from the identity sequence itself. An INSERT's
-/// identity default needs only INSERT on the table; an explicit `nextval` needs USAGE or UPDATE on the
-/// sequence, which an application user granted only table privileges lacks.
-const MAY_TAKE_IDS: &str = "SELECT CASE WHEN has_sequence_privilege(\
-    pg_get_serial_sequence('tenure_jobs', 'id'), 'USAGE, UPDATE') THEN 1::bigint ELSE 0::bigint END AS id";
+/// Whether this session may take ids from the identity sequence itself, and the database's
+/// clock, in one statement. An INSERT's identity default needs only INSERT on the table; an
+/// explicit `nextval` needs USAGE or UPDATE on the sequence, which an application user
+/// granted only table privileges lacks.
+const START: &str = "SELECT has_sequence_privilege(\
+    pg_get_serial_sequence('tenure_jobs', 'id'), 'USAGE, UPDATE') AS may_take_ids, \
+    statement_timestamp() AS now";
 
 /// Ids for `n` new jobs, ascending. The sequence is looked up once (materialized): in the
 /// select list, `pg_get_serial_sequence` ran for every id, 20 ms of 10,000 where `nextval`
@@ -37,7 +39,9 @@ const TAKE_IDS: &str = "WITH s AS MATERIALIZED \
     SELECT nextval(s.seq) AS id FROM s, generate_series(1, ?) ORDER BY 1";
 
 #[derive(QueryableByName)]
-struct NowRow {
+struct Start {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    may_take_ids: bool,
     #[diesel(sql_type = crate::sql_types::Instant)]
     now: DateTime<Utc>,
 }
@@ -74,7 +78,8 @@ pub(crate) fn wanted(jobs: &[NewJob]) -> bool {
 /// returns their ids, in the jobs' order; `None` (nothing done) where the session may not
 /// take ids from the sequence: the caller inserts them as usual.
 pub(crate) fn copy_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Option<Vec<i64>>> {
-    if statement(MAY_TAKE_IDS).get_result::<IdRow>(conn)?.id == 0 {
+    let Start { may_take_ids, now } = statement(START).get_result::<Start>(conn)?;
+    if !may_take_ids {
         return Ok(None);
     }
     let n = i64::try_from(jobs.len()).map_err(|_| Error::invalid("jobs", "too many"))?;
@@ -91,9 +96,6 @@ pub(crate) fn copy_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Opti
             jobs.len()
         )));
     }
-    let now = statement("SELECT statement_timestamp() AS now")
-        .get_result::<NowRow>(conn)?
-        .now;
     let rows: Vec<CopyRow<'_>> = ids
         .iter()
         .zip(jobs)
