@@ -118,9 +118,9 @@ fn schedules_fire_while_a_steady_finisher_feeds_the_prune(backend: Backend) {
 }
 
 /// Forty policies, each with 10,000 completed jobs to delete. With ten calls a policy in a
-/// pass, one pass was all of them: with thirty, no beat for 6.9 s on PostgreSQL, 9.0 s on
-/// SQLite, 12.0 s on MariaDB, and a claim that lapsed meanwhile was rescued 7.6 to 13.6 s
-/// after its lapse by a worker that rescues every second.
+/// pass, one pass was all of them: no beat for 5.4 s on PostgreSQL, 7.6 s on SQLite, 11.0 s
+/// on MariaDB, and a claim that lapsed meanwhile was rescued 4.5 to 10.1 s after its lapse by
+/// a worker that rescues every second.
 fn schedules_fire_and_lapsed_claims_are_rescued_while_many_policies_have_a_backlog(
     backend: Backend,
 ) {
@@ -195,8 +195,8 @@ fn schedules_fire_and_lapsed_claims_are_rescued_while_many_policies_have_a_backl
 }
 
 /// A hundred thousand waiting jobs due for aging: an aging pass went on while each call read a
-/// full batch, and no beat came for the whole of it (with sixty thousand, 7.8 s on PostgreSQL,
-/// 4.6 s on MariaDB; SQLite ages them within the bound: it cannot fail there).
+/// full batch, and no beat came for the whole of it (15.4 s on PostgreSQL, 4.7 s on MariaDB;
+/// SQLite ages them in 1.5 s, within the bound: it cannot fail there).
 fn schedules_fire_while_the_aging_pass_has_a_backlog(backend: Backend) {
     let db = TestDb::migrated(backend);
     let mut conn = db.connect();
