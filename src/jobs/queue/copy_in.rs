@@ -27,8 +27,8 @@ pub(crate) const COPY_MIN_ROWS: usize = 64;
 /// clock, in one statement. An INSERT's identity default needs only INSERT on the table; an
 /// explicit `nextval` needs USAGE or UPDATE on the sequence, which an application user
 /// granted only table privileges lacks.
-const START: &str = "SELECT has_sequence_privilege(\
-    pg_get_serial_sequence('tenure_jobs', 'id'), 'USAGE, UPDATE') AS may_take_ids, \
+const START: &str = "SELECT coalesce(has_sequence_privilege(\
+    pg_get_serial_sequence('tenure_jobs', 'id'), 'USAGE, UPDATE'), false) AS may_take_ids, \
     statement_timestamp() AS now";
 
 /// Ids for `n` new jobs, ascending. The sequence is looked up once (materialized): in the
