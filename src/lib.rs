@@ -59,7 +59,11 @@
 //!   each rotation ([`jobs::rotate_ready`], every second in a worker; on MariaDB while purge
 //!   lags) empties by `TRUNCATE`, which needs neither vacuum nor purge: a report or a
 //!   forgotten `BEGIN` no longer slows every claim with the entries of every job claimed
-//!   since it began (docs/storage-design.md). SQLite claims from `tenure_jobs`.
+//!   since it began (docs/storage-design.md). SQLite claims from `tenure_jobs`. On
+//!   PostgreSQL `tenure_jobs` is also kept in six slots that new jobs fill in turn: once
+//!   retention has deleted every job of a slot, [`jobs::rotate_job_slots`] (every second in a
+//!   worker) truncates it, dead versions and all, without vacuum; a slot with any job still
+//!   in it is never truncated (keyed jobs live apart, reclaimed by vacuum as before).
 //! - **A dead worker is recognised by its process ending, not by a timer.** A worker holds a
 //!   lock for its process's life (a database session's lock on a server, a file lock on
 //!   SQLite): when it dies, its claims (running and claimed ahead) are taken back within

@@ -123,6 +123,9 @@ static SYNTAX: Syntax = Syntax {
              priority, due_at, limit_key, fair_stamp, fair_key \
          FROM tenure_jobs FORCE INDEX (PRIMARY) WHERE id IN {ids} AND state = 'waiting'",
     ),
+    keyed_jobs: "tenure_jobs",
+    pick_slot: "0",
+    job_slots: false,
 };
 
 /// What `GET_LOCK` and `RELEASE_LOCK` return: 1 done, 0 timed out, NULL on an error.

@@ -52,7 +52,7 @@ static SYNTAX: Syntax = Syntax {
     // `IS TRUE`: a plain `state = 'waiting'` let the planner read the jobs through an index
     // on state (without statistics it guesses a few rows match), every waiting job and dead
     // version of it, instead of the ids' primary key entries (the drain at a third).
-    claim_mark_ids: "id = ANY (ARRAY(SELECT id FROM tenure_jobs WHERE id IN {ids} \
+    claim_mark_ids: "id = ANY (ARRAY(SELECT id FROM {jobs} WHERE id IN {ids} \
         AND (state = 'waiting') IS TRUE FOR NO KEY UPDATE SKIP LOCKED))",
     claim_forget: Some(
         "WITH marked AS ({marked}), forgotten AS (DELETE FROM tenure_ready \
@@ -69,6 +69,9 @@ static SYNTAX: Syntax = Syntax {
     fair_key_is: "c.fair_key >= ? AND c.fair_key <= ?",
     claim_kind_from: "tenure_ready c",
     ready_entries: None,
+    keyed_jobs: "tenure_jobs_kept AS tenure_jobs",
+    pick_slot: "c.job_slot::bigint",
+    job_slots: true,
 };
 
 impl Dialect for PgConnection {
@@ -77,9 +80,12 @@ impl Dialect for PgConnection {
     }
 
     fn setup_session(&mut self, _setup: &SessionSetup) -> QueryResult<()> {
-        // Nothing to set: timestamptz is an instant whatever the session's time zone, and tenure
-        // chooses the isolation of each of its transactions itself.
-        Ok(())
+        // timestamptz is an instant whatever the session's time zone, and tenure chooses the
+        // isolation of each of its transactions itself. JIT compilation is off: tenure's
+        // statements are short, and over tenure_jobs' seven partitions, which are seldom
+        // analyzed (without autovacuum never), the planner's estimates of a prune's by-id
+        // statements passed JIT's cost thresholds: 340 ms compiling a 1 ms statement.
+        self.batch_execute("SET jit = off")
     }
 
     fn begin_write(&mut self) -> QueryResult<()> {

@@ -55,6 +55,9 @@ static SYNTAX: Syntax = Syntax {
     fair_key_is: "c.fair_key = ? AND c.fair_key = ?",
     claim_kind_from: "tenure_jobs AS c INDEXED BY tenure_jobs_claim_kind",
     ready_entries: None,
+    keyed_jobs: "tenure_jobs",
+    pick_slot: "0",
+    job_slots: false,
 };
 
 /// The file of the connection's main database ("" for a private in-memory or temporary one)

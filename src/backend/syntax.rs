@@ -83,6 +83,16 @@ pub(crate) struct Syntax {
     /// them against 0.08 ms through the tenants' index. Elsewhere an equality (the index is
     /// named).
     pub fair_key_is: &'static str,
+    /// `{keyed_jobs}`: the table a job with a dedup key is inserted into, named so that the
+    /// upsert's `tenure_jobs.` columns still mean the row (PostgreSQL: the `kept` partition,
+    /// which holds the key's unique index; elsewhere `tenure_jobs`).
+    pub keyed_jobs: &'static str,
+    /// `{pick_slot}`: the job's slot as the pick reads it (PostgreSQL: the entry's
+    /// `job_slot`; elsewhere there are no slots: 0).
+    pub pick_slot: &'static str,
+    /// Whether `tenure_jobs` is in job slots (PostgreSQL): the hot path's statements name
+    /// the slot's partition ([`Syntax::slot_jobs`]).
+    pub job_slots: bool,
     /// `{claim_waiting}`: the pick's condition that the job waits (`c.state` where `c` is
     /// the jobs table, `j.state` beside MySQL's ring, where a locking read sees the job's
     /// latest version). Empty on PostgreSQL: an entry exists exactly while its job waits
@@ -192,7 +202,53 @@ impl Syntax {
     /// [`Syntax::render`] of a template with the caller's own parts: `{name}` is `part` for
     /// each `(name, part)` (a mode's assignments, a list of states), then this backend's.
     pub fn render_with(&self, template: &str, parts: &[(&str, &str)]) -> &'static str {
-        self.render(&with_parts(template, parts))
+        // Fragments that hold a part's placeholder (`{jobs}` in `{claim_mark_ids}`) first.
+        let template = template.replace("{claim_mark_ids}", self.claim_mark_ids);
+        self.render(&with_parts(&template, parts))
+    }
+
+    /// The `{jobs}` and `{slot_token}` parts of a statement about jobs of one slot: the
+    /// slot's partition, named (a generic plan through the partitioned parent locks and
+    /// sets up all seven partitions at each execution), and a claim token that names the
+    /// slot in its last byte (`slot + 1`, `kept` 7), so that a finish finds it from the
+    /// token alone. Without slots (or with no slot known), the table itself.
+    pub fn slot_jobs(&self, slot: Option<i64>) -> [(&'static str, &'static str); 2] {
+        const TABLES: [&str; 7] = [
+            "tenure_jobs_kept AS tenure_jobs",
+            "tenure_jobs_0 AS tenure_jobs",
+            "tenure_jobs_1 AS tenure_jobs",
+            "tenure_jobs_2 AS tenure_jobs",
+            "tenure_jobs_3 AS tenure_jobs",
+            "tenure_jobs_4 AS tenure_jobs",
+            "tenure_jobs_5 AS tenure_jobs",
+        ];
+        const TOKENS: [&str; 7] = [
+            "(left(gen_random_uuid()::text, 34) || '07')::uuid",
+            "(left(gen_random_uuid()::text, 34) || '01')::uuid",
+            "(left(gen_random_uuid()::text, 34) || '02')::uuid",
+            "(left(gen_random_uuid()::text, 34) || '03')::uuid",
+            "(left(gen_random_uuid()::text, 34) || '04')::uuid",
+            "(left(gen_random_uuid()::text, 34) || '05')::uuid",
+            "(left(gen_random_uuid()::text, 34) || '06')::uuid",
+        ];
+        match slot.and_then(|slot| usize::try_from(slot + 1).ok()) {
+            Some(index) if self.job_slots && index < TABLES.len() => {
+                [("jobs", TABLES[index]), ("slot_token", TOKENS[index])]
+            }
+            _ => [("jobs", "tenure_jobs"), ("slot_token", self.random_token)],
+        }
+    }
+
+    /// The slot a claim token names (see [`Syntax::slot_jobs`]), if any.
+    pub fn token_slot(&self, token: &uuid::Uuid) -> Option<i64> {
+        if !self.job_slots {
+            return None;
+        }
+        match token.as_bytes()[15] {
+            code @ 1..=6 => Some(i64::from(code) - 1),
+            7 => Some(-1),
+            _ => None,
+        }
     }
 
     /// [`Syntax::fill`] of a template with the caller's own parts (see
@@ -222,5 +278,9 @@ impl Syntax {
             .replace("{claim_lock}", self.claim_lock)
             .replace("{claim_mark_ids}", self.claim_mark_ids)
             .replace("{in_transaction}", self.in_transaction)
+            .replace("{keyed_jobs}", self.keyed_jobs)
+            .replace("{pick_slot}", self.pick_slot)
+            .replace("{slot_token}", self.random_token)
+            .replace("{jobs}", "tenure_jobs")
     }
 }

@@ -102,7 +102,8 @@ pub(crate) use parked::{park_in_run, record_parked_run, resume_value};
 pub(crate) use maintenance::aging::age_batch;
 pub(crate) use maintenance::retention::prune_after;
 pub use maintenance::{
-    AGED_PRIORITY, FailedRun, Finished, JobFilter, MAX_OUTPUT_BYTES, QueueStats, Retention,
-    RunOutput, RunningJob, Stats, age_priorities, cancel, get, history, list, outputs, prune,
-    record_output, retry_dead, retry_dead_of_kind, rotate_ready, skip_in_sequence, stats,
+    AGED_PRIORITY, FailedRun, Finished, JobFilter, MAX_OUTPUT_BYTES, QueueStats, ReclaimedSlots,
+    Retention, RunOutput, RunningJob, Stats, age_priorities, cancel, get, history, list, outputs,
+    prune, reclaim_job_slots, record_output, retry_dead, retry_dead_of_kind, rotate_job_slots,
+    rotate_ready, skip_in_sequence, stats,
 };

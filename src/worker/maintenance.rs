@@ -1,5 +1,5 @@
 //! The maintenance thread: fires schedules, rescues lapsed claims and dead workers' claims,
-//! fails parked jobs past their deadline and prunes, on a connection of its own outside the
+//! fails parked jobs past their deadline, prunes and turns PostgreSQL's job slots, on a connection of its own outside the
 //! pool. (The ready ring's rotation stays on the claimer: `claimer.rs` says why.)
 //!
 //! Why not on the claimer: these passes read tables whose dead row versions a long
@@ -31,6 +31,12 @@ const PRUNE_EVERY: Duration = Duration::from_secs(5);
 fn aging_every(after: Duration) -> Duration {
     (after / 4).clamp(Duration::from_millis(250), Duration::from_secs(30))
 }
+
+/// How long PostgreSQL's new jobs fill one slot of `tenure_jobs` before a rotation may move
+/// them on ([`jobs::rotate_job_slots`], tried each second): a slot can be truncated only
+/// once retention has deleted every job in it, so it should hold a few seconds of jobs, and
+/// six of them should outlast a short retention (bench G's and P's ten seconds).
+const SLOT_TURN: Duration = Duration::from_secs(5);
 
 /// The thread's connection, opened when first needed and again after an error (it may be
 /// broken: the database restarted).
@@ -83,6 +89,8 @@ pub(super) fn maintain(shared: &Shared) {
         dead_workers: now,
         aging: now,
     };
+    // When the job slots last turned (PostgreSQL): at start, never.
+    let mut last_turn = now.checked_sub(3 * SLOT_TURN).unwrap_or(now);
     let mut prune_turns = Turns::default();
     let mut aging_turns = Turns::default();
     loop {
@@ -132,6 +140,24 @@ pub(super) fn maintain(shared: &Shared) {
             if let Err(e) = conn.with(|c| jobs::expire_parked(c, 100)) {
                 tracing::warn!(error = %e, "failing parked jobs past their deadline failed");
             }
+            // Whole slots the policies would empty (PostgreSQL), then the turn onto one: what
+            // a slot held, the prunes need not delete one by one.
+            if !config.retention.is_empty() {
+                match conn.with(|c| jobs::reclaim_job_slots(c, &config.retention)) {
+                    // Retention's deletes, whole slots at a time: reported as the prunes'.
+                    Ok(reclaimed) => {
+                        for (queue, deleted) in reclaimed.jobs {
+                            shared.emit(Event::Pruned { queue, deleted });
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "reclaiming job slots failed"),
+                }
+            }
+            match conn.with(|c| jobs::rotate_job_slots(c, SLOT_TURN)) {
+                Ok(Some(_)) => last_turn = Instant::now(),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "turning the job slots failed"),
+            }
         }
         if let Some(after) = config.aging
             && Instant::now() >= due.aging
@@ -143,7 +169,15 @@ pub(super) fn maintain(shared: &Shared) {
         }
         if !config.retention.is_empty() && Instant::now() >= due.prune {
             due.prune = Instant::now() + PRUNE_EVERY;
-            if prune_all(shared, &mut conn, &config.retention, &mut prune_turns) {
+            // While the job slots turn, the slots the reclaim will take are left to it.
+            let slots_turn = last_turn.elapsed() < 3 * SLOT_TURN;
+            if prune_all(
+                shared,
+                &mut conn,
+                &config.retention,
+                &mut prune_turns,
+                slots_turn,
+            ) {
                 // The rest at once, after the other passes that are due.
                 due.prune = Instant::now();
             }
@@ -274,19 +308,24 @@ fn age_all(shared: &Shared, conn: &mut Dedicated<'_>, after: Duration, turns: &m
 /// policy's turn starts from its first job, so one whose position moved past a job (a dedup
 /// window closed since, a job that committed with an older finish time) comes back for it in
 /// the next.
+/// While the job slots turn (`slots_turn`, PostgreSQL), only `kept` and the oldest slots: the
+/// reclaim takes the newest whole, without a dead row version a job.
 fn prune_all(
     shared: &Shared,
     conn: &mut Dedicated<'_>,
     policies: &[(String, Finished, Retention)],
     turns: &mut Turns,
+    slots_turn: bool,
 ) -> bool {
     turns.pass(policies, |(queue, finished, policy), budget| {
         let mut deleted = 0;
         // Each batch after the last one's position (`retention::prune_after`).
         let mut reached = None;
         while budget.take() {
-            let outcome =
-                conn.with(|c| prune_after(c, queue, *finished, *policy, jobs::MAX_BATCH, reached));
+            let outcome = conn.with(|c| {
+                let batch = jobs::MAX_BATCH;
+                prune_after(c, queue, *finished, *policy, batch, reached, slots_turn)
+            });
             match outcome {
                 Ok((n, at)) if n == jobs::MAX_BATCH && !shared.stopping() => {
                     deleted += n;

@@ -27,7 +27,7 @@ pub enum Finished {
 }
 
 impl Finished {
-    fn state(self) -> &'static str {
+    pub(crate) fn state(self) -> &'static str {
         match self {
             Finished::Completed => "completed",
             Finished::Dead => "dead",
@@ -106,6 +106,17 @@ const OLDER_THAN: &str = older_than!("");
 /// after the position passed it, one whose dedup window closed since) is taken when the pass
 /// starts from the first job again: every pass (a worker's pass is ten batches at most).
 const OLDER_THAN_AFTER: &str = older_than!(" AND finished_at >= ? AND (finished_at > ? OR id > ?)");
+
+/// PostgreSQL's job slots: the jobs of `kept` and of the three slots that stopped being
+/// current longest ago (ring distance 3 to 5), the slots retention by slot
+/// (`jobs::reclaim_job_slots`) has not taken by then: a job that policies keep, or one still
+/// running, holds them. The three newest the reclaim takes whole, without a row version a job.
+const OLDER_THAN_OLD_SLOTS: &str = older_than!(
+    " AND (slot = -1 OR (pg_sequence_last_value('tenure_jobs_slot'::regclass) - slot + 6) % 6 >= 3)"
+);
+const OLDER_THAN_AFTER_OLD_SLOTS: &str = older_than!(
+    " AND finished_at >= ? AND (finished_at > ? OR id > ?) AND (slot = -1 OR (pg_sequence_last_value('tenure_jobs_slot'::regclass) - slot + 6) % 6 >= 3)"
+);
 
 /// Where a pass of prunes has got to in `(finished_at, id)` order: see [`prune_after`].
 pub(crate) type PruneCursor = (DateTime<Utc>, i64);
@@ -187,11 +198,12 @@ pub fn prune<C: TenureConnection>(
     policy: Retention,
     max_jobs: usize,
 ) -> Result<usize> {
-    prune_after(conn, queue, finished, policy, max_jobs, None).map(|(deleted, _)| deleted)
+    prune_after(conn, queue, finished, policy, max_jobs, None, false).map(|(deleted, _)| deleted)
 }
 
 /// [`prune`] of the jobs after `after` in the prune's order (`None`: from the first), and
-/// where this call got to (`None` when it picked nothing): a worker's pass calls it again
+/// where this call got to (`None` when it picked nothing), of `kept` and the oldest job slots
+/// alone when `old_slots_only` (PostgreSQL; see [`OLDER_THAN_OLD_SLOTS`]): a worker's pass calls it again
 /// from there while it deletes full batches (ten at most a pass).
 pub(crate) fn prune_after<C: TenureConnection>(
     conn: &mut C,
@@ -200,65 +212,41 @@ pub(crate) fn prune_after<C: TenureConnection>(
     policy: Retention,
     max_jobs: usize,
     after: Option<PruneCursor>,
+    old_slots_only: bool,
 ) -> Result<(usize, Option<PruneCursor>)> {
     validate::name("queue", queue)?;
     let max_jobs = check_count(max_jobs)?;
-    let (newest, younger_than) = match policy {
-        Retention::KeepAll => return Ok((0, None)),
-        Retention::DeleteAll => (None, None),
-        Retention::KeepNewest(n) => (Some(n), None),
-        Retention::KeepYoungerThan(age) => (None, Some(age)),
-        Retention::KeepNewestOrYounger {
-            newest,
-            younger_than,
-        } => (Some(newest), Some(younger_than)),
+    let Some((newest, age_micros)) = policy_terms(policy)? else {
+        return Ok((0, None));
     };
-    let age_micros = younger_than.map(validate::delay_micros).transpose()?;
     let state = finished.state();
     // A deadlock with another prune (MariaDB, two prunes of one workflow's jobs) runs it again.
     retry_transient(|| {
         dispatch!(conn, c => {
             bare_write_transaction(c, "pruning jobs", |c| {
                 let syntax = c.syntax();
-                // The newest-N cutoff, if the policy has one (None: fewer than N, keep all).
-                let mut cutoff: Option<DateTime<Utc>> = None;
-                if let Some(n) = newest.filter(|n| *n > 0) {
-                    let offset = i64::try_from(n - 1).map_err(|_| Error::invalid("newest", "too large"))?;
-                    let nth = statement(syntax.render(NTH_NEWEST))
-                        .bind::<Text, _>(queue)
-                        .bind::<Text, _>(state)
-                        .bind::<BigInt, _>(offset)
-                        .get_result::<NullableAt>(c)
-                        .optional()?;
-                    match nth.and_then(|row| row.at) {
-                        Some(at) => cutoff = Some(at),
-                        None => return Ok((0, None)),
-                    }
-                }
-                if let Some(micros) = age_micros {
-                    let at = statement(syntax.render(NOW_PLUS))
-                        .bind::<BigInt, _>(-micros)
-                        .get_result::<NullableAt>(c)?
-                        .at;
-                    // Keep if newest-N *or* younger: delete only what is older than both.
-                    cutoff = match (cutoff, at) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                }
-                // DeleteAll: no cutoff; the far future stands in for "any finish time".
-                let before = cutoff.unwrap_or(DateTime::<Utc>::MAX_UTC);
+                let Some(before) = cutoff(c, queue, state, newest, age_micros)? else {
+                    return Ok((0, None));
+                };
                 let older: Vec<OlderRow> = match after {
-                    None => statement(syntax.render(OLDER_THAN))
+                    None => statement(syntax.render(if old_slots_only && syntax.job_slots {
+                        OLDER_THAN_OLD_SLOTS
+                    } else {
+                        OLDER_THAN
+                    }))
                         .bind::<Text, _>(queue)
                         .bind::<Text, _>(state)
-                        .bind::<Instant, _>(clamp(before))
+                        .bind::<Instant, _>(before)
                         .bind::<BigInt, _>(max_jobs)
                         .load::<OlderRow>(c)?,
-                    Some((at, id)) => statement(syntax.render(OLDER_THAN_AFTER))
+                    Some((at, id)) => statement(syntax.render(if old_slots_only && syntax.job_slots {
+                        OLDER_THAN_AFTER_OLD_SLOTS
+                    } else {
+                        OLDER_THAN_AFTER
+                    }))
                         .bind::<Text, _>(queue)
                         .bind::<Text, _>(state)
-                        .bind::<Instant, _>(clamp(before))
+                        .bind::<Instant, _>(before)
                         .bind::<Instant, _>(at)
                         .bind::<Instant, _>(at)
                         .bind::<BigInt, _>(id)
@@ -315,6 +303,84 @@ pub(crate) fn prune_after<C: TenureConnection>(
                 Ok((deleted, reached))
             })
         })
+    })
+}
+
+/// A policy's terms: the newest N it keeps and the age in microseconds under which it
+/// keeps a job (`None`: it keeps them all).
+type PolicyTerms = (Option<u64>, Option<i64>);
+
+fn policy_terms(policy: Retention) -> Result<Option<PolicyTerms>> {
+    let (newest, younger_than) = match policy {
+        Retention::KeepAll => return Ok(None),
+        Retention::DeleteAll => (None, None),
+        Retention::KeepNewest(n) => (Some(n), None),
+        Retention::KeepYoungerThan(age) => (None, Some(age)),
+        Retention::KeepNewestOrYounger {
+            newest,
+            younger_than,
+        } => (Some(newest), Some(younger_than)),
+    };
+    Ok(Some((
+        newest,
+        younger_than.map(validate::delay_micros).transpose()?,
+    )))
+}
+
+/// The finish time before which `policy` lets `queue`'s jobs in `finished` go, by the
+/// database's clock (the far future when it keeps none), or `None` when it keeps them all (or
+/// fewer than its newest N have finished). Read before a prune or a reclaim decides: a job
+/// that finishes later is newer than it, so a cutoff read early can only keep more.
+pub(crate) fn policy_cutoff<C: TenureConnection>(
+    conn: &mut C,
+    queue: &str,
+    finished: Finished,
+    policy: Retention,
+) -> Result<Option<DateTime<Utc>>> {
+    validate::name("queue", queue)?;
+    let Some((newest, age_micros)) = policy_terms(policy)? else {
+        return Ok(None);
+    };
+    cutoff(conn, queue, finished.state(), newest, age_micros)
+}
+
+fn cutoff<C: TenureConnection>(
+    conn: &mut C,
+    queue: &str,
+    state: &str,
+    newest: Option<u64>,
+    age_micros: Option<i64>,
+) -> Result<Option<DateTime<Utc>>> {
+    dispatch!(conn, c => {
+        let syntax = c.syntax();
+        // The newest-N cutoff, if the policy has one (None: fewer than N, keep all).
+        let mut cutoff: Option<DateTime<Utc>> = None;
+        if let Some(n) = newest.filter(|n| *n > 0) {
+            let offset = i64::try_from(n - 1).map_err(|_| Error::invalid("newest", "too large"))?;
+            let nth = statement(syntax.render(NTH_NEWEST))
+                .bind::<Text, _>(queue)
+                .bind::<Text, _>(state)
+                .bind::<BigInt, _>(offset)
+                .get_result::<NullableAt>(c)
+                .optional()?;
+            match nth.and_then(|row| row.at) {
+                Some(at) => cutoff = Some(at),
+                None => return Ok(None),
+            }
+        }
+        if let Some(micros) = age_micros {
+            let at = statement(syntax.render(NOW_PLUS))
+                .bind::<BigInt, _>(-micros)
+                .get_result::<NullableAt>(c)?
+                .at;
+            // Keep if newest-N *or* younger: delete only what is older than both.
+            cutoff = match (cutoff, at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        // DeleteAll: no cutoff; the far future stands in for "any finish time".
+        Ok(Some(clamp(cutoff.unwrap_or(DateTime::<Utc>::MAX_UTC))))
     })
 }
 

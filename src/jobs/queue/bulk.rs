@@ -10,8 +10,8 @@ use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 use super::enqueue::{
     FIND_FINISHED_TWIN, FOLD_FINISHED, INSERT_DEDUP_ON_CONFLICT, INSERT_DEDUP_ON_DUPLICATE_KEY,
     INSERT_HEAD, INSERT_HEAD_WRITING_ENTRIES, INSERT_ROW, INSERT_ROW_WRITING_ENTRIES,
-    INSERTED_RETURNING, fold_into_finished_twin, insert_deduplicated, insert_dependent,
-    insert_in_sequence, insert_one, job_row, lock_dependencies, on_conflict_sets,
+    INSERTED_RETURNING, KEYED_INSERT_HEAD, fold_into_finished_twin, insert_deduplicated,
+    insert_dependent, insert_in_sequence, insert_one, job_row, lock_dependencies, on_conflict_sets,
     on_duplicate_key_sets, unexpected,
 };
 use super::model::InsertedRow;
@@ -81,7 +81,7 @@ macro_rules! upsert_keyed_rows {
             Upsert::OnConflictWhere => (INSERT_DEDUP_ON_CONFLICT, on_conflict_sets(mode)),
             Upsert::OnDuplicateKey => (INSERT_DEDUP_ON_DUPLICATE_KEY, on_duplicate_key_sets(mode)),
         };
-        let (head, row_values) = insert_shape(syntax);
+        let (head, row_values) = insert_shape(syntax, true);
         let rows = vec![row_values; chunk.len()].join(", ");
         let sql = syntax.fill_with(
             &format!("{head} {rows}{tail}, queue, dedup_key"),
@@ -131,11 +131,14 @@ macro_rules! upsert_keyed_rows {
     }};
 }
 
-/// The head and row of a multi-row insert: on MariaDB marked, for [`write_ready_entries!`].
-fn insert_shape(syntax: &crate::backend::Syntax) -> (&'static str, &'static str) {
-    match syntax.ready_entries {
-        Some(_) => (INSERT_HEAD_WRITING_ENTRIES, INSERT_ROW_WRITING_ENTRIES),
-        None => (INSERT_HEAD, INSERT_ROW),
+/// The head and row of a multi-row insert: on MariaDB marked, for [`write_ready_entries!`];
+/// `keyed` rows (each with a dedup key) on PostgreSQL into the partition that holds the key's
+/// unique index (`{keyed_jobs}`; MariaDB keeps one table, so its marked head names it).
+fn insert_shape(syntax: &crate::backend::Syntax, keyed: bool) -> (&'static str, &'static str) {
+    match (syntax.ready_entries, keyed) {
+        (Some(_), _) => (INSERT_HEAD_WRITING_ENTRIES, INSERT_ROW_WRITING_ENTRIES),
+        (None, true) => (KEYED_INSERT_HEAD, INSERT_ROW),
+        (None, false) => (INSERT_HEAD, INSERT_ROW),
     }
 }
 
@@ -274,7 +277,7 @@ pub fn enqueue_many<C: TenureConnection>(conn: &mut C, jobs: &[NewJob]) -> Resul
                     continue;
                 }
                 for chunk in chunks(&rest[..run]) {
-                    let (head, row_values) = insert_shape(syntax);
+                    let (head, row_values) = insert_shape(syntax, false);
                     let rows = vec![row_values; chunk.len()].join(", ");
                     let sql = syntax.fill(&format!("{head} {rows} RETURNING id"));
                     let rows = chunk

@@ -36,13 +36,7 @@ const CLAIMED_COLUMNS: &str = "id, queue, kind, payload, priority, attempt, max_
 /// ([`CLAIM_PICK_KIND`], see below).
 macro_rules! claim_pick {
     ($from:literal, $kinds:literal) => {
-        concat!(
-            "SELECT c.id, c.priority, c.fair_stamp, c.due_at, c.limit_key FROM ",
-            $from,
-            " WHERE c.queue = ?{claim_waiting} AND c.due_at <= {now}",
-            $kinds,
-            " \
-      AND NOT EXISTS (SELECT 1 FROM tenure_queue_pauses p WHERE p.queue = ?) \
+        claim_pick!($from, $kinds, " \
       AND (c.limit_key IS NULL OR NOT EXISTS ( \
           SELECT 1 FROM tenure_job_limits l WHERE l.job_id = c.id AND ( \
               (l.rate_max IS NOT NULL AND EXISTS ( \
@@ -56,7 +50,18 @@ macro_rules! claim_pick {
                 OR l.max_running <= ( \
                   SELECT COUNT(*) FROM tenure_jobs r JOIN tenure_job_limits s ON s.job_id = r.id \
                   WHERE r.state = 'running' AND r.limit_key IS NOT NULL \
-                  AND s.limit_key = l.limit_key AND s.max_running IS NOT NULL)))))) \
+                  AND s.limit_key = l.limit_key AND s.max_running IS NOT NULL))))))")
+    };
+    ($from:literal, $kinds:literal, $limits:literal) => {
+        concat!(
+            "SELECT c.id, c.priority, c.fair_stamp, c.due_at, c.limit_key, {pick_slot} AS job_slot FROM ",
+            $from,
+            " WHERE c.queue = ?{claim_waiting} AND c.due_at <= {now}",
+            $kinds,
+            " \
+      AND NOT EXISTS (SELECT 1 FROM tenure_queue_pauses p WHERE p.queue = ?)",
+            $limits,
+            " \
     ORDER BY c.priority, c.fair_stamp, c.due_at, c.id LIMIT ?{claim_lock}"
         )
     };
@@ -73,6 +78,14 @@ const CLAIM_PICK: &str = claim_pick!("{claim_from}", "");
 /// of those kinds. Rows picked and not kept stay locked only until the claim commits.
 const CLAIM_PICK_KIND: &str = claim_pick!("{claim_kind_from}", " AND c.kind = ?");
 
+/// The picks without the limits' filter, for PostgreSQL's job slots: the filter's counts
+/// read `tenure_jobs`, and a generic plan locks every relation it names at each execution,
+/// run or not (seven partitions and their indexes). When none of the first jobs has a
+/// limit key, the filter would have changed nothing; otherwise the pick is made again with
+/// it.
+const CLAIM_PICK_UNFILTERED: &str = claim_pick!("{claim_from}", "", "");
+const CLAIM_PICK_KIND_UNFILTERED: &str = claim_pick!("{claim_kind_from}", " AND c.kind = ?", "");
+
 /// Claim, step 3: claim exactly the accepted ids (a bound list, see `backend::statement`),
 /// each with its own random token, recording the worker that claims (NULL outside a worker).
 /// The WHERE is the primary key alone, so no other index can serve it (a `state = ...`
@@ -82,8 +95,8 @@ const CLAIM_PICK_KIND: &str = claim_pick!("{claim_kind_from}", " AND c.kind = ?"
 /// RETURNING where there is one; MySQL reads them back. A claim outside a worker is its run's
 /// start (its caller runs it); a worker records the starts it must (`worker::runs`).
 const CLAIM_MARK: &str = "\
-    UPDATE tenure_jobs SET state = 'running', attempt = attempt + 1, \
-        claim_token = {random_token}, claimed_at = {now}, claim_expires_at = {now+ttl}, \
+    UPDATE {jobs} SET state = 'running', attempt = attempt + 1, \
+        claim_token = {slot_token}, claimed_at = {now}, claim_expires_at = {now+ttl}, \
         claimed_by = ?, started_at = CASE WHEN ? THEN {now} ELSE NULL END \
     WHERE {claim_mark_ids}{in_transaction}";
 
@@ -230,15 +243,15 @@ fn claim_of<C: TenureConnection>(
                     // A paused queue yields no candidates (the pick's NOT EXISTS), in the same
                     // statement.
                     // One pick: the first `limit` due jobs in claim order.
-                    let pick = |c: &mut _, limit: i64| -> Result<Vec<Candidate>> {
+                    let pick_with = |c: &mut _, limit: i64, filtered: bool| -> Result<Vec<Candidate>> {
                         Ok(match kinds {
-                            None => statement(syntax.render(CLAIM_PICK))
+                            None => statement(syntax.render(if filtered { CLAIM_PICK } else { CLAIM_PICK_UNFILTERED }))
                                 .bind::<Text, _>(queue)
                                 .bind::<Text, _>(queue)
                                 .bind::<BigInt, _>(limit)
                                 .load::<Candidate>(c)?,
                             Some(kinds) => {
-                                let pick = syntax.render(CLAIM_PICK_KIND);
+                                let pick = syntax.render(if filtered { CLAIM_PICK_KIND } else { CLAIM_PICK_KIND_UNFILTERED });
                                 let mut candidates = Vec::new();
                                 for kind in kinds {
                                     candidates.extend(
@@ -255,6 +268,15 @@ fn claim_of<C: TenureConnection>(
                                 candidates
                             }
                         })
+                    };
+                    let pick = |c: &mut _, limit: i64| -> Result<Vec<Candidate>> {
+                        if syntax.job_slots {
+                            let candidates = pick_with(c, limit, false)?;
+                            if candidates.iter().all(|candidate| candidate.limit_key.is_none()) {
+                                return Ok(candidates);
+                            }
+                        }
+                        pick_with(c, limit, true)
                     };
                     let mut held = BTreeSet::new();
                     admission::lock_first(c, &first_keys, &mut held)?;
@@ -330,8 +352,24 @@ fn claim_of<C: TenureConnection>(
                         for candidate in &candidates {
                             order.insert(candidate.id, candidate.claim_order());
                         }
-                        let mark = syntax.render(CLAIM_MARK);
-                        let marked = if syntax.returning {
+                        // One mark per slot among the ids (PostgreSQL's job slots: each names
+                        // its slot's partition; elsewhere one).
+                        let slot_of: HashMap<i64, i64> = candidates
+                            .iter()
+                            .map(|candidate| (candidate.id, candidate.job_slot))
+                            .collect();
+                        let mut by_slot: Vec<(Option<i64>, Vec<i64>)> = Vec::new();
+                        for id in &ids {
+                            let slot = if syntax.job_slots { slot_of.get(id).copied() } else { None };
+                            match by_slot.iter_mut().find(|(s, _)| *s == slot) {
+                                Some((_, group)) => group.push(*id),
+                                None => by_slot.push((slot, vec![*id])),
+                            }
+                        }
+                        let mut marked: Vec<JobRow> = Vec::new();
+                        for (slot, ids) in &by_slot {
+                        let mark = syntax.render_with(CLAIM_MARK, &syntax.slot_jobs(*slot));
+                        let group = if syntax.returning {
                             let marked = format!("{mark} RETURNING {CLAIMED_COLUMNS}");
                             let sql = match syntax.claim_forget {
                                 Some(forget) => forget.replace("{marked}", &marked),
@@ -370,6 +408,8 @@ fn claim_of<C: TenureConnection>(
                             }
                             read
                         };
+                        marked.extend(group);
+                        }
                         // Each round's starts before the next round's admission reads them.
                         let starts: Vec<_> = marked
                             .iter()

@@ -38,6 +38,11 @@ macro_rules! insert_values {
 pub(crate) const INSERT_HEAD: &str =
     concat!("INSERT INTO tenure_jobs (", insert_columns!(), ") VALUES");
 
+/// A job with a dedup key: on PostgreSQL into the partition that holds the key's unique
+/// index (every keyed job lives there; docs/storage-design.md, job slots).
+pub(crate) const KEYED_INSERT_HEAD: &str =
+    concat!("INSERT INTO {keyed_jobs} (", insert_columns!(), ") VALUES");
+
 /// One row; one shape for both kinds of due time: an instant, or NULL and a delay.
 /// A job with dependencies is inserted `blocked`, with its stripes and `run_when`.
 pub(crate) const INSERT_ROW: &str = concat!("(", insert_values!(), ")");
@@ -186,10 +191,15 @@ macro_rules! insert_one {
         } else {
             ""
         };
+        let head = if job.dedup_key.is_some() {
+            KEYED_INSERT_HEAD
+        } else {
+            INSERT_HEAD
+        };
         let sql = syntax.render_with(
             "{head} {row}{tail}{notify}",
             &[
-                ("head", INSERT_HEAD),
+                ("head", head),
                 ("row", INSERT_ROW),
                 ("tail", tail),
                 ("sets", sets),

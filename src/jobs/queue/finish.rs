@@ -23,7 +23,7 @@ use crate::{Error, Result, TenureConnection, validate};
 const LOCK_STATES: &str = "\
     SELECT id, state, claim_token, attempt, max_attempts, snoozes, cancel_requested_at, \
         dependents \
-    FROM tenure_jobs WHERE id IN {ids}{for_update}";
+    FROM {jobs} WHERE id IN {ids}{for_update}";
 
 /// A run of a job asked to cancel ends: the job is cancelled (not completed, failed or given
 /// back), and its limit key is free.
@@ -37,14 +37,14 @@ const FINISH_CANCELLED: &str = "\
 /// committed so, with its dependents' counts rolled back, left a dependent blocked for good.
 /// A write that changed fewer rows than it locked says the transaction is gone.
 const COMPLETE: &str = "\
-    UPDATE tenure_jobs SET state = 'completed', finished_at = {now}, claim_expires_at = NULL \
+    UPDATE {jobs} SET state = 'completed', finished_at = {now}, claim_expires_at = NULL \
     WHERE id IN {ids}{in_transaction}";
 
-const RENEW: &str = "UPDATE tenure_jobs SET claim_expires_at = {now+ttl} WHERE id IN {ids}";
+const RENEW: &str = "UPDATE {jobs} SET claim_expires_at = {now+ttl} WHERE id IN {ids}";
 
 /// Give back: due again at once, and the run does not count.
 const GIVE_BACK: &str = "\
-    UPDATE tenure_jobs SET state = 'waiting', attempt = attempt - 1, due_at = {now}, \
+    UPDATE {jobs} SET state = 'waiting', attempt = attempt - 1, due_at = {now}, \
         claim_expires_at = NULL \
     WHERE id IN {ids}";
 
@@ -67,12 +67,12 @@ const SNOOZE_DEAD: &str = "\
     WHERE id IN {ids}";
 
 const FAIL_RETRY: &str = "\
-    UPDATE tenure_jobs SET state = 'waiting', due_at = COALESCE(?, {now+ttl}), last_error = ?, \
+    UPDATE {jobs} SET state = 'waiting', due_at = COALESCE(?, {now+ttl}), last_error = ?, \
         claim_expires_at = NULL \
     WHERE id = ?";
 
 const FAIL_DEAD: &str = "\
-    UPDATE tenure_jobs SET state = 'dead', finished_at = {now}, last_error = ?, \
+    UPDATE {jobs} SET state = 'dead', finished_at = {now}, last_error = ?, \
         claim_expires_at = NULL \
     WHERE id = ?";
 
@@ -146,11 +146,44 @@ fn finish_noting<C: TenureConnection>(
     check_claims(claims)?;
     let released = retrying_transaction(conn, |conn| {
         died.clear();
-        let states: Vec<StateRow> = dispatch!(conn, c => {
-            statement(c.syntax().render(LOCK_STATES))
-                .bind_ids(claims.iter().map(|claim| claim.id))
-                .load::<StateRow>(c)
-        })?;
+        // Each slot's claims locked through the slot's partition (the token names it); a
+        // claim not found there (a token from before the slots, or a wrong one) through the
+        // table itself.
+        let syntax = dispatch!(any conn, c => c.syntax());
+        let mut by_slot: Vec<(Option<i64>, Vec<i64>)> = Vec::new();
+        for claim in claims {
+            let slot = syntax.token_slot(&claim.token);
+            match by_slot.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, group)) => group.push(claim.id),
+                None => by_slot.push((slot, vec![claim.id])),
+            }
+        }
+        let mut states: Vec<StateRow> = Vec::new();
+        let mut slot_of: HashMap<i64, Option<i64>> = HashMap::new();
+        for (slot, ids) in &by_slot {
+            let found = dispatch!(conn, c => {
+                statement(syntax.render_with(LOCK_STATES, &syntax.slot_jobs(*slot)))
+                    .bind_ids(ids.iter().copied())
+                    .load::<StateRow>(c)
+            })?;
+            let mut missing: HashSet<i64> = ids.iter().copied().collect();
+            for row in &found {
+                missing.remove(&row.id);
+                slot_of.insert(row.id, *slot);
+            }
+            states.extend(found);
+            if slot.is_some() && !missing.is_empty() {
+                let found = dispatch!(conn, c => {
+                    statement(syntax.render_with(LOCK_STATES, &syntax.slot_jobs(None)))
+                        .bind_ids(missing.iter().copied())
+                        .load::<StateRow>(c)
+                })?;
+                for row in &found {
+                    slot_of.insert(row.id, None);
+                }
+                states.extend(found);
+            }
+        }
         let by_id: HashMap<i64, &StateRow> = states.iter().map(|row| (row.id, row)).collect();
         let mut outcomes = Vec::with_capacity(claims.len());
         let mut apply: Vec<&StateRow> = Vec::new();
@@ -189,7 +222,7 @@ fn finish_noting<C: TenureConnection>(
         // this transaction.
         let mut settled: Vec<(i64, JobState)> = Vec::new();
         if !apply.is_empty() {
-            apply_finish(conn, &apply, &finish, died, &mut settled)?;
+            apply_finish(conn, &apply, &slot_of, &finish, died, &mut settled)?;
         }
         if !cancel.is_empty() {
             let ids = cancel.iter().map(|row| row.id);
@@ -226,11 +259,19 @@ fn finish_noting<C: TenureConnection>(
 fn apply_finish<C: TenureConnection>(
     conn: &mut C,
     rows: &[&StateRow],
+    slot_of: &HashMap<i64, Option<i64>>,
     finish: &Finish<'_>,
     died: &mut Vec<(i64, String)>,
     settled: &mut Vec<(i64, JobState)>,
 ) -> Result<()> {
-    let ids = rows.iter().map(|row| row.id);
+    let slot = |id: i64| slot_of.get(&id).copied().flatten();
+    let mut by_slot: Vec<(Option<i64>, Vec<i64>)> = Vec::new();
+    for row in rows {
+        match by_slot.iter_mut().find(|(s, _)| *s == slot(row.id)) {
+            Some((_, group)) => group.push(row.id),
+            None => by_slot.push((slot(row.id), vec![row.id])),
+        }
+    }
     let batch_update = match finish {
         Finish::Complete(_) => Some((COMPLETE, None)),
         Finish::GiveBack => Some((GIVE_BACK, None)),
@@ -239,13 +280,18 @@ fn apply_finish<C: TenureConnection>(
     };
     match (batch_update, finish) {
         (Some((template, micros)), _) => {
-            let changed = dispatch!(conn, c => {
-                let sql = c.syntax().render(template);
-                match micros {
-                    Some(micros) => statement(sql).bind::<BigInt, _>(micros).bind_ids(ids).execute(c),
-                    None => statement(sql).bind_ids(ids).execute(c),
-                }
-            })?;
+            let mut changed = 0;
+            for (slot, ids) in &by_slot {
+                let ids = ids.iter().copied();
+                changed += dispatch!(conn, c => {
+                    let syntax = c.syntax();
+                    let sql = syntax.render_with(template, &syntax.slot_jobs(*slot));
+                    match micros {
+                        Some(micros) => statement(sql).bind::<BigInt, _>(micros).bind_ids(ids).execute(c),
+                        None => statement(sql).bind_ids(ids).execute(c),
+                    }
+                })?;
+            }
             if matches!(finish, Finish::Complete(_))
                 && changed != distinct(rows.iter().map(|row| row.id))
             {
@@ -282,14 +328,15 @@ fn apply_finish<C: TenureConnection>(
                 };
                 dispatch!(conn, c => {
                     let syntax = c.syntax();
+                    let parts = syntax.slot_jobs(slot(row.id));
                     match retry_at {
-                        Some((at, micros)) => statement(syntax.render(FAIL_RETRY))
+                        Some((at, micros)) => statement(syntax.render_with(FAIL_RETRY, &parts))
                             .bind::<Nullable<Instant>, _>(at)
                             .bind::<BigInt, _>(micros)
                             .bind::<Text, _>(error)
                             .bind::<BigInt, _>(row.id)
                             .execute(c),
-                        None => statement(syntax.render(FAIL_DEAD))
+                        None => statement(syntax.render_with(FAIL_DEAD, &parts))
                             .bind::<Text, _>(error)
                             .bind::<BigInt, _>(row.id)
                             .execute(c),
@@ -368,7 +415,14 @@ pub(crate) fn end_locked<C: TenureConnection>(
             return dependencies::settle(conn, settled);
         }
     };
-    apply_finish(conn, &[row], &finish, &mut Vec::new(), &mut settled)?;
+    apply_finish(
+        conn,
+        &[row],
+        &HashMap::new(),
+        &finish,
+        &mut Vec::new(),
+        &mut settled,
+    )?;
     if settled.is_empty() {
         return Ok(Vec::new());
     }

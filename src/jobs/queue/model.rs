@@ -411,6 +411,9 @@ pub(crate) struct Candidate {
     pub due_at: DateTime<Utc>,
     #[diesel(sql_type = Nullable<Text>)]
     pub limit_key: Option<String>,
+    /// The job's slot (PostgreSQL's job slots; 0 elsewhere).
+    #[diesel(sql_type = BigInt)]
+    pub job_slot: i64,
 }
 
 /// Where a job stands in claim order: priority, fair stamp, due time, id (the pick's ORDER BY).

@@ -154,7 +154,7 @@ fn postgres_vacuums_tenure_jobs_by_dead_versions_not_by_share() {
     let mut conn = db.connect();
     let got = diesel::sql_query(
         "SELECT array_to_string(reloptions, ',') AS options FROM pg_class \
-         WHERE relname = 'tenure_jobs' AND relnamespace = current_schema()::regnamespace",
+         WHERE relname = 'tenure_jobs_kept' AND relnamespace = current_schema()::regnamespace",
     )
     .get_result::<Options>(&mut conn)
     .unwrap()

@@ -62,6 +62,13 @@ const BACKEND_INTERNAL_COLUMNS: &[(Backend, &str, &str, &str)] = &[
          MariaDB/MySQL cannot make partial",
     ),
     (
+        Backend::Postgres,
+        "tenure_jobs",
+        "slot",
+        "the job's slot (partition): 0-5 fill in turn and are truncated once retention has \
+         deleted their jobs, -1 (`tenure_jobs_kept`) holds the jobs with a dedup key",
+    ),
+    (
         Backend::Mysql,
         "tenure_limit_keys",
         "admissions",
@@ -98,6 +105,46 @@ const BACKEND_INTERNAL_TABLES: &[(Backend, &str, &str)] = &[
         Backend::Postgres,
         "tenure_ready_2",
         "a slot (partition) of the ready ring",
+    ),
+    (
+        Backend::Postgres,
+        "tenure_jobs_0",
+        "a slot (partition) of tenure_jobs: its jobs are read through tenure_jobs",
+    ),
+    (
+        Backend::Postgres,
+        "tenure_jobs_1",
+        "a slot (partition) of tenure_jobs: its jobs are read through tenure_jobs",
+    ),
+    (
+        Backend::Postgres,
+        "tenure_jobs_2",
+        "a slot (partition) of tenure_jobs: its jobs are read through tenure_jobs",
+    ),
+    (
+        Backend::Postgres,
+        "tenure_jobs_3",
+        "a slot (partition) of tenure_jobs: its jobs are read through tenure_jobs",
+    ),
+    (
+        Backend::Postgres,
+        "tenure_jobs_4",
+        "a slot (partition) of tenure_jobs: its jobs are read through tenure_jobs",
+    ),
+    (
+        Backend::Postgres,
+        "tenure_jobs_5",
+        "a slot (partition) of tenure_jobs: its jobs are read through tenure_jobs",
+    ),
+    (
+        Backend::Postgres,
+        "tenure_jobs_kept",
+        "a slot (partition) of tenure_jobs: its jobs are read through tenure_jobs",
+    ),
+    (
+        Backend::Postgres,
+        "tenure_jobs_rotation",
+        "when the job slots last turned",
     ),
     (
         Backend::Postgres,
