@@ -17,30 +17,6 @@ use crate::common::{TestDb, count};
 
 const TTL: Duration = Duration::from_secs(60);
 
-fn delete_all(queues: &[&str]) -> Vec<(String, Finished, Retention)> {
-    queues
-        .iter()
-        .flat_map(|q| {
-            [Finished::Completed, Finished::Dead, Finished::Cancelled]
-                .map(|f| (q.to_string(), f, Retention::DeleteAll))
-        })
-        .collect()
-}
-
-fn slot_of(conn: &mut AnyConnection, id: i64) -> i64 {
-    count(
-        conn,
-        &format!("SELECT slot::bigint AS n FROM tenure_jobs WHERE id = {id}"),
-    )
-}
-
-fn pages(conn: &mut AnyConnection, slot: i64) -> i64 {
-    count(
-        conn,
-        &format!("SELECT (pg_relation_size('tenure_jobs_{slot}') / 8192)::bigint AS n"),
-    )
-}
-
 fn rows_beside(conn: &mut AnyConnection, ids: &[i64]) -> i64 {
     let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
     [

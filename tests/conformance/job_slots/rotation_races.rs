@@ -1,4 +1,4 @@
-//! Attacks on PostgreSQL's job slots (tenure-0056): rotations racing bulk enqueues by COPY and
+//! Races on PostgreSQL's job slots (tenure-0056): rotations racing bulk enqueues by COPY and
 //! callers' open transactions, keyed jobs by every path, a killed rotation, an application
 //! user that had its privileges before the migration, and a rotation's backoff while a report
 //! holds the slots.
@@ -16,10 +16,6 @@ use tenure::{AnyConnection, Backend};
 use crate::common::{TestDb, count, server_url};
 
 const TTL: Duration = Duration::from_secs(60);
-
-fn rotate(conn: &mut AnyConnection) -> Option<u64> {
-    jobs::rotate_job_slots(conn, Duration::ZERO).unwrap()
-}
 
 fn drain(conn: &mut AnyConnection, queue: &str) -> Vec<i64> {
     let mut ids = Vec::new();
@@ -40,7 +36,7 @@ fn drain(conn: &mut AnyConnection, queue: &str) -> Vec<i64> {
 /// open while a rotator and a pruner turn the slots as fast as they can: every job enqueued
 /// is claimed exactly once.
 #[test]
-fn postgres_job_slots_attack_copy_and_open_transactions_racing_rotations() {
+fn postgres_copy_bulks_and_open_transactions_racing_rotations_lose_nothing() {
     let db = TestDb::migrated(Backend::Postgres);
     let done = Arc::new(AtomicBool::new(false));
     let enqueued = Arc::new(Mutex::new(Vec::<i64>::new()));
@@ -171,7 +167,7 @@ fn postgres_job_slots_attack_copy_and_open_transactions_racing_rotations() {
 /// with a key, typed jobs, retry_dead of a keyed job, cancel) works with the slots turning
 /// between steps, and keys stay unique among live jobs.
 #[test]
-fn postgres_job_slots_attack_every_keyed_path_across_rotations() {
+fn postgres_every_keyed_path_keeps_keys_unique_across_rotations() {
     let db = TestDb::migrated(Backend::Postgres);
     let mut conn = db.connect();
     let turn = |conn: &mut AnyConnection| {
@@ -305,7 +301,7 @@ fn postgres_job_slots_attack_every_keyed_path_across_rotations() {
 /// transactional) and truncated (rolled back): nothing is lost, enqueues and claims go on,
 /// and later rotations still turn.
 #[test]
-fn postgres_job_slots_attack_rotation_killed_after_setval() {
+fn postgres_a_rotation_killed_after_its_setval_loses_nothing() {
     let db = TestDb::migrated(Backend::Postgres);
     let mut conn = db.connect();
     let mut victim = db.connect_raw();
@@ -381,7 +377,7 @@ fn postgres_job_slots_attack_rotation_killed_after_setval() {
 /// Retention that keeps jobs (KeepNewest, KeepYoungerThan) across rotations: nothing kept
 /// is lost, and the slots turn again once it lets them go.
 #[test]
-fn postgres_job_slots_attack_retention_keeps_across_rotations() {
+fn postgres_jobs_retention_keeps_outlive_rotations() {
     let db = TestDb::migrated(Backend::Postgres);
     let mut conn = db.connect();
     for round in 0..8 {
@@ -433,7 +429,7 @@ fn postgres_job_slots_attack_retention_keeps_across_rotations() {
 /// says "whoever had privileges on the old table has them on the new one". Keyed jobs are
 /// inserted into `tenure_jobs_kept` named directly, a new table the user was never granted.
 #[test]
-fn postgres_job_slots_attack_app_user_granted_before_the_migration_enqueues_keyed() {
+fn postgres_an_app_user_granted_before_the_migration_enqueues_keyed_jobs() {
     let db = TestDb::migrated(Backend::Postgres);
     let mut conn = db.connect();
     conn.batch_execute(include_str!(

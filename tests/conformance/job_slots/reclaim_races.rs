@@ -1,4 +1,4 @@
-//! A helper's attacks on PostgreSQL's retention by slot (`jobs::reclaim_job_slots`,
+//! Races on PostgreSQL's retention by slot (`jobs::reclaim_job_slots`,
 //! tenure-0056's `tenure_reclaim_job_slot`): finishes racing the reclaim's lock (they
 //! deadlocked with it: fixed), a reclaim meeting a row lock under its lock (it waited without
 //! bound: fixed), KeepNewest whose newest jobs sit in an old slot, a caller's open
@@ -17,27 +17,6 @@ use tenure::{AnyConnection, Backend};
 use crate::common::{TestDb, count};
 
 const TTL: Duration = Duration::from_secs(600);
-
-fn delete_all(queues: &[&str]) -> Vec<(String, Finished, Retention)> {
-    queues
-        .iter()
-        .flat_map(|q| {
-            [Finished::Completed, Finished::Dead, Finished::Cancelled]
-                .map(|f| (q.to_string(), f, Retention::DeleteAll))
-        })
-        .collect()
-}
-
-fn rotate(conn: &mut AnyConnection) -> Option<u64> {
-    jobs::rotate_job_slots(conn, Duration::ZERO).unwrap()
-}
-
-fn slot_of(conn: &mut AnyConnection, id: i64) -> i64 {
-    count(
-        conn,
-        &format!("SELECT slot::bigint AS n FROM tenure_jobs WHERE id = {id}"),
-    )
-}
 
 fn current_slot(conn: &mut AnyConnection) -> i64 {
     count(
@@ -227,7 +206,7 @@ fn no_deadlock_and_every_finish_done(outcomes: &[String]) -> bool {
 /// and lets the slot go (tried again a second later); the server counts no deadlock (its
 /// `pg_stat_database.deadlocks`, not a time: a finish on a busy machine may be slow).
 #[test]
-fn postgres_reclaim_attack_a_finish_deadlocks_with_the_reclaim_over_a_cancelled_dependents_edge() {
+fn postgres_a_finish_settling_a_cancelled_dependents_edge_never_deadlocks_with_the_reclaim() {
     let outcomes = finish_racing_reclaim_of_cancelled_dependent(false);
     assert!(
         no_deadlock_and_every_finish_done(&outcomes),
@@ -242,7 +221,7 @@ fn postgres_reclaim_attack_a_finish_deadlocks_with_the_reclaim_over_a_cancelled_
 /// 4 rounds 5-16 ms): the window grows with the slot, and a slot at capacity holds tens of
 /// thousands of jobs. Fixed as above.
 #[test]
-fn postgres_reclaim_attack_a_finish_deadlocks_with_the_reclaim_in_a_drained_slot() {
+fn postgres_a_finish_beside_the_reclaim_of_a_drained_slot_never_deadlocks() {
     let outcomes = finish_racing_reclaim(false, Some(30_000));
     assert!(
         no_deadlock_and_every_finish_done(&outcomes),
@@ -256,7 +235,7 @@ fn postgres_reclaim_attack_a_finish_deadlocks_with_the_reclaim_in_a_drained_slot
 /// finish racing a reclaim fails, and everything the caller wrote with it is lost.
 /// FOUND: FAILS (every round: `Err(... deadlock detected ...)`). Fixed as above.
 #[test]
-fn postgres_reclaim_attack_a_finish_in_a_callers_transaction_is_the_deadlock_victim() {
+fn postgres_a_finish_in_a_callers_transaction_is_never_a_deadlock_victim_of_the_reclaim() {
     let outcomes = finish_racing_reclaim_of_cancelled_dependent(true);
     assert!(
         no_deadlock_and_every_finish_done(&outcomes),
@@ -274,7 +253,7 @@ fn postgres_reclaim_attack_a_finish_in_a_callers_transaction_is_the_deadlock_vic
 /// lock is held take nothing, statements on the current slot's jobs go on, and once the row
 /// lock is gone the next reclaim takes the slot, every row beside its jobs with it.
 #[test]
-fn postgres_reclaim_attack_a_reclaim_meeting_a_row_lock_under_its_lock_gives_up() {
+fn postgres_a_reclaim_meeting_a_row_lock_under_its_lock_gives_up() {
     let db = TestDb::migrated(Backend::Postgres);
     let mut conn = db.connect();
     let mut ids = Vec::new();
@@ -431,7 +410,7 @@ fn postgres_reclaim_attack_a_reclaim_meeting_a_row_lock_under_its_lock_gives_up(
 /// FOUND: PASSES (slot 0 held by its newest; slot 1's jobs are all older than the cutoff and
 /// go; the 3 newest stay).
 #[test]
-fn postgres_reclaim_attack_keep_newest_whose_newest_sit_in_an_old_slot() {
+fn postgres_keep_newest_keeps_its_newest_jobs_in_an_old_slot() {
     let db = TestDb::migrated(Backend::Postgres);
     let mut conn = db.connect();
     let mut slot0 = Vec::new();
@@ -503,7 +482,7 @@ fn postgres_reclaim_attack_keep_newest_whose_newest_sit_in_an_old_slot() {
 /// FOUND: PASSES (the caller's insert holds a lock on slot 0: the reclaim's lock is refused,
 /// the slot stays, the job is claimed after the commit).
 #[test]
-fn postgres_reclaim_attack_a_callers_open_insert_into_a_slot_the_rotation_moved_past() {
+fn postgres_a_callers_open_insert_holds_a_slot_the_rotation_moved_past() {
     let db = TestDb::migrated(Backend::Postgres);
     let mut conn = db.connect();
     let done = jobs::enqueue(&mut conn, &NewJob::new("q", "a", vec![]))
@@ -554,7 +533,7 @@ fn postgres_reclaim_attack_a_callers_open_insert_into_a_slot_the_rotation_moved_
 /// is left blocked. (Against a row prune the same caller would see P in its snapshot and get
 /// a serialization failure instead: a different error, not a break.)
 #[test]
-fn postgres_reclaim_attack_a_repeatable_read_dependent_of_a_reclaimed_job() {
+fn postgres_a_repeatable_read_dependent_of_a_reclaimed_job_is_refused() {
     let db = TestDb::migrated(Backend::Postgres);
     let mut conn = db.connect();
     let p = jobs::enqueue(&mut conn, &NewJob::new("q", "p", vec![]))
@@ -606,7 +585,7 @@ fn postgres_reclaim_attack_a_repeatable_read_dependent_of_a_reclaimed_job() {
 /// FOUND: PASSES (4 of 4 rounds: `retry_dead` waits ~50 ms behind the lock and answers
 /// `Ok(false)`, the job gone with its slot; never `true` for a truncated job).
 #[test]
-fn postgres_reclaim_attack_retry_dead_racing_the_reclaim_of_its_slot() {
+fn postgres_retry_dead_racing_the_reclaim_of_its_slot_never_revives_a_reclaimed_job() {
     let db = TestDb::migrated(Backend::Postgres);
     let mut conn = db.connect();
     let mut watcher = db.connect();
@@ -687,7 +666,7 @@ fn postgres_reclaim_attack_retry_dead_racing_the_reclaim_of_its_slot() {
 /// no one: a slot holding both never goes, which is the documented limitation (2), not a
 /// break).
 #[test]
-fn postgres_reclaim_attack_two_reclaimers_with_different_policies() {
+fn postgres_two_reclaimers_with_different_policies_take_no_job_either_keeps() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
     let db = TestDb::migrated(Backend::Postgres);

@@ -20,25 +20,6 @@ use crate::common::{TestDb, count};
 
 const TTL: Duration = Duration::from_secs(60);
 
-fn slot_of(conn: &mut AnyConnection, id: i64) -> i64 {
-    count(
-        conn,
-        &format!("SELECT slot::bigint AS n FROM tenure_jobs WHERE id = {id}"),
-    )
-}
-
-fn rotate(conn: &mut AnyConnection) -> Option<u64> {
-    jobs::rotate_job_slots(conn, Duration::ZERO).unwrap()
-}
-
-/// Pages a slot's table holds (0 once truncated).
-fn pages(conn: &mut AnyConnection, slot: i64) -> i64 {
-    count(
-        conn,
-        &format!("SELECT (pg_relation_size('tenure_jobs_{slot}') / 8192)::bigint AS n"),
-    )
-}
-
 #[test]
 fn postgres_a_slot_is_truncated_only_once_it_holds_no_job() {
     let db = TestDb::migrated(Backend::Postgres);
