@@ -14,8 +14,8 @@
 
 use std::time::Duration;
 
-use tenure::jobs::{self, Finished, Retention};
 use tenure::AnyConnection;
+use tenure::jobs::{self, Finished, Retention};
 
 use crate::common::count;
 

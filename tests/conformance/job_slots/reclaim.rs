@@ -15,6 +15,8 @@ use tenure::{AnyConnection, Backend};
 
 use crate::common::{TestDb, count};
 
+use super::{delete_all, pages, slot_of};
+
 const TTL: Duration = Duration::from_secs(60);
 
 fn rows_beside(conn: &mut AnyConnection, ids: &[i64]) -> i64 {

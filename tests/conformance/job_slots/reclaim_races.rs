@@ -16,6 +16,8 @@ use tenure::{AnyConnection, Backend};
 
 use crate::common::{TestDb, count};
 
+use super::{delete_all, rotate, slot_of};
+
 const TTL: Duration = Duration::from_secs(600);
 
 fn current_slot(conn: &mut AnyConnection) -> i64 {

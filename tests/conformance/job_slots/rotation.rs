@@ -18,6 +18,8 @@ use tenure::{AnyConnection, Backend};
 
 use crate::common::{TestDb, count};
 
+use super::{pages, rotate, slot_of};
+
 const TTL: Duration = Duration::from_secs(60);
 
 #[test]
@@ -240,7 +242,7 @@ fn postgres_a_live_database_moves_into_the_slots() {
     )
     .unwrap();
     conn.batch_execute(include_str!(
-        "../../migrations/postgres/tenure-0056_job_slots/down.sql"
+        "../../../migrations/postgres/tenure-0056_job_slots/down.sql"
     ))
     .unwrap();
     diesel::sql_query("DELETE FROM __diesel_schema_migrations WHERE version LIKE '%0056%'")

@@ -15,6 +15,8 @@ use tenure::{AnyConnection, Backend};
 
 use crate::common::{TestDb, count, server_url};
 
+use super::rotate;
+
 const TTL: Duration = Duration::from_secs(60);
 
 fn drain(conn: &mut AnyConnection, queue: &str) -> Vec<i64> {
@@ -433,7 +435,7 @@ fn postgres_an_app_user_granted_before_the_migration_enqueues_keyed_jobs() {
     let db = TestDb::migrated(Backend::Postgres);
     let mut conn = db.connect();
     conn.batch_execute(include_str!(
-        "../../migrations/postgres/tenure-0056_job_slots/down.sql"
+        "../../../migrations/postgres/tenure-0056_job_slots/down.sql"
     ))
     .unwrap();
     diesel::sql_query("DELETE FROM __diesel_schema_migrations WHERE version LIKE '%0056%'")
