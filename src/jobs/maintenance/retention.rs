@@ -203,8 +203,8 @@ pub fn prune<C: TenureConnection>(
 
 /// [`prune`] of the jobs after `after` in the prune's order (`None`: from the first), and
 /// where this call got to (`None` when it picked nothing), of `kept` and the oldest job slots
-/// alone when `old_slots_only` (PostgreSQL; see [`OLDER_THAN_OLD_SLOTS`]): a worker's pass calls it again
-/// from there while it deletes full batches (ten at most a pass).
+/// alone when `old_slots_only` (PostgreSQL; see [`OLDER_THAN_OLD_SLOTS`]): a worker's pass
+/// calls it again from there while it deletes full batches (ten at most a pass).
 pub(crate) fn prune_after<C: TenureConnection>(
     conn: &mut C,
     queue: &str,
@@ -228,22 +228,18 @@ pub(crate) fn prune_after<C: TenureConnection>(
                 let Some(before) = cutoff(c, queue, state, newest, age_micros)? else {
                     return Ok((0, None));
                 };
+                let (older_first, older_after) = match old_slots_only && syntax.job_slots {
+                    true => (OLDER_THAN_OLD_SLOTS, OLDER_THAN_AFTER_OLD_SLOTS),
+                    false => (OLDER_THAN, OLDER_THAN_AFTER),
+                };
                 let older: Vec<OlderRow> = match after {
-                    None => statement(syntax.render(if old_slots_only && syntax.job_slots {
-                        OLDER_THAN_OLD_SLOTS
-                    } else {
-                        OLDER_THAN
-                    }))
+                    None => statement(syntax.render(older_first))
                         .bind::<Text, _>(queue)
                         .bind::<Text, _>(state)
                         .bind::<Instant, _>(before)
                         .bind::<BigInt, _>(max_jobs)
                         .load::<OlderRow>(c)?,
-                    Some((at, id)) => statement(syntax.render(if old_slots_only && syntax.job_slots {
-                        OLDER_THAN_AFTER_OLD_SLOTS
-                    } else {
-                        OLDER_THAN_AFTER
-                    }))
+                    Some((at, id)) => statement(syntax.render(older_after))
                         .bind::<Text, _>(queue)
                         .bind::<Text, _>(state)
                         .bind::<Instant, _>(before)

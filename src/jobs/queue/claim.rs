@@ -243,15 +243,19 @@ fn claim_of<C: TenureConnection>(
                     // A paused queue yields no candidates (the pick's NOT EXISTS), in the same
                     // statement.
                     // One pick: the first `limit` due jobs in claim order.
-                    let pick_with = |c: &mut _, limit: i64, filtered: bool| -> Result<Vec<Candidate>> {
-                        Ok(match kinds {
-                            None => statement(syntax.render(if filtered { CLAIM_PICK } else { CLAIM_PICK_UNFILTERED }))
+                    let pick_with = |c: &mut _, limit: i64, filtered: bool| {
+                        let (any_kind, of_kinds) = match filtered {
+                            true => (CLAIM_PICK, CLAIM_PICK_KIND),
+                            false => (CLAIM_PICK_UNFILTERED, CLAIM_PICK_KIND_UNFILTERED),
+                        };
+                        Ok::<Vec<Candidate>, Error>(match kinds {
+                            None => statement(syntax.render(any_kind))
                                 .bind::<Text, _>(queue)
                                 .bind::<Text, _>(queue)
                                 .bind::<BigInt, _>(limit)
                                 .load::<Candidate>(c)?,
                             Some(kinds) => {
-                                let pick = syntax.render(if filtered { CLAIM_PICK_KIND } else { CLAIM_PICK_KIND_UNFILTERED });
+                                let pick = syntax.render(of_kinds);
                                 let mut candidates = Vec::new();
                                 for kind in kinds {
                                     candidates.extend(
@@ -360,7 +364,7 @@ fn claim_of<C: TenureConnection>(
                             .collect();
                         let mut by_slot: Vec<(Option<i64>, Vec<i64>)> = Vec::new();
                         for id in &ids {
-                            let slot = if syntax.job_slots { slot_of.get(id).copied() } else { None };
+                            let slot = syntax.job_slots.then(|| slot_of.get(id).copied()).flatten();
                             match by_slot.iter_mut().find(|(s, _)| *s == slot) {
                                 Some((_, group)) => group.push(*id),
                                 None => by_slot.push((slot, vec![*id])),
@@ -368,47 +372,47 @@ fn claim_of<C: TenureConnection>(
                         }
                         let mut marked: Vec<JobRow> = Vec::new();
                         for (slot, ids) in &by_slot {
-                        let mark = syntax.render_with(CLAIM_MARK, &syntax.slot_jobs(*slot));
-                        let group = if syntax.returning {
-                            let marked = format!("{mark} RETURNING {CLAIMED_COLUMNS}");
-                            let sql = match syntax.claim_forget {
-                                Some(forget) => forget.replace("{marked}", &marked),
-                                None => marked,
+                            let mark = syntax.render_with(CLAIM_MARK, &syntax.slot_jobs(*slot));
+                            let group = if syntax.returning {
+                                let marked = format!("{mark} RETURNING {CLAIMED_COLUMNS}");
+                                let sql = match syntax.claim_forget {
+                                    Some(forget) => forget.replace("{marked}", &marked),
+                                    None => marked,
+                                };
+                                statement(sql)
+                                    .bind::<BigInt, _>(micros)
+                                    .bind::<Nullable<BigInt>, _>(worker)
+                                    .bind::<Bool, _>(worker.is_none())
+                                    .bind_ids(ids.iter().copied())
+                                    .load::<JobRow>(c)?
+                            } else {
+                                // The mark and its read count only while this transaction
+                                // lives (`{in_transaction}`): Galera may roll it back between two
+                                // statements (a conflict with another node's claim), and a mark
+                                // run on its own committed a claim nobody held (a job running
+                                // under an unknown token); a read on its own returned the rows
+                                // as they are, waiting or another claim's.
+                                let marked = statement(mark)
+                                    .bind::<BigInt, _>(micros)
+                                    .bind::<Nullable<BigInt>, _>(worker)
+                                    .bind::<Bool, _>(worker.is_none())
+                                    .bind_ids(ids.iter().copied())
+                                    .execute(c)?;
+                                if marked != ids.len() {
+                                    return Err(Error::RolledBackUnderUs { operation: "claim" });
+                                }
+                                let read = statement(format!(
+                                    "SELECT {CLAIMED_COLUMNS} FROM tenure_jobs WHERE id IN {{ids}} \
+                                     AND @@in_transaction = 1"
+                                ))
+                                .bind_ids(ids.iter().copied())
+                                .load::<JobRow>(c)?;
+                                if read.len() != ids.len() {
+                                    return Err(Error::RolledBackUnderUs { operation: "claim" });
+                                }
+                                read
                             };
-                            statement(sql)
-                                .bind::<BigInt, _>(micros)
-                                .bind::<Nullable<BigInt>, _>(worker)
-                                .bind::<Bool, _>(worker.is_none())
-                                .bind_ids(ids.iter().copied())
-                                .load::<JobRow>(c)?
-                        } else {
-                            // The mark and its read count only while this transaction
-                            // lives (`{in_transaction}`): Galera may roll it back between two
-                            // statements (a conflict with another node's claim), and a mark
-                            // run on its own committed a claim nobody held (a job running
-                            // under an unknown token); a read on its own returned the rows
-                            // as they are, waiting or another claim's.
-                            let marked = statement(mark)
-                                .bind::<BigInt, _>(micros)
-                                .bind::<Nullable<BigInt>, _>(worker)
-                                .bind::<Bool, _>(worker.is_none())
-                                .bind_ids(ids.iter().copied())
-                                .execute(c)?;
-                            if marked != ids.len() {
-                                return Err(Error::RolledBackUnderUs { operation: "claim" });
-                            }
-                            let read = statement(format!(
-                                "SELECT {CLAIMED_COLUMNS} FROM tenure_jobs WHERE id IN {{ids}} \
-                                 AND @@in_transaction = 1"
-                            ))
-                            .bind_ids(ids.iter().copied())
-                            .load::<JobRow>(c)?;
-                            if read.len() != ids.len() {
-                                return Err(Error::RolledBackUnderUs { operation: "claim" });
-                            }
-                            read
-                        };
-                        marked.extend(group);
+                            marked.extend(group);
                         }
                         // Each round's starts before the next round's admission reads them.
                         let starts: Vec<_> = marked

@@ -139,7 +139,11 @@ macro_rules! slot_copy {
 
         /// COPYs `rows` into slot `slot`'s partition (through the parent for any other
         /// value, which the sequence never holds).
-        fn copy_rows(conn: &mut PgConnection, slot: Option<i64>, rows: Vec<CopyRow<'_>>) -> Result<usize> {
+        fn copy_rows(
+            conn: &mut PgConnection,
+            slot: Option<i64>,
+            rows: Vec<CopyRow<'_>>,
+        ) -> Result<usize> {
             Ok(match slot {
                 $(
                     Some($slot) => {

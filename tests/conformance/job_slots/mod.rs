@@ -19,6 +19,7 @@ use tenure::jobs::{self, Finished, Retention};
 
 use crate::common::count;
 
+mod attacks;
 mod reclaim;
 mod reclaim_races;
 mod rotation;
