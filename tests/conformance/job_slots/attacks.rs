@@ -267,7 +267,11 @@ fn postgres_rescue_and_cancel_racing_the_reclaim_of_their_slot_lose_nothing() {
                 let mut requeued = Vec::new();
                 let mut other = Vec::new();
                 let deadline = Instant::now() + Duration::from_secs(15);
-                while requeued.len() + other.len() < 30 && Instant::now() < deadline {
+                // Until no job of the queue runs (each lapsed claim either rescued or
+                // completed by its old claim first).
+                while Instant::now() < deadline
+                    && count(&mut c, "SELECT COUNT(*) AS n FROM tenure_jobs WHERE queue = 'r' AND state = 'running'") > 0
+                {
                     match jobs::rescue(&mut c, 7) {
                         Ok(r) => {
                             requeued.extend(r.requeued);
