@@ -316,6 +316,7 @@ DECLARE
     candidate integer;
     partition text;
     busy boolean;
+    lock_timeout_before text := current_setting('lock_timeout');
 BEGIN
     -- The check under the lock must read afresh (READ COMMITTED): under an older snapshot a
     -- job committed since would look absent, and the truncate would remove it.
@@ -331,10 +332,19 @@ BEGIN
     -- lock by id, a generic plan kept for the session) read the slot whole at every run as
     -- it filled: bench P's drain fell from 18,000 to 6,000 jobs a second. An ANALYZE
     -- invalidates those plans; the next are planned with the slot's size (an index scan).
+    -- Its lock (SHARE UPDATE EXCLUSIVE) is waited for 20 ms at most: a VACUUM or ANALYZE of
+    -- the slot holds it, and a rotation waiting for it held the rotation's lock, and with it
+    -- every rotation and reclaim, for as long (the next rotation tries again).
     partition := 'tenure_jobs_' || pg_sequence_last_value('tenure_jobs_slot'::regclass);
     IF pg_relation_size(partition::regclass) > 8192 * GREATEST(16, 2 * (
         SELECT relpages FROM pg_class WHERE oid = partition::regclass)) THEN
-        EXECUTE format('ANALYZE %I', partition);
+        BEGIN
+            PERFORM set_config('lock_timeout', '20ms', true);
+            EXECUTE format('ANALYZE %I', partition);
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+        PERFORM set_config('lock_timeout', lock_timeout_before, true);
     END IF;
     PERFORM 1 FROM tenure_jobs_rotation
     WHERE rotated_at + min_interval_us * interval '1 microsecond' <= statement_timestamp()

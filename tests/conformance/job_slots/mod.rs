@@ -11,7 +11,13 @@
 //!   job in it, with the rows beside its jobs; reclaims racing claims, finishes, dependents.
 //! - `reclaim_races` — finishes, row locks, callers' transactions, `retry_dead` and a second
 //!   reclaimer racing the reclaim's lock: no deadlock, no lost finish, nothing kept lost.
+//! - `bulk_and_rescue_races` — bulks whose slot was read before a rotation or a reclaim,
+//!   rescues and cancels racing the reclaim of their jobs' slot: each job once.
+//! - `live_jobs_in_old_slots` — parked jobs, steps, retries, snoozes, results and workflows
+//!   in an old slot: nothing taken until the slot's last job may go.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tenure::AnyConnection;
@@ -19,7 +25,8 @@ use tenure::jobs::{self, Finished, Retention};
 
 use crate::common::count;
 
-mod attacks;
+mod bulk_and_rescue_races;
+mod live_jobs_in_old_slots;
 mod reclaim;
 mod reclaim_races;
 mod rotation;
@@ -55,4 +62,53 @@ fn pages(conn: &mut AnyConnection, slot: i64) -> i64 {
         conn,
         &format!("SELECT (pg_relation_size('tenure_jobs_{slot}') / 8192)::bigint AS n"),
     )
+}
+
+/// The current slot (the one new jobs go into).
+fn current_slot(conn: &mut AnyConnection) -> i64 {
+    count(
+        conn,
+        "SELECT pg_sequence_last_value('tenure_jobs_slot')::bigint AS n",
+    )
+}
+
+/// The server's count of deadlocks in this database, read until it settles.
+fn deadlocks(conn: &mut AnyConnection) -> i64 {
+    let mut n = 0;
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(100));
+        n = n.max(count(
+            conn,
+            "SELECT deadlocks AS n FROM pg_stat_database WHERE datname = current_database()",
+        ));
+    }
+    n
+}
+
+/// A thread that reclaims (DeleteAll of `queues`) and, if `rotating`, rotates as fast as it
+/// can until `stop`: (reclaimed slots, rotations, errors seen).
+fn churn(
+    url: String,
+    queues: &'static [&'static str],
+    rotating: bool,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(usize, usize, Vec<String>)> {
+    std::thread::spawn(move || {
+        let mut c = AnyConnection::connect(&url).unwrap();
+        let (mut reclaimed, mut rotations, mut errors) = (0, 0, Vec::new());
+        while !stop.load(Ordering::Relaxed) {
+            match jobs::reclaim_job_slots(&mut c, &delete_all(queues)) {
+                Ok(r) => reclaimed += r.slots,
+                Err(e) => errors.push(format!("reclaim: {e}")),
+            }
+            if rotating {
+                match jobs::rotate_job_slots(&mut c, Duration::ZERO) {
+                    Ok(Some(_)) => rotations += 1,
+                    Ok(None) => {}
+                    Err(e) => errors.push(format!("rotate: {e}")),
+                }
+            }
+        }
+        (reclaimed, rotations, errors)
+    })
 }

@@ -16,16 +16,9 @@ use tenure::{AnyConnection, Backend};
 
 use crate::common::{TestDb, count};
 
-use super::{delete_all, rotate, slot_of};
+use super::{current_slot, delete_all, rotate, slot_of};
 
 const TTL: Duration = Duration::from_secs(600);
-
-fn current_slot(conn: &mut AnyConnection) -> i64 {
-    count(
-        conn,
-        "SELECT pg_sequence_last_value('tenure_jobs_slot')::bigint AS n",
-    )
-}
 
 /// Fills slot `slot` with `n` cancelled jobs of `queue` that finished an hour ago (by SQL:
 /// the shape a drain leaves, quickly), so that the reclaim's check under its lock reads a

@@ -560,3 +560,55 @@ fn postgres_a_rotation_backs_off_while_a_report_holds_the_slot() {
     let after = backoff(&mut conn);
     assert!(after.failures == 0 && !after.waiting);
 }
+
+/// A VACUUM (or ANALYZE) of the current slot holds its SHARE UPDATE EXCLUSIVE lock, which the
+/// rotation's ANALYZE of a slot that has doubled needs. The rotation waited for it without
+/// bound, holding the rotation's lock (and so every rotation and reclaim) for as long as the
+/// VACUUM ran; now it gives the ANALYZE 20 ms and goes on. The holder here keeps the lock
+/// until the rotation returns or 20 s pass: a rotation that waits returns only after
+/// the release, whatever the machine's speed.
+#[test]
+fn postgres_a_rotation_does_not_wait_for_a_vacuum_of_the_current_slot() {
+    let db = TestDb::migrated(Backend::Postgres);
+    let mut conn = db.connect();
+    // Past the 16 pages after which the rotation analyzes the current slot (slot 0).
+    let batch: Vec<NewJob> = (0..3_000)
+        .map(|i| NewJob::new("v", "a", vec![7; 64]).priority(i % 3))
+        .collect();
+    jobs::enqueue_many(&mut conn, &batch).unwrap();
+    assert!(
+        count(
+            &mut conn,
+            "SELECT (pg_relation_size('tenure_jobs_0') / 8192)::bigint AS n"
+        ) > 16
+    );
+    let mut holder = db.connect();
+    holder
+        .batch_execute("BEGIN; LOCK TABLE tenure_jobs_0 IN SHARE UPDATE EXCLUSIVE MODE")
+        .unwrap();
+    let rotated = Arc::new(AtomicBool::new(false));
+    let released = Arc::new(AtomicBool::new(false));
+    let rotator = {
+        let (url, rotated, released) = (db.url().to_string(), rotated.clone(), released.clone());
+        std::thread::spawn(move || {
+            let mut c = AnyConnection::connect(&url).unwrap();
+            let turned = jobs::rotate_job_slots(&mut c, Duration::ZERO);
+            let before_release = !released.load(Ordering::SeqCst);
+            rotated.store(true, Ordering::SeqCst);
+            (turned, before_release)
+        })
+    };
+    let start = Instant::now();
+    while !rotated.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    released.store(true, Ordering::SeqCst);
+    holder.batch_execute("ROLLBACK").unwrap();
+    let (turned, before_release) = rotator.join().unwrap();
+    assert!(
+        before_release,
+        "the rotation waited for the VACUUM's lock until it was released"
+    );
+    // Slot 0 holds jobs: the rotation turned to slot 1, the ANALYZE given up.
+    assert_eq!(turned.unwrap(), Some(1));
+}
