@@ -9,7 +9,11 @@
 //!   path, a killed rotation, grants from before the migration, a report holding the slots.
 //! - `reclaim` — retention by slot: a slot goes whole only when retention would delete every
 //!   job in it, with the rows beside its jobs; reclaims racing claims, finishes, dependents.
-//! - `reclaim_races` — finishes, row locks, callers' transactions, `retry_dead` and a second
+//! - `rotation_locks` — a rotation never waits long: a report holding the slots starts a
+//!   backoff; a VACUUM of the current slot does not hold up its ANALYZE.
+//! - `reclaim_deadlocks` — finishes settling dependency edges beside the reclaim, alone or in
+//!   a caller's transaction: never a deadlock.
+//! - `reclaim_races` — row locks, callers' transactions, `retry_dead` and a second
 //!   reclaimer racing the reclaim's lock: no deadlock, no lost finish, nothing kept lost.
 //! - `bulk_and_rescue_races` — bulks whose slot was read before a rotation or a reclaim,
 //!   rescues and cancels racing the reclaim of their jobs' slot: each job once.
@@ -20,16 +24,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use diesel::connection::SimpleConnection;
 use tenure::AnyConnection;
-use tenure::jobs::{self, Finished, Retention};
+use tenure::jobs::{self, Finished, Outcome, Retention};
 
 use crate::common::count;
 
 mod bulk_and_rescue_races;
 mod live_jobs_in_old_slots;
 mod reclaim;
+mod reclaim_deadlocks;
 mod reclaim_races;
 mod rotation;
+mod rotation_locks;
 mod rotation_races;
 
 /// Policies deleting every finished job of `queues` at once.
@@ -111,4 +118,43 @@ fn churn(
         }
         (reclaimed, rotations, errors)
     })
+}
+
+/// Fills slot `slot` with `n` cancelled jobs of `queue` that finished an hour ago (by SQL:
+/// the shape a drain leaves, quickly), so that the reclaim's check under its lock reads a
+/// slot of some size and holds the lock for tens of milliseconds.
+fn fill_cancelled(conn: &mut AnyConnection, slot: i64, queue: &str, n: i64) {
+    conn.batch_execute(&format!(
+        "INSERT INTO tenure_jobs_{slot} (id, queue, kind, payload, state, max_attempts, due_at, \
+         created_at, finished_at, slot) \
+         SELECT nextval('tenure_jobs_id_seq'), '{queue}', 'filler', ''::bytea, 'cancelled', 1, \
+         now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour', {slot} \
+         FROM generate_series(1, {n})"
+    ))
+    .unwrap();
+}
+
+fn exclusive_lock_on(conn: &mut AnyConnection, slot: i64) -> bool {
+    count(
+        conn,
+        &format!(
+            "SELECT COUNT(*) AS n FROM pg_locks WHERE relation = 'tenure_jobs_{slot}'::regclass \
+             AND mode = 'AccessExclusiveLock' AND granted"
+        ),
+    ) > 0
+}
+
+/// Claims and completes every due job of `queue`: the ids, each once.
+fn drain(conn: &mut AnyConnection, queue: &str) -> Vec<i64> {
+    let mut ids = Vec::new();
+    loop {
+        let batch = jobs::claim(conn, queue, 100, Duration::from_secs(60)).unwrap();
+        if batch.is_empty() {
+            return ids;
+        }
+        ids.extend(batch.iter().map(|j| j.id));
+        let claims: Vec<_> = batch.iter().map(|j| j.claim()).collect();
+        let done = jobs::complete(conn, &claims).unwrap();
+        assert!(done.iter().all(|o| *o == Outcome::Done), "{done:?}");
+    }
 }
